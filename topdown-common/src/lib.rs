@@ -1,0 +1,152 @@
+//! The ABI shared by the eBPF programs and user space.
+//!
+//! Everything here is `#[repr(C)]` plain data: the kernel side writes it into BPF maps, user space
+//! reads it back with aya. Interpretation (which counter is which event, what the numbers mean)
+//! lives entirely in user space; the kernel side only knows "counter slot k of this CPU".
+#![no_std]
+
+/// Counter slots per CPU. A model uses the first `n` (set at load time through the
+/// `NUM_COUNTERS` global). 12 covers AMD Zen L2 (the largest single-pass model) and Sapphire
+/// Rapids L2 (10).
+pub const MAX_COUNTERS: usize = 12;
+
+/// `TASK_DEAD` in `task_struct::__state` (include/linux/sched.h). `sched_switch` passes
+/// `prev_state`; a task switching out with this bit set will never run again, which is the
+/// moment to hand its totals to user space and free its map entry.
+pub const TASK_DEAD: u32 = 0x0080;
+
+/// Offset value meaning "this tracepoint field does not exist on the running kernel".
+pub const FIELD_ABSENT: u32 = u32::MAX;
+
+/// Names of the maps and programs, shared so neither side can drift.
+pub mod names {
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const CPU_STATE: &str = "CPU_STATE";
+    pub const TASKS: &str = "TASKS";
+    pub const TRACKED: &str = "TRACKED";
+    pub const EXITS: &str = "EXITS";
+
+    pub const PROG_SCHED_SWITCH: &str = "sched_switch";
+    pub const PROG_FLUSH: &str = "flush";
+    pub const PROG_FORK: &str = "process_fork";
+    pub const PROG_EXIT: &str = "process_exit";
+
+    pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
+    pub const GLOBAL_FILTER_TGIDS: &str = "FILTER_TGIDS";
+    pub const GLOBAL_FOLLOW_FORKS: &str = "FOLLOW_FORKS";
+    pub const GLOBAL_FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";
+    pub const GLOBAL_EXIT_PID_OFFSET: &str = "EXIT_PID_OFFSET";
+    pub const GLOBAL_EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
+}
+
+/// What the `flush` program does when user space runs it on a CPU.
+pub mod flush_mode {
+    /// Attribute the delta since the last reading to the task running now.
+    pub const ATTRIBUTE: u64 = 0;
+    /// Attribute, then freeze the CPU: later switches and flushes change nothing, so user space
+    /// can read a final, exactly consistent state.
+    pub const FINAL: u64 = 1;
+}
+
+/// Per-CPU bookkeeping (a one-entry `PERCPU_ARRAY`). Only the CPU it belongs to writes it.
+///
+/// Conservation: on every CPU, `total == Σ task deltas + idle + untracked + dropped`, for every
+/// counter, at every instant the CPU is not inside a program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CpuState {
+    /// Counter values at the last attribution point (switch or flush). For the task running now,
+    /// its virtual counters are `task.counters + (reading now - last)`.
+    pub last: [u64; MAX_COUNTERS],
+    /// Scratch space for the reading in progress (keeps it off the 512-byte BPF stack).
+    pub now: [u64; MAX_COUNTERS],
+    /// Everything attributed on this CPU since its baseline reading.
+    pub total: [u64; MAX_COUNTERS],
+    /// The idle task (pid 0).
+    pub idle: [u64; MAX_COUNTERS],
+    /// Tasks outside the `-p`/`-- CMD` filter.
+    pub untracked: [u64; MAX_COUNTERS],
+    /// Deltas of tasks that found the task map full.
+    pub dropped: [u64; MAX_COUNTERS],
+    /// Leader's enabled/running times at the last reading.
+    pub last_enabled_ns: u64,
+    pub last_running_ns: u64,
+    /// Successful readings.
+    pub readings: u64,
+    /// Readings where the group had not been running for the whole interval (multiplexed or
+    /// descheduled pinned group).
+    pub not_running: u64,
+    /// Readings that failed (e.g. -EBUSY for a pinned group in error state); their delta is
+    /// attributed at the next successful reading.
+    pub read_errors: u64,
+    /// Task map insertions that failed because the map was full.
+    pub task_map_full: u64,
+    /// Exit records the ring buffer could not take (the entry stays, marked exited).
+    pub exit_records_lost: u64,
+    /// Nonzero once the baseline reading has been taken.
+    pub initialized: u32,
+    /// Nonzero after the final flush: nothing on this CPU changes any more.
+    pub frozen: u32,
+}
+
+impl CpuState {
+    pub const ZERO: Self = Self {
+        last: [0; MAX_COUNTERS],
+        now: [0; MAX_COUNTERS],
+        total: [0; MAX_COUNTERS],
+        idle: [0; MAX_COUNTERS],
+        untracked: [0; MAX_COUNTERS],
+        dropped: [0; MAX_COUNTERS],
+        last_enabled_ns: 0,
+        last_running_ns: 0,
+        readings: 0,
+        not_running: 0,
+        read_errors: 0,
+        task_map_full: 0,
+        exit_records_lost: 0,
+        initialized: 0,
+        frozen: 0,
+    };
+}
+
+/// A task's accumulated on-CPU counter deltas (value of the `TASKS` hash, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TaskCounters {
+    pub counters: [u64; MAX_COUNTERS],
+    /// Times the task was switched out (or flushed) with counts attributed.
+    pub switches: u64,
+    pub tgid: u32,
+    /// Nonzero when the task died but its exit record could not be sent; user space collects
+    /// and deletes such entries.
+    pub exited: u32,
+    /// `comm` at the last switch-out (it changes at exec).
+    pub comm: [u8; 16],
+}
+
+impl TaskCounters {
+    pub const ZERO: Self = Self {
+        counters: [0; MAX_COUNTERS],
+        switches: 0,
+        tgid: 0,
+        exited: 0,
+        comm: [0; 16],
+    };
+}
+
+/// Sent through the `EXITS` ring buffer when a task switches out for the last time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TaskExit {
+    pub tid: u32,
+    pub _pad: u32,
+    pub task: TaskCounters,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain old data, every bit pattern is valid.
+    unsafe impl aya::Pod for super::CpuState {}
+    unsafe impl aya::Pod for super::TaskCounters {}
+    unsafe impl aya::Pod for super::TaskExit {}
+}

@@ -1,0 +1,130 @@
+//! The result of a run, as data, and its renderers (table, JSON, CSV).
+//!
+//! [`Report`] is exactly what `--format json` writes and what `topdown report -i` reads back.
+//! Metrics are always derivable from `counters` with the recorded model, so `report -i`
+//! recomputes them instead of trusting the file.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Counts, Metrics};
+
+pub mod csv;
+pub mod json;
+pub mod table;
+
+/// One run's (or one interval's) results.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// The topdown version that wrote this.
+    pub topdown_version: String,
+    /// The hardware model whose formulas apply (`intel-icl`, `software`): never `synthetic:`.
+    pub model: String,
+    /// True when the counters were syscall tracepoints standing in for hardware events.
+    pub synthetic: bool,
+    /// For synthetic runs: counter name -> `group:tracepoint`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub synthetic_map: BTreeMap<String, String>,
+    /// TopDown level the metrics were computed at (0 for the software model).
+    pub level: u8,
+    /// Counter names in the model's order (leader first).
+    pub counter_names: Vec<String>,
+    /// The counter reports sort and weigh by (`slots`, `cpu-clock`).
+    pub weight_counter: String,
+    /// Seconds covered by this report (the interval's length in `-I` mode).
+    pub duration_s: f64,
+    /// `-I` mode: 1-based interval number and seconds since start at its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<IntervalInfo>,
+    /// What was traced: `system-wide`, `pid 123,456`, `command: make -j4`.
+    pub scope: String,
+    /// Everything counted on all CPUs (= tasks + idle + untracked + dropped).
+    pub totals: Entity,
+    /// The idle task (pid 0) on all CPUs.
+    pub idle: Entity,
+    /// Tasks outside the `-p`/`-- CMD` scope.
+    pub untracked: Entity,
+    /// Counts of tasks that did not fit in the task map.
+    pub dropped: Entity,
+    /// Per thread (present with `--by task`).
+    #[serde(default)]
+    pub tasks: Vec<TaskEntry>,
+    /// Per process (present with `--by process`).
+    #[serde(default)]
+    pub processes: Vec<ProcessEntry>,
+    /// Per CPU totals.
+    #[serde(default)]
+    pub cpus: Vec<CpuEntry>,
+    pub diagnostics: Diagnostics,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IntervalInfo {
+    pub index: u64,
+    pub end_s: f64,
+}
+
+/// Counters and the metrics derived from them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Entity {
+    pub counters: Counts,
+    pub metrics: Metrics,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskEntry {
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    /// The thread ended during the run.
+    pub exited: bool,
+    #[serde(flatten)]
+    pub entity: Entity,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessEntry {
+    pub pid: u32,
+    pub comm: String,
+    pub threads: u32,
+    #[serde(flatten)]
+    pub entity: Entity,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CpuEntry {
+    pub cpu: u32,
+    pub counters: Counts,
+}
+
+/// How trustworthy the numbers are.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Diagnostics {
+    /// Successful counter readings by the BPF programs.
+    pub readings: u64,
+    /// Readings where the counter group had not been running the whole time since the previous
+    /// one (multiplexing or a pinned group in error state): those deltas cover less time.
+    pub not_running_readings: u64,
+    /// Readings that failed; their deltas were attributed at the next successful reading.
+    pub read_errors: u64,
+    /// Task map insertions refused because the map was full (raise `--max-tasks`).
+    pub task_map_full: u64,
+    /// Exit records the ring buffer could not take (collected from the map instead).
+    pub exit_records_lost: u64,
+}
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+/// Breakdowns a report shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum By {
+    Task,
+    Process,
+}
