@@ -1,0 +1,9 @@
+//! topdown: exact TopDown (Intel TMA and its AMD/Arm equivalents) per thread, per function and
+//! per container, counted with per-CPU perf counter groups read by eBPF at context switches.
+//!
+//! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`], open its
+//! counters, attribute deltas in BPF, aggregate, and render a [`report`].
+
+pub mod model;
+pub mod pmu;
+pub mod report;

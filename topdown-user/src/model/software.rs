@@ -1,0 +1,48 @@
+//! `software`: on-CPU time from the `cpu-clock` software event. No TopDown: the fallback when no
+//! TopDown PMU exists (a VM without a virtual PMU), announced by the caller.
+
+use super::{CounterSource, CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model};
+
+/// `PERF_COUNT_SW_CPU_CLOCK` (include/uapi/linux/perf_event.h).
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+/// `PERF_TYPE_SOFTWARE`.
+const PERF_TYPE_SOFTWARE: u32 = 1;
+
+pub struct Software;
+
+impl Model for Software {
+    fn name(&self) -> String {
+        "software".to_owned()
+    }
+
+    fn base_name(&self) -> &'static str {
+        "software"
+    }
+
+    fn description(&self) -> &'static str {
+        "on-CPU time (cpu-clock, ns); no TopDown breakdown"
+    }
+
+    fn counters(&self) -> Vec<CounterSpec> {
+        vec![CounterSpec {
+            name: "cpu-clock".to_owned(),
+            source: CounterSource::Perf {
+                perf_type: PERF_TYPE_SOFTWARE,
+                config: PERF_COUNT_SW_CPU_CLOCK,
+            },
+        }]
+    }
+
+    fn max_level(&self) -> u8 {
+        0
+    }
+
+    fn metrics(&self, _counts: &Counts, level: u8) -> Metrics {
+        let names = L1_METRICS.iter().chain(if level >= 2 { &L2_METRICS[..] } else { &[] });
+        names.map(|name| ((*name).to_owned(), None)).collect()
+    }
+
+    fn weight_counter(&self) -> &'static str {
+        "cpu-clock"
+    }
+}
