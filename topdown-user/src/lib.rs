@@ -7,3 +7,7 @@
 pub mod model;
 pub mod pmu;
 pub mod report;
+pub mod bpf;
+pub mod counters;
+pub mod error;
+pub mod tracefs;

@@ -1,0 +1,334 @@
+//! The BPF session: loads topdown's eBPF object, hands it the counter fds, attaches its programs,
+//! and reads back what it attributed.
+//!
+//! Dropping a [`Session`] detaches every program and closes every map and counter: nothing stays
+//! attached after topdown exits (the kernel also frees all of it when the process dies, even on
+//! `kill -9`, since nothing is pinned).
+
+use std::{collections::HashMap, os::fd::AsRawFd as _};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerfEventArray, RingBuf},
+    programs::{BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint},
+};
+use topdown_common::{CpuState, MAX_COUNTERS, TaskCounters, TaskExit, flush_mode, names};
+
+use crate::{
+    counters::CounterGroups,
+    error::{Failure, fail},
+    tracefs::Tracefs,
+};
+
+/// The eBPF object, built by build.rs with the pinned nightly and bpf-linker.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topdown"));
+
+/// What to attribute and how big the maps are.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    /// Only tasks of these processes get entries (`-p`, `-- CMD`); `None`: every task (`-a`).
+    pub tracked_tgids: Option<Vec<u32>>,
+    /// Track children forked by tracked processes (`-- CMD`).
+    pub follow_forks: bool,
+    /// Capacity of the per-task map.
+    pub max_tasks: u32,
+    /// Capacity of the tracked-process map.
+    pub max_tracked: u32,
+    /// Show BPF-side diagnostics (aya-log) on stderr.
+    pub verbose: bool,
+}
+
+/// Everything the BPF side has attributed so far (cumulative since the baseline).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Per-CPU state, by CPU number.
+    pub cpus: Vec<(u32, CpuState)>,
+    /// Tasks still in the map (alive at their last switch).
+    pub live: HashMap<u32, TaskCounters>,
+    /// Tasks that died, in the order their exit records arrived: `(tid, totals)`.
+    pub exited: Vec<(u32, TaskCounters)>,
+}
+
+/// A loaded and attached BPF session.
+pub struct Session {
+    ebpf: Ebpf,
+    exits: RingBuf<MapData>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Kept open for as long as the BPF side reads them.
+    groups: CounterGroups,
+    exited: Vec<(u32, TaskCounters)>,
+}
+
+impl Session {
+    /// Loads the programs, stores the counter fds, attaches, and takes each CPU's baseline.
+    pub fn start(config: &SessionConfig, groups: CounterGroups, tracefs: &Tracefs) -> Result<Self> {
+        check_btf()?;
+        let num_counters = groups.counters().len() as u32;
+        let possible_cpus = aya::util::nr_cpus()
+            .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
+            .get();
+        let filter = u32::from(config.tracked_tgids.is_some());
+        let follow = u32::from(config.follow_forks);
+        let fork_child = field_offset(tracefs, "sched_process_fork", "child_pid")?;
+        let exit_pid = field_offset(tracefs, "sched_process_exit", "pid")?;
+        let exit_group_dead = field_offset(tracefs, "sched_process_exit", "group_dead")?;
+        let counter_slots = possible_cpus * MAX_COUNTERS as u32;
+        let log_level: u8 = if config.verbose { 0xff } else { 0 };
+
+        let mut loader = EbpfLoader::new();
+        loader
+            .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
+            .override_global(names::GLOBAL_FILTER_TGIDS, &filter, true)
+            .override_global(names::GLOBAL_FOLLOW_FORKS, &follow, true)
+            .override_global(names::GLOBAL_FORK_CHILD_PID_OFFSET, &fork_child, true)
+            .override_global(names::GLOBAL_EXIT_PID_OFFSET, &exit_pid, true)
+            .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
+            .override_global(aya_log::LEVEL, &log_level, false)
+            .map_max_entries(names::COUNTERS, counter_slots)
+            .map_max_entries(names::TASKS, config.max_tasks)
+            .map_max_entries(names::TRACKED, config.max_tracked);
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
+            fail(
+                Failure::BpfUnavailable,
+                format!("loading topdown's BPF object failed: {err:#}"),
+            )
+        })?;
+
+        let logger = if config.verbose {
+            Some(aya_log::EbpfLogger::init(&mut ebpf).context("setting up BPF-side logging")?)
+        } else {
+            None
+        };
+
+        {
+            let mut counters: PerfEventArray<&mut MapData> = map_mut(&mut ebpf, names::COUNTERS)?;
+            for (cpu, slot, fd) in groups.fds() {
+                let index = cpu * MAX_COUNTERS as u32 + slot as u32;
+                counters
+                    .set(index, &fd)
+                    .with_context(|| format!("storing counter {slot} of CPU {cpu} in the BPF map"))?;
+            }
+        }
+        if let Some(tgids) = &config.tracked_tgids {
+            let mut tracked: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut ebpf, names::TRACKED)?;
+            for tgid in tgids {
+                tracked
+                    .insert(tgid, &1, 0)
+                    .with_context(|| format!("tracking pid {tgid}"))?;
+            }
+        }
+        let exits: RingBuf<MapData> = ebpf
+            .take_map(names::EXITS)
+            .ok_or_else(|| anyhow!("BPF object has no {} map", names::EXITS))?
+            .try_into()
+            .context("opening the exit ring buffer")?;
+
+        load_programs(&mut ebpf, follow != 0 || filter != 0)?;
+        let session = Self {
+            ebpf,
+            exits,
+            logger,
+            groups,
+            exited: Vec::new(),
+        };
+        // Baseline: from here on every count belongs to someone.
+        session.flush(false)?;
+        Ok(session)
+    }
+
+    /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
+    pub fn track(&mut self, tgid: u32) -> Result<()> {
+        let mut tracked: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, names::TRACKED)?;
+        tracked
+            .insert(&tgid, &1, 0)
+            .with_context(|| format!("tracking pid {tgid}"))
+    }
+
+    /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
+    /// so the state read afterwards is final and exactly consistent.
+    pub fn flush(&self, last: bool) -> Result<()> {
+        let program: &RawTracePoint = self
+            .ebpf
+            .program(names::PROG_FLUSH)
+            .ok_or_else(|| anyhow!("BPF object has no {} program", names::PROG_FLUSH))?
+            .try_into()?;
+        let mode = if last { flush_mode::FINAL } else { flush_mode::ATTRIBUTE };
+        for cpu in self.groups.cpus() {
+            let mut options = RawTracePointRunOptions::new();
+            options.args[0] = mode;
+            options.cpu = Some(cpu);
+            let result = program
+                .test_run(options)
+                .with_context(|| format!("flushing counters on CPU {cpu}"))?;
+            if result.return_value == 2 {
+                log::warn!("CPU {cpu}: counters could not be read at flush (group not running)");
+            }
+        }
+        Ok(())
+    }
+
+    /// The fd to poll for exit records.
+    pub fn exits_fd(&self) -> std::os::fd::RawFd {
+        self.exits.as_raw_fd()
+    }
+
+    /// The fd to poll for BPF-side log records (with `-v`).
+    pub fn log_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.logger.as_ref().map(|logger| logger.as_raw_fd())
+    }
+
+    /// Prints pending BPF-side log records.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    /// Collects exit records from the ring buffer.
+    pub fn drain_exits(&mut self) {
+        while let Some(item) = self.exits.next() {
+            let bytes: &[u8] = &item;
+            if bytes.len() < std::mem::size_of::<TaskExit>() {
+                log::warn!("short exit record ({} bytes) ignored", bytes.len());
+                continue;
+            }
+            // SAFETY: the BPF side writes exactly a TaskExit; read_unaligned copes with the
+            // ring buffer's 8-byte alignment.
+            let record: TaskExit = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.exited.push((record.tid, record.task));
+        }
+    }
+
+    /// Reads everything attributed so far. Entries of dead tasks whose exit record was lost are
+    /// moved to `exited` and deleted from the map.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        self.drain_exits();
+        let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =
+            map_mut(&mut self.ebpf, names::TASKS)?;
+        let mut live = HashMap::new();
+        let mut dead = Vec::new();
+        for entry in tasks.iter() {
+            let (tid, task) = match entry {
+                Ok(entry) => entry,
+                // An entry removed while iterating; the next snapshot sees the rest.
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(err) => return Err(err).context("reading the task map"),
+            };
+            if task.exited != 0 {
+                dead.push((tid, task));
+            } else {
+                live.insert(tid, task);
+            }
+        }
+        for (tid, task) in dead {
+            // Only forget it once it is gone from the map, so a failed delete is retried later.
+            if tasks.remove(&tid).is_ok() {
+                self.exited.push((tid, task));
+            } else {
+                live.insert(tid, task);
+            }
+        }
+        let cpu_state: PerCpuArray<&MapData, CpuState> = map(&self.ebpf, names::CPU_STATE)?;
+        let per_cpu = cpu_state.get(&0, 0).context("reading per-CPU state")?;
+        let cpus = self
+            .groups
+            .cpus()
+            .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
+            .collect();
+        Ok(Snapshot {
+            cpus,
+            live,
+            exited: self.exited.clone(),
+        })
+    }
+}
+
+fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
+    let btf = Btf::from_sys_fs().map_err(|err| {
+        fail(Failure::BpfUnavailable, format!("reading kernel BTF failed: {err}"))
+    })?;
+    {
+        let program: &mut RawTracePoint = program_mut(ebpf, names::PROG_FLUSH)?;
+        program.load().map_err(load_error(names::PROG_FLUSH))?;
+    }
+    if need_process_hooks {
+        for (name, tracepoint) in [
+            (names::PROG_FORK, "sched_process_fork"),
+            (names::PROG_EXIT, "sched_process_exit"),
+        ] {
+            let program: &mut TracePoint = program_mut(ebpf, name)?;
+            program.load().map_err(load_error(name))?;
+            program
+                .attach("sched", tracepoint)
+                .with_context(|| format!("attaching to sched:{tracepoint}"))?;
+        }
+    }
+    let program: &mut BtfTracePoint = program_mut(ebpf, names::PROG_SCHED_SWITCH)?;
+    program
+        .load("sched_switch", &btf)
+        .map_err(load_error(names::PROG_SCHED_SWITCH))?;
+    program.attach().context("attaching to tp_btf/sched_switch")?;
+    Ok(())
+}
+
+fn load_error(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> anyhow::Error {
+    move |err| {
+        fail(
+            Failure::BpfUnavailable,
+            format!("the kernel refused BPF program {name}: {err:#}"),
+        )
+    }
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("BPF object has no program {name}"))?;
+    Ok(program.try_into()?)
+}
+
+fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<T>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .map_mut(name)
+        .ok_or_else(|| anyhow!("BPF object has no map {name}"))?;
+    T::try_from(map).with_context(|| format!("opening map {name}"))
+}
+
+fn map<'a, T>(ebpf: &'a Ebpf, name: &str) -> Result<T>
+where
+    T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| anyhow!("BPF object has no map {name}"))?;
+    T::try_from(map).with_context(|| format!("opening map {name}"))
+}
+
+fn field_offset(tracefs: &Tracefs, event: &str, field: &str) -> Result<u32> {
+    Ok(tracefs
+        .field_offset("sched", event, field)?
+        .unwrap_or(topdown_common::FIELD_ABSENT))
+}
+
+/// tp_btf programs need the kernel's BTF.
+fn check_btf() -> Result<()> {
+    let path = "/sys/kernel/btf/vmlinux";
+    if std::path::Path::new(path).exists() {
+        Ok(())
+    } else {
+        Err(fail(
+            Failure::BpfUnavailable,
+            format!(
+                "{path} is missing: this kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which topdown's \
+                 sched_switch program needs"
+            ),
+        ))
+    }
+}
