@@ -11,3 +11,6 @@ pub mod bpf;
 pub mod counters;
 pub mod error;
 pub mod tracefs;
+pub mod aggregate;
+pub mod cli;
+pub mod target;

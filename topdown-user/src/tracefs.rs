@@ -11,6 +11,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::error::{Failure, fail};
+
 /// Where modern kernels expect tracefs.
 const TRACEFS_DEFAULT: &str = "/sys/kernel/tracing";
 /// Older mount point, under debugfs.
@@ -51,11 +53,14 @@ impl Tracefs {
         let path = self.root.join("events").join(group).join(name).join("id");
         let text = fs::read_to_string(&path).map_err(|err| {
             if err.kind() == std::io::ErrorKind::NotFound {
-                anyhow::anyhow!(
+                fail(
+                    Failure::PmuUnavailable,
+                    format!(
                     "tracepoint {group}:{name} does not exist on this kernel (no {}): pick one \
                      listed under {}/events",
-                    path.display(),
-                    self.root.display()
+                        path.display(),
+                        self.root.display()
+                    ),
                 )
             } else {
                 anyhow::anyhow!("reading {}: {err}", path.display())

@@ -1,0 +1,130 @@
+//! Command-line interface, perf-like.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+use crate::report::{By, Format};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "topdown",
+    version,
+    about = "Exact TopDown (TMA) per thread, counted with perf counter groups read by eBPF at context switches",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// More output on stderr; -v also shows BPF-side diagnostics.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Count TopDown per task and process: system-wide, for given processes, or for a command.
+    Stat(StatArgs),
+    /// Re-render a JSON result, recomputing every metric from its raw counters.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("scope").args(["all_cpus", "pids", "command"])))]
+pub struct StatArgs {
+    /// System-wide: every task on every CPU (the default when no scope is given).
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+
+    /// Trace these already running processes (comma-separated pids; a thread id means its process).
+    #[arg(short = 'p', long = "pid", value_delimiter = ',', value_name = "PID,...")]
+    pub pids: Vec<u32>,
+
+    /// Stop after this many seconds.
+    #[arg(short = 'd', long = "duration", value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+
+    /// Print a report every MS milliseconds (JSON: one object per line).
+    #[arg(short = 'I', long = "interval", value_name = "MS", value_parser = clap::value_parser!(u64).range(10..))]
+    pub interval_ms: Option<u64>,
+
+    /// Breakdowns to show.
+    #[arg(long = "by", value_enum, value_delimiter = ',', default_value = "task,process")]
+    pub by: Vec<By>,
+
+    /// TopDown level: 1 (Retiring, Bad Speculation, Frontend, Backend) or 2 (their children).
+    #[arg(short = 'l', long = "level", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub level: u8,
+
+    /// Counter model: auto, software, intel-icl, or synthetic:<model> (syscall tracepoints
+    /// standing in for the model's counters, for machines without a PMU).
+    #[arg(long = "pmu", default_value = "auto", value_name = "MODEL")]
+    pub pmu: String,
+
+    /// Synthetic counter mapping overrides: COUNTER=GROUP:TRACEPOINT,...
+    #[arg(long = "synthetic", value_name = "COUNTER=GROUP:TRACEPOINT,...")]
+    pub synthetic: Option<String>,
+
+    /// Output format.
+    #[arg(long = "format", value_enum, default_value = "table")]
+    pub format: Format,
+
+    /// Write the report to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Count only user space.
+    #[arg(long = "all-user", conflicts_with = "all_kernel")]
+    pub all_user: bool,
+
+    /// Count only the kernel.
+    #[arg(long = "all-kernel")]
+    pub all_kernel: bool,
+
+    /// Capacity of the BPF task map; tasks beyond it are counted as dropped.
+    #[arg(long = "max-tasks", default_value_t = 32768, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
+    pub max_tasks: u32,
+
+    /// Capacity of the BPF map of tracked processes (-p, -- CMD and their children).
+    #[arg(long = "max-tracked", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
+    pub max_tracked: u32,
+
+    /// The command to run and trace, with its children.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A JSON result written by `topdown stat --format json` (one object, or one per line).
+    #[arg(short = 'i', long = "input", value_name = "FILE")]
+    pub input: PathBuf,
+
+    /// Recompute at this level (default: the recorded one).
+    #[arg(short = 'l', long = "level", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub level: Option<u8>,
+
+    /// Breakdowns to show.
+    #[arg(long = "by", value_enum, value_delimiter = ',', default_value = "task,process")]
+    pub by: Vec<By>,
+
+    /// Output format.
+    #[arg(long = "format", value_enum, default_value = "table")]
+    pub format: Format,
+
+    /// Write to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 {
+        Ok(seconds)
+    } else {
+        Err(format!("'{text}': the duration must be a positive number of seconds"))
+    }
+}
