@@ -30,6 +30,13 @@ pub mod names {
     pub const PROG_FLUSH: &str = "flush";
     pub const PROG_FORK: &str = "process_fork";
     pub const PROG_EXIT: &str = "process_exit";
+    pub const PROG_FUNC_ENTRY: &str = "func_entry";
+    pub const PROG_FUNC_RETURN: &str = "func_return";
+    pub const STACKS: &str = "STACKS";
+    pub const CALLS: &str = "CALLS";
+    pub const PROBE_STATS: &str = "PROBE_STATS";
+    pub const ZERO_STACK: &str = "ZERO_STACK";
+    pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
     pub const GLOBAL_FILTER_TGIDS: &str = "FILTER_TGIDS";
@@ -83,6 +90,9 @@ pub struct CpuState {
     pub task_map_full: u64,
     /// Exit records the ring buffer could not take (the entry stays, marked exited).
     pub exit_records_lost: u64,
+    /// Bumped by every attribution. Function probes run preemptibly: they read it before and
+    /// after computing a task's virtual counters and retry if a switch ran in between.
+    pub seq: u64,
     /// Nonzero once the baseline reading has been taken.
     pub initialized: u32,
     /// Nonzero after the final flush: nothing on this CPU changes any more.
@@ -104,6 +114,7 @@ impl CpuState {
         read_errors: 0,
         task_map_full: 0,
         exit_records_lost: 0,
+        seq: 0,
         initialized: 0,
         frozen: 0,
     };
@@ -143,8 +154,84 @@ pub struct TaskExit {
     pub task: TaskCounters,
 }
 
+/// Shadow-stack depth per thread: the kernel's `MAX_URETPROBE_DEPTH`. Deeper calls get no
+/// return probe from the kernel, so topdown does not push them either (counted as overflows).
+pub const MAX_DEPTH: usize = 64;
+
+/// `CallKey::parent` of a call with no probed caller.
+pub const ROOT_FUNCTION: u32 = u32::MAX;
+
+/// One active call of a probed function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Frame {
+    /// The function's id (the attach cookie user space gave it).
+    pub function: u32,
+    pub _pad: u32,
+    /// Stack pointer at entry: frames whose return was skipped (longjmp, exceptions) are found
+    /// by comparing it with the stack pointer of later entries and returns.
+    pub sp: u64,
+    /// The thread's virtual counters at entry.
+    pub entry: [u64; MAX_COUNTERS],
+    /// Inclusive counts of probed callees that returned, for the exclusive figure.
+    pub callees: [u64; MAX_COUNTERS],
+}
+
+/// A thread's shadow stack (value of `STACKS`, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ShadowStack {
+    pub depth: u32,
+    pub _pad: u32,
+    /// Scratch for the probe in progress: per thread, so a preempted probe cannot have it
+    /// overwritten by another thread's probe on the same CPU.
+    pub now: [u64; MAX_COUNTERS],
+    pub virtual_now: [u64; MAX_COUNTERS],
+    pub frames: [Frame; MAX_DEPTH],
+}
+
+/// Key of `CALLS`: one caller -> callee edge, per process if asked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallKey {
+    pub function: u32,
+    /// The probed caller's id, or `ROOT_FUNCTION`.
+    pub parent: u32,
+    /// The process, or 0 when functions are not split by process.
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// Totals of one `CallKey`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CallStats {
+    pub calls: u64,
+    pub inclusive: [u64; MAX_COUNTERS],
+    pub exclusive: [u64; MAX_COUNTERS],
+}
+
+/// Per-CPU counts of function-probe anomalies (a one-entry `PERCPU_ARRAY`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeStats {
+    /// Entries not pushed because the stack was `MAX_DEPTH` deep.
+    pub overflows: u64,
+    /// Frames discarded because their return never came (longjmp, exceptions, thread exit).
+    pub missed_returns: u64,
+    /// Returns that matched no frame.
+    pub unmatched_returns: u64,
+    /// Shadow stacks or call entries that did not fit their maps.
+    pub map_full: u64,
+    /// Probe hits whose counter reading failed or kept racing with context switches.
+    pub read_failures: u64,
+}
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::CallKey {}
+    unsafe impl aya::Pod for super::CallStats {}
+    unsafe impl aya::Pod for super::ProbeStats {}
     // SAFETY: plain old data, every bit pattern is valid.
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::TaskCounters {}

@@ -11,17 +11,29 @@
 //! `TASKS[tid].counters + (counter now - CPU_STATE.last)`: function probes read them that way.
 #![no_std]
 #![no_main]
+// The BPF target does not expose `AtomicU64::fetch_add`; the intrinsic lowers to BPF's atomic
+// add, which function totals need when two CPUs return from one function at once.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
-    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    EbpfContext as _,
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_smp_processor_id,
+    },
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray, RingBuf},
-    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
+    programs::{
+        BtfTracePointContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        TracePointContext,
+    },
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CpuState, FIELD_ABSENT, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
+    CallKey, CallStats, CpuState, FIELD_ABSENT, MAX_COUNTERS, MAX_DEPTH, ProbeStats,
+    ROOT_FUNCTION, ShadowStack, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
 };
 
 // Globals user space sets at load time (read volatile so the compiler cannot fold the defaults).
@@ -43,6 +55,9 @@ static FORK_CHILD_PID_OFFSET: u32 = FIELD_ABSENT;
 static EXIT_PID_OFFSET: u32 = FIELD_ABSENT;
 #[unsafe(no_mangle)]
 static EXIT_GROUP_DEAD_OFFSET: u32 = FIELD_ABSENT;
+/// Nonzero: function totals are kept per process (`--by function,task`).
+#[unsafe(no_mangle)]
+static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
 
 #[inline(always)]
 fn global(value: &'static u32) -> u32 {
@@ -69,35 +84,56 @@ static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 #[map]
 static EXITS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Reads every counter slot of this CPU into `state.now`. False if any read failed.
+/// Per-thread shadow stacks of probed calls. Allocated on demand: a stack is ~13 KiB.
+#[map]
+static STACKS: HashMap<u32, ShadowStack> = HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Never written: the zeroed value new shadow stacks are copied from (too big for the stack).
+#[map]
+static ZERO_STACK: PerCpuArray<ShadowStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Function totals per caller -> callee edge (and per process if asked).
+#[map]
+static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Reads every counter slot of this CPU into `out`; returns the leader's enabled and running
+/// times, or `None` if any read failed.
 #[inline(always)]
-fn read_counters(state: &mut CpuState) -> bool {
+fn read_slots(out: &mut [u64; MAX_COUNTERS]) -> Option<(u64, u64)> {
     let used = global(&NUM_COUNTERS) as usize;
     // SAFETY: a helper without preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let base = cpu.wrapping_mul(MAX_COUNTERS as u32);
+    let mut times = (0, 0);
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
-        match COUNTERS.read_value(base + slot as u32) {
-            Ok(value) => {
-                state.now[slot] = value.counter;
-                if slot == 0 {
-                    let enabled_delta = value.enabled_nanos.wrapping_sub(state.last_enabled_ns);
-                    let running_delta = value.running_nanos.wrapping_sub(state.last_running_ns);
-                    if state.initialized != 0 && running_delta < enabled_delta {
-                        state.not_running += 1;
-                    }
-                    state.last_enabled_ns = value.enabled_nanos;
-                    state.last_running_ns = value.running_nanos;
-                }
-            }
-            Err(_) => {
-                state.read_errors += 1;
-                return false;
-            }
+        let value = COUNTERS.read_value(base + slot as u32).ok()?;
+        out[slot] = value.counter;
+        if slot == 0 {
+            times = (value.enabled_nanos, value.running_nanos);
         }
         slot += 1;
     }
+    Some(times)
+}
+
+/// Reads every counter slot of this CPU into `state.now`. False if any read failed.
+#[inline(always)]
+fn read_counters(state: &mut CpuState) -> bool {
+    let Some((enabled, running)) = read_slots(&mut state.now) else {
+        state.read_errors += 1;
+        return false;
+    };
+    let enabled_delta = enabled.wrapping_sub(state.last_enabled_ns);
+    let running_delta = running.wrapping_sub(state.last_running_ns);
+    if state.initialized != 0 && running_delta < enabled_delta {
+        state.not_running += 1;
+    }
+    state.last_enabled_ns = enabled;
+    state.last_running_ns = running;
     state.readings += 1;
     true
 }
@@ -130,6 +166,7 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
         return;
     }
     let used = global(&NUM_COUNTERS) as usize;
+    state.seq = state.seq.wrapping_add(1);
     if state.initialized == 0 {
         // Baseline: nothing before this instant belongs to the run.
         state.last = state.now;
@@ -208,6 +245,16 @@ fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskCounters) {
     if tid != tgid {
         // A thread's tid may have been added by the fork hook; the process stays tracked by tgid.
         let _ = TRACKED.remove(&tid);
+    }
+    // Calls still open on a dead thread's shadow stack will never return.
+    // SAFETY: only this thread's probes and its last switch touch its stack.
+    if let Some(stack) = unsafe { STACKS.get(&tid) } {
+        let open = u64::from(stack.depth);
+        if let Some(stats) = PROBE_STATS.get_ptr_mut(0) {
+            // SAFETY: a per-CPU map value.
+            unsafe { (*stats).missed_returns += open };
+        }
+        let _ = STACKS.remove(&tid);
     }
 }
 
@@ -289,6 +336,282 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
         let _ = TRACKED.remove(&tgid);
     }
     0
+}
+
+// ---- Function probes -------------------------------------------------------------------------
+//
+// Entry pushes a frame holding the thread's virtual counters; return pops it and adds
+// inclusive = virtual now - virtual at entry, exclusive = inclusive - probed callees'
+// inclusive. Virtual counters only advance while the thread is on a CPU, so preemption,
+// migration and sleeping inside a function never add another task's counts to it.
+
+/// How far the stack pointer moves between a function's entry and its return probe: x86-64's
+/// `ret` pops the return address; arm64's does not touch sp.
+#[cfg(bpf_target_arch = "x86_64")]
+const RETURN_SP_ADJUST: u64 = 8;
+#[cfg(not(bpf_target_arch = "x86_64"))]
+const RETURN_SP_ADJUST: u64 = 0;
+
+#[inline(always)]
+fn stack_pointer(regs: *mut pt_regs) -> u64 {
+    // SAFETY: the probe context's registers are readable.
+    #[cfg(bpf_target_arch = "x86_64")]
+    let sp = unsafe { (*regs).rsp };
+    #[cfg(bpf_target_arch = "aarch64")]
+    let sp = unsafe { (*regs).sp };
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    let sp = {
+        let _ = regs;
+        0
+    };
+    sp as u64
+}
+
+/// A frame index the verifier can see is in bounds, with no panic path for the compiler to
+/// add. Callers check the range first, but LLVM then drops a plain mask as redundant and indexes
+/// with a register the verifier has no bounds for; the volatile read keeps the mask in place.
+#[inline(always)]
+fn frame_index(index: usize) -> usize {
+    const _: () = assert!(MAX_DEPTH.is_power_of_two());
+    // SAFETY: reading a local.
+    let opaque = unsafe { core::ptr::read_volatile(&index) };
+    opaque & (MAX_DEPTH - 1)
+}
+
+#[inline(always)]
+fn probe_stats() -> Option<&'static mut ProbeStats> {
+    // SAFETY: a per-CPU value; probe programs on one CPU may interleave through preemption,
+    // which at worst loses an increment of these diagnostic counts.
+    PROBE_STATS.get_ptr_mut(0).map(|stats| unsafe { &mut *stats })
+}
+
+/// The thread's virtual counters into `stack.virtual_now`: its accumulated counts plus what this
+/// CPU counted since the thread was switched in. Retries if a context switch interleaved.
+#[inline(always)]
+fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
+    let Some(state) = CPU_STATE.get_ptr(0) else {
+        return false;
+    };
+    let used = global(&NUM_COUNTERS) as usize;
+    let mut attempt = 0;
+    while attempt < 3 {
+        attempt += 1;
+        // SAFETY: a per-CPU map value; read volatile because a switch may change it under us.
+        let seq = unsafe { core::ptr::read_volatile(&(*state).seq) };
+        // SAFETY: as above.
+        if unsafe { (*state).initialized == 0 || (*state).frozen != 0 } {
+            return false;
+        }
+        if read_slots(&mut stack.now).is_none() {
+            return false;
+        }
+        // SAFETY: map value pointers.
+        let task = unsafe { TASKS.get(&tid) };
+        let mut slot = 0;
+        while slot < MAX_COUNTERS && slot < used {
+            let accumulated = task.map_or(0, |task| task.counters[slot]);
+            // SAFETY: as above.
+            let last = unsafe { (*state).last[slot] };
+            stack.virtual_now[slot] = accumulated.wrapping_add(stack.now[slot].wrapping_sub(last));
+            slot += 1;
+        }
+        // SAFETY: as above.
+        if unsafe { core::ptr::read_volatile(&(*state).seq) } == seq {
+            return true;
+        }
+    }
+    false
+}
+
+/// Only tasks whose counts are attributed to them can have meaningful virtual counters.
+#[inline(always)]
+fn probed_task() -> Option<(u32, u32)> {
+    let (tid, tgid) = current_ids();
+    if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
+        return None;
+    }
+    Some((tid, tgid))
+}
+
+#[uprobe]
+pub fn func_entry(ctx: ProbeContext) -> u32 {
+    let Some((tid, _)) = probed_task() else {
+        return 0;
+    };
+    // SAFETY: reading the attach cookie of this probe.
+    let function = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let sp = stack_pointer(ctx.regs);
+    let stack = match STACKS.get_ptr_mut(&tid) {
+        Some(stack) => stack,
+        None => {
+            let Some(zero) = ZERO_STACK.get_ptr(0) else {
+                return 0;
+            };
+            // SAFETY: a map value of the right type.
+            if STACKS.insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64).is_err() {
+                if let Some(stats) = probe_stats() {
+                    stats.map_full += 1;
+                }
+                return 0;
+            }
+            let Some(stack) = STACKS.get_ptr_mut(&tid) else {
+                return 0;
+            };
+            stack
+        }
+    };
+    // SAFETY: this thread's stack; only its own probes touch it.
+    let stack = unsafe { &mut *stack };
+    // A live caller's frame has a higher stack pointer than any callee's entry. A frame at or
+    // below ours was left without a return (longjmp, exception).
+    let mut guard = 0;
+    while guard < MAX_DEPTH && stack.depth > 0 {
+        guard += 1;
+        let top = (stack.depth - 1) as usize;
+        if top >= MAX_DEPTH || stack.frames[frame_index(top)].sp > sp {
+            break;
+        }
+        stack.depth -= 1;
+        if let Some(stats) = probe_stats() {
+            stats.missed_returns += 1;
+        }
+    }
+    let depth = stack.depth as usize;
+    if depth >= MAX_DEPTH {
+        // The kernel gives this call no return probe either.
+        if let Some(stats) = probe_stats() {
+            stats.overflows += 1;
+        }
+        return 0;
+    }
+    if !virtual_counters(stack, tid) {
+        if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+        return 0;
+    }
+    let frame = &mut stack.frames[frame_index(depth)];
+    frame.function = function;
+    frame.sp = sp;
+    frame.entry = stack.virtual_now;
+    frame.callees = [0; MAX_COUNTERS];
+    stack.depth += 1;
+    0
+}
+
+#[uretprobe]
+pub fn func_return(ctx: RetProbeContext) -> u32 {
+    let Some((tid, tgid)) = probed_task() else {
+        return 0;
+    };
+    let Some(stack) = STACKS.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    // SAFETY: this thread's stack; only its own probes touch it.
+    let stack = unsafe { &mut *stack };
+    let entry_sp = stack_pointer(ctx.regs).wrapping_sub(RETURN_SP_ADJUST);
+    // Frames deeper than the returning one lost their returns.
+    let mut guard = 0;
+    while guard < MAX_DEPTH && stack.depth > 0 {
+        guard += 1;
+        let top = (stack.depth - 1) as usize;
+        if top >= MAX_DEPTH || stack.frames[frame_index(top)].sp >= entry_sp {
+            break;
+        }
+        stack.depth -= 1;
+        if let Some(stats) = probe_stats() {
+            stats.missed_returns += 1;
+        }
+    }
+    let depth = stack.depth as usize;
+    let matches = depth > 0
+        && depth <= MAX_DEPTH
+        && stack.frames[frame_index(depth - 1)].sp == entry_sp;
+    if !matches {
+        if let Some(stats) = probe_stats() {
+            stats.unmatched_returns += 1;
+        }
+        return 0;
+    }
+    if !virtual_counters(stack, tid) {
+        // Drop the frame: its numbers cannot be known.
+        stack.depth -= 1;
+        if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+        return 0;
+    }
+    let used = global(&NUM_COUNTERS) as usize;
+    let top = depth - 1;
+    // Indexing goes through get()/get_mut(): a bounds-check panic would leave the program
+    // without an exit, which the verifier rejects.
+    let frame = &stack.frames[frame_index(top)];
+    let function = frame.function;
+    // Scratch reuse (the BPF stack is 512 bytes): `now` becomes the inclusive figure and
+    // `virtual_now` the exclusive one.
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        let inclusive = stack.virtual_now[slot].wrapping_sub(frame.entry[slot]);
+        stack.now[slot] = inclusive;
+        stack.virtual_now[slot] = inclusive.wrapping_sub(frame.callees[slot]);
+        slot += 1;
+    }
+    stack.depth -= 1;
+    let parent = if top > 0 {
+        let caller = &mut stack.frames[frame_index(top - 1)];
+        add(&mut caller.callees, &stack.now, used);
+        caller.function
+    } else {
+        ROOT_FUNCTION
+    };
+    let key = CallKey {
+        function,
+        parent,
+        tgid: if global(&SPLIT_FUNCTIONS_BY_PROCESS) != 0 { tgid } else { 0 },
+        _pad: 0,
+    };
+    let stats = match CALLS.get_ptr_mut(&key) {
+        Some(stats) => stats,
+        None => {
+            let fresh = CallStats {
+                calls: 0,
+                inclusive: [0; MAX_COUNTERS],
+                exclusive: [0; MAX_COUNTERS],
+            };
+            let _ = CALLS.insert(&key, &fresh, BPF_NOEXIST as u64);
+            match CALLS.get_ptr_mut(&key) {
+                Some(stats) => stats,
+                None => {
+                    if let Some(stats) = probe_stats() {
+                        stats.map_full += 1;
+                    }
+                    return 0;
+                }
+            }
+        }
+    };
+    // Two CPUs may update one function's totals at once: add atomically (BPF atomic add).
+    // SAFETY: naturally aligned u64 fields of a live map value.
+    unsafe { atomic_add(&raw mut (*stats).calls, 1) };
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: as above.
+        unsafe {
+            atomic_add(&raw mut (*stats).inclusive[slot], stack.now[slot]);
+            atomic_add(&raw mut (*stats).exclusive[slot], stack.virtual_now[slot]);
+        }
+        slot += 1;
+    }
+    0
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+unsafe fn atomic_add(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
 }
 
 #[cfg(not(test))]

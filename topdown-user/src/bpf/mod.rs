@@ -137,6 +137,15 @@ impl Session {
         Ok(session)
     }
 
+    /// Loads the function-probe programs (verifier check) without attaching them.
+    pub fn load_function_probes(&mut self) -> Result<()> {
+        for name in [names::PROG_FUNC_ENTRY, names::PROG_FUNC_RETURN] {
+            let program: &mut aya::programs::UProbe = program_mut(&mut self.ebpf, name)?;
+            program.load().map_err(load_error(name))?;
+        }
+        Ok(())
+    }
+
     /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
     pub fn track(&mut self, tgid: u32) -> Result<()> {
         let mut tracked: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, names::TRACKED)?;
