@@ -433,8 +433,30 @@ fn probed_task() -> Option<(u32, u32)> {
     Some((tid, tgid))
 }
 
+/// Per-point attach (one perf link per function): kernels without uprobe.multi.
 #[uprobe]
 pub fn func_entry(ctx: ProbeContext) -> u32 {
+    on_entry(&ctx)
+}
+
+/// One uprobe.multi link for all functions of a binary (Linux >= 6.6).
+#[uprobe(multi)]
+pub fn func_entry_multi(ctx: ProbeContext) -> u32 {
+    on_entry(&ctx)
+}
+
+#[uretprobe]
+pub fn func_return(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx)
+}
+
+#[uretprobe(multi)]
+pub fn func_return_multi(ctx: RetProbeContext) -> u32 {
+    on_return(&ctx)
+}
+
+#[inline(always)]
+fn on_entry(ctx: &ProbeContext) -> u32 {
     let Some((tid, _)) = probed_task() else {
         return 0;
     };
@@ -499,8 +521,8 @@ pub fn func_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-#[uretprobe]
-pub fn func_return(ctx: RetProbeContext) -> u32 {
+#[inline(always)]
+fn on_return(ctx: &RetProbeContext) -> u32 {
     let Some((tid, tgid)) = probed_task() else {
         return 0;
     };

@@ -11,9 +11,15 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerfEventArray, RingBuf},
-    programs::{BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint},
+    programs::{
+        BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
 };
-use topdown_common::{CpuState, MAX_COUNTERS, TaskCounters, TaskExit, flush_mode, names};
+use topdown_common::{
+    CallKey, CallStats, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters, TaskExit, flush_mode,
+    names,
+};
 
 use crate::{
     counters::CounterGroups,
@@ -37,6 +43,28 @@ pub struct SessionConfig {
     pub max_tracked: u32,
     /// Show BPF-side diagnostics (aya-log) on stderr.
     pub verbose: bool,
+    /// Keep function totals per process (`--by function,task`).
+    pub split_functions_by_process: bool,
+    /// Capacity of the per-thread shadow-stack map.
+    pub max_stacks: u32,
+}
+
+/// One function to probe: where, and the id its counts come back under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbePoint {
+    pub target: std::path::PathBuf,
+    /// File offset of the function's first instruction.
+    pub offset: u64,
+    pub function_id: u32,
+}
+
+/// How the function probes were attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// One uprobe.multi link per binary and program.
+    Multi,
+    /// One perf-event link per function and program.
+    PerPoint,
 }
 
 /// Everything the BPF side has attributed so far (cumulative since the baseline).
@@ -48,6 +76,10 @@ pub struct Snapshot {
     pub live: HashMap<u32, TaskCounters>,
     /// Tasks that died, in the order their exit records arrived: `(tid, totals)`.
     pub exited: Vec<(u32, TaskCounters)>,
+    /// Function totals per caller -> callee edge.
+    pub calls: Vec<(CallKey, CallStats)>,
+    /// Function-probe anomalies, summed over CPUs.
+    pub probes: ProbeStats,
 }
 
 /// A loaded and attached BPF session.
@@ -75,6 +107,7 @@ impl Session {
         let exit_group_dead = field_offset(tracefs, "sched_process_exit", "group_dead")?;
         let counter_slots = possible_cpus * MAX_COUNTERS as u32;
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
+        let split = u32::from(config.split_functions_by_process);
 
         let mut loader = EbpfLoader::new();
         loader
@@ -84,7 +117,9 @@ impl Session {
             .override_global(names::GLOBAL_FORK_CHILD_PID_OFFSET, &fork_child, true)
             .override_global(names::GLOBAL_EXIT_PID_OFFSET, &exit_pid, true)
             .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
+            .override_global(names::GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS, &split, true)
             .override_global(aya_log::LEVEL, &log_level, false)
+            .map_max_entries(names::STACKS, config.max_stacks)
             .map_max_entries(names::COUNTERS, counter_slots)
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked);
@@ -137,13 +172,61 @@ impl Session {
         Ok(session)
     }
 
-    /// Loads the function-probe programs (verifier check) without attaching them.
-    pub fn load_function_probes(&mut self) -> Result<()> {
-        for name in [names::PROG_FUNC_ENTRY, names::PROG_FUNC_RETURN] {
-            let program: &mut aya::programs::UProbe = program_mut(&mut self.ebpf, name)?;
+    /// Attaches the function probes: per binary, the return probes first (so a call already in
+    /// flight cannot return into an empty shadow stack in a way that desynchronises it), then
+    /// the entry probes. Uses one uprobe.multi link per binary when the kernel has them.
+    ///
+    /// `processes`: limit the probes to these processes (`-p`); empty: every process that
+    /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
+    pub fn attach_functions(&mut self, points: &[ProbePoint], processes: &[u32]) -> Result<AttachMode> {
+        let multi = aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation)
+            .unwrap_or(false);
+        let (entry, ret) = if multi {
+            (names::PROG_FUNC_ENTRY_MULTI, names::PROG_FUNC_RETURN_MULTI)
+        } else {
+            (names::PROG_FUNC_ENTRY, names::PROG_FUNC_RETURN)
+        };
+        for name in [ret, entry] {
+            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
             program.load().map_err(load_error(name))?;
         }
-        Ok(())
+        let mut by_target: std::collections::BTreeMap<&std::path::Path, Vec<UProbeAttachPoint<'static>>> =
+            std::collections::BTreeMap::new();
+        for point in points {
+            by_target
+                .entry(point.target.as_path())
+                .or_default()
+                .push(UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(point.offset),
+                    cookie: Some(u64::from(point.function_id)),
+                });
+        }
+        let scopes: Vec<UProbeScope> = if processes.is_empty() {
+            vec![UProbeScope::AllProcesses]
+        } else {
+            processes
+                .iter()
+                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
+                .collect()
+        };
+        for name in [ret, entry] {
+            for (target, target_points) in &by_target {
+                for scope in &scopes {
+                    let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+                    program
+                        .attach(target_points.iter().copied(), target, *scope)
+                        .with_context(|| {
+                            format!(
+                                "attaching {} {} to {}",
+                                target_points.len(),
+                                if name == ret { "return probes" } else { "entry probes" },
+                                target.display()
+                            )
+                        })?;
+                }
+            }
+        }
+        Ok(if multi { AttachMode::Multi } else { AttachMode::PerPoint })
     }
 
     /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
@@ -245,10 +328,33 @@ impl Session {
             .cpus()
             .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
             .collect();
+        let calls_map: BpfHashMap<&MapData, CallKey, CallStats> = map(&self.ebpf, names::CALLS)?;
+        let mut calls = Vec::new();
+        for entry in calls_map.iter() {
+            match entry {
+                Ok(entry) => calls.push(entry),
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(err) => return Err(err).context("reading the function map"),
+            }
+        }
+        let probe_map: PerCpuArray<&MapData, ProbeStats> = map(&self.ebpf, names::PROBE_STATS)?;
+        let probes = probe_map
+            .get(&0, 0)
+            .context("reading function-probe statistics")?
+            .iter()
+            .fold(ProbeStats::default(), |sum, cpu| ProbeStats {
+                overflows: sum.overflows + cpu.overflows,
+                missed_returns: sum.missed_returns + cpu.missed_returns,
+                unmatched_returns: sum.unmatched_returns + cpu.unmatched_returns,
+                map_full: sum.map_full + cpu.map_full,
+                read_failures: sum.read_failures + cpu.read_failures,
+            });
         Ok(Snapshot {
             cpus,
             live,
             exited: self.exited.clone(),
+            calls,
+            probes,
         })
     }
 }
