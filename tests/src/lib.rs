@@ -1,1 +1,196 @@
-//! Helpers for topdown integration tests.
+//! Helpers for topdown's integration tests.
+//!
+//! The tests run the real `topdown` binary (path in `TOPDOWN_BIN`, set by `cargo xtask test`)
+//! as root with synthetic counters: per-CPU syscall tracepoint counts, whose true values the
+//! workload (`td-workload`) knows exactly.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+/// Runs one topdown at a time: tests check global state (loaded BPF programs) and share CPUs.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// True when the tests may load BPF. Under CI not being root is a failure, never a skip.
+pub fn privileged() -> bool {
+    // SAFETY: no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "privileged tests must run as root in CI"
+        );
+        eprintln!("skipping: not root (these tests load BPF programs)");
+    }
+    root
+}
+
+/// The topdown binary under test.
+pub fn topdown_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOPDOWN_BIN") {
+        return PathBuf::from(path);
+    }
+    let fallback = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/topdown");
+    assert!(
+        fallback.exists(),
+        "set TOPDOWN_BIN to the topdown binary (cargo xtask test does), or build it first"
+    );
+    fallback
+}
+
+pub fn topdown() -> Command {
+    let mut command = Command::new(topdown_bin());
+    command.stdin(Stdio::null());
+    command
+}
+
+/// Runs topdown to completion and returns its output; fails with its stderr if it failed.
+pub fn run_ok(command: &mut Command) -> Result<Output> {
+    let output = command.output().context("running topdown")?;
+    if !output.status.success() {
+        bail!(
+            "topdown failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(output)
+}
+
+/// Parses a JSON report (or the last object of JSON lines).
+pub fn parse_json(text: &[u8]) -> Result<Value> {
+    let text = std::str::from_utf8(text).context("report is not UTF-8")?;
+    let last = text
+        .lines()
+        .rfind(|line| !line.trim().is_empty())
+        .context("empty report")?;
+    serde_json::from_str(last).with_context(|| format!("report is not JSON: {text}"))
+}
+
+/// `counters[name]` of a JSON entity, or 0 when absent.
+pub fn counter(entity: &Value, name: &str) -> u64 {
+    entity["counters"][name].as_u64().unwrap_or(0)
+}
+
+/// The task entry with this tid.
+pub fn task(report: &Value, tid: u64) -> Option<&Value> {
+    report["tasks"]
+        .as_array()?
+        .iter()
+        .find(|task| task["tid"].as_u64() == Some(tid))
+}
+
+/// The process entry with this pid.
+pub fn process(report: &Value, pid: u64) -> Option<&Value> {
+    report["processes"]
+        .as_array()?
+        .iter()
+        .find(|process| process["pid"].as_u64() == Some(pid))
+}
+
+/// `(thread index, pid, tid)` lines printed by td-workload, in (pid, index) order.
+pub fn workload_threads(stdout: &str) -> Vec<(usize, u64, u64)> {
+    let mut threads: Vec<(usize, u64, u64)> = stdout
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            if words.next()? != "thread" {
+                return None;
+            }
+            let index = words.next()?.parse().ok()?;
+            let pid = words.next()?.strip_prefix("pid=")?.parse().ok()?;
+            let tid = words.next()?.strip_prefix("tid=")?.parse().ok()?;
+            Some((index, pid, tid))
+        })
+        .collect();
+    threads.sort_by_key(|&(index, pid, _)| (pid, index));
+    threads
+}
+
+/// Waits until topdown says it is counting (its stderr line), returning what it printed.
+pub fn wait_until_counting(child: &mut Child, timeout: Duration) -> Result<String> {
+    use std::io::Read as _;
+    let stderr = child
+        .stderr
+        .as_mut()
+        .context("topdown stderr is not piped")?;
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while Instant::now() < deadline {
+        match stderr.read(&mut byte) {
+            Ok(0) => bail!(
+                "topdown exited before counting: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+            Ok(_) => {
+                seen.push(byte[0]);
+                if byte[0] == b'\n' && String::from_utf8_lossy(&seen).contains("counting") {
+                    return Ok(String::from_utf8_lossy(&seen).into_owned());
+                }
+            }
+            Err(err) => bail!("reading topdown stderr: {err}"),
+        }
+    }
+    bail!(
+        "topdown did not start counting: {}",
+        String::from_utf8_lossy(&seen)
+    )
+}
+
+/// Names of the BPF programs loaded right now, asked of the kernel directly
+/// (BPF_PROG_GET_NEXT_ID / BPF_OBJ_GET_INFO_BY_FD), so the tests need no bpftool.
+pub fn loaded_bpf_program_names() -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    let mut id: u32 = 0;
+    loop {
+        // union bpf_attr for BPF_PROG_GET_NEXT_ID: start_id, next_id.
+        let mut attr = [0u32; 4];
+        attr[0] = id;
+        // SAFETY: a valid attr buffer of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                11, /* BPF_PROG_GET_NEXT_ID */
+                attr.as_mut_ptr(),
+                16,
+            )
+        };
+        if rc != 0 {
+            break;
+        }
+        id = attr[1];
+        let mut get_fd = [0u32; 4];
+        get_fd[0] = id;
+        // SAFETY: as above; BPF_PROG_GET_FD_BY_ID = 13.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
+        if fd < 0 {
+            continue;
+        }
+        // struct bpf_prog_info is large; name is at offset 64 (16 bytes) in every version since 4.15.
+        let mut info = [0u8; 256];
+        // BPF_OBJ_GET_INFO_BY_FD = 15: bpf_fd, info_len, info pointer.
+        let mut attr = [0u64; 2];
+        attr[0] = (fd as u64) | ((info.len() as u64) << 32);
+        attr[1] = info.as_mut_ptr() as u64;
+        // SAFETY: info is writable for info.len() bytes.
+        let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_mut_ptr(), 16) };
+        // SAFETY: closing the fd we got.
+        unsafe { libc::close(fd as i32) };
+        if rc == 0 {
+            let name = &info[64..80];
+            let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+            names.push(String::from_utf8_lossy(&name[..len]).into_owned());
+        }
+    }
+    Ok(names)
+}

@@ -25,8 +25,17 @@ type Slots = [u64; MAX_COUNTERS];
 
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
 /// `previous`.
-pub fn build_report(ctx: &ReportContext<'_>, current: &Snapshot, previous: Option<&Snapshot>) -> Report {
-    let names: Vec<String> = ctx.model.counters().into_iter().map(|spec| spec.name).collect();
+pub fn build_report(
+    ctx: &ReportContext<'_>,
+    current: &Snapshot,
+    previous: Option<&Snapshot>,
+) -> Report {
+    let names: Vec<String> = ctx
+        .model
+        .counters()
+        .into_iter()
+        .map(|spec| spec.name)
+        .collect();
     let entity = |slots: &Slots| -> Entity {
         let counters = name_slots(&names, slots);
         let metrics = ctx.model.metrics(&counters, ctx.level);
@@ -46,7 +55,10 @@ pub fn build_report(ctx: &ReportContext<'_>, current: &Snapshot, previous: Optio
     let dropped = per_cpu(|state| &state.dropped);
 
     let tasks = task_deltas(current, previous);
-    let weight = names.iter().position(|name| name == ctx.model.weight_counter()).unwrap_or(0);
+    let weight = names
+        .iter()
+        .position(|name| name == ctx.model.weight_counter())
+        .unwrap_or(0);
 
     let mut task_entries: Vec<TaskEntry> = tasks
         .iter()
@@ -59,7 +71,14 @@ pub fn build_report(ctx: &ReportContext<'_>, current: &Snapshot, previous: Optio
         })
         .collect();
     task_entries.sort_by(|a, b| {
-        let weight_of = |entry: &TaskEntry| entry.entity.counters.get(&names[weight]).copied().unwrap_or(0);
+        let weight_of = |entry: &TaskEntry| {
+            entry
+                .entity
+                .counters
+                .get(&names[weight])
+                .copied()
+                .unwrap_or(0)
+        };
         weight_of(b).cmp(&weight_of(a)).then(a.tid.cmp(&b.tid))
     });
 
@@ -86,7 +105,14 @@ pub fn build_report(ctx: &ReportContext<'_>, current: &Snapshot, previous: Optio
         })
         .collect();
     process_entries.sort_by(|a, b| {
-        let weight_of = |entry: &ProcessEntry| entry.entity.counters.get(&names[weight]).copied().unwrap_or(0);
+        let weight_of = |entry: &ProcessEntry| {
+            entry
+                .entity
+                .counters
+                .get(&names[weight])
+                .copied()
+                .unwrap_or(0)
+        };
         weight_of(b).cmp(&weight_of(a)).then(a.pid.cmp(&b.pid))
     });
 
@@ -111,10 +137,14 @@ pub fn build_report(ctx: &ReportContext<'_>, current: &Snapshot, previous: Optio
                 let before = diagnostics_of(previous);
                 Diagnostics {
                     readings: now.readings.saturating_sub(before.readings),
-                    not_running_readings: now.not_running_readings.saturating_sub(before.not_running_readings),
+                    not_running_readings: now
+                        .not_running_readings
+                        .saturating_sub(before.not_running_readings),
                     read_errors: now.read_errors.saturating_sub(before.read_errors),
                     task_map_full: now.task_map_full.saturating_sub(before.task_map_full),
-                    exit_records_lost: now.exit_records_lost.saturating_sub(before.exit_records_lost),
+                    exit_records_lost: now
+                        .exit_records_lost
+                        .saturating_sub(before.exit_records_lost),
                 }
             }
             None => now,
@@ -163,11 +193,19 @@ fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskDelta
             .exited
             .iter()
             .map(|(tid, task)| delta(*tid, task, None, true))
-            .chain(current.live.iter().map(|(tid, task)| delta(*tid, task, None, false)))
+            .chain(
+                current
+                    .live
+                    .iter()
+                    .map(|(tid, task)| delta(*tid, task, None, false)),
+            )
             .collect();
     };
-    let mut before: HashMap<u32, Slots> =
-        previous.live.iter().map(|(tid, task)| (*tid, task.counters)).collect();
+    let mut before: HashMap<u32, Slots> = previous
+        .live
+        .iter()
+        .map(|(tid, task)| (*tid, task.counters))
+        .collect();
     let new_exits = current.exited.get(previous.exited.len()..).unwrap_or(&[]);
     let mut deltas: Vec<TaskDelta> = new_exits
         .iter()
@@ -195,7 +233,10 @@ fn delta(tid: u32, task: &TaskCounters, before: Option<&Slots>, exited: bool) ->
 
 /// A kernel `comm` (NUL-padded, at most 16 bytes) as text.
 pub fn comm_string(comm: &[u8; 16]) -> String {
-    let len = comm.iter().position(|&byte| byte == 0).unwrap_or(comm.len());
+    let len = comm
+        .iter()
+        .position(|&byte| byte == 0)
+        .unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..len]).into_owned()
 }
 
@@ -223,14 +264,17 @@ fn sub(a: &Slots, b: &Slots) -> Slots {
 }
 
 fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
-    snapshot.cpus.iter().fold(Diagnostics::default(), |mut sum, (_, state)| {
-        sum.readings += state.readings;
-        sum.not_running_readings += state.not_running;
-        sum.read_errors += state.read_errors;
-        sum.task_map_full += state.task_map_full;
-        sum.exit_records_lost += state.exit_records_lost;
-        sum
-    })
+    snapshot
+        .cpus
+        .iter()
+        .fold(Diagnostics::default(), |mut sum, (_, state)| {
+            sum.readings += state.readings;
+            sum.not_running_readings += state.not_running;
+            sum.read_errors += state.read_errors;
+            sum.task_map_full += state.task_map_full;
+            sum.exit_records_lost += state.exit_records_lost;
+            sum
+        })
 }
 
 #[cfg(test)]
@@ -270,12 +314,22 @@ mod tests {
             cpus: vec![(0, cpu(1000, 100)), (1, cpu(500, 50))],
             live: HashMap::from([(10, task(10, "server", 300)), (11, task(10, "worker", 400))]),
             exited: vec![(12, task(10, "worker", 250)), (20, task(20, "sh", 400))],
+            ..Snapshot::default()
         };
         let report = build_report(&context(&Software), &snapshot, None);
         assert_eq!(report.totals.counters["cpu-clock"], 1500);
         assert_eq!(report.idle.counters["cpu-clock"], 150);
-        assert_eq!(report.tasks.iter().map(|t| t.tid).collect::<Vec<_>>(), vec![11, 20, 10, 12]);
-        assert!(report.tasks.iter().find(|t| t.tid == 12).is_some_and(|t| t.exited));
+        assert_eq!(
+            report.tasks.iter().map(|t| t.tid).collect::<Vec<_>>(),
+            vec![11, 20, 10, 12]
+        );
+        assert!(
+            report
+                .tasks
+                .iter()
+                .find(|t| t.tid == 12)
+                .is_some_and(|t| t.exited)
+        );
         let server = report.processes.iter().find(|p| p.pid == 10).unwrap();
         assert_eq!((server.comm.as_str(), server.threads), ("server", 3));
         assert_eq!(server.entity.counters["cpu-clock"], 950);
@@ -289,15 +343,20 @@ mod tests {
             cpus: vec![(0, cpu(1000, 100))],
             live: HashMap::from([(7, task(7, "old", 300)), (8, task(8, "steady", 100))]),
             exited: vec![],
+            ..Snapshot::default()
         };
         // tid 7 died (final total 350) and a new task reused tid 7 (40 so far).
         let current = Snapshot {
             cpus: vec![(0, cpu(1600, 160))],
             live: HashMap::from([(7, task(7, "new", 40)), (8, task(8, "steady", 100))]),
             exited: vec![(7, task(7, "old", 350))],
+            ..Snapshot::default()
         };
         let mut ctx = context(&Software);
-        ctx.interval = Some(IntervalInfo { index: 2, end_s: 2.0 });
+        ctx.interval = Some(IntervalInfo {
+            index: 2,
+            end_s: 2.0,
+        });
         let report = build_report(&ctx, &current, Some(&previous));
         assert_eq!(report.totals.counters["cpu-clock"], 600);
         assert_eq!(report.idle.counters["cpu-clock"], 60);

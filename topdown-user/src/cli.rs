@@ -38,7 +38,12 @@ pub struct StatArgs {
     pub all_cpus: bool,
 
     /// Trace these already running processes (comma-separated pids; a thread id means its process).
-    #[arg(short = 'p', long = "pid", value_delimiter = ',', value_name = "PID,...")]
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_delimiter = ',',
+        value_name = "PID,..."
+    )]
     pub pids: Vec<u32>,
 
     /// Stop after this many seconds.
@@ -50,7 +55,12 @@ pub struct StatArgs {
     pub interval_ms: Option<u64>,
 
     /// Breakdowns to show.
-    #[arg(long = "by", value_enum, value_delimiter = ',', default_value = "task,process")]
+    #[arg(
+        long = "by",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "task,process"
+    )]
     pub by: Vec<By>,
 
     /// TopDown level: 1 (Retiring, Bad Speculation, Frontend, Backend) or 2 (their children).
@@ -106,7 +116,12 @@ pub struct ReportArgs {
     pub level: Option<u8>,
 
     /// Breakdowns to show.
-    #[arg(long = "by", value_enum, value_delimiter = ',', default_value = "task,process")]
+    #[arg(
+        long = "by",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "task,process"
+    )]
     pub by: Vec<By>,
 
     /// Output format.
@@ -125,6 +140,8 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
     if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 {
         Ok(seconds)
     } else {
-        Err(format!("'{text}': the duration must be a positive number of seconds"))
+        Err(format!(
+            "'{text}': the duration must be a positive number of seconds"
+        ))
     }
 }

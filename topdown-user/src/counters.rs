@@ -46,9 +46,15 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                 CounterSource::Perf { perf_type, config } => (*perf_type, *config),
                 CounterSource::Tracepoint { group, name } => {
                     let Some(tracefs) = tracefs else {
-                        bail!("counter {} is a tracepoint but tracefs is not available", spec.name);
+                        bail!(
+                            "counter {} is a tracepoint but tracefs is not available",
+                            spec.name
+                        );
                     };
-                    (bindings::PERF_TYPE_TRACEPOINT, tracefs.tracepoint_id(group, name)?)
+                    (
+                        bindings::PERF_TYPE_TRACEPOINT,
+                        tracefs.tracepoint_id(group, name)?,
+                    )
                 }
             };
             Ok(ResolvedCounter {
@@ -75,8 +81,14 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
             Some((first, last)) => (first, last),
             None => (part, part),
         };
-        let first: u32 = first.trim().parse().with_context(|| format!("bad CPU number in '{part}'"))?;
-        let last: u32 = last.trim().parse().with_context(|| format!("bad CPU number in '{part}'"))?;
+        let first: u32 = first
+            .trim()
+            .parse()
+            .with_context(|| format!("bad CPU number in '{part}'"))?;
+        let last: u32 = last
+            .trim()
+            .parse()
+            .with_context(|| format!("bad CPU number in '{part}'"))?;
         if last < first {
             bail!("CPU range '{part}' runs backwards");
         }
@@ -207,7 +219,10 @@ mod tests {
 
     #[test]
     fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n").unwrap(),
+            vec![0, 1, 2, 3, 8, 10, 11]
+        );
         assert_eq!(parse_cpu_list("0\n").unwrap(), vec![0]);
         assert!(parse_cpu_list("3-1").is_err());
         assert!(parse_cpu_list("a-b").is_err());

@@ -4,13 +4,14 @@
 //! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`], open its
 //! counters, attribute deltas in BPF, aggregate, and render a [`report`].
 
+pub mod aggregate;
+pub mod bpf;
+pub mod cli;
+pub mod counters;
+pub mod error;
 pub mod model;
 pub mod pmu;
 pub mod report;
-pub mod bpf;
-pub mod counters;
-pub mod error;
-pub mod tracefs;
-pub mod aggregate;
-pub mod cli;
+pub mod stat;
 pub mod target;
+pub mod tracefs;

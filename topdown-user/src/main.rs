@@ -1,1 +1,85 @@
-fn main() {}
+//! The `topdown` command.
+
+use std::{io::Write as _, process::ExitCode};
+
+use clap::Parser as _;
+use topdown::{
+    cli::{Cli, Command},
+    error::{EXIT_RUNTIME, failure_of},
+    report, stat,
+};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli) {
+        Ok(status) => ExitCode::from(status),
+        Err(err) => {
+            // One line: the outermost context first, then the causes.
+            eprintln!("topdown: error: {err:#}");
+            ExitCode::from(failure_of(&err).map_or(EXIT_RUNTIME, |failure| failure.exit_code()))
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Stat(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
+            runtime.block_on(stat::run(args, cli.verbose > 0))
+        }
+        Command::Report(args) => {
+            let mut output: Box<dyn std::io::Write> = match &args.output {
+                Some(path) => Box::new(std::fs::File::create(path).map_err(|err| {
+                    topdown::error::fail(
+                        topdown::error::Failure::Usage,
+                        format!("cannot write {}: {err}", path.display()),
+                    )
+                })?),
+                None => Box::new(std::io::stdout()),
+            };
+            report::report_command(
+                &args.input,
+                args.level,
+                args.format,
+                &args.by,
+                output.as_mut(),
+            )?;
+            output.flush()?;
+            Ok(0)
+        }
+    }
+}
+
+/// A small stderr logger: warnings always, info with -v, debug with -vv.
+fn init_logging(verbose: u8) {
+    struct Stderr;
+    impl log::Log for Stderr {
+        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+            metadata.level() <= log::max_level()
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            if self.enabled(record.metadata()) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "topdown: {}: {}",
+                    record.level().as_str().to_lowercase(),
+                    record.args()
+                );
+            }
+        }
+        fn flush(&self) {}
+    }
+    static LOGGER: Stderr = Stderr;
+    let level = match verbose {
+        0 => log::LevelFilter::Warn,
+        1 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    };
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
+    }
+}

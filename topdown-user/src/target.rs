@@ -34,7 +34,10 @@ impl Scope {
             Scope::SystemWide => "system-wide".to_owned(),
             Scope::Pids(pids) => format!(
                 "pid {}",
-                pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
             Scope::Command(argv) => format!(
                 "command: {}",
@@ -192,8 +195,10 @@ impl PendingCommand {
         // The error pipe is close-on-exec: EOF means the exec succeeded.
         let got = loop {
             // SAFETY: reading into a valid 4-byte buffer from a pipe we own.
-            let got = unsafe { libc::read(self.exec_error.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
-            if got < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            let got =
+                unsafe { libc::read(self.exec_error.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
+            if got < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
                 continue;
             }
             break got;
@@ -244,13 +249,21 @@ fn find_program(name: &OsStr) -> Result<PathBuf> {
             format!(
                 "command not found: {} (not an executable file{})",
                 name.to_string_lossy(),
-                if name.as_bytes().contains(&b'/') { "" } else { " in $PATH" }
+                if name.as_bytes().contains(&b'/') {
+                    ""
+                } else {
+                    " in $PATH"
+                }
             ),
         )
     };
     if name.as_bytes().contains(&b'/') {
         let path = PathBuf::from(name);
-        return if is_executable(&path) { Ok(path) } else { Err(not_found()) };
+        return if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(not_found())
+        };
     }
     let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&search)
@@ -292,7 +305,10 @@ mod tests {
     fn missing_commands_and_pids_are_categorised() {
         let err = find_program(OsStr::new("surely-not-a-command-xyz")).unwrap_err();
         assert_eq!(failure_of(&err), Some(Failure::CommandNotFound));
-        assert!(err.to_string().contains("command not found: surely-not-a-command-xyz"));
+        assert!(
+            err.to_string()
+                .contains("command not found: surely-not-a-command-xyz")
+        );
         assert!(find_program(OsStr::new("sh")).is_ok());
         let err = resolve_pids(&[u32::MAX - 1]).unwrap_err();
         assert_eq!(failure_of(&err), Some(Failure::NoSuchProcess));

@@ -28,15 +28,20 @@ impl Tracefs {
     /// Finds tracefs in `/proc/self/mounts`, mounting it at `/sys/kernel/tracing` when absent
     /// (fresh machines here do not mount it).
     pub fn locate_or_mount() -> Result<Self> {
-        let mounts = fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+        let mounts =
+            fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
         if let Some(root) = find_tracefs_mount(&mounts) {
             return Ok(Self { root });
         }
         if Path::new(TRACEFS_DEBUGFS).join("events").is_dir() {
-            return Ok(Self { root: PathBuf::from(TRACEFS_DEBUGFS) });
+            return Ok(Self {
+                root: PathBuf::from(TRACEFS_DEBUGFS),
+            });
         }
         mount_tracefs(Path::new(TRACEFS_DEFAULT))?;
-        Ok(Self { root: PathBuf::from(TRACEFS_DEFAULT) })
+        Ok(Self {
+            root: PathBuf::from(TRACEFS_DEFAULT),
+        })
     }
 
     /// A tracefs rooted somewhere else (tests).
@@ -56,7 +61,7 @@ impl Tracefs {
                 fail(
                     Failure::PmuUnavailable,
                     format!(
-                    "tracepoint {group}:{name} does not exist on this kernel (no {}): pick one \
+                        "tracepoint {group}:{name} does not exist on this kernel (no {}): pick one \
                      listed under {}/events",
                         path.display(),
                         self.root.display()
@@ -73,7 +78,12 @@ impl Tracefs {
 
     /// Offset of `field` in the records of `group:name`, or `None` if the kernel has no such field.
     pub fn field_offset(&self, group: &str, name: &str, field: &str) -> Result<Option<u32>> {
-        let path = self.root.join("events").join(group).join(name).join("format");
+        let path = self
+            .root
+            .join("events")
+            .join(group)
+            .join(name)
+            .join("format");
         let format =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         Ok(parse_field_offset(&format, field))
@@ -205,7 +215,12 @@ format:
     #[test]
     fn missing_tracepoint_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = Tracefs::at(dir.path()).tracepoint_id("syscalls", "sys_enter_nope").unwrap_err();
-        assert!(err.to_string().contains("tracepoint syscalls:sys_enter_nope does not exist"));
+        let err = Tracefs::at(dir.path())
+            .tracepoint_id("syscalls", "sys_enter_nope")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("tracepoint syscalls:sys_enter_nope does not exist")
+        );
     }
 }

@@ -140,13 +140,14 @@ impl Session {
             let mut counters: PerfEventArray<&mut MapData> = map_mut(&mut ebpf, names::COUNTERS)?;
             for (cpu, slot, fd) in groups.fds() {
                 let index = cpu * MAX_COUNTERS as u32 + slot as u32;
-                counters
-                    .set(index, &fd)
-                    .with_context(|| format!("storing counter {slot} of CPU {cpu} in the BPF map"))?;
+                counters.set(index, &fd).with_context(|| {
+                    format!("storing counter {slot} of CPU {cpu} in the BPF map")
+                })?;
             }
         }
         if let Some(tgids) = &config.tracked_tgids {
-            let mut tracked: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut ebpf, names::TRACKED)?;
+            let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
+                map_mut(&mut ebpf, names::TRACKED)?;
             for tgid in tgids {
                 tracked
                     .insert(tgid, &1, 0)
@@ -178,7 +179,11 @@ impl Session {
     ///
     /// `processes`: limit the probes to these processes (`-p`); empty: every process that
     /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
-    pub fn attach_functions(&mut self, points: &[ProbePoint], processes: &[u32]) -> Result<AttachMode> {
+    pub fn attach_functions(
+        &mut self,
+        points: &[ProbePoint],
+        processes: &[u32],
+    ) -> Result<AttachMode> {
         let multi = aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation)
             .unwrap_or(false);
         let (entry, ret) = if multi {
@@ -190,8 +195,10 @@ impl Session {
             let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
             program.load().map_err(load_error(name))?;
         }
-        let mut by_target: std::collections::BTreeMap<&std::path::Path, Vec<UProbeAttachPoint<'static>>> =
-            std::collections::BTreeMap::new();
+        let mut by_target: std::collections::BTreeMap<
+            &std::path::Path,
+            Vec<UProbeAttachPoint<'static>>,
+        > = std::collections::BTreeMap::new();
         for point in points {
             by_target
                 .entry(point.target.as_path())
@@ -219,19 +226,28 @@ impl Session {
                             format!(
                                 "attaching {} {} to {}",
                                 target_points.len(),
-                                if name == ret { "return probes" } else { "entry probes" },
+                                if name == ret {
+                                    "return probes"
+                                } else {
+                                    "entry probes"
+                                },
                                 target.display()
                             )
                         })?;
                 }
             }
         }
-        Ok(if multi { AttachMode::Multi } else { AttachMode::PerPoint })
+        Ok(if multi {
+            AttachMode::Multi
+        } else {
+            AttachMode::PerPoint
+        })
     }
 
     /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
     pub fn track(&mut self, tgid: u32) -> Result<()> {
-        let mut tracked: BpfHashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, names::TRACKED)?;
+        let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
+            map_mut(&mut self.ebpf, names::TRACKED)?;
         tracked
             .insert(&tgid, &1, 0)
             .with_context(|| format!("tracking pid {tgid}"))
@@ -245,7 +261,11 @@ impl Session {
             .program(names::PROG_FLUSH)
             .ok_or_else(|| anyhow!("BPF object has no {} program", names::PROG_FLUSH))?
             .try_into()?;
-        let mode = if last { flush_mode::FINAL } else { flush_mode::ATTRIBUTE };
+        let mode = if last {
+            flush_mode::FINAL
+        } else {
+            flush_mode::ATTRIBUTE
+        };
         for cpu in self.groups.cpus() {
             let mut options = RawTracePointRunOptions::new();
             options.args[0] = mode;
@@ -361,7 +381,10 @@ impl Session {
 
 fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
     let btf = Btf::from_sys_fs().map_err(|err| {
-        fail(Failure::BpfUnavailable, format!("reading kernel BTF failed: {err}"))
+        fail(
+            Failure::BpfUnavailable,
+            format!("reading kernel BTF failed: {err}"),
+        )
     })?;
     {
         let program: &mut RawTracePoint = program_mut(ebpf, names::PROG_FLUSH)?;
@@ -383,7 +406,9 @@ fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
     program
         .load("sched_switch", &btf)
         .map_err(load_error(names::PROG_SCHED_SWITCH))?;
-    program.attach().context("attaching to tp_btf/sched_switch")?;
+    program
+        .attach()
+        .context("attaching to tp_btf/sched_switch")?;
     Ok(())
 }
 

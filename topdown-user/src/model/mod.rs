@@ -117,10 +117,16 @@ pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
 ///
 /// `synthetic_overrides` are the `--synthetic COUNTER=GROUP:TRACEPOINT` pairs; they are only
 /// allowed with a `synthetic:` model.
-pub fn model_by_name(name: &str, synthetic_overrides: &[(String, String)]) -> Result<Box<dyn Model>> {
+pub fn model_by_name(
+    name: &str,
+    synthetic_overrides: &[(String, String)],
+) -> Result<Box<dyn Model>> {
     if let Some(inner) = name.strip_prefix("synthetic:") {
         let inner = base_model(inner)?;
-        return Ok(Box::new(synthetic::Synthetic::new(inner, synthetic_overrides)?));
+        return Ok(Box::new(synthetic::Synthetic::new(
+            inner,
+            synthetic_overrides,
+        )?));
     }
     if !synthetic_overrides.is_empty() {
         bail!("--synthetic only applies to a synthetic model: use --pmu synthetic:{name}");

@@ -38,7 +38,9 @@ impl Model for Software {
     }
 
     fn metrics(&self, _counts: &Counts, level: u8) -> Metrics {
-        let names = L1_METRICS.iter().chain(if level >= 2 { &L2_METRICS[..] } else { &[] });
+        let names = L1_METRICS
+            .iter()
+            .chain(if level >= 2 { &L2_METRICS[..] } else { &[] });
         names.map(|name| ((*name).to_owned(), None)).collect()
     }
 

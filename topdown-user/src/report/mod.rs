@@ -128,3 +128,110 @@ pub enum By {
     Task,
     Process,
 }
+
+/// Recomputes every metric from its counters with `model` at `level` (the file's metrics are
+/// never trusted: they may come from another version or have been edited).
+pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8) {
+    report.level = level;
+    let fix = |entity: &mut Entity| entity.metrics = model.metrics(&entity.counters, level);
+    fix(&mut report.totals);
+    fix(&mut report.idle);
+    fix(&mut report.untracked);
+    fix(&mut report.dropped);
+    report
+        .tasks
+        .iter_mut()
+        .for_each(|task| fix(&mut task.entity));
+    report
+        .processes
+        .iter_mut()
+        .for_each(|process| fix(&mut process.entity));
+}
+
+/// Reads a JSON result: one object, or one object per line (`-I` mode).
+pub fn load_reports(path: &std::path::Path) -> anyhow::Result<Vec<Report>> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path).map_err(|err| {
+        crate::error::fail(
+            crate::error::Failure::Usage,
+            format!("cannot read {}: {err}", path.display()),
+        )
+    })?;
+    if let Ok(report) = serde_json::from_str::<Report>(&text) {
+        return Ok(vec![report]);
+    }
+    let mut reports = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let report = serde_json::from_str(line)
+            .map_err(|err| {
+                crate::error::fail(
+                    crate::error::Failure::Usage,
+                    format!(
+                        "{} line {}: not a topdown JSON result ({err})",
+                        path.display(),
+                        number + 1
+                    ),
+                )
+            })
+            .with_context(|| format!("reading {}", path.display()))?;
+        reports.push(report);
+    }
+    if reports.is_empty() {
+        return Err(crate::error::fail(
+            crate::error::Failure::Usage,
+            format!("{} holds no topdown result", path.display()),
+        ));
+    }
+    Ok(reports)
+}
+
+/// Writes `report` in `format`, showing the `by` breakdowns.
+pub fn render(
+    report: &Report,
+    format: Format,
+    by: &[By],
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Table => table::write_table(report, by, out),
+        Format::Json => json::write_json_line(report, out),
+        Format::Csv => csv::write_csv(report, by, out),
+    }
+}
+
+/// `topdown report -i FILE`: reload, recompute with the recorded model, re-render.
+pub fn report_command(
+    input: &std::path::Path,
+    level: Option<u8>,
+    format: Format,
+    by: &[By],
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    for mut report in load_reports(input)? {
+        let model = crate::model::base_model(&report.model).map_err(|err| {
+            crate::error::fail(
+                crate::error::Failure::Usage,
+                format!("{}: {err:#}", input.display()),
+            )
+        })?;
+        let level = match level {
+            None => report.level,
+            Some(level) if model.max_level() == 0 => {
+                return Err(crate::error::fail(
+                    crate::error::Failure::Usage,
+                    format!(
+                        "-l {level}: the recording's model {} has no TopDown levels",
+                        report.model
+                    ),
+                ));
+            }
+            Some(level) => level,
+        };
+        recompute(&mut report, model.as_ref(), level);
+        render(&report, format, by, out)?;
+    }
+    Ok(())
+}

@@ -1,1 +1,310 @@
-//! (in progress)
+//! The human-readable table: a TopDown breakdown per task and per process, sorted by the
+//! model's weight counter (slots, or on-CPU time), with totals and the diagnostics that say how
+//! far to trust the numbers.
+
+use anyhow::{Context as _, Result};
+
+use super::{By, Entity, Report};
+use crate::model::{L1_METRICS, L2_METRICS};
+
+/// Column titles for the metric names.
+fn title(metric: &str) -> &str {
+    match metric {
+        "retiring" => "Retiring",
+        "bad_speculation" => "BadSpec",
+        "frontend_bound" => "Frontend",
+        "backend_bound" => "Backend",
+        "light_operations" => "LightOps",
+        "heavy_operations" => "HeavyOps",
+        "branch_mispredicts" => "BrMisp",
+        "machine_clears" => "MClears",
+        "fetch_latency" => "FetchLat",
+        "fetch_bandwidth" => "FetchBW",
+        "memory_bound" => "MemBound",
+        "core_bound" => "CoreBound",
+        other => other,
+    }
+}
+
+pub fn write_table(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
+    let text = table_text(report, by);
+    out.write_all(text.as_bytes()).context("writing the report")
+}
+
+fn table_text(report: &Report, by: &[By]) -> String {
+    let mut text = String::new();
+    let interval = report
+        .interval
+        .as_ref()
+        .map(|i| format!(" interval {} (ends at {:.3} s)", i.index, i.end_s))
+        .unwrap_or_default();
+    text += &format!(
+        "topdown: model {}{}, {}, {:.3} s{interval}\n",
+        report.model,
+        if report.level > 0 {
+            format!(", TopDown level {}", report.level)
+        } else {
+            ", on-CPU time (no TopDown)".to_owned()
+        },
+        report.scope,
+        report.duration_s,
+    );
+    if report.synthetic {
+        text += "!! SYNTHETIC COUNTERS: syscall tracepoints stand in for hardware events; not a hardware measurement\n";
+        let map: Vec<String> = report
+            .counter_names
+            .iter()
+            .filter_map(|name| {
+                report
+                    .synthetic_map
+                    .get(name)
+                    .map(|tracepoint| format!("{name}={tracepoint}"))
+            })
+            .collect();
+        text += &format!("   {}\n", map.join(" "));
+    }
+    let metrics: Vec<&str> = match report.level {
+        0 => Vec::new(),
+        1 => L1_METRICS.to_vec(),
+        _ => L1_METRICS
+            .iter()
+            .chain(L2_METRICS.iter())
+            .copied()
+            .collect(),
+    };
+    let weight = report.weight_counter.as_str();
+    let total_weight = report.totals.counters.get(weight).copied().unwrap_or(0);
+    let weight_title = if weight == "cpu-clock" {
+        "cpu ms".to_owned()
+    } else {
+        weight.to_owned()
+    };
+
+    let cells = |entity: &Entity| -> Vec<String> {
+        let value = entity.counters.get(weight).copied().unwrap_or(0);
+        let mut cells = vec![
+            if weight == "cpu-clock" {
+                format!("{:.3}", value as f64 / 1e6)
+            } else {
+                value.to_string()
+            },
+            if total_weight == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.1}%", 100.0 * value as f64 / total_weight as f64)
+            },
+        ];
+        cells.extend(metrics.iter().map(
+            |name| match entity.metrics.get(*name).copied().flatten() {
+                Some(fraction) => format!("{:.1}%", 100.0 * fraction),
+                None => "-".to_owned(),
+            },
+        ));
+        cells
+    };
+    let mut header_tail = vec![weight_title, "share".to_owned()];
+    header_tail.extend(metrics.iter().map(|name| title(name).to_owned()));
+
+    let mut summary: Vec<(String, &Entity)> = vec![
+        ("total".to_owned(), &report.totals),
+        ("idle".to_owned(), &report.idle),
+    ];
+    if report.untracked.counters.values().any(|&v| v != 0) {
+        summary.push(("untracked (outside scope)".to_owned(), &report.untracked));
+    }
+    if report.dropped.counters.values().any(|&v| v != 0) {
+        summary.push(("dropped (task map full)".to_owned(), &report.dropped));
+    }
+
+    if by.contains(&By::Task) {
+        let mut rows: Vec<Vec<String>> = report
+            .tasks
+            .iter()
+            .map(|task| {
+                let mut row = vec![
+                    task.tid.to_string(),
+                    task.tgid.to_string(),
+                    format!(
+                        "{}{}",
+                        task.comm,
+                        if task.exited { " (exited)" } else { "" }
+                    ),
+                ];
+                row.extend(cells(&task.entity));
+                row
+            })
+            .collect();
+        rows.extend(summary.iter().map(|(label, entity)| {
+            let mut row = vec![String::new(), String::new(), label.clone()];
+            row.extend(cells(entity));
+            row
+        }));
+        let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
+        header.extend(header_tail.iter().cloned());
+        text += "\nTasks\n";
+        text += &layout(&header, &rows, 2);
+    }
+    if by.contains(&By::Process) {
+        let mut rows: Vec<Vec<String>> = report
+            .processes
+            .iter()
+            .map(|process| {
+                let mut row = vec![
+                    process.pid.to_string(),
+                    process.comm.clone(),
+                    process.threads.to_string(),
+                ];
+                row.extend(cells(&process.entity));
+                row
+            })
+            .collect();
+        rows.extend(summary.iter().map(|(label, entity)| {
+            let mut row = vec![String::new(), label.clone(), String::new()];
+            row.extend(cells(entity));
+            row
+        }));
+        let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
+        header.extend(header_tail.iter().cloned());
+        text += "\nProcesses\n";
+        text += &layout(&header, &rows, 1);
+    }
+
+    let d = &report.diagnostics;
+    if d.not_running_readings > 0 {
+        text += &format!(
+            "\nnote: {} of {} readings found the counter group not running the whole time (multiplexed): those deltas cover less time\n",
+            d.not_running_readings, d.readings
+        );
+    }
+    if d.read_errors > 0 {
+        text += &format!(
+            "note: {} counter readings failed; their counts went to the next successful reading\n",
+            d.read_errors
+        );
+    }
+    if d.task_map_full > 0 {
+        text += &format!(
+            "note: the task map was full {} times (counts under 'dropped'): raise --max-tasks\n",
+            d.task_map_full
+        );
+    }
+    if d.exit_records_lost > 0 {
+        text += &format!(
+            "note: {} exit records did not fit the ring buffer; they were collected from the task map\n",
+            d.exit_records_lost
+        );
+    }
+    text
+}
+
+/// Left-aligns the first `text_columns` columns, right-aligns the rest.
+fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(column, (cell, width))| {
+                if column == 2 && text_columns == 2 || column == 1 && text_columns == 1 {
+                    format!("{cell:<width$}")
+                } else {
+                    format!("{cell:>width$}")
+                }
+            })
+            .collect();
+        parts.join("  ").trim_end().to_owned() + "\n"
+    };
+    let mut text = line(header);
+    for row in rows {
+        text += &line(row);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::report::{Diagnostics, TaskEntry};
+
+    fn entity(slots: u64, retiring: Option<f64>) -> Entity {
+        Entity {
+            counters: BTreeMap::from([("slots".to_owned(), slots)]),
+            metrics: L1_METRICS
+                .iter()
+                .map(|name| {
+                    (
+                        (*name).to_owned(),
+                        if *name == "retiring" { retiring } else { None },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn synthetic_banner_rows_sorted_and_percentages() {
+        let report = Report {
+            topdown_version: "0".into(),
+            model: "intel-icl".into(),
+            synthetic: true,
+            synthetic_map: BTreeMap::from([(
+                "slots".to_owned(),
+                "syscalls:sys_enter_getppid".to_owned(),
+            )]),
+            level: 1,
+            counter_names: vec!["slots".into()],
+            weight_counter: "slots".into(),
+            duration_s: 1.0,
+            interval: None,
+            scope: "system-wide".into(),
+            totals: entity(400, Some(0.5)),
+            idle: entity(0, None),
+            untracked: entity(0, None),
+            dropped: entity(0, None),
+            tasks: vec![
+                TaskEntry {
+                    tid: 2,
+                    tgid: 2,
+                    comm: "big".into(),
+                    exited: false,
+                    entity: entity(300, Some(0.25)),
+                },
+                TaskEntry {
+                    tid: 1,
+                    tgid: 1,
+                    comm: "small".into(),
+                    exited: true,
+                    entity: entity(100, None),
+                },
+            ],
+            processes: Vec::new(),
+            cpus: Vec::new(),
+            diagnostics: Diagnostics {
+                not_running_readings: 3,
+                readings: 10,
+                ..Diagnostics::default()
+            },
+        };
+        let text = table_text(&report, &[By::Task]);
+        assert!(text.contains("!! SYNTHETIC COUNTERS"), "{text}");
+        assert!(text.contains("slots=syscalls:sys_enter_getppid"));
+        let big = text.find("big").unwrap();
+        let small = text.find("small (exited)").unwrap();
+        assert!(big < small, "sorted as given (by weight): {text}");
+        assert!(
+            text.lines().any(|line| line.contains("big")
+                && line.contains("75.0%")
+                && line.contains("25.0%")),
+            "{text}"
+        );
+        assert!(text.contains("3 of 10 readings"));
+    }
+}

@@ -1,0 +1,176 @@
+//! A workload whose syscall counts are known exactly, for synthetic-counter tests.
+//!
+//! `td-workload [OPTIONS] THREADSPEC...`: each THREADSPEC (`getppid=1000,getpgid=400`) runs in
+//! its own thread and makes exactly those raw syscalls. Each thread prints
+//! `thread <index> pid=<pid> tid=<tid>` when done.
+//!
+//! Options:
+//! - `--wait-stdin`: read one line from stdin before starting (lets a test attach with `-p`).
+//! - `--children K`: fork K child processes that each run the thread specs too.
+//! - `--spin-ms MS`: after its syscalls, each thread spins in user space for MS milliseconds.
+//! - `--ready-file PATH`: after all threads have made their syscalls (spin still running),
+//!   create PATH.
+
+use std::{
+    io::{BufRead as _, Write as _},
+    time::{Duration, Instant},
+};
+
+const KNOWN: [&str; 13] = [
+    "getppid",
+    "getpgid",
+    "getsid",
+    "getpriority",
+    "getresuid",
+    "getresgid",
+    "times",
+    "sysinfo",
+    "getrusage",
+    "getitimer",
+    "sched_getscheduler",
+    "sched_getparam",
+    "gettid",
+];
+
+/// Makes one raw syscall `name`. Only side-effect-free syscalls with valid buffers.
+fn call(name: &str) -> Result<(), String> {
+    // SAFETY: each syscall gets valid, writable buffers of the right size or none at all.
+    unsafe {
+        let mut buffer = [0u8; 512];
+        let buf = buffer.as_mut_ptr();
+        let ret = match name {
+            "getppid" => libc::syscall(libc::SYS_getppid),
+            "getpgid" => libc::syscall(libc::SYS_getpgid, 0),
+            "getsid" => libc::syscall(libc::SYS_getsid, 0),
+            "getpriority" => libc::syscall(libc::SYS_getpriority, libc::PRIO_PROCESS, 0),
+            "getresuid" => libc::syscall(libc::SYS_getresuid, buf, buf.add(8), buf.add(16)),
+            "getresgid" => libc::syscall(libc::SYS_getresgid, buf, buf.add(8), buf.add(16)),
+            "times" => libc::syscall(libc::SYS_times, buf),
+            "sysinfo" => libc::syscall(libc::SYS_sysinfo, buf),
+            "getrusage" => libc::syscall(libc::SYS_getrusage, libc::RUSAGE_SELF, buf),
+            "getitimer" => libc::syscall(libc::SYS_getitimer, libc::ITIMER_REAL, buf),
+            "sched_getscheduler" => libc::syscall(libc::SYS_sched_getscheduler, 0),
+            "sched_getparam" => libc::syscall(libc::SYS_sched_getparam, 0, buf),
+            "gettid" => libc::syscall(libc::SYS_gettid),
+            other => return Err(format!("unknown syscall '{other}'")),
+        };
+        if ret < 0 && name != "getpriority" {
+            return Err(format!(
+                "{name} failed: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
+    spec.split(',')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let (name, count) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}' is not NAME=COUNT"))?;
+            let count = count
+                .parse()
+                .map_err(|_| format!("bad count in '{part}'"))?;
+            // Validated by name, not by calling it: every call counts.
+            if !KNOWN.contains(&name) {
+                return Err(format!("unknown syscall '{name}'"));
+            }
+            Ok((name.to_owned(), count))
+        })
+        .collect()
+}
+
+/// Runs every spec in its own thread; returns when all are done.
+fn run_threads(specs: &[Vec<(String, u64)>], spin: Duration, ready_file: Option<&str>) {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(specs.len() + 1));
+    let handles: Vec<_> = specs
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(index, spec)| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                for (name, count) in &spec {
+                    for _ in 0..*count {
+                        if let Err(err) = call(name) {
+                            eprintln!("td-workload: {err}");
+                            std::process::exit(2);
+                        }
+                    }
+                }
+                // SAFETY: no preconditions.
+                let (pid, tid) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid)) };
+                println!("thread {index} pid={pid} tid={tid}");
+                let _ = std::io::stdout().flush();
+                barrier.wait();
+                let start = Instant::now();
+                let mut x: u64 = 1;
+                while start.elapsed() < spin {
+                    for _ in 0..10_000 {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                }
+                std::hint::black_box(x);
+            })
+        })
+        .collect();
+    barrier.wait();
+    if let Some(path) = ready_file {
+        let _ = std::fs::write(path, b"ready\n");
+    }
+    for handle in handles {
+        let _ = handle.join();
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut wait_stdin = false;
+    let mut children = 0u32;
+    let mut spin = Duration::ZERO;
+    let mut ready_file = None;
+    let mut specs = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--wait-stdin" => wait_stdin = true,
+            "--children" => children = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+            "--spin-ms" => {
+                spin = Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
+            }
+            "--ready-file" => ready_file = args.next(),
+            spec => match parse_spec(spec) {
+                Ok(spec) => specs.push(spec),
+                Err(err) => {
+                    eprintln!("td-workload: {err}");
+                    std::process::exit(2);
+                }
+            },
+        }
+    }
+    if wait_stdin {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+    }
+    let mut pids = Vec::new();
+    for _ in 0..children {
+        // SAFETY: the child only runs Rust code of this single-threaded process before threads
+        // are spawned in it.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            run_threads(&specs, spin, None);
+            std::process::exit(0);
+        }
+        pids.push(pid);
+    }
+    run_threads(&specs, spin, ready_file.as_deref());
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: reaping our own children.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+}

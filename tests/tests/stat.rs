@@ -1,0 +1,528 @@
+//! `topdown stat` end to end, as root, with synthetic counters whose true values are known:
+//! the default synthetic mapping puts `slots` on getppid and `topdown-retiring` on getpgid, etc.
+
+use std::{io::Write as _, os::unix::process::CommandExt as _, process::Stdio, time::Duration};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_td-workload");
+
+/// Counter names of intel-icl in slot order, and the syscalls the default mapping gives them.
+const ICL_COUNTERS: [(&str, &str); 7] = [
+    ("slots", "getppid"),
+    ("topdown-retiring", "getpgid"),
+    ("topdown-bad-spec", "getsid"),
+    ("topdown-fe-bound", "getpriority"),
+    ("topdown-be-bound", "getresuid"),
+    ("INT_MISC.UOP_DROPPING", "getresgid"),
+    ("INT_MISC.CLEARS_COUNT", "times"),
+];
+
+fn report_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("topdown-test-{name}-{}.json", std::process::id()))
+}
+
+/// Every counter: totals == Σ tasks + idle + untracked + dropped, and == Σ per-CPU totals.
+fn assert_conserved(report: &Value) {
+    for name in report["counter_names"].as_array().expect("counter_names") {
+        let name = name.as_str().expect("counter name");
+        let tasks: u64 = report["tasks"]
+            .as_array()
+            .expect("tasks")
+            .iter()
+            .map(|task| counter(task, name))
+            .sum();
+        let parts = tasks
+            + counter(&report["idle"], name)
+            + counter(&report["untracked"], name)
+            + counter(&report["dropped"], name);
+        assert_eq!(
+            counter(&report["totals"], name),
+            parts,
+            "conservation of {name}"
+        );
+        let cpus: u64 = report["cpus"]
+            .as_array()
+            .expect("cpus")
+            .iter()
+            .map(|cpu| counter(cpu, name))
+            .sum();
+        assert_eq!(
+            counter(&report["totals"], name),
+            cpus,
+            "per-CPU sum of {name}"
+        );
+    }
+}
+
+#[test]
+fn two_threads_get_exactly_their_own_syscalls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("two-threads");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(["--", WORKLOAD, "getppid=1234", "getpgid=777"]),
+    )
+    .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(threads.len(), 2, "workload output: {:?}", output);
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(report["synthetic"], Value::Bool(true));
+    assert_eq!(report["model"], "intel-icl");
+
+    let a = task(&report, threads[0].2).expect("thread A in report");
+    let b = task(&report, threads[1].2).expect("thread B in report");
+    assert_eq!(
+        (counter(a, "slots"), counter(a, "topdown-retiring")),
+        (1234, 0)
+    );
+    assert_eq!(
+        (counter(b, "slots"), counter(b, "topdown-retiring")),
+        (0, 777)
+    );
+    let process = process(&report, threads[0].1).expect("workload process");
+    assert_eq!(counter(process, "slots"), 1234);
+    assert_eq!(counter(process, "topdown-retiring"), 777);
+    // Only the workload is tracked: every task in the report belongs to it.
+    for task in report["tasks"].as_array().unwrap() {
+        assert_eq!(task["tgid"].as_u64(), Some(threads[0].1));
+    }
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn metrics_follow_the_model_formulas_exactly() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // slots=1000 ret=400 bad=100 fe=200 be=300 uop_dropping=50 clears=10:
+    // SUM=1000; FE = 200/1000 - 50/1000 = 0.15; BE = 300/1000 + 5*10/1000 = 0.35;
+    // RET = 0.4; BadSpec = 1 - (0.15 + 0.35 + 0.4) = 0.1.
+    let counts = [1000, 400, 100, 200, 300, 50, 10];
+    let spec: Vec<String> = ICL_COUNTERS
+        .iter()
+        .zip(counts)
+        .map(|((_, syscall), count)| format!("{syscall}={count}"))
+        .collect();
+    let out = report_path("formulas");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(["--", WORKLOAD, &spec.join(",")]),
+    )
+    .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let worker = task(&report, threads[0].2).expect("worker thread");
+    for ((name, _), count) in ICL_COUNTERS.iter().zip(counts) {
+        assert_eq!(counter(worker, name), count, "{name}");
+    }
+    let metric = |name: &str| worker["metrics"][name].as_f64().unwrap_or(f64::NAN);
+    for (name, expected) in [
+        ("frontend_bound", 0.15),
+        ("backend_bound", 0.35),
+        ("retiring", 0.4),
+        ("bad_speculation", 0.1),
+    ] {
+        assert!(
+            (metric(name) - expected).abs() < 1e-12,
+            "{name} = {}",
+            metric(name)
+        );
+    }
+
+    // report -i recomputes the same numbers from the raw counters, and says it is synthetic.
+    let rerendered = run_ok(
+        topdown()
+            .args(["report", "--format", "json", "-i"])
+            .arg(&out),
+    )
+    .unwrap();
+    let again = parse_json(&rerendered.stdout).unwrap();
+    assert_eq!(
+        task(&again, threads[0].2).unwrap()["metrics"],
+        worker["metrics"]
+    );
+    let table = run_ok(topdown().args(["report", "-i"]).arg(&out)).unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("SYNTHETIC"));
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("system-wide");
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-a",
+            "-d",
+            "3",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let workload = std::process::Command::new(WORKLOAD)
+        .args(["getppid=5000,getpgid=321"])
+        .output()
+        .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&workload.stdout));
+    assert!(tracer.wait().unwrap().success());
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let worker = task(&report, threads[0].2).expect("workload thread");
+    assert_eq!(counter(worker, "slots"), 5000);
+    assert_eq!(counter(worker, "topdown-retiring"), 321);
+    assert_eq!(
+        counter(&report["untracked"], "slots"),
+        0,
+        "-a tracks everyone"
+    );
+    assert!(counter(&report["totals"], "slots") >= 5000);
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("busy");
+    let ready = report_path("busy-ready");
+    let _ = std::fs::remove_file(&ready);
+    let mut workload = std::process::Command::new(WORKLOAD)
+        .args(["--wait-stdin", "--spin-ms", "6000", "--ready-file"])
+        .arg(&ready)
+        .arg("getppid=3000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = workload.id().to_string();
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-p",
+            &pid,
+            "-d",
+            "3",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    // topdown stops at 3 s while the thread still spins: its calls are only in the CPU's
+    // running delta until the final flush.
+    assert!(tracer.wait().unwrap().success());
+    assert!(
+        ready.exists(),
+        "the workload made its calls before topdown stopped"
+    );
+    let _ = workload.kill();
+    let stdout = workload.wait_with_output().unwrap().stdout;
+    let threads = workload_threads(&String::from_utf8_lossy(&stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let busy = task(&report, threads[0].2).expect("busy thread");
+    assert_eq!(counter(busy, "slots"), 3000);
+    assert_eq!(busy["exited"], Value::Bool(false));
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+    let _ = std::fs::remove_file(ready);
+}
+
+#[test]
+fn a_command_is_followed_into_its_children() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("children");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(["--", WORKLOAD, "--children", "3", "getppid=100,getpgid=10"]),
+    )
+    .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(threads.len(), 4, "parent + 3 children");
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    for (_, pid, tid) in &threads {
+        let worker = task(&report, *tid).unwrap_or_else(|| panic!("thread {tid} of process {pid}"));
+        assert_eq!(
+            (
+                counter(worker, "slots"),
+                counter(worker, "topdown-retiring")
+            ),
+            (100, 10)
+        );
+        assert_eq!(counter(process(&report, *pid).unwrap(), "slots"), 100);
+    }
+    let tracked: u64 = report["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| counter(t, "slots"))
+        .sum();
+    assert_eq!(tracked, 400);
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn attaching_to_a_running_process_counts_exactly_what_it_does() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("attach");
+    let mut workload = std::process::Command::new(WORKLOAD)
+        .args(["--wait-stdin", "getppid=2222", "getpgid=1111"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = workload.id().to_string();
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-p",
+            &pid,
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let stdout = workload.wait_with_output().unwrap().stdout;
+    // No -d: topdown ends by itself once the traced process is gone.
+    assert!(tracer.wait().unwrap().success());
+    let threads = workload_threads(&String::from_utf8_lossy(&stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let process = process(&report, threads[0].1).expect("process");
+    assert_eq!(counter(process, "slots"), 2222);
+    assert_eq!(counter(process, "topdown-retiring"), 1111);
+    let a = task(&report, threads[0].2).unwrap();
+    assert_eq!(a["exited"], Value::Bool(true));
+    assert_eq!(counter(a, "slots"), 2222);
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let ours = ["sched_switch", "flush", "process_fork", "process_exit"];
+    let before = loaded_bpf_program_names().unwrap();
+    assert!(
+        !before.iter().any(|name| ours.contains(&name.as_str())),
+        "stale programs: {before:?}"
+    );
+    let mut tracer = topdown()
+        .args(["stat", "-a", "--pmu", "software", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let during = loaded_bpf_program_names().unwrap();
+    assert!(
+        during.iter().any(|name| name == "sched_switch"),
+        "loaded: {during:?}"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let output = tracer.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = parse_json(&output.stdout).unwrap();
+    assert_eq!(report["model"], "software");
+    assert!(counter(&report["totals"], "cpu-clock") > 0);
+    assert_conserved(&report);
+    // The kernel frees programs shortly after their last fd closes (deferred work), so allow
+    // it a moment before calling anything left behind.
+    let mut after = loaded_bpf_program_names().unwrap();
+    for _ in 0..50 {
+        if !after.iter().any(|name| ours.contains(&name.as_str())) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        after = loaded_bpf_program_names().unwrap();
+    }
+    assert!(
+        !after.iter().any(|name| ours.contains(&name.as_str())),
+        "left behind: {after:?}"
+    );
+}
+
+#[test]
+fn interval_mode_writes_one_json_object_per_interval_that_add_up() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("interval");
+    run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "-I",
+                "100",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(["--", WORKLOAD, "--spin-ms", "500", "getppid=4321"]),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    let reports: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(reports.len() >= 3, "{} intervals", reports.len());
+    for (index, report) in reports.iter().enumerate() {
+        assert_eq!(report["interval"]["index"].as_u64(), Some(index as u64 + 1));
+        assert_conserved(report);
+    }
+    let slots: u64 = reports
+        .iter()
+        .flat_map(|report| report["tasks"].as_array().unwrap().iter())
+        .map(|task| counter(task, "slots"))
+        .sum();
+    assert_eq!(slots, 4321, "intervals add up to the exact total");
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cases: [(&[&str], i32, &str); 6] = [
+        (
+            &["stat", "--pmu", "nonsense", "-d", "1"],
+            2,
+            "unknown model 'nonsense'",
+        ),
+        (
+            &["stat", "-p", "999999999", "-d", "1"],
+            6,
+            "no such process: 999999999",
+        ),
+        (
+            &["stat", "--", "/nonexistent/command"],
+            127,
+            "command not found: /nonexistent/command",
+        ),
+        (&["stat", "-d", "0"], 2, "positive number of seconds"),
+        (
+            &[
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--synthetic",
+                "nope=syscalls:sys_enter_getppid",
+                "-d",
+                "1",
+            ],
+            2,
+            "nope",
+        ),
+        (
+            &[
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--synthetic",
+                "slots=syscalls:sys_enter_nope",
+                "-d",
+                "1",
+            ],
+            5,
+            "sys_enter_nope",
+        ),
+    ];
+    for (args, status, needle) in cases {
+        let output = topdown().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(status), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+
+    // Without privileges: a clear line and exit 3, before anything is loaded.
+    let output = topdown()
+        .args(["stat", "-a", "-d", "1", "--pmu", "software"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("needs root"), "{stderr}");
+}

@@ -1,0 +1,460 @@
+//! `topdown stat`: opens the model's counters, starts the BPF session, runs the event loop
+//! (signals, interval reports, exit records, the traced command) and writes the final report.
+
+use std::{
+    fs::File,
+    io::Write,
+    os::fd::RawFd,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+use crate::{
+    aggregate::{ReportContext, build_report},
+    bpf::{Session, SessionConfig, Snapshot},
+    cli::StatArgs,
+    counters::{CounterGroups, Privilege, online_cpus, resolve},
+    error::{Failure, fail},
+    model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
+    report::{IntervalInfo, render},
+    target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
+    tracefs::Tracefs,
+};
+
+/// Why the counting stopped.
+enum Stop {
+    Duration,
+    Signal(libc::c_int),
+    TargetsGone,
+}
+
+/// Runs `topdown stat`; returns the process exit status (the command's, with `-- CMD`).
+pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
+    let scope = scope_of(&args);
+    let (model, announcement) = select_model(&args)?;
+    if let Some(line) = announcement {
+        eprintln!("topdown: {line}");
+    }
+    let level = args.level;
+    if model.max_level() < level && model.max_level() > 0 {
+        eprintln!(
+            "topdown: model {} computes TopDown level {} only; level-{level} metrics are null",
+            model.name(),
+            model.max_level()
+        );
+    }
+    let privilege = match (args.all_user, args.all_kernel) {
+        (true, _) => Privilege::UserOnly,
+        (_, true) => Privilege::KernelOnly,
+        _ => Privilege::All,
+    };
+    // Fail on bad output paths before touching the kernel.
+    let mut output: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(File::create(path).map_err(|err| {
+            fail(
+                Failure::Usage,
+                format!("cannot write {}: {err}", path.display()),
+            )
+        })?),
+        None => Box::new(std::io::stdout()),
+    };
+
+    check_privileges()?;
+    let tracefs = Tracefs::locate_or_mount()?;
+    let counters = resolve(&model.counters(), Some(&tracefs))?;
+    let cpus = online_cpus()?;
+    let groups = CounterGroups::open(&counters, &cpus, privilege)?;
+
+    let (tracked, watched_pids, pending) = match &scope {
+        Scope::SystemWide => (None, Vec::new(), None),
+        Scope::Pids(pids) => {
+            let tgids = resolve_pids(pids)?;
+            (Some(tgids.clone()), tgids, None)
+        }
+        Scope::Command(argv) => {
+            let pending = PendingCommand::spawn(argv)?;
+            (
+                Some(vec![pending.pid()]),
+                vec![pending.pid()],
+                Some(pending),
+            )
+        }
+    };
+    let config = SessionConfig {
+        tracked_tgids: tracked,
+        follow_forks: matches!(scope, Scope::Command(_)),
+        max_tasks: args.max_tasks,
+        max_tracked: args.max_tracked,
+        verbose,
+        split_functions_by_process: false,
+        max_stacks: 4096,
+    };
+    // If the session cannot start, dropping `pending` closes its pipe and the held command
+    // exits without ever running untraced.
+    let mut session = Session::start(&config, groups, &tracefs)?;
+    let command_pid = match pending {
+        Some(pending) => Some(pending.release()?),
+        None => None,
+    };
+    let mut watches = Vec::new();
+    for pid in watched_pids {
+        if let Some(watch) = ProcessWatch::new(pid)? {
+            watches.push(watch);
+        }
+    }
+    eprintln!(
+        "topdown: counting {} with model {} ({} counters x {} CPUs){}",
+        scope.describe(),
+        model.name(),
+        counters.len(),
+        cpus.len(),
+        if args.duration.is_none() && command_pid.is_none() {
+            "; Ctrl-C to stop"
+        } else {
+            ""
+        }
+    );
+
+    let started = Instant::now();
+    let mut interval_state = args.interval_ms.map(|ms| IntervalState {
+        period: Duration::from_millis(ms),
+        index: 0,
+        previous: None,
+        previous_end: Duration::ZERO,
+    });
+    let stop = event_loop(
+        &mut session,
+        &args,
+        &mut watches,
+        &mut interval_state,
+        started,
+        model.as_ref(),
+        &scope,
+        output.as_mut(),
+    )
+    .await?;
+
+    if let (Some(pid), Stop::Signal(signo)) = (command_pid, &stop) {
+        // The command may not have seen the signal (kill to topdown alone): pass it on and let
+        // it finish, so its last counts are in the report.
+        crate::target::signal(pid, *signo);
+        for watch in &watches {
+            if watch.pid() == pid {
+                let _ = tokio::time::timeout(Duration::from_secs(5), watch.exited()).await;
+            }
+        }
+    }
+
+    session.flush(true)?;
+    let snapshot = session.snapshot()?;
+    let elapsed = started.elapsed();
+    match &mut interval_state {
+        Some(state) => {
+            // The last, partial interval, so nothing counted is left out.
+            write_interval(
+                state,
+                &snapshot,
+                elapsed,
+                model.as_ref(),
+                level,
+                &scope,
+                &args,
+                output.as_mut(),
+            )?;
+        }
+        None => {
+            let ctx = ReportContext {
+                model: model.as_ref(),
+                level: effective_level(model.as_ref(), level),
+                scope: scope.describe(),
+                duration_s: elapsed.as_secs_f64(),
+                interval: None,
+            };
+            let report = build_report(&ctx, &snapshot, None);
+            render(&report, args.format, &args.by, output.as_mut())?;
+        }
+    }
+    output.flush().context("writing the report")?;
+    drop(session);
+
+    let status = match command_pid {
+        Some(pid) => wait_command(pid).await,
+        None => 0,
+    };
+    if matches!(stop, Stop::TargetsGone) && command_pid.is_none() {
+        eprintln!("topdown: every traced process has exited");
+    }
+    Ok(status)
+}
+
+struct IntervalState {
+    period: Duration,
+    index: u64,
+    previous: Option<Snapshot>,
+    previous_end: Duration,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn event_loop(
+    session: &mut Session,
+    args: &StatArgs,
+    watches: &mut Vec<ProcessWatch>,
+    interval_state: &mut Option<IntervalState>,
+    started: Instant,
+    model: &dyn Model,
+    scope: &Scope,
+    output: &mut dyn Write,
+) -> Result<Stop> {
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let deadline = args
+        .duration
+        .map(|seconds| tokio::time::Instant::from_std(started) + Duration::from_secs_f64(seconds));
+    let exits = register(session.exits_fd()).context("polling the exit ring buffer")?;
+    let logs = match session.log_fd() {
+        Some(fd) => Some(register(fd).context("polling BPF logs")?),
+        None => None,
+    };
+    let mut ticker = interval_state.as_ref().map(|state| {
+        let mut ticker = tokio::time::interval_at(
+            tokio::time::Instant::from_std(started) + state.period,
+            state.period,
+        );
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker
+    });
+    let tracking_targets = !watches.is_empty();
+
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => return Ok(Stop::Signal(libc::SIGINT)),
+            _ = sigterm.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
+            _ = sleep_until(deadline) => return Ok(Stop::Duration),
+            gone = first_exit(watches), if tracking_targets => {
+                let index = gone?;
+                watches.swap_remove(index);
+                if watches.is_empty() {
+                    return Ok(Stop::TargetsGone);
+                }
+            }
+            guard = exits.readable() => {
+                let mut guard = guard.context("waiting for exit records")?;
+                session.drain_exits();
+                guard.clear_ready();
+            }
+            guard = readable(logs.as_ref()) => {
+                let mut guard = guard.context("waiting for BPF logs")?;
+                session.flush_logs();
+                guard.clear_ready();
+            }
+            _ = tick(ticker.as_mut()) => {
+                if let Some(state) = interval_state.as_mut() {
+                    session.flush(false)?;
+                    let snapshot = session.snapshot()?;
+                    write_interval(state, &snapshot, started.elapsed(), model, args.level, scope, args, output)?;
+                    output.flush().context("writing the report")?;
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_interval(
+    state: &mut IntervalState,
+    snapshot: &Snapshot,
+    now: Duration,
+    model: &dyn Model,
+    level: u8,
+    scope: &Scope,
+    args: &StatArgs,
+    output: &mut dyn Write,
+) -> Result<()> {
+    state.index += 1;
+    let ctx = ReportContext {
+        model,
+        level: effective_level(model, level),
+        scope: scope.describe(),
+        duration_s: now.saturating_sub(state.previous_end).as_secs_f64(),
+        interval: Some(IntervalInfo {
+            index: state.index,
+            end_s: now.as_secs_f64(),
+        }),
+    };
+    let report = build_report(&ctx, snapshot, state.previous.as_ref());
+    render(&report, args.format, &args.by, output)?;
+    state.previous = Some(snapshot.clone());
+    state.previous_end = now;
+    Ok(())
+}
+
+/// The level reports are computed at: the software model has none.
+fn effective_level(model: &dyn Model, requested: u8) -> u8 {
+    if model.max_level() == 0 { 0 } else { requested }
+}
+
+async fn wait_command(pid: u32) -> u8 {
+    loop {
+        if let Some(status) = reap(pid) {
+            return u8::try_from(status).unwrap_or(u8::MAX);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn tick(ticker: Option<&mut tokio::time::Interval>) {
+    match ticker {
+        Some(ticker) => {
+            ticker.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn readable(
+    fd: Option<&AsyncFd<FdRef>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, FdRef>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Index of the first watched process to exit.
+async fn first_exit(watches: &[ProcessWatch]) -> Result<usize> {
+    let waits = watches.iter().enumerate().map(|(index, watch)| {
+        Box::pin(async move {
+            watch.exited().await?;
+            Ok::<usize, anyhow::Error>(index)
+        })
+    });
+    let (result, _, _) = futures_select_all(waits).await;
+    result
+}
+
+/// A minimal `select_all` (avoids a dependency for one call).
+async fn futures_select_all<F>(
+    futures: impl IntoIterator<Item = std::pin::Pin<Box<F>>>,
+) -> (F::Output, usize, ())
+where
+    F: std::future::Future,
+{
+    let mut futures: Vec<_> = futures.into_iter().collect();
+    std::future::poll_fn(move |cx| {
+        for (index, future) in futures.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(output) = future.as_mut().poll(cx) {
+                return std::task::Poll::Ready((output, index, ()));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Registers a session-owned fd with the event loop.
+fn register(fd: RawFd) -> Result<AsyncFd<FdRef>> {
+    // SAFETY: the session owns the fd and outlives the event loop that polls it.
+    unsafe { AsyncFd::register(FdRef(fd)) }.map_err(|err| anyhow::anyhow!("{err}"))
+}
+
+/// A borrowed fd for `AsyncFd` (the session owns the real one and outlives the loop).
+struct FdRef(RawFd);
+
+impl std::os::fd::AsRawFd for FdRef {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+fn scope_of(args: &StatArgs) -> Scope {
+    if !args.command.is_empty() {
+        Scope::Command(args.command.clone())
+    } else if !args.pids.is_empty() {
+        Scope::Pids(args.pids.clone())
+    } else {
+        Scope::SystemWide
+    }
+}
+
+/// The model for `--pmu`, and the line that announces a fallback.
+fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
+    let overrides = match &args.synthetic {
+        Some(text) => parse_synthetic_overrides(text)
+            .map_err(|err| fail(Failure::Usage, format!("{err:#}")))?,
+        None => Vec::new(),
+    };
+    if args.pmu == "auto" {
+        if !overrides.is_empty() {
+            return Err(fail(
+                Failure::Usage,
+                "--synthetic needs an explicit synthetic model: --pmu synthetic:<model>",
+            ));
+        }
+        let (name, announcement) = auto_model()?;
+        let model = model_by_name(&name, &[])?;
+        return Ok((model, announcement));
+    }
+    let model = model_by_name(&args.pmu, &overrides)
+        .map_err(|err| fail(Failure::Usage, format!("--pmu: {err:#}")))?;
+    Ok((model, None))
+}
+
+/// `--pmu auto`: the model for this machine's PMU, and a line announcing a fallback.
+fn auto_model() -> Result<(String, Option<String>)> {
+    let devices = std::path::Path::new("/sys/bus/event_source/devices");
+    if devices.join("cpu/events/slots").exists() {
+        return Ok(("intel-icl".to_owned(), None));
+    }
+    let hypervisor = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|text| {
+            text.lines()
+                .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor"))
+        })
+        .unwrap_or(false);
+    let why = if hypervisor && !devices.join("cpu").exists() {
+        "VM without a virtual PMU (hypervisor flag set, no core PMU in /sys/bus/event_source/devices)"
+    } else {
+        "no TopDown PMU found"
+    };
+    Ok((
+        "software".to_owned(),
+        Some(format!(
+            "{why}: using the software model (on-CPU time only, no TopDown breakdown)"
+        )),
+    ))
+}
+
+/// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.
+fn check_privileges() -> Result<()> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        Err(fail(
+            Failure::Permission,
+            "topdown needs root, or the CAP_BPF and CAP_PERFMON capabilities: run it with sudo",
+        ))
+    }
+}
