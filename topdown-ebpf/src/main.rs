@@ -32,8 +32,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CallKey, CallStats, CpuState, FIELD_ABSENT, MAX_COUNTERS, MAX_DEPTH, ProbeStats,
-    ROOT_FUNCTION, ShadowStack, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
+    CallKey, CallStats, CpuState, FIELD_ABSENT, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION,
+    ShadowStack, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
 };
 
 // Globals user space sets at load time (read volatile so the compiler cannot fold the defaults).
@@ -315,7 +315,10 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
     // SAFETY: the offset comes from this kernel's tracefs format file.
     if let Ok(child) = unsafe { ctx.read_at::<i32>(offset as usize) } {
         if TRACKED.insert(&(child as u32), &1, 0).is_err() {
-            warn!(&ctx, "topdown: tracked-process map full, child {} not followed", child);
+            warn!(
+                &ctx,
+                "topdown: tracked-process map full, child {} not followed", child
+            );
         }
     }
     0
@@ -382,7 +385,9 @@ fn frame_index(index: usize) -> usize {
 fn probe_stats() -> Option<&'static mut ProbeStats> {
     // SAFETY: a per-CPU value; probe programs on one CPU may interleave through preemption,
     // which at worst loses an increment of these diagnostic counts.
-    PROBE_STATS.get_ptr_mut(0).map(|stats| unsafe { &mut *stats })
+    PROBE_STATS
+        .get_ptr_mut(0)
+        .map(|stats| unsafe { &mut *stats })
 }
 
 /// The thread's virtual counters into `stack.virtual_now`: its accumulated counts plus what this
@@ -470,7 +475,10 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
                 return 0;
             };
             // SAFETY: a map value of the right type.
-            if STACKS.insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64).is_err() {
+            if STACKS
+                .insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64)
+                .is_err()
+            {
                 if let Some(stats) = probe_stats() {
                     stats.map_full += 1;
                 }
@@ -546,9 +554,8 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
         }
     }
     let depth = stack.depth as usize;
-    let matches = depth > 0
-        && depth <= MAX_DEPTH
-        && stack.frames[frame_index(depth - 1)].sp == entry_sp;
+    let matches =
+        depth > 0 && depth <= MAX_DEPTH && stack.frames[frame_index(depth - 1)].sp == entry_sp;
     if !matches {
         if let Some(stats) = probe_stats() {
             stats.unmatched_returns += 1;
@@ -589,7 +596,11 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
     let key = CallKey {
         function,
         parent,
-        tgid: if global(&SPLIT_FUNCTIONS_BY_PROCESS) != 0 { tgid } else { 0 },
+        tgid: if global(&SPLIT_FUNCTIONS_BY_PROCESS) != 0 {
+            tgid
+        } else {
+            0
+        },
         _pad: 0,
     };
     let stats = match CALLS.get_ptr_mut(&key) {
