@@ -37,6 +37,10 @@ pub mod names {
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
     pub const PROBE_STATS: &str = "PROBE_STATS";
+    pub const CGROUPS: &str = "CGROUPS";
+    pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
+    pub const GLOBAL_BY_CGROUP: &str = "BY_CGROUP";
+    pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const ZERO_STACK: &str = "ZERO_STACK";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
 
@@ -77,6 +81,8 @@ pub struct CpuState {
     pub untracked: [u64; MAX_COUNTERS],
     /// Deltas of tasks that found the task map full.
     pub dropped: [u64; MAX_COUNTERS],
+    /// Deltas whose cgroup found the cgroup map full (`--by cgroup`).
+    pub cgroup_dropped: [u64; MAX_COUNTERS],
     /// Leader's enabled/running times at the last reading.
     pub last_enabled_ns: u64,
     pub last_running_ns: u64,
@@ -90,6 +96,8 @@ pub struct CpuState {
     pub read_errors: u64,
     /// Task map insertions that failed because the map was full.
     pub task_map_full: u64,
+    /// Cgroup map insertions that failed because the map was full.
+    pub cgroup_map_full: u64,
     /// Exit records the ring buffer could not take (the entry stays, marked exited).
     pub exit_records_lost: u64,
     /// Bumped by every attribution. Function probes run preemptibly: they read it before and
@@ -109,12 +117,14 @@ impl CpuState {
         idle: [0; MAX_COUNTERS],
         untracked: [0; MAX_COUNTERS],
         dropped: [0; MAX_COUNTERS],
+        cgroup_dropped: [0; MAX_COUNTERS],
         last_enabled_ns: 0,
         last_running_ns: 0,
         readings: 0,
         not_running: 0,
         read_errors: 0,
         task_map_full: 0,
+        cgroup_map_full: 0,
         exit_records_lost: 0,
         seq: 0,
         initialized: 0,
@@ -145,6 +155,16 @@ impl TaskCounters {
         exited: 0,
         comm: [0; 16],
     };
+}
+
+/// Deepest cgroup level the `-G` filter looks through (ancestor levels 0..=this).
+pub const MAX_CGROUP_LEVEL: i32 = 31;
+
+/// A cgroup's accumulated counter deltas (value of `CGROUPS`, keyed by cgroup v2 id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CgroupCounters {
+    pub counters: [u64; MAX_COUNTERS],
 }
 
 /// Sent through the `EXITS` ring buffer when a task switches out for the last time.
@@ -231,6 +251,7 @@ pub struct ProbeStats {
 
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::CgroupCounters {}
     unsafe impl aya::Pod for super::CallKey {}
     unsafe impl aya::Pod for super::CallStats {}
     unsafe impl aya::Pod for super::ProbeStats {}

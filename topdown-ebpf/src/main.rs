@@ -20,8 +20,8 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id,
+        bpf_get_attach_cookie, bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
     },
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray, RingBuf},
@@ -32,8 +32,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CallKey, CallStats, CpuState, FIELD_ABSENT, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION,
-    ShadowStack, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
+    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS,
+    MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack, TASK_DEAD, TaskCounters, TaskExit,
+    flush_mode,
 };
 
 // Globals user space sets at load time (read volatile so the compiler cannot fold the defaults).
@@ -55,6 +56,12 @@ static FORK_CHILD_PID_OFFSET: u32 = FIELD_ABSENT;
 static EXIT_PID_OFFSET: u32 = FIELD_ABSENT;
 #[unsafe(no_mangle)]
 static EXIT_GROUP_DEAD_OFFSET: u32 = FIELD_ABSENT;
+/// Nonzero: deltas are also added per cgroup v2 (`--by cgroup`).
+#[unsafe(no_mangle)]
+static BY_CGROUP: u32 = 0;
+/// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
+#[unsafe(no_mangle)]
+static FILTER_CGROUPS: u32 = 0;
 /// Nonzero: function totals are kept per process (`--by function,task`).
 #[unsafe(no_mangle)]
 static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
@@ -79,6 +86,15 @@ static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(32768, 0);
 /// Tracked tgids (and the tids of tracked threads created by fork, until they die).
 #[map]
 static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
+/// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
+#[map]
+static CGROUPS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(4096, 0);
+
+/// `-G`: the chosen cgroups; a task counts if any of its ancestors (or its own cgroup) is here,
+/// so cgroups created during the run are covered without user space noticing them.
+#[map]
+static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
 
 /// Final totals of tasks that died, so their map entries can be freed at once.
 #[map]
@@ -187,13 +203,21 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
         add(&mut state.idle, &delta, used);
         return;
     }
-    let task = match TASKS.get_ptr_mut(&tid) {
+    if global(&FILTER_CGROUPS) != 0 && !in_chosen_cgroup() {
+        add(&mut state.untracked, &delta, used);
+        return;
+    }
+    let existing = TASKS.get_ptr_mut(&tid);
+    if existing.is_none() && global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
+        add(&mut state.untracked, &delta, used);
+        return;
+    }
+    if global(&BY_CGROUP) != 0 {
+        add_to_cgroup(state, &delta, used);
+    }
+    let task = match existing {
         Some(task) => task,
         None => {
-            if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
-                add(&mut state.untracked, &delta, used);
-                return;
-            }
             let mut fresh = TaskCounters::ZERO;
             fresh.tgid = tgid;
             if TASKS.insert(&tid, &fresh, BPF_NOEXIST as u64).is_err() {
@@ -221,6 +245,59 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
     if dying {
         retire(state, tid, tgid, task);
     }
+}
+
+/// `current` is still the task switching out, so this is its cgroup.
+#[inline(always)]
+fn add_to_cgroup(state: &mut CpuState, delta: &[u64; MAX_COUNTERS], used: usize) {
+    // SAFETY: a helper without preconditions.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    let entry = match CGROUPS.get_ptr_mut(&cgroup) {
+        Some(entry) => entry,
+        None => {
+            let fresh = CgroupCounters {
+                counters: [0; MAX_COUNTERS],
+            };
+            if CGROUPS.insert(&cgroup, &fresh, BPF_NOEXIST as u64).is_err() {
+                state.cgroup_map_full += 1;
+                add(&mut state.cgroup_dropped, delta, used);
+                return;
+            }
+            match CGROUPS.get_ptr_mut(&cgroup) {
+                Some(entry) => entry,
+                None => {
+                    add(&mut state.cgroup_dropped, delta, used);
+                    return;
+                }
+            }
+        }
+    };
+    // Several CPUs can add to one cgroup at once.
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: naturally aligned u64s of a live map value.
+        unsafe { atomic_add(&raw mut (*entry).counters[slot], delta[slot]) };
+        slot += 1;
+    }
+}
+
+/// True if the current task's cgroup or one of its ancestors was chosen with `-G`.
+#[inline(always)]
+fn in_chosen_cgroup() -> bool {
+    let mut level = 0;
+    while level <= MAX_CGROUP_LEVEL {
+        // SAFETY: a helper without preconditions; 0 means "no ancestor at this level".
+        let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
+        if ancestor == 0 {
+            return false;
+        }
+        // SAFETY: tested for presence only.
+        if unsafe { CGROUP_FILTER.get(&ancestor) }.is_some() {
+            return true;
+        }
+        level += 1;
+    }
+    false
 }
 
 /// Sends a dead task's totals to user space and frees its entry.

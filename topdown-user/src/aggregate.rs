@@ -9,7 +9,9 @@ use topdown_common::{CpuState, MAX_COUNTERS, TaskCounters};
 use crate::{
     bpf::Snapshot,
     model::{Counts, Model},
-    report::{CpuEntry, Diagnostics, Entity, IntervalInfo, ProcessEntry, Report, TaskEntry},
+    report::{
+        CgroupEntry, CpuEntry, Diagnostics, Entity, IntervalInfo, ProcessEntry, Report, TaskEntry,
+    },
 };
 
 /// What a report is about, besides the numbers.
@@ -19,6 +21,10 @@ pub struct ReportContext<'a> {
     pub scope: String,
     pub duration_s: f64,
     pub interval: Option<IntervalInfo>,
+    /// cgroup id -> path, for `--by cgroup` (ids missing here are reported without a path).
+    pub cgroup_paths: &'a HashMap<u64, String>,
+    /// `--cgroup-depth`: roll each cgroup up into its ancestors down to this depth.
+    pub cgroup_depth: Option<usize>,
 }
 
 type Slots = [u64; MAX_COUNTERS];
@@ -116,6 +122,8 @@ pub fn build_report(
         weight_of(b).cmp(&weight_of(a)).then(a.pid.cmp(&b.pid))
     });
 
+    let cgroups = cgroup_entries(ctx, current, previous, &entity);
+
     let cpus = current
         .cpus
         .iter()
@@ -145,6 +153,7 @@ pub fn build_report(
                     exit_records_lost: now
                         .exit_records_lost
                         .saturating_sub(before.exit_records_lost),
+                    cgroup_map_full: now.cgroup_map_full.saturating_sub(before.cgroup_map_full),
                 }
             }
             None => now,
@@ -168,6 +177,8 @@ pub fn build_report(
         dropped: entity(&dropped),
         tasks: task_entries,
         processes: process_entries,
+        cgroups,
+        cgroup_depth: ctx.cgroup_depth,
         cpus,
         diagnostics,
     }
@@ -273,8 +284,93 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
             sum.read_errors += state.read_errors;
             sum.task_map_full += state.task_map_full;
             sum.exit_records_lost += state.exit_records_lost;
+            sum.cgroup_map_full += state.cgroup_map_full;
             sum
         })
+}
+
+/// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
+/// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
+fn cgroup_entries(
+    ctx: &ReportContext<'_>,
+    current: &Snapshot,
+    previous: Option<&Snapshot>,
+    entity: &dyn Fn(&Slots) -> Entity,
+) -> Vec<CgroupEntry> {
+    use crate::cgroup::{ancestor_at, container::describe, depth};
+    let before: HashMap<u64, Slots> = previous
+        .map(|previous| {
+            previous
+                .cgroups
+                .iter()
+                .map(|(id, c)| (*id, c.counters))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut own: Vec<(u64, Option<String>, Slots)> = current
+        .cgroups
+        .iter()
+        .map(|(id, c)| {
+            let counters = before
+                .get(id)
+                .map_or(c.counters, |before| sub(&c.counters, before));
+            (*id, ctx.cgroup_paths.get(id).cloned(), counters)
+        })
+        .filter(|(_, _, counters)| previous.is_none() || counters.iter().any(|&v| v != 0))
+        .collect();
+    let dropped = sum_cpus(current, |state| &state.cgroup_dropped);
+    let dropped = match previous {
+        Some(previous) => sub(&dropped, &sum_cpus(previous, |state| &state.cgroup_dropped)),
+        None => dropped,
+    };
+    if dropped.iter().any(|&v| v != 0) {
+        own.push((0, None, dropped));
+    }
+
+    let entries: Vec<(u64, Option<String>, Slots)> = match ctx.cgroup_depth {
+        None => own,
+        Some(max_depth) => {
+            // Every cgroup down to max_depth gets the sum of its subtree.
+            let id_of: HashMap<&str, u64> = ctx
+                .cgroup_paths
+                .iter()
+                .map(|(id, path)| (path.as_str(), *id))
+                .collect();
+            let mut rolled: BTreeMap<String, (u64, Slots)> = BTreeMap::new();
+            for (_, path, counters) in &own {
+                let Some(path) = path else { continue };
+                for level in 0..=depth(path).min(max_depth) {
+                    let ancestor = ancestor_at(path, level);
+                    let id = id_of.get(ancestor.as_str()).copied().unwrap_or(0);
+                    let slot = rolled.entry(ancestor).or_insert((id, [0; MAX_COUNTERS]));
+                    slot.1 = add(&slot.1, counters);
+                }
+            }
+            rolled
+                .into_iter()
+                .map(|(path, (id, counters))| (id, Some(path), counters))
+                .collect()
+        }
+    };
+    let weight = ctx.model.weight_counter();
+    let weight_of = |entry: &CgroupEntry| entry.entity.counters.get(weight).copied().unwrap_or(0);
+    let mut result: Vec<CgroupEntry> = entries
+        .into_iter()
+        .map(|(id, path, counters)| {
+            let container = path
+                .as_deref()
+                .map(describe)
+                .filter(|info| !info.is_empty());
+            CgroupEntry {
+                id,
+                path,
+                container,
+                entity: entity(&counters),
+            }
+        })
+        .collect();
+    result.sort_by(|a, b| weight_of(b).cmp(&weight_of(a)).then(a.path.cmp(&b.path)));
+    result
 }
 
 #[cfg(test)]
@@ -298,6 +394,9 @@ mod tests {
         state
     }
 
+    static NO_PATHS: std::sync::LazyLock<HashMap<u64, String>> =
+        std::sync::LazyLock::new(HashMap::new);
+
     fn context(model: &dyn Model) -> ReportContext<'_> {
         ReportContext {
             model,
@@ -305,6 +404,8 @@ mod tests {
             scope: "system-wide".to_owned(),
             duration_s: 1.0,
             interval: None,
+            cgroup_paths: &NO_PATHS,
+            cgroup_depth: None,
         }
     }
 

@@ -92,6 +92,24 @@ pub struct StatArgs {
     #[arg(long = "all-kernel")]
     pub all_kernel: bool,
 
+    /// Count only tasks in these cgroups and their descendants: paths relative to the cgroup v2
+    /// root, or absolute.
+    #[arg(
+        short = 'G',
+        long = "cgroup",
+        value_delimiter = ',',
+        value_name = "PATH,..."
+    )]
+    pub cgroups: Vec<String>,
+
+    /// Roll cgroup counts up to depth N of the hierarchy (each entry includes its descendants).
+    #[arg(long = "cgroup-depth", value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub cgroup_depth: Option<u32>,
+
+    /// Capacity of the BPF cgroup map; cgroups beyond it are counted as dropped.
+    #[arg(long = "max-cgroups", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_cgroups: u32,
+
     /// Capacity of the BPF task map; tasks beyond it are counted as dropped.
     #[arg(long = "max-tasks", default_value_t = 32768, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tasks: u32,

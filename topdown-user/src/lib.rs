@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod cgroup;
 pub mod cli;
 pub mod counters;
 pub mod error;

@@ -2,6 +2,7 @@
 //! (signals, interval reports, exit records, the traced command) and writes the final report.
 
 use std::{
+    collections::HashMap,
     fs::File,
     io::Write,
     os::fd::RawFd,
@@ -17,11 +18,12 @@ use tokio::{
 use crate::{
     aggregate::{ReportContext, build_report},
     bpf::{Session, SessionConfig, Snapshot},
+    cgroup::CgroupTree,
     cli::StatArgs,
     counters::{CounterGroups, Privilege, online_cpus, resolve},
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
-    report::{IntervalInfo, render},
+    report::{By, IntervalInfo, Report, render},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
     tracefs::Tracefs,
 };
@@ -70,6 +72,29 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     let cpus = online_cpus()?;
     let groups = CounterGroups::open(&counters, &cpus, privilege)?;
 
+    let wants_cgroups = args.by.contains(&By::Cgroup) || args.cgroup_depth.is_some();
+    let mut cgroup_tree = if wants_cgroups || !args.cgroups.is_empty() {
+        Some(CgroupTree::open()?)
+    } else {
+        None
+    };
+    let cgroup_filter = match (&mut cgroup_tree, args.cgroups.is_empty()) {
+        (Some(tree), false) => Some(tree.resolve(&args.cgroups)?),
+        _ => None,
+    };
+    let mut by = args.by.clone();
+    if args.cgroup_depth.is_some() && !by.contains(&By::Cgroup) {
+        by.push(By::Cgroup);
+    }
+    let mut reporting = Reporting {
+        model: model.as_ref(),
+        level: effective_level(model.as_ref(), level),
+        scope: scope.describe(),
+        by,
+        cgroups: if wants_cgroups { cgroup_tree } else { None },
+        cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
+    };
+
     let (tracked, watched_pids, pending) = match &scope {
         Scope::SystemWide => (None, Vec::new(), None),
         Scope::Pids(pids) => {
@@ -93,6 +118,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         verbose,
         split_functions_by_process: false,
         max_stacks: 4096,
+        by_cgroup: reporting.cgroups.is_some(),
+        cgroup_filter,
+        max_cgroups: args.max_cgroups,
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
@@ -133,8 +161,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         &mut watches,
         &mut interval_state,
         started,
-        model.as_ref(),
-        &scope,
+        &mut reporting,
         output.as_mut(),
     )
     .await?;
@@ -160,23 +187,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
                 state,
                 &snapshot,
                 elapsed,
-                model.as_ref(),
-                level,
-                &scope,
-                &args,
+                &mut reporting,
+                args.format,
                 output.as_mut(),
             )?;
         }
         None => {
-            let ctx = ReportContext {
-                model: model.as_ref(),
-                level: effective_level(model.as_ref(), level),
-                scope: scope.describe(),
-                duration_s: elapsed.as_secs_f64(),
-                interval: None,
-            };
-            let report = build_report(&ctx, &snapshot, None);
-            render(&report, args.format, &args.by, output.as_mut())?;
+            let report = reporting.build(&snapshot, None, elapsed.as_secs_f64(), None);
+            render(&report, args.format, &reporting.by, output.as_mut())?;
         }
     }
     output.flush().context("writing the report")?;
@@ -206,8 +224,7 @@ async fn event_loop(
     watches: &mut Vec<ProcessWatch>,
     interval_state: &mut Option<IntervalState>,
     started: Instant,
-    model: &dyn Model,
-    scope: &Scope,
+    reporting: &mut Reporting<'_>,
     output: &mut dyn Write,
 ) -> Result<Stop> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -256,7 +273,7 @@ async fn event_loop(
                 if let Some(state) = interval_state.as_mut() {
                     session.flush(false)?;
                     let snapshot = session.snapshot()?;
-                    write_interval(state, &snapshot, started.elapsed(), model, args.level, scope, args, output)?;
+                    write_interval(state, &snapshot, started.elapsed(), reporting, args.format, output)?;
                     output.flush().context("writing the report")?;
                 }
             }
@@ -264,30 +281,71 @@ async fn event_loop(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every report of a run shares, and the cgroup names learned so far.
+struct Reporting<'m> {
+    model: &'m dyn Model,
+    level: u8,
+    scope: String,
+    by: Vec<By>,
+    /// Present with `--by cgroup`: names cgroup ids (remembering removed cgroups).
+    cgroups: Option<CgroupTree>,
+    cgroup_depth: Option<usize>,
+}
+
+impl Reporting<'_> {
+    fn build(
+        &mut self,
+        snapshot: &Snapshot,
+        previous: Option<&Snapshot>,
+        duration_s: f64,
+        interval: Option<IntervalInfo>,
+    ) -> Report {
+        let mut cgroup_paths = HashMap::new();
+        if let Some(tree) = &mut self.cgroups {
+            for (id, _) in &snapshot.cgroups {
+                if let Some(path) = tree.path_of(*id) {
+                    cgroup_paths.insert(*id, path);
+                }
+            }
+            // Ancestors are named too, for --cgroup-depth roll-ups.
+            if self.cgroup_depth.is_some() {
+                cgroup_paths.extend(tree.known_paths());
+            }
+        }
+        let ctx = ReportContext {
+            model: self.model,
+            level: self.level,
+            scope: self.scope.clone(),
+            duration_s,
+            interval,
+            cgroup_paths: &cgroup_paths,
+            cgroup_depth: self.cgroup_depth,
+        };
+        build_report(&ctx, snapshot, previous)
+    }
+}
+
 fn write_interval(
     state: &mut IntervalState,
     snapshot: &Snapshot,
     now: Duration,
-    model: &dyn Model,
-    level: u8,
-    scope: &Scope,
-    args: &StatArgs,
+    reporting: &mut Reporting<'_>,
+    format: crate::report::Format,
     output: &mut dyn Write,
 ) -> Result<()> {
     state.index += 1;
-    let ctx = ReportContext {
-        model,
-        level: effective_level(model, level),
-        scope: scope.describe(),
-        duration_s: now.saturating_sub(state.previous_end).as_secs_f64(),
-        interval: Some(IntervalInfo {
-            index: state.index,
-            end_s: now.as_secs_f64(),
-        }),
+    let interval = IntervalInfo {
+        index: state.index,
+        end_s: now.as_secs_f64(),
     };
-    let report = build_report(&ctx, snapshot, state.previous.as_ref());
-    render(&report, args.format, &args.by, output)?;
+    let duration_s = now.saturating_sub(state.previous_end).as_secs_f64();
+    let report = reporting.build(
+        snapshot,
+        state.previous.as_ref(),
+        duration_s,
+        Some(interval),
+    );
+    render(&report, format, &reporting.by, output)?;
     state.previous = Some(snapshot.clone());
     state.previous_end = now;
     Ok(())

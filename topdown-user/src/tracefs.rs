@@ -101,19 +101,20 @@ pub fn find_tracefs_mount(mounts: &str) -> Option<PathBuf> {
     })
 }
 
-/// `/proc/self/mounts` escapes space, tab, newline and backslash as octal (`\040`).
-fn unescape_mount_path(path: &str) -> String {
+/// `/proc/self/mounts` and mountinfo escape space, tab, newline and backslash as octal (`\040`).
+pub(crate) fn unescape_mount_path(path: &str) -> String {
     let bytes = path.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() {
-            let octal = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(value) = u8::from_str_radix(octal, 8) {
-                out.push(value);
-                i += 4;
-                continue;
-            }
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|digits| std::str::from_utf8(digits).ok())
+            .and_then(|digits| u8::from_str_radix(digits, 8).ok());
+        if let (b'\\', Some(value)) = (bytes[i], octal) {
+            out.push(value);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

@@ -17,8 +17,8 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters, TaskExit, flush_mode,
-    names,
+    CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters, TaskExit,
+    flush_mode, names,
 };
 
 use crate::{
@@ -47,6 +47,12 @@ pub struct SessionConfig {
     pub split_functions_by_process: bool,
     /// Capacity of the per-thread shadow-stack map.
     pub max_stacks: u32,
+    /// Also attribute per cgroup v2 (`--by cgroup`).
+    pub by_cgroup: bool,
+    /// `-G`: only tasks in these cgroups (and their descendants) count.
+    pub cgroup_filter: Option<Vec<u64>>,
+    /// Capacity of the per-cgroup map.
+    pub max_cgroups: u32,
 }
 
 /// One function to probe: where, and the id its counts come back under.
@@ -80,6 +86,8 @@ pub struct Snapshot {
     pub calls: Vec<(CallKey, CallStats)>,
     /// Function-probe anomalies, summed over CPUs.
     pub probes: ProbeStats,
+    /// Per-cgroup totals by cgroup id.
+    pub cgroups: Vec<(u64, CgroupCounters)>,
 }
 
 /// A loaded and attached BPF session.
@@ -108,6 +116,8 @@ impl Session {
         let counter_slots = possible_cpus * MAX_COUNTERS as u32;
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
         let split = u32::from(config.split_functions_by_process);
+        let by_cgroup = u32::from(config.by_cgroup);
+        let filter_cgroups = u32::from(config.cgroup_filter.is_some());
 
         let mut loader = EbpfLoader::new();
         loader
@@ -118,6 +128,9 @@ impl Session {
             .override_global(names::GLOBAL_EXIT_PID_OFFSET, &exit_pid, true)
             .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
             .override_global(names::GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS, &split, true)
+            .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
+            .override_global(names::GLOBAL_FILTER_CGROUPS, &filter_cgroups, true)
+            .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
             .map_max_entries(names::COUNTERS, counter_slots)
@@ -152,6 +165,15 @@ impl Session {
                 tracked
                     .insert(tgid, &1, 0)
                     .with_context(|| format!("tracking pid {tgid}"))?;
+            }
+        }
+        if let Some(ids) = &config.cgroup_filter {
+            let mut filter: BpfHashMap<&mut MapData, u64, u8> =
+                map_mut(&mut ebpf, names::CGROUP_FILTER)?;
+            for id in ids {
+                filter
+                    .insert(id, &1, 0)
+                    .with_context(|| format!("adding cgroup {id} to the filter"))?;
             }
         }
         let exits: RingBuf<MapData> = ebpf
@@ -369,12 +391,23 @@ impl Session {
                 map_full: sum.map_full + cpu.map_full,
                 read_failures: sum.read_failures + cpu.read_failures,
             });
+        let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
+            map(&self.ebpf, names::CGROUPS)?;
+        let mut cgroups = Vec::new();
+        for entry in cgroup_map.iter() {
+            match entry {
+                Ok(entry) => cgroups.push(entry),
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(err) => return Err(err).context("reading the cgroup map"),
+            }
+        }
         Ok(Snapshot {
             cpus,
             live,
             exited: self.exited.clone(),
             calls,
             probes,
+            cgroups,
         })
     }
 }

@@ -24,7 +24,14 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
         .map(|i| i.index.to_string())
         .unwrap_or_default();
     let row = |kind: &str, tid: String, pid: String, comm: &str, entity: &Entity| -> Vec<String> {
-        let mut row = vec![interval.clone(), kind.to_owned(), tid, pid, comm.to_owned()];
+        let mut row = vec![
+            interval.clone(),
+            kind.to_owned(),
+            tid,
+            pid,
+            comm.to_owned(),
+            String::new(),
+        ];
         row.extend(
             report
                 .counter_names
@@ -90,6 +97,18 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
                     &process.entity,
                 ),
             )?;
+        }
+    }
+    if by.contains(&By::Cgroup) {
+        for cgroup in &report.cgroups {
+            let mut cells = row("cgroup", String::new(), String::new(), "", &cgroup.entity);
+            cells[5] = cgroup.path.clone().unwrap_or_default();
+            cells[4] = cgroup
+                .container
+                .as_ref()
+                .map(|info| info.label())
+                .unwrap_or_default();
+            write_row(out, &cells)?;
         }
     }
     Ok(())

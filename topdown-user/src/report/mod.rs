@@ -53,6 +53,12 @@ pub struct Report {
     /// Per process (present with `--by process`).
     #[serde(default)]
     pub processes: Vec<ProcessEntry>,
+    /// Per cgroup v2 (present with `--by cgroup`).
+    #[serde(default)]
+    pub cgroups: Vec<CgroupEntry>,
+    /// `--cgroup-depth`: each cgroup entry includes its descendants' counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_depth: Option<usize>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,
@@ -93,6 +99,18 @@ pub struct ProcessEntry {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CgroupEntry {
+    /// cgroup v2 id (0 for the bucket of counts whose cgroup did not fit the map).
+    pub id: u64,
+    /// Path relative to the cgroup v2 root (`/` is the root); `null` if it vanished unseen.
+    pub path: Option<String>,
+    /// Container, pod and systemd unit read from the path; `null` outside any.
+    pub container: Option<crate::cgroup::container::ContainerInfo>,
+    #[serde(flatten)]
+    pub entity: Entity,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CpuEntry {
     pub cpu: u32,
     pub counters: Counts,
@@ -112,6 +130,9 @@ pub struct Diagnostics {
     pub task_map_full: u64,
     /// Exit records the ring buffer could not take (collected from the map instead).
     pub exit_records_lost: u64,
+    /// Cgroup map insertions refused because the map was full (raise `--max-cgroups`).
+    #[serde(default)]
+    pub cgroup_map_full: u64,
 }
 
 /// Output formats.
@@ -127,6 +148,7 @@ pub enum Format {
 pub enum By {
     Task,
     Process,
+    Cgroup,
 }
 
 /// Recomputes every metric from its counters with `model` at `level` (the file's metrics are

@@ -169,7 +169,57 @@ fn table_text(report: &Report, by: &[By]) -> String {
         text += &layout(&header, &rows, 1);
     }
 
+    if by.contains(&By::Cgroup) {
+        let mut rows: Vec<Vec<String>> = report
+            .cgroups
+            .iter()
+            .map(|cgroup| {
+                let mut row = vec![
+                    cgroup.id.to_string(),
+                    cgroup.path.clone().unwrap_or_else(|| {
+                        if cgroup.id == 0 {
+                            "(cgroup map full)".to_owned()
+                        } else {
+                            "(unknown)".to_owned()
+                        }
+                    }),
+                    cgroup
+                        .container
+                        .as_ref()
+                        .map(|info| info.label())
+                        .unwrap_or_default(),
+                ];
+                row.extend(cells(&cgroup.entity));
+                row
+            })
+            .collect();
+        rows.push({
+            let mut row = vec![String::new(), "idle".to_owned(), String::new()];
+            row.extend(cells(&report.idle));
+            row
+        });
+        let mut header = vec![
+            "CGROUP ID".to_owned(),
+            "PATH".to_owned(),
+            "CONTAINER".to_owned(),
+        ];
+        header.extend(header_tail.iter().cloned());
+        text += &match report.cgroup_depth {
+            Some(depth) => {
+                format!("\nCgroups (rolled up to depth {depth}: each includes its descendants)\n")
+            }
+            None => "\nCgroups\n".to_owned(),
+        };
+        text += &layout(&header, &rows, 3);
+    }
+
     let d = &report.diagnostics;
+    if d.cgroup_map_full > 0 {
+        text += &format!(
+            "note: the cgroup map was full {} times: raise --max-cgroups\n",
+            d.cgroup_map_full
+        );
+    }
     if d.not_running_readings > 0 {
         text += &format!(
             "\nnote: {} of {} readings found the counter group not running the whole time (multiplexed): those deltas cover less time\n",
@@ -211,7 +261,12 @@ fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> Strin
             .zip(&widths)
             .enumerate()
             .map(|(column, (cell, width))| {
-                if column == 2 && text_columns == 2 || column == 1 && text_columns == 1 {
+                let left = match text_columns {
+                    1 => column == 1,
+                    2 => column == 2,
+                    _ => column == 1 || column == 2,
+                };
+                if left {
                     format!("{cell:<width$}")
                 } else {
                     format!("{cell:>width$}")
@@ -286,6 +341,8 @@ mod tests {
                 },
             ],
             processes: Vec::new(),
+            cgroups: Vec::new(),
+            cgroup_depth: None,
             cpus: Vec::new(),
             diagnostics: Diagnostics {
                 not_running_readings: 3,

@@ -1,0 +1,258 @@
+//! Per-cgroup TopDown with real cgroup v2 groups, as root, with synthetic counters: workloads
+//! with known syscall counts are moved into cgroups (named like Docker's and Kubernetes'), and
+//! each cgroup must show exactly its workload's counts.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_td-workload");
+const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const POD: &str = "5f1c2a3b_1111_2222_3333_444455556666";
+
+/// The cgroup v2 mount, from mountinfo (these machines mount it beside v1 controllers).
+fn v2_mount() -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo
+        .lines()
+        .find_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let mount_point = before.split_whitespace().nth(4)?;
+            (after.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount_point))
+        })
+        .expect("a cgroup v2 mount")
+}
+
+/// A test's cgroup tree under the v2 root, removed (deepest first) when dropped.
+struct Tree {
+    root: PathBuf,
+    relative: String,
+}
+
+impl Tree {
+    fn new(name: &str) -> Self {
+        let relative = format!("/topdown-test-{name}-{}", std::process::id());
+        let root = v2_mount().join(relative.trim_start_matches('/'));
+        std::fs::create_dir_all(&root).unwrap();
+        Self { root, relative }
+    }
+
+    fn create(&self, path: &str) -> String {
+        std::fs::create_dir_all(self.root.join(path)).unwrap();
+        format!("{}/{path}", self.relative)
+    }
+
+    fn dir(&self, path: &str) -> PathBuf {
+        self.root.join(path)
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let mut dirs = Vec::new();
+        collect_dirs(&self.root, &mut dirs);
+        dirs.sort_by_key(|dir| std::cmp::Reverse(dir.components().count()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_path_buf());
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                collect_dirs(&entry.path(), out);
+            }
+        }
+    }
+}
+
+/// Starts a held workload, moves it into `cgroup_dir`; `go` releases it.
+fn held_workload(cgroup_dir: &Path, spec: &str) -> Child {
+    let child = Command::new(WORKLOAD)
+        .args(["--wait-stdin", spec])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::fs::write(cgroup_dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+    child
+}
+
+fn go(mut child: Child) {
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+fn cgroup<'a>(report: &'a Value, path: &str) -> Option<&'a Value> {
+    report["cgroups"]
+        .as_array()?
+        .iter()
+        .find(|entry| entry["path"].as_str() == Some(path))
+}
+
+/// Runs topdown in the background with `args`, runs `during`, waits for it, returns the report.
+fn traced(name: &str, args: &[&str], during: impl FnOnce()) -> Value {
+    let out =
+        std::env::temp_dir().join(format!("topdown-cgroup-{name}-{}.json", std::process::id()));
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-a",
+            "-d",
+            "3",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    during();
+    let status = tracer.wait().unwrap();
+    assert!(status.success());
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(out);
+    report
+}
+
+#[test]
+fn each_cgroup_gets_exactly_its_workload_and_containers_are_named() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let tree = Tree::new("flat");
+    let a = tree.create("a");
+    let ax = tree.create("a/x");
+    let b = tree.create("b");
+    let docker = tree.create(&format!("system.slice/docker-{ID}.scope"));
+    let kube = tree.create(&format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD}.slice/cri-containerd-{ID}.scope"
+    ));
+    let report = traced("flat", &["--by", "cgroup"], || {
+        let workloads = [
+            held_workload(&tree.dir("a"), "getppid=100"),
+            held_workload(&tree.dir("a/x"), "getppid=200"),
+            held_workload(&tree.dir("b"), "getppid=300,getpgid=30"),
+            held_workload(&tree.dir(&docker[tree.relative.len() + 1..]), "getppid=400"),
+            held_workload(&tree.dir(&kube[tree.relative.len() + 1..]), "getppid=500"),
+        ];
+        for workload in workloads {
+            go(workload);
+        }
+        // A cgroup removed during the run keeps its name and counts.
+        std::fs::remove_dir(tree.dir("b")).unwrap();
+    });
+    let slots = |path: &str| {
+        counter(
+            cgroup(&report, path).unwrap_or_else(|| panic!("{path} in {report}")),
+            "slots",
+        )
+    };
+    assert_eq!(slots(&a), 100);
+    assert_eq!(slots(&ax), 200);
+    assert_eq!(slots(&b), 300);
+    assert_eq!(
+        counter(cgroup(&report, &b).unwrap(), "topdown-retiring"),
+        30
+    );
+    assert_eq!(slots(&docker), 400);
+    assert_eq!(slots(&kube), 500);
+
+    let docker_info = &cgroup(&report, &docker).unwrap()["container"];
+    assert_eq!(docker_info["runtime"], "docker");
+    assert_eq!(docker_info["id"], "0123456789ab");
+    let kube_info = &cgroup(&report, &kube).unwrap()["container"];
+    assert_eq!(kube_info["runtime"], "containerd");
+    assert_eq!(kube_info["pod_uid"], POD.replace('_', "-"));
+    assert_eq!(kube_info["qos"], "burstable");
+    assert_eq!(cgroup(&report, &a).unwrap()["container"], Value::Null);
+
+    // Conservation across cgroups: every non-idle count is in exactly one cgroup.
+    for name in report["counter_names"].as_array().unwrap() {
+        let name = name.as_str().unwrap();
+        let in_cgroups: u64 = report["cgroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| counter(c, name))
+            .sum();
+        assert_eq!(
+            in_cgroups + counter(&report["idle"], name) + counter(&report["untracked"], name),
+            counter(&report["totals"], name),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn filter_includes_descendants_only_and_depth_rolls_up() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let tree = Tree::new("filter");
+    let a = tree.create("a");
+    let ax = tree.create("a/x/deep");
+    tree.create("b");
+    let report = traced("filter", &["-G", &a, "--cgroup-depth", "2"], || {
+        let workloads = [
+            held_workload(&tree.dir("a"), "getppid=100"),
+            held_workload(&tree.dir("a/x/deep"), "getppid=200"),
+            held_workload(&tree.dir("b"), "getppid=300"),
+        ];
+        for workload in workloads {
+            go(workload);
+        }
+    });
+    // Depth 2 = /topdown-test-…/a: it holds its descendants' counts; nothing deeper is listed.
+    assert_eq!(counter(cgroup(&report, &a).unwrap(), "slots"), 300);
+    assert_eq!(
+        counter(cgroup(&report, &tree.relative).unwrap(), "slots"),
+        300
+    );
+    assert_eq!(counter(cgroup(&report, "/").unwrap(), "slots"), 300);
+    assert!(cgroup(&report, &ax).is_none(), "deeper than --cgroup-depth");
+    assert!(
+        cgroup(&report, &format!("{}/b", tree.relative)).is_none(),
+        "outside -G"
+    );
+    // b's 300 calls (and everything else outside -G) are untracked.
+    assert!(counter(&report["untracked"], "slots") >= 300);
+    assert_eq!(
+        counter(&report["totals"], "slots") - counter(&report["untracked"], "slots"),
+        300
+    );
+}
+
+#[test]
+fn a_missing_cgroup_is_a_clear_error() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let output = topdown()
+        .args(["stat", "-a", "-d", "1", "-G", "/no/such/cgroup-xyz"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("-G /no/such/cgroup-xyz: no such cgroup"),
+        "{stderr}"
+    );
+}
