@@ -1,1 +1,115 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | run | test | bench`.
+//!
+//! xtask builds with whatever stable Rust the machine has; everything else runs through the
+//! pinned toolchains it installs (see `toolchain.rs`).
+
+mod bench;
+mod cmd;
+mod setup;
+mod toolchain;
+
+use std::{ffi::OsString, path::PathBuf, process::ExitCode};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "topdown's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the pinned toolchains, LLVM 22, bpf-linker, and mount tracefs (idempotent).
+    Setup,
+    /// Setup, build topdown (release) and run it: by default `stat -a -d 3`, the system-wide
+    /// per-task breakdown.
+    Run {
+        #[arg(last = true)]
+        args: Vec<OsString>,
+    },
+    /// Setup, then fmt check, clippy, and every test (integration tests as root).
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(last = true)]
+        args: Vec<OsString>,
+    },
+    /// Setup, then the benchmarks; writes BENCHMARKS.md.
+    Bench,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.task {
+        Task::Setup => setup::setup().map(|()| ExitCode::SUCCESS),
+        Task::Run { args } => {
+            setup::setup()?;
+            let binary = build_topdown(true)?;
+            let args = if args.is_empty() {
+                ["stat", "-a", "-d", "3"]
+                    .iter()
+                    .map(OsString::from)
+                    .collect()
+            } else {
+                args
+            };
+            let status = cmd::status(std::process::Command::new(&binary).args(&args))?;
+            Ok(ExitCode::from(
+                status
+                    .code()
+                    .and_then(|code| u8::try_from(code).ok())
+                    .unwrap_or(1),
+            ))
+        }
+        Task::Test { args } => {
+            if std::env::var_os("CI").is_some() && !cmd::is_root() {
+                bail!("CI must run the tests as root: the integration tests load BPF programs");
+            }
+            setup::setup()?;
+            cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"]))
+                .context("formatting (run `cargo +1.98.0 fmt --all`)")?;
+            // Default members: the eBPF crate only builds for the BPF target (via build.rs).
+            cmd::run(cmd::cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            let binary = build_topdown(false)?;
+            cmd::run(
+                cmd::cargo()
+                    .args(["test"])
+                    .args(&args)
+                    .env("TOPDOWN_BIN", &binary),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::Bench => {
+            setup::setup()?;
+            bench::bench()?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Builds the topdown binary with the pinned toolchain and returns its path.
+pub fn build_topdown(release: bool) -> Result<PathBuf> {
+    let mut build = cmd::cargo();
+    build.args(["build", "--package", "topdown-user", "--bin", "topdown"]);
+    if release {
+        build.arg("--release");
+    }
+    cmd::run(&mut build)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cmd::workspace_root().join("target"));
+    Ok(target
+        .join(if release { "release" } else { "debug" })
+        .join("topdown"))
+}

@@ -1,0 +1,276 @@
+//! `cargo xtask bench`: what tracing adds per context switch, measured side by side in one run.
+//!
+//! A ping-pong of two threads pinned to one CPU runs untraced, under `topdown stat -a` with the
+//! software and the synthetic model, and under an empty bpftrace sched_switch program (the floor
+//! any BPF tool pays). Rounds alternate between configurations so machine noise spreads over all
+//! of them; each figure is the median. Results replace BENCHMARKS.md's section.
+
+use std::{
+    io::{BufRead as _, BufReader, Read},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+const ROUNDS: usize = 5;
+const ROUND_TRIPS: &str = "200000";
+
+struct Config {
+    name: &'static str,
+    tracer: Option<Vec<String>>,
+}
+
+pub fn bench() -> Result<()> {
+    ensure_bpftrace()?;
+    let topdown = crate::build_topdown(true)?;
+    cmd::run(cmd::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "topdown-tests",
+        "--bin",
+        "pingpong",
+    ]))?;
+    let pingpong = topdown.with_file_name("pingpong");
+    let td = topdown.display().to_string();
+    let configs = [
+        Config {
+            name: "no tracing",
+            tracer: None,
+        },
+        Config {
+            name: "topdown stat -a --pmu software",
+            tracer: Some(vec![
+                td.clone(),
+                "stat".into(),
+                "-a".into(),
+                "--pmu".into(),
+                "software".into(),
+                "--format".into(),
+                "json".into(),
+                "-o".into(),
+                "/dev/null".into(),
+            ]),
+        },
+        Config {
+            name: "topdown stat -a --pmu synthetic:intel-icl",
+            tracer: Some(vec![
+                td,
+                "stat".into(),
+                "-a".into(),
+                "--pmu".into(),
+                "synthetic:intel-icl".into(),
+                "--format".into(),
+                "json".into(),
+                "-o".into(),
+                "/dev/null".into(),
+            ]),
+        },
+        Config {
+            name: "bpftrace 'tracepoint:sched:sched_switch {}' (floor)",
+            tracer: Some(vec![
+                "bpftrace".into(),
+                "-e".into(),
+                "tracepoint:sched:sched_switch {}".into(),
+            ]),
+        },
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..ROUNDS {
+        for (index, config) in configs.iter().enumerate() {
+            let value = measure(config, &pingpong)
+                .with_context(|| format!("round {round}: {}", config.name))?;
+            println!(
+                "round {}: {:<55} {value:>9.1} ns/switch",
+                round + 1,
+                config.name
+            );
+            samples[index].push(value);
+        }
+    }
+    let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
+    write_results(&configs, &medians)
+}
+
+fn measure(config: &Config, pingpong: &Path) -> Result<f64> {
+    let mut tracer = match &config.tracer {
+        Some(argv) => Some(start_tracer(argv)?),
+        None => None,
+    };
+    let result = run_pingpong(pingpong);
+    if let Some(child) = &mut tracer {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(child.id() as i32, 2) };
+        let _ = child.wait();
+    }
+    result
+}
+
+fn run_pingpong(pingpong: &Path) -> Result<f64> {
+    let out =
+        cmd::output(Command::new(pingpong).args(["--round-trips", ROUND_TRIPS, "--cpu", "0"]))?;
+    if !out.status.success() {
+        bail!("pingpong failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .strip_prefix("ns_per_switch=")
+        .and_then(|value| value.parse().ok())
+        .with_context(|| format!("unexpected pingpong output: {text}"))
+}
+
+/// Starts a tracer and waits until it says it is attached (topdown: "counting" on stderr;
+/// bpftrace: "Attaching" on stdout).
+fn start_tracer(argv: &[String]) -> Result<Child> {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", argv[0]))?;
+    let (sender, receiver) = mpsc::channel();
+    let streams: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(child.stdout.take().context("tracer stdout")?),
+        Box::new(child.stderr.take().context("tracer stderr")?),
+    ];
+    for stream in streams {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if line.contains("counting") || line.contains("Attaching") {
+                    let _ = sender.send(());
+                }
+            }
+        });
+    }
+    match receiver.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {
+            // Attached means probes are live; let it settle.
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(child)
+        }
+        Err(_) => {
+            let _ = child.kill();
+            bail!("{} did not attach within 60 s", argv.join(" "))
+        }
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
+    let baseline = medians[0];
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                line.strip_prefix("model name")
+                    .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut section = String::new();
+    section += "## Context-switch cost (`cargo xtask bench`)\n\n";
+    section += &format!(
+        "Machine: {cpus} vCPUs, {cpu_model}, Linux {}, a VM without a hardware PMU (so the synthetic \
+         model stands in for TopDown counters; hardware counter reads are not measured here).\n\n",
+        kernel.trim()
+    );
+    section += &format!(
+        "Command: `cargo xtask bench`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
+         trips, two context switches each), {ROUNDS} alternating rounds per configuration, median.\n\n"
+    );
+    section +=
+        "| configuration | ns per context switch | added over no tracing |\n|---|---:|---:|\n";
+    for (config, value) in configs.iter().zip(medians) {
+        section += &format!(
+            "| {} | {value:.1} | {:+.1} |\n",
+            config.name,
+            value - baseline
+        );
+    }
+    let floor = medians[3] - baseline;
+    section += &format!(
+        "\ntopdown over the bpftrace floor: software {:+.1} ns, synthetic (7 counters) {:+.1} ns per switch.\n",
+        medians[1] - baseline - floor,
+        medians[2] - baseline - floor
+    );
+    let path = cmd::workspace_root().join("BENCHMARKS.md");
+    let existing = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".to_owned());
+    let updated = replace_section(&existing, "## Context-switch cost", &section);
+    std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{section}\nwritten to {}", path.display());
+    Ok(())
+}
+
+/// Replaces the `## …` section starting with `heading` (up to the next `## `), or appends it.
+fn replace_section(text: &str, heading: &str, section: &str) -> String {
+    match text.find(heading) {
+        Some(start) => {
+            let rest = &text[start + heading.len()..];
+            let end = rest
+                .find("\n## ")
+                .map_or(text.len(), |offset| start + heading.len() + offset + 1);
+            format!("{}{}{}", &text[..start], section, &text[end..])
+        }
+        None => format!("{}\n{section}", text.trim_end()),
+    }
+}
+
+fn ensure_bpftrace() -> Result<()> {
+    if Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success())
+    {
+        println!("ok: bpftrace");
+        return Ok(());
+    }
+    println!("installing: bpftrace (Debian) for the BPF floor measurement");
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "bpftrace"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_replaced_in_place() {
+        let text = "# Benchmarks\n\n## Context-switch cost\nold\n\n## Other\nkeep\n";
+        let updated = replace_section(
+            text,
+            "## Context-switch cost",
+            "## Context-switch cost\nnew\n",
+        );
+        assert_eq!(
+            updated,
+            "# Benchmarks\n\n## Context-switch cost\nnew\n## Other\nkeep\n"
+        );
+        assert_eq!(
+            replace_section("# B\n", "## X", "## X\ny\n"),
+            "# B\n## X\ny\n"
+        );
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    }
+}

@@ -1,0 +1,16 @@
+//! The pinned toolchains, in one place.
+
+/// Host toolchain: aya 0.16 / aya-ebpf 0.3 / aya-log 0.4 need rustc >= 1.98.
+pub const HOST_TOOLCHAIN: &str = "1.98.0";
+/// The eBPF crate's nightly: its LLVM major (22) must match bpf-linker's. Keep equal to
+/// `EBPF_TOOLCHAIN` in topdown-user/build.rs, which aya-build uses to compile the object.
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-06-20";
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages bpf-linker links against (LLVM 22, as the nightly's LLVM).
+pub const LLVM_PACKAGES: [&str; 4] = [
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+];
+pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
