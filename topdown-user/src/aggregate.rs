@@ -4,13 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use topdown_common::{CpuState, MAX_COUNTERS, TaskCounters};
+use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};
 
 use crate::{
     bpf::Snapshot,
     model::{Counts, Model},
     report::{
-        CgroupEntry, CpuEntry, Diagnostics, Entity, IntervalInfo, ProcessEntry, Report, TaskEntry,
+        CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
+        ProcessEntry, Report, TaskEntry,
     },
 };
 
@@ -25,6 +26,8 @@ pub struct ReportContext<'a> {
     pub cgroup_paths: &'a HashMap<u64, String>,
     /// `--cgroup-depth`: roll each cgroup up into its ancestors down to this depth.
     pub cgroup_depth: Option<usize>,
+    /// Probed functions by id (the attach cookie): `(target, demangled symbol)`.
+    pub functions: &'a [(String, String)],
 }
 
 type Slots = [u64; MAX_COUNTERS];
@@ -123,6 +126,7 @@ pub fn build_report(
     });
 
     let cgroups = cgroup_entries(ctx, current, previous, &entity);
+    let (functions, call_tree) = function_entries(ctx, current, previous, &entity);
 
     let cpus = current
         .cpus
@@ -154,6 +158,15 @@ pub fn build_report(
                         .exit_records_lost
                         .saturating_sub(before.exit_records_lost),
                     cgroup_map_full: now.cgroup_map_full.saturating_sub(before.cgroup_map_full),
+                    overflows: now.overflows.saturating_sub(before.overflows),
+                    missed_returns: now.missed_returns.saturating_sub(before.missed_returns),
+                    unmatched_returns: now
+                        .unmatched_returns
+                        .saturating_sub(before.unmatched_returns),
+                    probe_read_failures: now
+                        .probe_read_failures
+                        .saturating_sub(before.probe_read_failures),
+                    probe_map_full: now.probe_map_full.saturating_sub(before.probe_map_full),
                 }
             }
             None => now,
@@ -179,6 +192,8 @@ pub fn build_report(
         processes: process_entries,
         cgroups,
         cgroup_depth: ctx.cgroup_depth,
+        functions,
+        call_tree,
         cpus,
         diagnostics,
     }
@@ -275,18 +290,102 @@ fn sub(a: &Slots, b: &Slots) -> Slots {
 }
 
 fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
-    snapshot
-        .cpus
-        .iter()
-        .fold(Diagnostics::default(), |mut sum, (_, state)| {
-            sum.readings += state.readings;
-            sum.not_running_readings += state.not_running;
-            sum.read_errors += state.read_errors;
-            sum.task_map_full += state.task_map_full;
-            sum.exit_records_lost += state.exit_records_lost;
-            sum.cgroup_map_full += state.cgroup_map_full;
-            sum
+    let probes = Diagnostics {
+        overflows: snapshot.probes.overflows,
+        missed_returns: snapshot.probes.missed_returns,
+        unmatched_returns: snapshot.probes.unmatched_returns,
+        probe_read_failures: snapshot.probes.read_failures,
+        probe_map_full: snapshot.probes.map_full,
+        ..Diagnostics::default()
+    };
+    snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {
+        sum.readings += state.readings;
+        sum.not_running_readings += state.not_running;
+        sum.read_errors += state.read_errors;
+        sum.task_map_full += state.task_map_full;
+        sum.exit_records_lost += state.exit_records_lost;
+        sum.cgroup_map_full += state.cgroup_map_full;
+        sum
+    })
+}
+
+/// Per-function totals (summed over callers) and the caller -> callee edges.
+fn function_entries(
+    ctx: &ReportContext<'_>,
+    current: &Snapshot,
+    previous: Option<&Snapshot>,
+    entity: &dyn Fn(&Slots) -> Entity,
+) -> (Vec<FunctionEntry>, Vec<CallEdge>) {
+    let before: HashMap<CallKey, CallStats> = previous
+        .map(|previous| previous.calls.iter().copied().collect())
+        .unwrap_or_default();
+    let name = |id: u32| -> (String, String) {
+        ctx.functions
+            .get(id as usize)
+            .cloned()
+            .unwrap_or_else(|| (String::new(), format!("function #{id}")))
+    };
+    let pid = |key: &CallKey| (key.tgid != 0).then_some(key.tgid);
+    // (function, tgid) -> (calls, inclusive, exclusive)
+    let mut totals: BTreeMap<(u32, u32), (u64, Slots, Slots)> = BTreeMap::new();
+    let mut edges = Vec::new();
+    for (key, stats) in &current.calls {
+        let (calls, inclusive, exclusive) = match before.get(key) {
+            Some(old) => (
+                stats.calls.saturating_sub(old.calls),
+                sub(&stats.inclusive, &old.inclusive),
+                sub(&stats.exclusive, &old.exclusive),
+            ),
+            None => (stats.calls, stats.inclusive, stats.exclusive),
+        };
+        if calls == 0 && previous.is_some() {
+            continue;
+        }
+        let total = totals.entry((key.function, key.tgid)).or_insert((
+            0,
+            [0; MAX_COUNTERS],
+            [0; MAX_COUNTERS],
+        ));
+        total.0 += calls;
+        total.1 = add(&total.1, &inclusive);
+        total.2 = add(&total.2, &exclusive);
+        edges.push(CallEdge {
+            caller: (key.parent != ROOT_FUNCTION).then(|| name(key.parent).1),
+            callee: name(key.function).1,
+            pid: pid(key),
+            calls,
+            inclusive: entity(&inclusive),
+        });
+    }
+    let weight = ctx.model.weight_counter();
+    let functions_list: Vec<FunctionEntry> = totals
+        .into_iter()
+        .map(|((function, tgid), (calls, inclusive, exclusive))| {
+            let (target, symbol) = name(function);
+            FunctionEntry {
+                target,
+                symbol,
+                pid: (tgid != 0).then_some(tgid),
+                calls,
+                inclusive: entity(&inclusive),
+                exclusive: entity(&exclusive),
+            }
         })
+        .collect();
+    let mut functions_list = functions_list;
+    let weight_of = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
+    functions_list.sort_by(|a, b| {
+        weight_of(&b.inclusive)
+            .cmp(&weight_of(&a.inclusive))
+            .then(a.symbol.cmp(&b.symbol))
+    });
+    edges.sort_by(|a, b| {
+        a.caller
+            .cmp(&b.caller)
+            .then(a.callee.cmp(&b.callee))
+            .then(a.pid.cmp(&b.pid))
+    });
+    (functions_list, edges)
 }
 
 /// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
@@ -406,6 +505,7 @@ mod tests {
             interval: None,
             cgroup_paths: &NO_PATHS,
             cgroup_depth: None,
+            functions: &[],
         }
     }
 

@@ -93,6 +93,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         by,
         cgroups: if wants_cgroups { cgroup_tree } else { None },
         cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
+        functions: Vec::new(),
     };
 
     let (tracked, watched_pids, pending) = match &scope {
@@ -290,6 +291,8 @@ struct Reporting<'m> {
     /// Present with `--by cgroup`: names cgroup ids (remembering removed cgroups).
     cgroups: Option<CgroupTree>,
     cgroup_depth: Option<usize>,
+    /// Probed functions by id: `(target, demangled symbol)`.
+    functions: Vec<(String, String)>,
 }
 
 impl Reporting<'_> {
@@ -320,6 +323,7 @@ impl Reporting<'_> {
             interval,
             cgroup_paths: &cgroup_paths,
             cgroup_depth: self.cgroup_depth,
+            functions: &self.functions,
         };
         build_report(&ctx, snapshot, previous)
     }

@@ -99,6 +99,20 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
             )?;
         }
     }
+    if by.contains(&By::Function) {
+        for function in &report.functions {
+            let pid = function.pid.map(|pid| pid.to_string()).unwrap_or_default();
+            for (kind, entity) in [
+                ("function", &function.inclusive),
+                ("function-exclusive", &function.exclusive),
+            ] {
+                write_row(
+                    out,
+                    &row(kind, String::new(), pid.clone(), &function.symbol, entity),
+                )?;
+            }
+        }
+    }
     if by.contains(&By::Cgroup) {
         for cgroup in &report.cgroups {
             let mut cells = row("cgroup", String::new(), String::new(), "", &cgroup.entity);

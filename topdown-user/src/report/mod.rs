@@ -59,6 +59,12 @@ pub struct Report {
     /// `--cgroup-depth`: each cgroup entry includes its descendants' counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_depth: Option<usize>,
+    /// Per probed function (`-u`), per process too with `--by function,task`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<FunctionEntry>,
+    /// Caller -> callee edges among the probed functions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_tree: Vec<CallEdge>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,
@@ -110,6 +116,35 @@ pub struct CgroupEntry {
     pub entity: Entity,
 }
 
+/// One probed function's totals.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FunctionEntry {
+    /// The binary or library it is in.
+    pub target: String,
+    /// Demangled name.
+    pub symbol: String,
+    /// The process, with `--by function,task`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    pub calls: u64,
+    /// Counts from entry to return, probed callees included.
+    pub inclusive: Entity,
+    /// Inclusive minus the inclusive counts of probed callees.
+    pub exclusive: Entity,
+}
+
+/// A caller -> callee edge of the probed call tree.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CallEdge {
+    /// The probed caller's symbol, or `null` for calls with no probed caller.
+    pub caller: Option<String>,
+    pub callee: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    pub calls: u64,
+    pub inclusive: Entity,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CpuEntry {
     pub cpu: u32,
@@ -133,6 +168,22 @@ pub struct Diagnostics {
     /// Cgroup map insertions refused because the map was full (raise `--max-cgroups`).
     #[serde(default)]
     pub cgroup_map_full: u64,
+    /// Function entries not recorded because 64 probed calls were already open on the thread
+    /// (the kernel's uretprobe nesting limit).
+    #[serde(default)]
+    pub overflows: u64,
+    /// Probed calls whose return never came (longjmp, exceptions, thread exit).
+    #[serde(default)]
+    pub missed_returns: u64,
+    /// Returns that matched no recorded entry.
+    #[serde(default)]
+    pub unmatched_returns: u64,
+    /// Probe hits whose counters could not be read consistently.
+    #[serde(default)]
+    pub probe_read_failures: u64,
+    /// Shadow stacks or function entries that did not fit their maps.
+    #[serde(default)]
+    pub probe_map_full: u64,
 }
 
 /// Output formats.
@@ -149,6 +200,7 @@ pub enum By {
     Task,
     Process,
     Cgroup,
+    Function,
 }
 
 /// Recomputes every metric from its counters with `model` at `level` (the file's metrics are

@@ -102,7 +102,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         ));
         cells
     };
-    let mut header_tail = vec![weight_title, "share".to_owned()];
+    let mut header_tail = vec![weight_title.clone(), "share".to_owned()];
     header_tail.extend(metrics.iter().map(|name| title(name).to_owned()));
 
     let mut summary: Vec<(String, &Entity)> = vec![
@@ -213,7 +213,27 @@ fn table_text(report: &Report, by: &[By]) -> String {
         text += &layout(&header, &rows, 3);
     }
 
+    if by.contains(&By::Function) && !report.functions.is_empty() {
+        text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
+    }
+
     let d = &report.diagnostics;
+    if d.overflows
+        + d.missed_returns
+        + d.unmatched_returns
+        + d.probe_read_failures
+        + d.probe_map_full
+        > 0
+    {
+        text += &format!(
+            "note: function probes: {} entries beyond 64 nested calls (not recorded), {} missed returns (longjmp, exceptions, thread exit), {} unmatched returns, {} inconsistent reads, {} map-full drops\n",
+            d.overflows,
+            d.missed_returns,
+            d.unmatched_returns,
+            d.probe_read_failures,
+            d.probe_map_full
+        );
+    }
     if d.cgroup_map_full > 0 {
         text += &format!(
             "note: the cgroup map was full {} times: raise --max-cgroups\n",
@@ -244,6 +264,113 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.exit_records_lost
         );
     }
+    text
+}
+
+/// The per-function table (metrics of the exclusive counts: what the function itself did) and
+/// the call tree of probed functions.
+fn functions_text(
+    report: &Report,
+    metrics: &[&str],
+    weight: &str,
+    weight_title: &str,
+    total_weight: u64,
+) -> String {
+    let amount = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
+    let show = |value: u64| {
+        if weight == "cpu-clock" {
+            format!("{:.3}", value as f64 / 1e6)
+        } else {
+            value.to_string()
+        }
+    };
+    let split = report
+        .functions
+        .iter()
+        .any(|function| function.pid.is_some());
+    let mut header = vec!["FUNCTION".to_owned(), "TARGET".to_owned()];
+    if split {
+        header.push("PID".to_owned());
+    }
+    header.extend([
+        "CALLS".to_owned(),
+        format!("incl {weight_title}"),
+        format!("excl {weight_title}"),
+        "incl share".to_owned(),
+    ]);
+    header.extend(metrics.iter().map(|name| format!("excl {}", title(name))));
+    let rows: Vec<Vec<String>> = report
+        .functions
+        .iter()
+        .map(|function| {
+            let target = std::path::Path::new(&function.target)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let mut row = vec![function.symbol.clone(), target];
+            if split {
+                row.push(function.pid.map(|pid| pid.to_string()).unwrap_or_default());
+            }
+            let inclusive = amount(&function.inclusive);
+            row.extend([
+                function.calls.to_string(),
+                show(inclusive),
+                show(amount(&function.exclusive)),
+                if total_weight == 0 {
+                    "-".to_owned()
+                } else {
+                    format!("{:.1}%", 100.0 * inclusive as f64 / total_weight as f64)
+                },
+            ]);
+            row.extend(metrics.iter().map(|name| {
+                match function.exclusive.metrics.get(*name).copied().flatten() {
+                    Some(fraction) => format!("{:.1}%", 100.0 * fraction),
+                    None => "-".to_owned(),
+                }
+            }));
+            row
+        })
+        .collect();
+    let mut text = String::from("\nFunctions\n");
+    text += &layout(&header, &rows, 2);
+
+    text += "\nCall tree (probed functions; calls, inclusive ";
+    text += weight_title;
+    text += ")\n";
+    fn walk(
+        report: &Report,
+        caller: Option<&str>,
+        depth: usize,
+        path: &mut Vec<String>,
+        show: &dyn Fn(&Entity) -> String,
+        text: &mut String,
+    ) {
+        for edge in report
+            .call_tree
+            .iter()
+            .filter(|edge| edge.caller.as_deref() == caller)
+        {
+            let pid = edge
+                .pid
+                .map(|pid| format!(" [pid {pid}]"))
+                .unwrap_or_default();
+            *text += &format!(
+                "{}{}{pid}  calls {}  {}\n",
+                "  ".repeat(depth + 1),
+                edge.callee,
+                edge.calls,
+                show(&edge.inclusive)
+            );
+            // Recursion shows once per level it was seen at, not forever.
+            if !path.contains(&edge.callee) && depth < 32 {
+                path.push(edge.callee.clone());
+                walk(report, Some(&edge.callee), depth + 1, path, show, text);
+                path.pop();
+            }
+        }
+    }
+    let show_entity = |entity: &Entity| show(amount(entity));
+    walk(report, None, 0, &mut Vec::new(), &show_entity, &mut text);
     text
 }
 
@@ -343,6 +470,8 @@ mod tests {
             processes: Vec::new(),
             cgroups: Vec::new(),
             cgroup_depth: None,
+            functions: Vec::new(),
+            call_tree: Vec::new(),
             cpus: Vec::new(),
             diagnostics: Diagnostics {
                 not_running_readings: 3,
