@@ -130,12 +130,29 @@ fn traced(name: &str, args: &[&str], during: impl FnOnce()) -> Value {
 }
 
 #[test]
-fn each_cgroup_gets_exactly_its_workload_and_containers_are_named() {
+fn each_cgroup_gets_exactly_its_workload_at_cgroup_switches() {
     let _serial = serial();
     if !privileged() {
         return;
     }
-    let tree = Tree::new("flat");
+    // --by cgroup alone defaults to the cgroup-switches trigger.
+    each_cgroup_gets_exactly_its_workload("cgroup-switch", &["--by", "cgroup"]);
+}
+
+#[test]
+fn each_cgroup_gets_exactly_its_workload_at_context_switches() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    each_cgroup_gets_exactly_its_workload(
+        "sched-switch",
+        &["--by", "cgroup", "--trigger", "sched-switch"],
+    );
+}
+
+fn each_cgroup_gets_exactly_its_workload(name: &str, args: &[&str]) {
+    let tree = Tree::new(name);
     let a = tree.create("a");
     let ax = tree.create("a/x");
     let b = tree.create("b");
@@ -143,7 +160,7 @@ fn each_cgroup_gets_exactly_its_workload_and_containers_are_named() {
     let kube = tree.create(&format!(
         "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD}.slice/cri-containerd-{ID}.scope"
     ));
-    let report = traced("flat", &["--by", "cgroup"], || {
+    let report = traced(name, args, || {
         let workloads = [
             held_workload(&tree.dir("a"), "getppid=100"),
             held_workload(&tree.dir("a/x"), "getppid=200"),
@@ -177,6 +194,12 @@ fn each_cgroup_gets_exactly_its_workload_and_containers_are_named() {
     assert_eq!(docker_info["runtime"], "docker");
     assert_eq!(docker_info["id"], "0123456789ab");
     let kube_info = &cgroup(&report, &kube).unwrap()["container"];
+    let tasks = report["tasks"].as_array().unwrap();
+    assert_eq!(
+        tasks.is_empty(),
+        name == "cgroup-switch",
+        "per-task entries only at context switches"
+    );
     assert_eq!(kube_info["runtime"], "containerd");
     assert_eq!(kube_info["pod_uid"], POD.replace('_', "-"));
     assert_eq!(kube_info["qos"], "burstable");

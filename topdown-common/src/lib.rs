@@ -40,6 +40,8 @@ pub mod names {
     pub const CGROUPS: &str = "CGROUPS";
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
     pub const GLOBAL_BY_CGROUP: &str = "BY_CGROUP";
+    pub const GLOBAL_BY_TASK: &str = "BY_TASK";
+    pub const PROG_CGROUP_SWITCH: &str = "cgroup_switch";
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const ZERO_STACK: &str = "ZERO_STACK";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";

@@ -23,11 +23,11 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id,
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
     },
-    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint, uprobe, uretprobe},
+    macros::{btf_tracepoint, map, perf_event, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray, RingBuf},
     programs::{
-        BtfTracePointContext, ProbeContext, RawTracePointContext, RetProbeContext,
-        TracePointContext,
+        BtfTracePointContext, PerfEventContext, ProbeContext, RawTracePointContext,
+        RetProbeContext, TracePointContext,
     },
 };
 use aya_log_ebpf::warn;
@@ -59,6 +59,9 @@ static EXIT_GROUP_DEAD_OFFSET: u32 = FIELD_ABSENT;
 /// Nonzero: deltas are also added per cgroup v2 (`--by cgroup`).
 #[unsafe(no_mangle)]
 static BY_CGROUP: u32 = 0;
+/// Zero: no per-task entries (cgroup-only runs triggered on cgroup switches).
+#[unsafe(no_mangle)]
+static BY_TASK: u32 = 1;
 /// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
 #[unsafe(no_mangle)]
 static FILTER_CGROUPS: u32 = 0;
@@ -215,6 +218,9 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
     if global(&BY_CGROUP) != 0 {
         add_to_cgroup(state, &delta, used);
     }
+    if global(&BY_TASK) == 0 {
+        return;
+    }
     let task = match existing {
         Some(task) => task,
         None => {
@@ -351,6 +357,21 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev_state: u64 = ctx.arg(3);
     let (tid, tgid) = current_ids();
     attribute(state, tid, tgid, prev_state as u32 & TASK_DEAD != 0);
+    0
+}
+
+/// `--by cgroup` alone: run only when the CPU switches between cgroups (the
+/// `cgroup-switches` software event with period 1, as perf's bperf_cgroup does) instead of at
+/// every context switch. The event fires before the switch, so `current` is still the task
+/// leaving, and the delta covers everything its cgroup ran since the last cgroup switch. Idle
+/// runs in the root cgroup and is not told apart from it in this mode.
+#[perf_event]
+pub fn cgroup_switch(_ctx: PerfEventContext) -> u32 {
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return 0;
+    };
+    let (tid, tgid) = current_ids();
+    attribute(state, tid, tgid, false);
     0
 }
 

@@ -106,6 +106,12 @@ pub struct StatArgs {
     #[arg(long = "cgroup-depth", value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
     pub cgroup_depth: Option<u32>,
 
+    /// What reads and attributes the counters: every context switch, or only switches between
+    /// cgroups (cheaper; only for `--by cgroup` alone). Default: cgroup-switch when the only
+    /// breakdown is `--by cgroup`, else sched-switch.
+    #[arg(long = "trigger", value_enum, value_name = "TRIGGER")]
+    pub trigger: Option<crate::bpf::Trigger>,
+
     /// Capacity of the BPF cgroup map; cgroups beyond it are counted as dropped.
     #[arg(long = "max-cgroups", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_cgroups: u32,

@@ -17,7 +17,7 @@ use tokio::{
 
 use crate::{
     aggregate::{ReportContext, build_report},
-    bpf::{Session, SessionConfig, Snapshot},
+    bpf::{Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
     cli::StatArgs,
     counters::{CounterGroups, Privilege, online_cpus, resolve},
@@ -86,6 +86,18 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     if args.cgroup_depth.is_some() && !by.contains(&By::Cgroup) {
         by.push(By::Cgroup);
     }
+    let cgroup_only = by == [By::Cgroup];
+    let trigger = match args.trigger {
+        Some(Trigger::CgroupSwitch) if !cgroup_only => {
+            return Err(fail(
+                Failure::Usage,
+                "--trigger cgroup-switch only counts per cgroup: use it with --by cgroup alone",
+            ));
+        }
+        Some(trigger) => trigger,
+        None if cgroup_only => Trigger::CgroupSwitch,
+        None => Trigger::SchedSwitch,
+    };
     let mut reporting = Reporting {
         model: model.as_ref(),
         level: effective_level(model.as_ref(), level),
@@ -122,6 +134,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         by_cgroup: reporting.cgroups.is_some(),
         cgroup_filter,
         max_cgroups: args.max_cgroups,
+        trigger,
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.

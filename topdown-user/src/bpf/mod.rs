@@ -53,6 +53,18 @@ pub struct SessionConfig {
     pub cgroup_filter: Option<Vec<u64>>,
     /// Capacity of the per-cgroup map.
     pub max_cgroups: u32,
+    /// What runs the attribution: every context switch, or only cgroup switches (cgroup-only
+    /// breakdowns, no per-task entries).
+    pub trigger: Trigger,
+}
+
+/// When counters are read and attributed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Trigger {
+    /// `tp_btf/sched_switch`: every context switch; needed for per-task and per-function counts.
+    SchedSwitch,
+    /// The `cgroup-switches` software event: only when the CPU moves to another cgroup.
+    CgroupSwitch,
 }
 
 /// One function to probe: where, and the id its counts come back under.
@@ -117,6 +129,7 @@ impl Session {
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
         let split = u32::from(config.split_functions_by_process);
         let by_cgroup = u32::from(config.by_cgroup);
+        let by_task = u32::from(config.trigger == Trigger::SchedSwitch);
         let filter_cgroups = u32::from(config.cgroup_filter.is_some());
 
         let mut loader = EbpfLoader::new();
@@ -129,6 +142,7 @@ impl Session {
             .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
             .override_global(names::GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS, &split, true)
             .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
+            .override_global(names::GLOBAL_BY_TASK, &by_task, true)
             .override_global(names::GLOBAL_FILTER_CGROUPS, &filter_cgroups, true)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
@@ -183,6 +197,11 @@ impl Session {
             .context("opening the exit ring buffer")?;
 
         load_programs(&mut ebpf, follow != 0 || filter != 0)?;
+        if config.trigger == Trigger::CgroupSwitch {
+            attach_cgroup_switch(&mut ebpf, &groups)?;
+        } else {
+            attach_sched_switch(&mut ebpf)?;
+        }
         let session = Self {
             ebpf,
             exits,
@@ -439,9 +458,36 @@ fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
     program
         .load("sched_switch", &btf)
         .map_err(load_error(names::PROG_SCHED_SWITCH))?;
+    Ok(())
+}
+
+fn attach_sched_switch(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut BtfTracePoint = program_mut(ebpf, names::PROG_SCHED_SWITCH)?;
     program
         .attach()
         .context("attaching to tp_btf/sched_switch")?;
+    Ok(())
+}
+
+/// One `cgroup-switches` software event per counted CPU, period 1, running `cgroup_switch`.
+fn attach_cgroup_switch(ebpf: &mut Ebpf, groups: &CounterGroups) -> Result<()> {
+    use aya::programs::perf_event::{
+        PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
+    };
+    let program: &mut PerfEvent = program_mut(ebpf, names::PROG_CGROUP_SWITCH)?;
+    program
+        .load()
+        .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
+    for cpu in groups.cpus() {
+        program
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CgroupSwitches),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(1),
+                false,
+            )
+            .with_context(|| format!("attaching to the cgroup-switches event on CPU {cpu}"))?;
+    }
     Ok(())
 }
 
