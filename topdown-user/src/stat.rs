@@ -37,6 +37,12 @@ enum Stop {
 
 /// Runs `topdown stat`; returns the process exit status (the command's, with `-- CMD`).
 pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
+    // Before anything is loaded: a Ctrl-C from here on ends the run cleanly with a report,
+    // never kills topdown half-way.
+    let mut signals = Signals {
+        interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+    };
     let scope = scope_of(&args);
     let (model, announcement) = select_model(&args)?;
     if let Some(line) = announcement {
@@ -170,6 +176,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         previous_end: Duration::ZERO,
     });
     let stop = event_loop(
+        &mut signals,
         &mut session,
         &args,
         &mut watches,
@@ -231,8 +238,14 @@ struct IntervalState {
     previous_end: Duration,
 }
 
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn event_loop(
+    signals: &mut Signals,
     session: &mut Session,
     args: &StatArgs,
     watches: &mut Vec<ProcessWatch>,
@@ -241,8 +254,6 @@ async fn event_loop(
     reporting: &mut Reporting<'_>,
     output: &mut dyn Write,
 ) -> Result<Stop> {
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let deadline = args
         .duration
         .map(|seconds| tokio::time::Instant::from_std(started) + Duration::from_secs_f64(seconds));
@@ -263,8 +274,8 @@ async fn event_loop(
 
     loop {
         tokio::select! {
-            _ = sigint.recv() => return Ok(Stop::Signal(libc::SIGINT)),
-            _ = sigterm.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
+            _ = signals.interrupt.recv() => return Ok(Stop::Signal(libc::SIGINT)),
+            _ = signals.terminate.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
             _ = sleep_until(deadline) => return Ok(Stop::Duration),
             gone = first_exit(watches), if tracking_targets => {
                 let index = gone?;
