@@ -94,15 +94,166 @@ pub fn bench() -> Result<()> {
         }
     }
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    write_results(&configs, &medians)
+    write_results(&configs, &medians)?;
+    bench_cgroups(&topdown, &pingpong)
+}
+
+/// Per-cgroup attribution: the ping-pong's two sides in two cgroups (so every context switch is
+/// also a cgroup switch: the worst case for the cgroup-switch trigger), with 2 active cgroups
+/// and with 198 more, each holding a process that wakes every 10 ms.
+fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
+    let mount = cgroup_v2_mount()?;
+    let root = mount.join(format!("topdown-bench-{}", std::process::id()));
+    let side_a = root.join("a");
+    let side_b = root.join("b");
+    for dir in [&side_a, &side_b] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let td = topdown.display().to_string();
+    let tracer = |trigger: &str| {
+        Some(
+            [
+                td.as_str(),
+                "stat",
+                "-a",
+                "--by",
+                "cgroup",
+                "--trigger",
+                trigger,
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+                "/dev/null",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+        )
+    };
+    let configs = [
+        Config {
+            name: "no tracing",
+            tracer: None,
+        },
+        Config {
+            name: "--by cgroup --trigger sched-switch",
+            tracer: tracer("sched-switch"),
+        },
+        Config {
+            name: "--by cgroup --trigger cgroup-switch",
+            tracer: tracer("cgroup-switch"),
+        },
+    ];
+    let pingpong_args = [
+        "--round-trips".to_owned(),
+        ROUND_TRIPS.to_owned(),
+        "--cpu".to_owned(),
+        "0".to_owned(),
+        "--processes".to_owned(),
+        "--cgroup-a".to_owned(),
+        side_a.display().to_string(),
+        "--cgroup-b".to_owned(),
+        side_b.display().to_string(),
+    ];
+    let mut rows = Vec::new();
+    for active in [2usize, 200] {
+        let mut wakers = Vec::new();
+        for index in 0..active.saturating_sub(2) {
+            let dir = root.join(format!("busy-{index}"));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let waker = Command::new(pingpong)
+                .args(["--waker", "10"])
+                .spawn()
+                .context("starting a waker")?;
+            std::fs::write(dir.join("cgroup.procs"), waker.id().to_string())
+                .context("moving a waker")?;
+            wakers.push(waker);
+        }
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for round in 0..3 {
+            for (index, config) in configs.iter().enumerate() {
+                let value = measure_with(config, pingpong, &pingpong_args)
+                    .with_context(|| format!("{active} cgroups, round {round}: {}", config.name))?;
+                println!(
+                    "{active} cgroups, round {}: {:<40} {value:>9.1} ns/switch",
+                    round + 1,
+                    config.name
+                );
+                samples[index].push(value);
+            }
+        }
+        for mut waker in wakers {
+            let _ = waker.kill();
+            let _ = waker.wait();
+        }
+        let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
+        rows.push((active, medians));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = remove_tree(&root);
+
+    let mut section = String::from("## Per-cgroup attribution cost (`cargo xtask bench`)\n\n");
+    section += "Same machine and command. The ping-pong's two sides run in two different cgroups, so every \
+                context switch is also a cgroup switch (the worst case for the cgroup-switch trigger; \
+                when switches stay within a cgroup it does not run at all). \"200 active\" adds 198 \
+                cgroups, each with a process waking every 10 ms. 3 alternating rounds, median; synthetic \
+                model (7 counters).\n\n";
+    section += "| active cgroups | configuration | ns per context switch | added over no tracing |\n|---:|---|---:|---:|\n";
+    for (active, medians) in &rows {
+        for (config, value) in configs.iter().zip(medians) {
+            section += &format!(
+                "| {active} | {} | {value:.1} | {:+.1} |\n",
+                config.name,
+                value - medians[0]
+            );
+        }
+    }
+    let path = cmd::workspace_root().join("BENCHMARKS.md");
+    let existing = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".to_owned());
+    std::fs::write(
+        &path,
+        replace_section(&existing, "## Per-cgroup attribution cost", &section),
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{section}");
+    Ok(())
+}
+
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
+fn cgroup_v2_mount() -> Result<std::path::PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
+    mountinfo
+        .lines()
+        .find_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let mount_point = before.split_whitespace().nth(4)?;
+            (after.split_whitespace().next()? == "cgroup2")
+                .then(|| std::path::PathBuf::from(mount_point))
+        })
+        .context("no cgroup v2 mount: the cgroup benchmark needs one")
 }
 
 fn measure(config: &Config, pingpong: &Path) -> Result<f64> {
+    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
+    measure_with(config, pingpong, &args)
+}
+
+fn measure_with(config: &Config, pingpong: &Path, args: &[String]) -> Result<f64> {
     let mut tracer = match &config.tracer {
         Some(argv) => Some(start_tracer(argv)?),
         None => None,
     };
-    let result = run_pingpong(pingpong);
+    let result = run_pingpong(pingpong, args);
     if let Some(child) = &mut tracer {
         // SAFETY: signalling our own child.
         unsafe { libc_kill(child.id() as i32, 2) };
@@ -111,9 +262,8 @@ fn measure(config: &Config, pingpong: &Path) -> Result<f64> {
     result
 }
 
-fn run_pingpong(pingpong: &Path) -> Result<f64> {
-    let out =
-        cmd::output(Command::new(pingpong).args(["--round-trips", ROUND_TRIPS, "--cpu", "0"]))?;
+fn run_pingpong(pingpong: &Path, args: &[String]) -> Result<f64> {
+    let out = cmd::output(Command::new(pingpong).args(args))?;
     if !out.status.success() {
         bail!("pingpong failed: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -225,7 +375,7 @@ fn replace_section(text: &str, heading: &str, section: &str) -> String {
                 .map_or(text.len(), |offset| start + heading.len() + offset + 1);
             format!("{}{}{}", &text[..start], section, &text[end..])
         }
-        None => format!("{}\n{section}", text.trim_end()),
+        None => format!("{}\n\n{section}", text.trim_end()),
     }
 }
 

@@ -2,6 +2,9 @@
 //! back and forth through two pipes, so every hop is a context switch.
 //!
 //! `pingpong [--round-trips N] [--cpu C]` prints `ns_per_switch=<f64>`.
+//! `--processes --cgroup-a DIR --cgroup-b DIR`: the two sides are processes, each moving itself
+//! into its cgroup v2 directory first, so every hop is also a cgroup switch.
+//! `--waker MS`: instead, wake up every MS milliseconds forever (background cgroup activity).
 
 use std::time::Instant;
 
@@ -44,36 +47,99 @@ fn hop(read_fd: libc::c_int, write_fd: libc::c_int, first: bool) {
     }
 }
 
+fn usage() -> ! {
+    eprintln!(
+        "usage: pingpong [--round-trips N] [--cpu C] [--processes --cgroup-a DIR --cgroup-b DIR] | --waker MS"
+    );
+    std::process::exit(2);
+}
+
+/// Moves this process into a cgroup v2 directory.
+fn join_cgroup(dir: &str) {
+    let pid = std::process::id().to_string();
+    if let Err(err) = std::fs::write(format!("{dir}/cgroup.procs"), pid) {
+        eprintln!("pingpong: cannot join cgroup {dir}: {err}");
+        std::process::exit(2);
+    }
+}
+
 fn main() {
     let mut round_trips: u64 = 100_000;
     let mut cpu = 0usize;
+    let mut processes = false;
+    let mut cgroups: (Option<String>, Option<String>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let value = args.next().and_then(|v| v.parse::<u64>().ok());
-        match (arg.as_str(), value) {
-            ("--round-trips", Some(v)) if v > 0 => round_trips = v,
-            ("--cpu", Some(v)) => cpu = v as usize,
-            _ => {
-                eprintln!("usage: pingpong [--round-trips N] [--cpu C]");
-                std::process::exit(2);
+        match arg.as_str() {
+            "--processes" => processes = true,
+            "--cgroup-a" => cgroups.0 = Some(args.next().unwrap_or_else(|| usage())),
+            "--cgroup-b" => cgroups.1 = Some(args.next().unwrap_or_else(|| usage())),
+            "--waker" => {
+                let ms = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage());
+                loop {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
             }
+            "--round-trips" => {
+                round_trips = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&v| v > 0)
+                    .unwrap_or_else(|| usage())
+            }
+            "--cpu" => {
+                cpu = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage())
+            }
+            _ => usage(),
         }
     }
     let ping = pipe();
     let pong = pipe();
-    let peer = std::thread::spawn(move || {
+    let peer = move || {
         pin(cpu);
         for _ in 0..round_trips {
             hop(ping[0], pong[1], false);
         }
-    });
+    };
+    let mut child = None;
+    let mut thread = None;
+    if processes {
+        // SAFETY: the child runs only the loop above before exiting.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            if let Some(dir) = &cgroups.1 {
+                join_cgroup(dir);
+            }
+            peer();
+            std::process::exit(0);
+        }
+        child = Some(pid);
+        if let Some(dir) = &cgroups.0 {
+            join_cgroup(dir);
+        }
+    } else {
+        thread = Some(std::thread::spawn(peer));
+    }
     pin(cpu);
     let start = Instant::now();
     for _ in 0..round_trips {
         hop(pong[0], ping[1], true);
     }
     let elapsed = start.elapsed();
-    let _ = peer.join();
+    if let Some(thread) = thread {
+        let _ = thread.join();
+    }
+    if let Some(pid) = child {
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
     println!(
         "ns_per_switch={:.1}",
         elapsed.as_nanos() as f64 / (2 * round_trips) as f64
