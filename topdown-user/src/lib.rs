@@ -14,5 +14,6 @@ pub mod model;
 pub mod pmu;
 pub mod report;
 pub mod stat;
+pub mod symbols;
 pub mod target;
 pub mod tracefs;

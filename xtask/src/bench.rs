@@ -157,10 +157,18 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
         "--cgroup-b".to_owned(),
         side_b.display().to_string(),
     ];
+    let same_cgroup_args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"]
+        .map(str::to_owned)
+        .to_vec();
+    let scenarios: [(&str, usize, &[String]); 3] = [
+        ("both sides in one cgroup", 0, &same_cgroup_args),
+        ("2 (one per side)", 0, &pingpong_args),
+        ("200 (2 + 198 waking every 10 ms)", 198, &pingpong_args),
+    ];
     let mut rows = Vec::new();
-    for active in [2usize, 200] {
+    for (label, extra, args) in scenarios {
         let mut wakers = Vec::new();
-        for index in 0..active.saturating_sub(2) {
+        for index in 0..extra {
             let dir = root.join(format!("busy-{index}"));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let waker = Command::new(pingpong)
@@ -174,10 +182,10 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for round in 0..3 {
             for (index, config) in configs.iter().enumerate() {
-                let value = measure_with(config, pingpong, &pingpong_args)
-                    .with_context(|| format!("{active} cgroups, round {round}: {}", config.name))?;
+                let value = measure_with(config, pingpong, args)
+                    .with_context(|| format!("{label}, round {round}: {}", config.name))?;
                 println!(
-                    "{active} cgroups, round {}: {:<40} {value:>9.1} ns/switch",
+                    "{label}, round {}: {:<40} {value:>9.1} ns/switch",
                     round + 1,
                     config.name
                 );
@@ -189,17 +197,17 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
             let _ = waker.wait();
         }
         let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-        rows.push((active, medians));
+        rows.push((label, medians));
     }
     std::thread::sleep(Duration::from_millis(200));
     let _ = remove_tree(&root);
 
     let mut section = String::from("## Per-cgroup attribution cost (`cargo xtask bench`)\n\n");
-    section += "Same machine and command. The ping-pong's two sides run in two different cgroups, so every \
-                context switch is also a cgroup switch (the worst case for the cgroup-switch trigger; \
-                when switches stay within a cgroup it does not run at all). \"200 active\" adds 198 \
-                cgroups, each with a process waking every 10 ms. 3 alternating rounds, median; synthetic \
-                model (7 counters).\n\n";
+    section += "Same machine and command, synthetic model (7 counters), 3 alternating rounds, median. \
+                With the two ping-pong sides in one cgroup no switch crosses cgroups (the common case); \
+                with one side per cgroup every context switch is also a cgroup switch (the worst case \
+                for the cgroup-switch trigger); the last scenario adds 198 cgroups, each with a process \
+                waking every 10 ms.\n\n";
     section += "| active cgroups | configuration | ns per context switch | added over no tracing |\n|---:|---|---:|---:|\n";
     for (active, medians) in &rows {
         for (config, value) in configs.iter().zip(medians) {

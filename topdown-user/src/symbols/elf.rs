@@ -1,0 +1,197 @@
+//! Function symbols of an ELF file and the file offsets uprobes attach at.
+//!
+//! aya resolves symbols by exact name only and never looks at separate debug files, so topdown
+//! reads `.symtab` and `.dynsym` itself, follows `.gnu_debuglink` and the build-id tree when a
+//! binary is stripped, and attaches by file offset.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use crate::error::{Failure, fail};
+
+/// A function defined in a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSymbol {
+    /// The raw (mangled) name.
+    pub name: String,
+    /// Virtual address in the file's own address space.
+    pub address: u64,
+    /// Offset of the first instruction in the file: what uprobes take.
+    pub offset: u64,
+}
+
+/// Reads every function of `path` (from a debug file if `path` is stripped), with file offsets
+/// computed against `path`'s own program headers.
+pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = object::File::parse(&*data).map_err(|err| {
+        fail(
+            Failure::Usage,
+            format!("{} is not an ELF file: {err}", path.display()),
+        )
+    })?;
+    refuse_go(&file, path)?;
+    let segments: Vec<(u64, u64, u64)> = file
+        .segments()
+        .filter_map(|segment| {
+            let (offset, size) = segment.file_range();
+            (size > 0).then_some((segment.address(), size, offset))
+        })
+        .collect();
+    let to_offset = |address: u64| {
+        segments
+            .iter()
+            .find(|(start, size, _)| address >= *start && address < start + size)
+            .map(|(start, _, offset)| address - start + offset)
+    };
+
+    let mut names: Vec<(String, u64)> = symbols_of(&file);
+    let has_symtab = file.section_by_name(".symtab").is_some();
+    if !has_symtab {
+        if let Some(debug) = find_debug_file(&file, path)? {
+            let debug_data =
+                std::fs::read(&debug).with_context(|| format!("reading {}", debug.display()))?;
+            let debug_file = object::File::parse(&*debug_data)
+                .with_context(|| format!("{} is not an ELF file", debug.display()))?;
+            names.extend(symbols_of(&debug_file));
+        }
+    }
+    let mut functions: Vec<FunctionSymbol> = names
+        .into_iter()
+        .filter_map(|(name, address)| {
+            to_offset(address).map(|offset| FunctionSymbol {
+                name,
+                address,
+                offset,
+            })
+        })
+        .collect();
+    // One entry per address: aliases (versioned names, weak/global pairs) keep the shortest,
+    // unversioned name.
+    functions.sort_by(|a, b| {
+        a.address
+            .cmp(&b.address)
+            .then(a.name.contains('@').cmp(&b.name.contains('@')))
+            .then(a.name.len().cmp(&b.name.len()))
+            .then(a.name.cmp(&b.name))
+    });
+    functions.dedup_by_key(|function| function.address);
+    Ok(functions)
+}
+
+/// Defined function symbols with their addresses, from both symbol tables.
+fn symbols_of(file: &object::File<'_>) -> Vec<(String, u64)> {
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|symbol| {
+            symbol.kind() == SymbolKind::Text && symbol.is_definition() && symbol.address() != 0
+        })
+        .filter_map(|symbol| Some((symbol.name().ok()?.to_owned(), symbol.address())))
+        .collect()
+}
+
+/// uretprobes corrupt Go programs: the Go runtime moves goroutine stacks, so the return
+/// address the kernel planted is copied to a stack that no longer holds it.
+fn refuse_go(file: &object::File<'_>, path: &Path) -> Result<()> {
+    let is_go = file.section_by_name(".go.buildinfo").is_some()
+        || file.section_by_name(".note.go.buildid").is_some()
+        || file.section_by_name(".gopclntab").is_some();
+    if is_go {
+        return Err(fail(
+            Failure::Usage,
+            format!(
+                "{} is a Go binary: uretprobes corrupt goroutine stacks (the Go runtime moves \
+                 stacks), so topdown refuses to probe it",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The separate debug file of a stripped binary: `.gnu_debuglink` (next to it, in `.debug/`,
+/// under `/usr/lib/debug/<dir>/`, CRC-checked) or the build-id tree.
+fn find_debug_file(file: &object::File<'_>, path: &Path) -> Result<Option<PathBuf>> {
+    if let Ok(Some((name, crc))) = file.gnu_debuglink() {
+        let name = String::from_utf8_lossy(name).into_owned();
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let canonical_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        let candidates = [
+            dir.join(&name),
+            dir.join(".debug").join(&name),
+            Path::new("/usr/lib/debug")
+                .join(canonical_dir.strip_prefix("/").unwrap_or(&canonical_dir))
+                .join(&name),
+        ];
+        for candidate in candidates {
+            if candidate != path {
+                if let Ok(data) = std::fs::read(&candidate) {
+                    if crc32(&data) == crc {
+                        return Ok(Some(candidate));
+                    }
+                    log::warn!(
+                        "{}: CRC does not match the debuglink of {}",
+                        candidate.display(),
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    if let Ok(Some(id)) = file.build_id() {
+        if id.len() >= 2 {
+            let hex: String = id.iter().map(|byte| format!("{byte:02x}")).collect();
+            let candidate = PathBuf::from(format!(
+                "/usr/lib/debug/.build-id/{}/{}.debug",
+                &hex[..2],
+                &hex[2..]
+            ));
+            if candidate.exists() {
+                return Ok(Some(candidate));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// CRC-32 (IEEE, as zlib's `crc32`), the checksum `.gnu_debuglink` records.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// Fails clearly if `path` is not a readable regular file.
+pub fn check_file(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => bail!("{} is not a regular file", path.display()),
+        Err(err) => Err(fail(
+            Failure::Usage,
+            format!("probe target {}: {err}", path.display()),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_matches_zlib() {
+        // zlib.crc32(b"123456789") == 0xCBF43926, the standard check value.
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+    }
+}

@@ -1,0 +1,141 @@
+//! Matching what the user typed (`parse_request`, `myapp::parser::parse_request`,
+//! `Parser::parse`, `parse_*`) against raw symbol names, through demangling.
+
+/// The names a symbol answers to: raw, and demangled in the forms users type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub raw: String,
+    /// How reports show it: Rust without the hash, C++ with its parameter list.
+    pub display: String,
+    /// Further accepted spellings (Rust with hash, C++ without parameters).
+    pub aliases: Vec<String>,
+}
+
+pub fn names(raw: &str) -> Names {
+    if let Ok(demangled) = rustc_demangle::try_demangle(raw) {
+        let with_hash = format!("{demangled}");
+        let without_hash = format!("{demangled:#}");
+        return Names {
+            raw: raw.to_owned(),
+            display: without_hash,
+            aliases: vec![with_hash],
+        };
+    }
+    if raw.starts_with("_Z") {
+        if let Ok(symbol) = cpp_demangle::Symbol::new(raw) {
+            if let Ok(full) = symbol.demangle(&cpp_demangle::DemangleOptions::default()) {
+                let without_params = strip_parameters(&full);
+                return Names {
+                    raw: raw.to_owned(),
+                    display: full,
+                    aliases: vec![without_params],
+                };
+            }
+        }
+    }
+    Names {
+        raw: raw.to_owned(),
+        display: raw.to_owned(),
+        aliases: Vec::new(),
+    }
+}
+
+/// `ns::Parser::parse(std::string const&) const` -> `ns::Parser::parse`: cut at the `(` that
+/// opens the outermost parameter list (template arguments may hold parentheses too).
+fn strip_parameters(full: &str) -> String {
+    let mut angle = 0i32;
+    for (index, c) in full.char_indices() {
+        match c {
+            '<' => angle += 1,
+            '>' => angle -= 1,
+            '(' if angle == 0 && index > 0 => return full[..index].to_owned(),
+            _ => {}
+        }
+    }
+    full.to_owned()
+}
+
+/// True if `pattern` (exact, or a glob with `*` and `?`) names this symbol.
+pub fn matches(pattern: &str, names: &Names) -> bool {
+    let candidates = std::iter::once(&names.raw)
+        .chain(std::iter::once(&names.display))
+        .chain(names.aliases.iter());
+    if is_glob(pattern) {
+        candidates
+            .into_iter()
+            .any(|name| glob(pattern.as_bytes(), name.as_bytes()))
+    } else {
+        candidates.into_iter().any(|name| name == pattern)
+    }
+}
+
+pub fn is_glob(pattern: &str) -> bool {
+    pattern.contains(['*', '?'])
+}
+
+/// Iterative wildcard match (`*` any run, `?` one byte), linear in practice.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if let Some((star_p, star_t)) = star {
+            p = star_p + 1;
+            t = star_t + 1;
+            star = Some((star_p, star_t + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_names_with_and_without_hash() {
+        let raw = "_ZN5myapp6parser13parse_request17h0123456789abcdefE";
+        let names = names(raw);
+        assert_eq!(names.display, "myapp::parser::parse_request");
+        assert!(matches("myapp::parser::parse_request", &names));
+        assert!(matches(
+            "myapp::parser::parse_request::h0123456789abcdef",
+            &names
+        ));
+        assert!(matches("myapp::parser::*", &names));
+        assert!(matches(raw, &names));
+        assert!(!matches("parse_request", &names));
+    }
+
+    #[test]
+    fn cpp_names_with_and_without_parameters() {
+        // Parser::parse(std::string const&) -- the Itanium mangling of a member function.
+        let raw = "_ZN6Parser5parseERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+        let names = names(raw);
+        assert!(
+            names.display.starts_with("Parser::parse("),
+            "{}",
+            names.display
+        );
+        assert!(matches("Parser::parse", &names));
+        assert!(matches(&names.display.clone(), &names));
+        assert!(matches("Parser::*", &names));
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob(b"parse_*", b"parse_a"));
+        assert!(glob(b"*_b", b"parse_b"));
+        assert!(glob(b"p?rse*", b"parse"));
+        assert!(!glob(b"parse_?", b"parse_ab"));
+        assert!(glob(b"*", b""));
+        assert_eq!(strip_parameters("f<void (int)>(int)"), "f<void (int)>");
+    }
+}

@@ -1,0 +1,176 @@
+//! Resolving `-u TARGET:FUNC` to attach points: which file, which file offset, which name.
+//!
+//! One module per step: [`target`] finds the file (paths, library names through the traced
+//! processes' mappings, ld.so.cache, standard directories), [`elf`] reads its functions (and a
+//! stripped binary's debug file), [`matching`] compares what the user typed with raw and
+//! demangled names and globs.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use anyhow::Result;
+
+use crate::error::{Failure, fail};
+
+pub mod elf;
+pub mod matching;
+pub mod target;
+
+/// One `-u TARGET:FUNC`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeSpec {
+    pub target: String,
+    pub function: String,
+}
+
+impl ProbeSpec {
+    /// Splits at the first `:` that is not part of a C++/Rust `::` (targets are paths or
+    /// library names, which have no `::`; functions may).
+    pub fn parse(text: &str) -> Result<Self> {
+        let bytes = text.as_bytes();
+        let mut split = None;
+        let mut index = 0;
+        while index < bytes.len() {
+            if bytes[index] == b':' {
+                if bytes.get(index + 1) == Some(&b':') {
+                    index += 2;
+                    continue;
+                }
+                split = Some(index);
+                break;
+            }
+            index += 1;
+        }
+        let usage = || {
+            fail(
+                Failure::Usage,
+                format!(
+                    "-u {text}: expected TARGET:FUNC, e.g. ./app:parse_request, libc:malloc, ./app:'myapp::db::*'"
+                ),
+            )
+        };
+        let split = split.ok_or_else(usage)?;
+        let (target, function) = (&text[..split], &text[split + 1..]);
+        if target.is_empty() || function.is_empty() {
+            return Err(usage());
+        }
+        Ok(Self {
+            target: target.to_owned(),
+            function: function.to_owned(),
+        })
+    }
+}
+
+/// A function to probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedFunction {
+    /// The file to attach to (through `/proc/PID/root` for a container's library).
+    pub target: PathBuf,
+    pub offset: u64,
+    pub raw_name: String,
+    /// Rust without hash, C++ with parameters.
+    pub display: String,
+}
+
+/// Resolves every spec; a glob that matches nothing or an unknown function is an error, as is
+/// a target that cannot be found. Functions reached twice are listed once.
+pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction>> {
+    let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
+    let mut resolved: Vec<ResolvedFunction> = Vec::new();
+    for spec in specs {
+        let path = target::find_target(&spec.target, pids)?;
+        elf::check_file(&path)?;
+        if !files.contains_key(&path) {
+            let functions = elf::functions(&path)?;
+            let named = functions
+                .into_iter()
+                .map(|function| {
+                    let names = matching::names(&function.name);
+                    (function, names)
+                })
+                .collect();
+            files.insert(path.clone(), named);
+        }
+        let functions = files.get(&path).map(Vec::as_slice).unwrap_or(&[]);
+        let matched: Vec<&(elf::FunctionSymbol, matching::Names)> = functions
+            .iter()
+            .filter(|(_, names)| matching::matches(&spec.function, names))
+            .collect();
+        if matched.is_empty() {
+            let hint = close_matches(&spec.function, functions);
+            return Err(fail(
+                Failure::Usage,
+                format!(
+                    "-u {}:{}: no function of {} matches{}",
+                    spec.target,
+                    spec.function,
+                    path.display(),
+                    if hint.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (did you mean {}?)", hint.join(", "))
+                    }
+                ),
+            ));
+        }
+        if matching::is_glob(&spec.function) {
+            eprintln!(
+                "topdown: -u {}:{} matched {} functions",
+                spec.target,
+                spec.function,
+                matched.len()
+            );
+        }
+        for (function, names) in matched {
+            let entry = ResolvedFunction {
+                target: path.clone(),
+                offset: function.offset,
+                raw_name: function.name.clone(),
+                display: names.display.clone(),
+            };
+            if !resolved
+                .iter()
+                .any(|known| known.target == entry.target && known.offset == entry.offset)
+            {
+                resolved.push(entry);
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+/// Up to three names that end like (or contain) what was typed.
+fn close_matches(
+    wanted: &str,
+    functions: &[(elf::FunctionSymbol, matching::Names)],
+) -> Vec<String> {
+    let tail = wanted.rsplit("::").next().unwrap_or(wanted);
+    functions
+        .iter()
+        .map(|(_, names)| &names.display)
+        .filter(|name| name.ends_with(tail) || name.contains(wanted))
+        .take(3)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_split_at_the_first_single_colon() {
+        let spec = ProbeSpec::parse("./app:myapp::parser::parse_request").unwrap();
+        assert_eq!(
+            (spec.target.as_str(), spec.function.as_str()),
+            ("./app", "myapp::parser::parse_request")
+        );
+        let spec = ProbeSpec::parse("libstdc++:std::sort*").unwrap();
+        assert_eq!(
+            (spec.target.as_str(), spec.function.as_str()),
+            ("libstdc++", "std::sort*")
+        );
+        assert!(ProbeSpec::parse("nocolon").is_err());
+        assert!(ProbeSpec::parse(":f").is_err());
+        assert!(ProbeSpec::parse("t:").is_err());
+    }
+}
