@@ -34,6 +34,8 @@ pub mod names {
     pub const PROG_FUNC_RETURN: &str = "func_return";
     pub const PROG_FUNC_ENTRY_MULTI: &str = "func_entry_multi";
     pub const PROG_FUNC_RETURN_MULTI: &str = "func_return_multi";
+    pub const PROG_FUNC_EXIT: &str = "func_exit";
+    pub const PROG_FUNC_EXIT_MULTI: &str = "func_exit_multi";
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
     pub const PROBE_STATS: &str = "PROBE_STATS";

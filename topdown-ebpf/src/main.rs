@@ -550,12 +550,25 @@ pub fn func_entry_multi(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn func_return(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx)
+    on_return(ctx.regs, RETURN_SP_ADJUST)
 }
 
 #[uretprobe(multi)]
 pub fn func_return_multi(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx)
+    on_return(ctx.regs, RETURN_SP_ADJUST)
+}
+
+/// A uprobe on a function's exit instruction (`ret`, tail-call `jmp`): the stack pointer is
+/// still the one the function had at entry, and no return address was rewritten, so C++
+/// exceptions unwind normally and no kernel nesting limit applies.
+#[uprobe]
+pub fn func_exit(ctx: ProbeContext) -> u32 {
+    on_return(ctx.regs, 0)
+}
+
+#[uprobe(multi)]
+pub fn func_exit_multi(ctx: ProbeContext) -> u32 {
+    on_return(ctx.regs, 0)
 }
 
 #[inline(always)]
@@ -628,7 +641,7 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn on_return(ctx: &RetProbeContext) -> u32 {
+fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
     let Some((tid, tgid)) = probed_task() else {
         return 0;
     };
@@ -637,7 +650,7 @@ fn on_return(ctx: &RetProbeContext) -> u32 {
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
-    let entry_sp = stack_pointer(ctx.regs).wrapping_sub(RETURN_SP_ADJUST);
+    let entry_sp = stack_pointer(regs).wrapping_sub(sp_adjust);
     // Frames deeper than the returning one lost their returns.
     let mut guard = 0;
     while guard < MAX_DEPTH && stack.depth > 0 {

@@ -92,6 +92,15 @@ pub struct StatArgs {
     #[arg(long = "all-kernel")]
     pub all_kernel: bool,
 
+    /// Count TopDown per function: TARGET is a path or a library name (libc, libssl), FUNC an
+    /// exact, demangled (Rust/C++) or glob name. Repeatable.
+    #[arg(short = 'u', long = "uprobe", value_name = "TARGET:FUNC")]
+    pub uprobes: Vec<String>,
+
+    /// Capacity of the BPF map of per-thread shadow stacks (threads inside probed functions).
+    #[arg(long = "max-stacks", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_stacks: u32,
+
     /// Count only tasks in these cgroups and their descendants: paths relative to the cgroup v2
     /// root, or absolute.
     #[arg(

@@ -17,13 +17,14 @@ use tokio::{
 
 use crate::{
     aggregate::{ReportContext, build_report},
-    bpf::{Session, SessionConfig, Snapshot, Trigger},
+    bpf::{AttachMode, ProbePoint, Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
     cli::StatArgs,
     counters::{CounterGroups, Privilege, online_cpus, resolve},
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
     report::{By, IntervalInfo, Report, render},
+    symbols::{ProbeSpec, resolve as resolve_functions},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
     tracefs::Tracefs,
 };
@@ -89,6 +90,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         _ => None,
     };
     let mut by = args.by.clone();
+    if !args.uprobes.is_empty() && !by.contains(&By::Function) {
+        by.push(By::Function);
+    }
+    let probe_specs = args
+        .uprobes
+        .iter()
+        .map(|text| ProbeSpec::parse(text))
+        .collect::<Result<Vec<_>>>()?;
     if args.cgroup_depth.is_some() && !by.contains(&By::Cgroup) {
         by.push(By::Cgroup);
     }
@@ -135,8 +144,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         max_tasks: args.max_tasks,
         max_tracked: args.max_tracked,
         verbose,
-        split_functions_by_process: false,
-        max_stacks: 4096,
+        split_functions_by_process: reporting.by.contains(&By::Function)
+            && reporting.by.contains(&By::Task),
+        max_stacks: args.max_stacks,
         by_cgroup: reporting.cgroups.is_some(),
         cgroup_filter,
         max_cgroups: args.max_cgroups,
@@ -145,6 +155,39 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
     let mut session = Session::start(&config, groups, &tracefs)?;
+    if !probe_specs.is_empty() {
+        // Library names resolve through the traced processes' own mappings (-p).
+        let pids: Vec<u32> = match &scope {
+            Scope::Pids(_) => config.tracked_tgids.clone().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let functions = resolve_functions(&probe_specs, &pids)?;
+        let points: Vec<ProbePoint> = functions
+            .iter()
+            .enumerate()
+            .map(|(id, function)| ProbePoint {
+                target: function.target.clone(),
+                offset: function.offset,
+                exits: function.exits.clone(),
+                function_id: id as u32,
+            })
+            .collect();
+        // Attached before a held command execs, so none of its calls are missed.
+        let mode = session.attach_functions(&points, &pids)?;
+        eprintln!(
+            "topdown: probing {} function{} ({})",
+            points.len(),
+            if points.len() == 1 { "" } else { "s" },
+            match mode {
+                AttachMode::Multi => "uprobe.multi",
+                AttachMode::PerPoint => "one uprobe per function",
+            }
+        );
+        reporting.functions = functions
+            .into_iter()
+            .map(|function| (function.target.display().to_string(), function.display))
+            .collect();
+    }
     let command_pid = match pending {
         Some(pending) => Some(pending.release()?),
         None => None,

@@ -73,6 +73,9 @@ pub struct ProbePoint {
     pub target: std::path::PathBuf,
     /// File offset of the function's first instruction.
     pub offset: u64,
+    /// File offsets of its exit instructions (`Some(empty)`: it never returns normally);
+    /// `None`: not decoded, use a uretprobe.
+    pub exits: Option<Vec<u64>>,
     pub function_id: u32,
 }
 
@@ -214,9 +217,12 @@ impl Session {
         Ok(session)
     }
 
-    /// Attaches the function probes: per binary, the return probes first (so a call already in
-    /// flight cannot return into an empty shadow stack in a way that desynchronises it), then
-    /// the entry probes. Uses one uprobe.multi link per binary when the kernel has them.
+    /// Attaches the function probes, per binary: first the return side (so a call already in
+    /// flight at attach time cannot desynchronise a shadow stack), then the entries. The return
+    /// side is a plain uprobe on each exit instruction when the function was decoded (x86-64):
+    /// it leaves return addresses alone, so C++ exceptions still unwind through probed frames;
+    /// otherwise a uretprobe. One uprobe.multi link per binary and program when the kernel has
+    /// them.
     ///
     /// `processes`: limit the probes to these processes (`-p`); empty: every process that
     /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
@@ -227,27 +233,36 @@ impl Session {
     ) -> Result<AttachMode> {
         let multi = aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation)
             .unwrap_or(false);
-        let (entry, ret) = if multi {
-            (names::PROG_FUNC_ENTRY_MULTI, names::PROG_FUNC_RETURN_MULTI)
-        } else {
-            (names::PROG_FUNC_ENTRY, names::PROG_FUNC_RETURN)
-        };
-        for name in [ret, entry] {
-            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
-            program.load().map_err(load_error(name))?;
-        }
-        let mut by_target: std::collections::BTreeMap<
-            &std::path::Path,
-            Vec<UProbeAttachPoint<'static>>,
-        > = std::collections::BTreeMap::new();
+        let pick =
+            |single: &'static str, multiple: &'static str| if multi { multiple } else { single };
+        let entry = pick(names::PROG_FUNC_ENTRY, names::PROG_FUNC_ENTRY_MULTI);
+        let exit = pick(names::PROG_FUNC_EXIT, names::PROG_FUNC_EXIT_MULTI);
+        let ret = pick(names::PROG_FUNC_RETURN, names::PROG_FUNC_RETURN_MULTI);
+
+        type Points = Vec<UProbeAttachPoint<'static>>;
+        let mut plan: std::collections::BTreeMap<(&'static str, &std::path::Path), Points> =
+            std::collections::BTreeMap::new();
         for point in points {
-            by_target
-                .entry(point.target.as_path())
+            let cookie = Some(u64::from(point.function_id));
+            let at = |offset: u64| UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie,
+            };
+            let target = point.target.as_path();
+            match &point.exits {
+                None => plan
+                    .entry((ret, target))
+                    .or_default()
+                    .push(at(point.offset)),
+                Some(exits) if exits.is_empty() => {}
+                Some(exits) => plan
+                    .entry((exit, target))
+                    .or_default()
+                    .extend(exits.iter().map(|offset| at(*offset))),
+            }
+            plan.entry((entry, target))
                 .or_default()
-                .push(UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(point.offset),
-                    cookie: Some(u64::from(point.function_id)),
-                });
+                .push(at(point.offset));
         }
         let scopes: Vec<UProbeScope> = if processes.is_empty() {
             vec![UProbeScope::AllProcesses]
@@ -257,21 +272,24 @@ impl Session {
                 .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
                 .collect()
         };
-        for name in [ret, entry] {
-            for (target, target_points) in &by_target {
+        for program_name in [exit, ret, entry] {
+            let targets: Vec<_> = plan
+                .iter()
+                .filter(|((name, _), _)| *name == program_name)
+                .collect();
+            if targets.is_empty() {
+                continue;
+            }
+            let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
+            program.load().map_err(load_error(program_name))?;
+            for ((_, target), target_points) in targets {
                 for scope in &scopes {
-                    let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
                     program
                         .attach(target_points.iter().copied(), target, *scope)
                         .with_context(|| {
                             format!(
-                                "attaching {} {} to {}",
+                                "attaching {} {program_name} probes to {}",
                                 target_points.len(),
-                                if name == ret {
-                                    "return probes"
-                                } else {
-                                    "entry probes"
-                                },
                                 target.display()
                             )
                         })?;

@@ -332,7 +332,7 @@ fn functions_text(
         })
         .collect();
     let mut text = String::from("\nFunctions\n");
-    text += &layout(&header, &rows, 2);
+    text += &layout(&header, &rows, 4);
 
     text += "\nCall tree (probed functions; calls, inclusive ";
     text += weight_title;
@@ -374,7 +374,8 @@ fn functions_text(
     text
 }
 
-/// Left-aligns the first `text_columns` columns, right-aligns the rest.
+/// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
+/// and 2, 4 = columns 0 and 1), right-aligns the numbers.
 fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
@@ -391,7 +392,8 @@ fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> Strin
                 let left = match text_columns {
                     1 => column == 1,
                     2 => column == 2,
-                    _ => column == 1 || column == 2,
+                    3 => column == 1 || column == 2,
+                    _ => column <= 1,
                 };
                 if left {
                     format!("{cell:<width$}")

@@ -20,6 +20,12 @@ pub struct FunctionSymbol {
     pub address: u64,
     /// Offset of the first instruction in the file: what uprobes take.
     pub offset: u64,
+    /// Size in bytes (0 when the symbol table does not say).
+    pub size: u64,
+    /// File offsets of the instructions that leave the function (`ret`, tail-call `jmp`),
+    /// where exit probes go instead of a uretprobe. `None`: not decoded (not x86-64, or no
+    /// size); `Some(empty)`: it never returns normally (e.g. it always throws).
+    pub exits: Option<Vec<u64>>,
 }
 
 /// Reads every function of `path` (from a debug file if `path` is stripped), with file offsets
@@ -47,7 +53,8 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
             .map(|(start, _, offset)| address - start + offset)
     };
 
-    let mut names: Vec<(String, u64)> = symbols_of(&file);
+    let x86_64 = file.architecture() == object::Architecture::X86_64;
+    let mut names: Vec<(String, u64, u64)> = symbols_of(&file);
     let has_symtab = file.section_by_name(".symtab").is_some();
     if !has_symtab {
         if let Some(debug) = find_debug_file(&file, path)? {
@@ -60,11 +67,13 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
     }
     let mut functions: Vec<FunctionSymbol> = names
         .into_iter()
-        .filter_map(|(name, address)| {
+        .filter_map(|(name, address, size)| {
             to_offset(address).map(|offset| FunctionSymbol {
                 name,
                 address,
                 offset,
+                size,
+                exits: None,
             })
         })
         .collect();
@@ -78,17 +87,67 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
             .then(a.name.cmp(&b.name))
     });
     functions.dedup_by_key(|function| function.address);
+    if x86_64 {
+        for function in &mut functions {
+            let start = function.offset as usize;
+            let code = data.get(start..start.saturating_add(function.size as usize));
+            if let Some(code) = code.filter(|_| function.size > 0) {
+                function.exits = Some(
+                    x86_64_exits(code, function.address)
+                        .into_iter()
+                        .map(|address| address - function.address + function.offset)
+                        .collect(),
+                );
+            }
+        }
+    }
     Ok(functions)
 }
 
-/// Defined function symbols with their addresses, from both symbol tables.
-fn symbols_of(file: &object::File<'_>) -> Vec<(String, u64)> {
+/// Addresses of the instructions through which a function returns: `ret`, and unconditional
+/// jumps out of its body (tail calls). A uprobe there sees the stack pointer the function had
+/// at entry, and, unlike a uretprobe, leaves the return address on the stack alone, so C++
+/// exceptions can still unwind through the function.
+pub fn x86_64_exits(code: &[u8], address: u64) -> Vec<u64> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    let end = address + code.len() as u64;
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut exits = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            // Data or padding we cannot decode: stop rather than guess at boundaries.
+            break;
+        }
+        let leaves = match instruction.flow_control() {
+            FlowControl::Return => true,
+            FlowControl::UnconditionalBranch => {
+                let target = instruction.near_branch_target();
+                target != 0 && (target < address || target >= end)
+            }
+            _ => false,
+        };
+        if leaves {
+            exits.push(instruction.ip());
+        }
+    }
+    exits
+}
+
+/// Defined function symbols with their addresses and sizes, from both symbol tables.
+fn symbols_of(file: &object::File<'_>) -> Vec<(String, u64, u64)> {
     file.symbols()
         .chain(file.dynamic_symbols())
         .filter(|symbol| {
             symbol.kind() == SymbolKind::Text && symbol.is_definition() && symbol.address() != 0
         })
-        .filter_map(|symbol| Some((symbol.name().ok()?.to_owned(), symbol.address())))
+        .filter_map(|symbol| {
+            Some((
+                symbol.name().ok()?.to_owned(),
+                symbol.address(),
+                symbol.size(),
+            ))
+        })
         .collect()
 }
 
@@ -187,6 +246,18 @@ pub fn check_file(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exits_are_rets_and_tail_calls_out() {
+        // push rbp; mov rbp,rsp; jne +2 (inside); pop rbp; ret; jmp rel32 to 0x2000 (outside);
+        // jmp -3 (inside: a loop).
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x75, 0x02, 0x5d, 0xc3, 0xe9, 0xf3, 0x0f, 0x00, 0x00, 0xeb,
+            0xfd,
+        ];
+        let exits = x86_64_exits(&code, 0x1000);
+        assert_eq!(exits, vec![0x1007, 0x1008]);
+    }
 
     #[test]
     fn crc32_matches_zlib() {

@@ -69,6 +69,9 @@ pub struct ResolvedFunction {
     pub raw_name: String,
     /// Rust without hash, C++ with parameters.
     pub display: String,
+    /// File offsets of the exit instructions (see [`elf::x86_64_exits`]); `None`: use a
+    /// uretprobe.
+    pub exits: Option<Vec<u64>>,
 }
 
 /// Resolves every spec; a glob that matches nothing or an unknown function is an error, as is
@@ -126,6 +129,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
                 offset: function.offset,
                 raw_name: function.name.clone(),
                 display: names.display.clone(),
+                exits: function.exits.clone(),
             };
             if !resolved
                 .iter()

@@ -1,0 +1,485 @@
+//! Per-function TopDown (`-u TARGET:FUNC`) end to end, as root, with synthetic counters:
+//! workloads in C, C++ and Rust, built here, whose functions make known numbers of getppid
+//! (`slots`) and getpgid (`topdown-retiring`) calls, so inclusive and exclusive counts are known
+//! to the unit.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::OnceLock,
+    time::Duration,
+};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+struct Binaries {
+    c: PathBuf,
+    stripped: PathBuf,
+    cpp: PathBuf,
+    rust: PathBuf,
+    fake_go: PathBuf,
+}
+
+fn sources() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
+}
+
+fn build(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Builds the workloads once per test binary.
+fn binaries() -> &'static Binaries {
+    static BUILT: OnceLock<Binaries> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("function-workloads");
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = dir.join("funcs");
+        build(
+            Command::new("cc")
+                .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+                .arg(&c)
+                .arg(sources().join("funcs.c")),
+        );
+        // A stripped copy whose symbols live in a separate debug file found via .gnu_debuglink.
+        let stripped_dir = dir.join("stripped");
+        std::fs::create_dir_all(&stripped_dir).unwrap();
+        let stripped = stripped_dir.join("funcs-stripped");
+        let debug = stripped_dir.join("funcs-stripped.debug");
+        build(
+            Command::new("objcopy")
+                .arg("--only-keep-debug")
+                .arg(&c)
+                .arg(&debug),
+        );
+        build(
+            Command::new("strip")
+                .arg("--strip-all")
+                .arg("-o")
+                .arg(&stripped)
+                .arg(&c),
+        );
+        build(
+            Command::new("objcopy")
+                .current_dir(&stripped_dir)
+                .arg("--add-gnu-debuglink=funcs-stripped.debug")
+                .arg(&stripped),
+        );
+        let cpp = dir.join("funcs-cpp");
+        build(
+            Command::new("c++")
+                .args(["-O0", "-g", "-o"])
+                .arg(&cpp)
+                .arg(sources().join("funcs.cpp")),
+        );
+        let rust = dir.join("funcs_rs");
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+        build(
+            Command::new(rustc)
+                .args(["--edition", "2024", "-C", "opt-level=1", "-o"])
+                .arg(&rust)
+                .arg(sources().join("funcs_rs.rs")),
+        );
+        // Any ELF with a .go.buildinfo section is a Go binary to topdown.
+        let fake_go = dir.join("fake-go");
+        let note = dir.join("buildinfo");
+        std::fs::write(&note, b"\xff Go buildinf:").unwrap();
+        build(
+            Command::new("objcopy")
+                .arg(format!("--add-section=.go.buildinfo={}", note.display()))
+                .arg(&c)
+                .arg(&fake_go),
+        );
+        Binaries {
+            c,
+            stripped,
+            cpp,
+            rust,
+            fake_go,
+        }
+    })
+}
+
+/// Runs `topdown stat --pmu synthetic:intel-icl --format json <args>` and returns the report.
+fn stat(args: &[&str]) -> Value {
+    let out = std::env::temp_dir().join(format!(
+        "topdown-functions-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(args),
+    )
+    .unwrap();
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(out);
+    report
+}
+
+fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
+    report["functions"]
+        .as_array()
+        .and_then(|functions| {
+            functions
+                .iter()
+                .find(|f| f["symbol"].as_str() == Some(symbol))
+        })
+        .unwrap_or_else(|| panic!("{symbol} not in {}", report["functions"]))
+}
+
+fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value {
+    report["call_tree"]
+        .as_array()
+        .and_then(|edges| {
+            edges
+                .iter()
+                .find(|e| e["caller"].as_str() == caller && e["callee"].as_str() == Some(callee))
+        })
+        .unwrap_or_else(|| panic!("{caller:?} -> {callee} not in {}", report["call_tree"]))
+}
+
+/// `(calls, inclusive slots, inclusive retiring, exclusive slots, exclusive retiring)`.
+fn figures(function: &Value) -> (u64, u64, u64, u64, u64) {
+    (
+        function["calls"].as_u64().unwrap_or(0),
+        counter(&function["inclusive"], "slots"),
+        counter(&function["inclusive"], "topdown-retiring"),
+        counter(&function["exclusive"], "slots"),
+        counter(&function["exclusive"], "topdown-retiring"),
+    )
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().c);
+    // mid: 7 x leaf(10) + 5 getpgid; then leaf(10) once more from main.
+    let report = stat(&[
+        "-u",
+        &format!("{c}:leaf"),
+        "-u",
+        &format!("{c}:mid"),
+        "--",
+        c,
+        "leafmid",
+        "7",
+        "10",
+        "5",
+    ]);
+    assert_eq!(figures(function(&report, "leaf")), (8, 80, 0, 80, 0));
+    assert_eq!(figures(function(&report, "mid")), (1, 70, 5, 0, 5));
+    assert_eq!(edge(&report, Some("mid"), "leaf")["calls"], 7);
+    assert_eq!(
+        counter(&edge(&report, Some("mid"), "leaf")["inclusive"], "slots"),
+        70
+    );
+    assert_eq!(edge(&report, None, "leaf")["calls"], 1);
+    assert_eq!(edge(&report, None, "mid")["calls"], 1);
+    let d = &report["diagnostics"];
+    assert_eq!(
+        (d["overflows"].as_u64(), d["missed_returns"].as_u64()),
+        (Some(0), Some(0))
+    );
+    // Exclusive metrics come from the formulas: mid's own work is 5 getpgid = retiring only.
+    assert_eq!(
+        function(&report, "mid")["exclusive"]["metrics"]["retiring"].as_f64(),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().c);
+    let report = stat(&[
+        "-u",
+        &format!("{c}:recurse"),
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        c,
+        "recurse",
+        "10",
+    ]);
+    // Level j (1 = outermost) includes 11 - j calls: 10 + 9 + ... + 1 = 55; each makes one itself.
+    assert_eq!(figures(function(&report, "recurse")), (10, 55, 0, 10, 0));
+    assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
+    assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(0));
+
+    let report = stat(&[
+        "-u",
+        &format!("{c}:recurse"),
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        c,
+        "recurse",
+        "100",
+    ]);
+    // The kernel gives at most 64 nested uretprobes: frames 1..=64 are recorded, 36 entries
+    // overflow. Recorded level j includes 101 - j calls: sum over j = 1..64 is 4384; the 64th
+    // frame's exclusive holds the 36 unprobed levels, so exclusive still adds up to all 100.
+    assert_eq!(figures(function(&report, "recurse")), (64, 4384, 0, 100, 0));
+    assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(36));
+    // Counting after the overflow is exact again.
+    assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
+}
+
+#[test]
+fn another_threads_calls_never_leak_into_a_blocked_function() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().c);
+    for mode in ["stay", "migrate"] {
+        // Thread A: blocker(30) on CPU 0, blocked while thread B makes 1000 calls on CPU 0.
+        let report = stat(&[
+            "-u",
+            &format!("{c}:blocker"),
+            "--",
+            c,
+            "block",
+            "30",
+            "1000",
+            mode,
+        ]);
+        assert_eq!(
+            figures(function(&report, "blocker")),
+            (1, 60, 0, 60, 0),
+            "{mode}"
+        );
+        let process_slots: u64 = report["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| counter(t, "slots"))
+            .sum();
+        assert_eq!(
+            process_slots, 1060,
+            "{mode}: both threads' calls are counted, each in its own place"
+        );
+    }
+}
+
+#[test]
+fn longjmp_and_exceptions_count_missed_returns_and_stay_exact() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let b = binaries();
+    let c = path(&b.c);
+    let report = stat(&[
+        "-u",
+        &format!("{c}:jumper"),
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        c,
+        "longjmp",
+        "6",
+    ]);
+    assert_eq!(function_calls(&report, "jumper"), 0, "jumper never returns");
+    assert_eq!(figures(function(&report, "leaf")), (1, 5, 0, 5, 0));
+    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(1));
+
+    let cpp = path(&b.cpp);
+    let report = stat(&[
+        "-u",
+        &format!("{cpp}:app::thrower"),
+        "-u",
+        &format!("{cpp}:app::after"),
+        "--",
+        cpp,
+    ]);
+    assert_eq!(function_calls(&report, "app::thrower(int)"), 0);
+    assert_eq!(
+        figures(function(&report, "app::after(int)")),
+        (1, 4, 0, 4, 0)
+    );
+    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(1));
+}
+
+fn function_calls(report: &Value, symbol: &str) -> u64 {
+    report["functions"]
+        .as_array()
+        .and_then(|functions| {
+            functions
+                .iter()
+                .find(|f| f["symbol"].as_str() == Some(symbol))
+        })
+        .map_or(0, |f| f["calls"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let b = binaries();
+    // C++ by its name without parameters; the report shows the full demangled name.
+    let cpp = path(&b.cpp);
+    let report = stat(&["-u", &format!("{cpp}:app::Parser::parse"), "--", cpp]);
+    let parse = &report["functions"][0];
+    assert!(
+        parse["symbol"]
+            .as_str()
+            .unwrap()
+            .starts_with("app::Parser::parse("),
+        "{parse}"
+    );
+    assert_eq!(figures(parse), (1, 12, 0, 12, 0));
+
+    // Rust by its demangled path without hash, and a glob over the module.
+    let rust = path(&b.rust);
+    for func in ["funcs_rs::parser::parse_request", "funcs_rs::parser::*"] {
+        let report = stat(&["-u", &format!("{rust}:{func}"), "--", rust]);
+        assert_eq!(
+            figures(function(&report, "funcs_rs::parser::parse_request")),
+            (2, 33, 0, 33, 0),
+            "{func}"
+        );
+    }
+
+    // A library by its short name.
+    let c = path(&b.c);
+    let report = stat(&["-u", "libc:getppid", "--", c, "libc", "17"]);
+    assert_eq!(figures(function(&report, "getppid")), (17, 17, 0, 17, 0));
+
+    // A glob over the C program (mid calls leaf twice, main once, 3 calls each), and the
+    // stripped copy through its debug link.
+    let report = stat(&[
+        "-u",
+        &format!("{c}:le?f*"),
+        "--",
+        c,
+        "leafmid",
+        "2",
+        "3",
+        "1",
+    ]);
+    assert_eq!(figures(function(&report, "leaf")), (3, 9, 0, 9, 0));
+    let stripped = path(&b.stripped);
+    let report = stat(&[
+        "-u",
+        &format!("{stripped}:leaf"),
+        "-u",
+        &format!("{stripped}:mid"),
+        "--",
+        stripped,
+        "leafmid",
+        "7",
+        "10",
+        "5",
+    ]);
+    assert_eq!(figures(function(&report, "leaf")), (8, 80, 0, 80, 0));
+    assert_eq!(figures(function(&report, "mid")), (1, 70, 5, 0, 5));
+}
+
+#[test]
+fn attaching_to_a_running_process_counts_its_functions() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().c);
+    let mut workload = Command::new(c)
+        .args(["wait", "3", "10", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = workload.id().to_string();
+    let out = std::env::temp_dir().join(format!(
+        "topdown-functions-attach-{}.json",
+        std::process::id()
+    ));
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-p",
+            &pid,
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .args(["-u", &format!("{c}:leaf"), "-u", &format!("{c}:mid")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(workload.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(figures(function(&report, "leaf")), (3, 30, 0, 30, 0));
+    assert_eq!(figures(function(&report, "mid")), (1, 30, 2, 0, 2));
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn go_binaries_and_bad_specs_are_refused_clearly() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let b = binaries();
+    let c = path(&b.c);
+    let cases: [(Vec<String>, &str); 4] = [
+        (
+            vec![format!("{}:main", path(&b.fake_go))],
+            "is a Go binary: uretprobes corrupt goroutine stacks",
+        ),
+        (vec![format!("{c}:no_such_function")], "no function of"),
+        (vec![format!("{c}:zz*")], "no function of"),
+        (vec!["nocolon".to_owned()], "expected TARGET:FUNC"),
+    ];
+    for (specs, needle) in cases {
+        let mut command = topdown();
+        command.args(["stat", "--pmu", "synthetic:intel-icl"]);
+        for spec in &specs {
+            command.args(["-u", spec]);
+        }
+        let output = command
+            .args(["--", c, "leafmid", "1", "1", "1"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{specs:?}: {stderr}");
+        assert!(stderr.contains(needle), "{specs:?}: {stderr}");
+    }
+}
