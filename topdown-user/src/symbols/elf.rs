@@ -56,14 +56,17 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
     let x86_64 = file.architecture() == object::Architecture::X86_64;
     let mut names: Vec<(String, u64, u64)> = symbols_of(&file);
     let has_symtab = file.section_by_name(".symtab").is_some();
-    if !has_symtab {
-        if let Some(debug) = find_debug_file(&file, path)? {
-            let debug_data =
-                std::fs::read(&debug).with_context(|| format!("reading {}", debug.display()))?;
-            let debug_file = object::File::parse(&*debug_data)
-                .with_context(|| format!("{} is not an ELF file", debug.display()))?;
-            names.extend(symbols_of(&debug_file));
-        }
+    let debug = if has_symtab {
+        None
+    } else {
+        find_debug_file(&file, path)?
+    };
+    if let Some(debug) = debug {
+        let debug_data =
+            std::fs::read(&debug).with_context(|| format!("reading {}", debug.display()))?;
+        let debug_file = object::File::parse(&*debug_data)
+            .with_context(|| format!("{} is not an ELF file", debug.display()))?;
+        names.extend(symbols_of(&debug_file));
     }
     let mut functions: Vec<FunctionSymbol> = names
         .into_iter()
@@ -184,32 +187,31 @@ fn find_debug_file(file: &object::File<'_>, path: &Path) -> Result<Option<PathBu
                 .join(canonical_dir.strip_prefix("/").unwrap_or(&canonical_dir))
                 .join(&name),
         ];
-        for candidate in candidates {
-            if candidate != path {
-                if let Ok(data) = std::fs::read(&candidate) {
-                    if crc32(&data) == crc {
-                        return Ok(Some(candidate));
-                    }
-                    log::warn!(
-                        "{}: CRC does not match the debuglink of {}",
-                        candidate.display(),
-                        path.display()
-                    );
-                }
-            }
-        }
-    }
-    if let Ok(Some(id)) = file.build_id() {
-        if id.len() >= 2 {
-            let hex: String = id.iter().map(|byte| format!("{byte:02x}")).collect();
-            let candidate = PathBuf::from(format!(
-                "/usr/lib/debug/.build-id/{}/{}.debug",
-                &hex[..2],
-                &hex[2..]
-            ));
-            if candidate.exists() {
+        for candidate in candidates.into_iter().filter(|candidate| candidate != path) {
+            let Ok(data) = std::fs::read(&candidate) else {
+                continue;
+            };
+            if crc32(&data) == crc {
                 return Ok(Some(candidate));
             }
+            log::warn!(
+                "{}: CRC does not match the debuglink of {}",
+                candidate.display(),
+                path.display()
+            );
+        }
+    }
+    if let Ok(Some(id)) = file.build_id()
+        && id.len() >= 2
+    {
+        let hex: String = id.iter().map(|byte| format!("{byte:02x}")).collect();
+        let candidate = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
+        if candidate.exists() {
+            return Ok(Some(candidate));
         }
     }
     Ok(None)

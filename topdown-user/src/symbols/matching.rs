@@ -21,17 +21,22 @@ pub fn names(raw: &str) -> Names {
             aliases: vec![with_hash],
         };
     }
-    if raw.starts_with("_Z") {
-        if let Ok(symbol) = cpp_demangle::Symbol::new(raw) {
-            if let Ok(full) = symbol.demangle(&cpp_demangle::DemangleOptions::default()) {
-                let without_params = strip_parameters(&full);
-                return Names {
-                    raw: raw.to_owned(),
-                    display: full,
-                    aliases: vec![without_params],
-                };
-            }
-        }
+    let cpp = raw
+        .starts_with("_Z")
+        .then(|| cpp_demangle::Symbol::new(raw).ok())
+        .flatten()
+        .and_then(|symbol| {
+            symbol
+                .demangle(&cpp_demangle::DemangleOptions::default())
+                .ok()
+        });
+    if let Some(full) = cpp {
+        let without_params = strip_parameters(&full);
+        return Names {
+            raw: raw.to_owned(),
+            display: full,
+            aliases: vec![without_params],
+        };
     }
     Names {
         raw: raw.to_owned(),

@@ -32,15 +32,15 @@ pub fn find_target(target: &str, pids: &[u32]) -> Result<PathBuf> {
     for pid in pids {
         found.extend(from_maps(*pid, target));
     }
-    if found.is_empty() {
-        if let Ok(cache) = std::fs::read("/etc/ld.so.cache") {
-            found.extend(
-                ld_so_cache(&cache)
-                    .into_iter()
-                    .filter(|(name, _)| library_matches(target, name))
-                    .map(|(_, path)| PathBuf::from(path)),
-            );
-        }
+    if found.is_empty()
+        && let Ok(cache) = std::fs::read("/etc/ld.so.cache")
+    {
+        found.extend(
+            ld_so_cache(&cache)
+                .into_iter()
+                .filter(|(name, _)| library_matches(target, name))
+                .map(|(_, path)| PathBuf::from(path)),
+        );
     }
     if found.is_empty() {
         for dir in STANDARD_DIRS {
