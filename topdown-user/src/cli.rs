@@ -97,6 +97,12 @@ pub struct StatArgs {
     #[arg(short = 'u', long = "uprobe", value_name = "TARGET:FUNC")]
     pub uprobes: Vec<String>,
 
+    /// Use uretprobes for function returns even where exit instructions could be probed:
+    /// cheaper, but a uretprobe rewrites the return address, so an exception, a Rust panic or
+    /// a thread cancellation unwinding through a probed function aborts the program.
+    #[arg(long = "uretprobes")]
+    pub uretprobes: bool,
+
     /// Capacity of the BPF map of per-thread shadow stacks (threads inside probed functions).
     #[arg(long = "max-stacks", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_stacks: u32,

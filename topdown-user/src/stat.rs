@@ -168,20 +168,26 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             .map(|(id, function)| ProbePoint {
                 target: function.target.clone(),
                 offset: function.offset,
-                exits: function.exits.clone(),
+                exits: if args.uretprobes {
+                    None
+                } else {
+                    function.exits.clone()
+                },
                 function_id: id as u32,
             })
             .collect();
         // Attached before a held command execs, so none of its calls are missed.
+        let attach_started = Instant::now();
         let mode = session.attach_functions(&points, &pids)?;
         eprintln!(
-            "topdown: probing {} function{} ({})",
+            "topdown: probing {} function{} ({}) attached in {:.1} ms",
             points.len(),
             if points.len() == 1 { "" } else { "s" },
             match mode {
                 AttachMode::Multi => "uprobe.multi",
                 AttachMode::PerPoint => "one uprobe per function",
-            }
+            },
+            attach_started.elapsed().as_secs_f64() * 1e3
         );
         reporting.functions = functions
             .into_iter()
