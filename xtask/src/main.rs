@@ -24,8 +24,8 @@ struct Cli {
 enum Task {
     /// Install the pinned toolchains, LLVM 22, bpf-linker, and mount tracefs (idempotent).
     Setup,
-    /// Setup, build topdown (release) and run it: by default `stat -a -d 3`, the system-wide
-    /// per-task breakdown.
+    /// Setup, build topdown (release) and run it: by default the demo (three functions of a
+    /// bundled workload, each dominated by a different bottleneck, traced with `-u`).
     Run {
         #[arg(last = true)]
         args: Vec<OsString>,
@@ -96,6 +96,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Builds the demo workload and returns `stat -u ...` arguments that trace its three functions.
+fn demo_args(topdown: &std::path::Path) -> Result<Vec<OsString>> {
+    let demo = topdown.with_file_name("bottlenecks");
+    let source = cmd::workspace_root().join("xtask/demo/bottlenecks.c");
+    cmd::run(
+        std::process::Command::new("cc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&demo)
+            .arg(&source),
+    )
+    .context("building the demo workload (needs a C compiler)")?;
+    let demo = demo.display().to_string();
+    let mut args: Vec<OsString> = vec!["stat".into(), "--by".into(), "function,process".into()];
+    for function in [
+        "pointer_chase",
+        "unpredictable_branches",
+        "dependent_arithmetic",
+    ] {
+        args.push("-u".into());
+        args.push(format!("{demo}:{function}").into());
+    }
+    args.push("--".into());
+    args.push(demo.into());
+    Ok(args)
 }
 
 /// Builds the topdown binary with the pinned toolchain and returns its path.
