@@ -57,10 +57,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             setup::setup()?;
             let binary = build_topdown(true)?;
             let args = if args.is_empty() {
-                ["stat", "-a", "-d", "3"]
-                    .iter()
-                    .map(OsString::from)
-                    .collect()
+                demo_args(&binary)?
             } else {
                 args
             };
