@@ -537,38 +537,13 @@ fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
                 "--synthetic needs an explicit synthetic model: --pmu synthetic:<model>",
             ));
         }
-        let (name, announcement) = auto_model()?;
-        let model = model_by_name(&name, &[])?;
-        return Ok((model, announcement));
+        let choice = crate::pmu::auto_model(std::path::Path::new("/"))?;
+        let model = model_by_name(&choice.model, &[])?;
+        return Ok((model, choice.announcement));
     }
     let model = model_by_name(&args.pmu, &overrides)
         .map_err(|err| fail(Failure::Usage, format!("--pmu: {err:#}")))?;
     Ok((model, None))
-}
-
-/// `--pmu auto`: the model for this machine's PMU, and a line announcing a fallback.
-fn auto_model() -> Result<(String, Option<String>)> {
-    let devices = std::path::Path::new("/sys/bus/event_source/devices");
-    if devices.join("cpu/events/slots").exists() {
-        return Ok(("intel-icl".to_owned(), None));
-    }
-    let hypervisor = std::fs::read_to_string("/proc/cpuinfo")
-        .map(|text| {
-            text.lines()
-                .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor"))
-        })
-        .unwrap_or(false);
-    let why = if hypervisor && !devices.join("cpu").exists() {
-        "VM without a virtual PMU (hypervisor flag set, no core PMU in /sys/bus/event_source/devices)"
-    } else {
-        "no TopDown PMU found"
-    };
-    Ok((
-        "software".to_owned(),
-        Some(format!(
-            "{why}: using the software model (on-CPU time only, no TopDown breakdown)"
-        )),
-    ))
 }
 
 /// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.
