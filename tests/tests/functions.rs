@@ -408,6 +408,47 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
 }
 
 #[test]
+fn functions_split_per_process_with_by_function_task() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // Two runs of the workload under one command: each process gets its own function entry.
+    let c = path(&binaries().c);
+    let script = format!("{c} leafmid 1 4 0; {c} leafmid 1 9 0");
+    let report = stat(&[
+        "--by",
+        "function,task",
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    let mut per_process: Vec<(u64, u64)> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["calls"].as_u64().unwrap(),
+                counter(&f["inclusive"], "slots"),
+            )
+        })
+        .collect();
+    per_process.sort();
+    assert_eq!(per_process, vec![(2, 8), (2, 18)]);
+    assert!(
+        report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["pid"].as_u64().is_some())
+    );
+}
+
+#[test]
 fn attaching_to_a_running_process_counts_its_functions() {
     let _serial = serial();
     if !privileged() {

@@ -515,6 +515,24 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 
+    // A hardware model on a VM without a virtual PMU (what these machines are) says exactly that.
+    let no_core_pmu = !std::path::Path::new("/sys/bus/event_source/devices/cpu").exists();
+    let in_vm =
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| text.contains(" hypervisor"));
+    if no_core_pmu && in_vm {
+        let output = topdown()
+            .args(["stat", "-a", "-d", "1", "--pmu", "intel-icl"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(5), "{stderr}");
+        assert!(
+            stderr.contains("this is a VM without a virtual PMU"),
+            "{stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+
     // Without privileges: a clear line and exit 3, before anything is loaded.
     let output = topdown()
         .args(["stat", "-a", "-d", "1", "--pmu", "software"])

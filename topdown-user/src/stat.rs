@@ -77,7 +77,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     let tracefs = Tracefs::locate_or_mount()?;
     let counters = resolve(&model.counters(), Some(&tracefs))?;
     let cpus = online_cpus()?;
-    let groups = CounterGroups::open(&counters, &cpus, privilege)?;
+    let groups = CounterGroups::open(&counters, &cpus, privilege)
+        .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
 
     let wants_cgroups = args.by.contains(&By::Cgroup) || args.cgroup_depth.is_some();
     let mut cgroup_tree = if wants_cgroups || !args.cgroups.is_empty() {
@@ -544,6 +545,27 @@ fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
     let model = model_by_name(&args.pmu, &overrides)
         .map_err(|err| fail(Failure::Usage, format!("--pmu: {err:#}")))?;
     Ok((model, None))
+}
+
+/// A hardware model's counters failed to open: say so plainly when this is a VM without a
+/// virtual PMU, the usual reason on cloud machines.
+fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
+    if crate::error::failure_of(&err) != Some(Failure::PmuUnavailable) || model.is_synthetic() {
+        return err;
+    }
+    match crate::pmu::detect(std::path::Path::new("/")) {
+        Ok(detection) if detection.hypervisor && !detection.core_pmu => fail(
+            Failure::PmuUnavailable,
+            format!(
+                "model {} needs a hardware PMU, but this is a VM without a virtual PMU (hypervisor \
+                 flag set, no core PMU in /sys/bus/event_source/devices): use --pmu software, or \
+                 --pmu synthetic:{} to exercise the pipeline",
+                model.name(),
+                model.base_name()
+            ),
+        ),
+        _ => err,
+    }
 }
 
 /// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.

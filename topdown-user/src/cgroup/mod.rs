@@ -46,7 +46,12 @@ impl CgroupTree {
     pub fn open() -> Result<Self> {
         let mountinfo =
             fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-        let mount = find_v2_mount(&mountinfo).ok_or_else(|| {
+        Self::from_mountinfo(&mountinfo)
+    }
+
+    /// The hierarchy a mountinfo text describes.
+    pub fn from_mountinfo(mountinfo: &str) -> Result<Self> {
+        let mount = find_v2_mount(mountinfo).ok_or_else(|| {
             fail(
                 Failure::Usage,
                 "no cgroup v2 hierarchy is mounted (cgroup v1 only): per-cgroup breakdowns need \
