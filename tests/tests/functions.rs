@@ -250,6 +250,7 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
     // frame's exclusive holds the 36 unprobed levels, so exclusive still adds up to all 100.
     assert_eq!(figures(function(&report, "recurse")), (64, 4384, 0, 100, 0));
     assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(36));
+    assert_eq!(report["overflows"].as_u64(), Some(36));
     // Counting after the overflow is exact again.
     assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
 }

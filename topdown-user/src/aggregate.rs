@@ -192,6 +192,8 @@ pub fn build_report(
         processes: process_entries,
         cgroups,
         cgroup_depth: ctx.cgroup_depth,
+        overflows: (!ctx.functions.is_empty()).then_some(diagnostics.overflows),
+        missed_returns: (!ctx.functions.is_empty()).then_some(diagnostics.missed_returns),
         functions,
         call_tree,
         cpus,

@@ -103,6 +103,11 @@ pub struct StatArgs {
     #[arg(long = "uretprobes")]
     pub uretprobes: bool,
 
+    /// Capacity of the BPF map of per-function totals (one entry per caller -> callee edge, and
+    /// per process with `--by function,task`); edges beyond it are counted as dropped.
+    #[arg(long = "max-calls", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_calls: u32,
+
     /// Capacity of the BPF map of per-thread shadow stacks (threads inside probed functions).
     #[arg(long = "max-stacks", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_stacks: u32,

@@ -148,6 +148,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         split_functions_by_process: reporting.by.contains(&By::Function)
             && reporting.by.contains(&By::Task),
         max_stacks: args.max_stacks,
+        max_calls: args.max_calls,
         by_cgroup: reporting.cgroups.is_some(),
         cgroup_filter,
         max_cgroups: args.max_cgroups,

@@ -47,6 +47,8 @@ pub struct SessionConfig {
     pub split_functions_by_process: bool,
     /// Capacity of the per-thread shadow-stack map.
     pub max_stacks: u32,
+    /// Capacity of the per-function (per call edge) map.
+    pub max_calls: u32,
     /// Also attribute per cgroup v2 (`--by cgroup`).
     pub by_cgroup: bool,
     /// `-G`: only tasks in these cgroups (and their descendants) count.
@@ -150,6 +152,7 @@ impl Session {
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
+            .map_max_entries(names::CALLS, config.max_calls)
             .map_max_entries(names::COUNTERS, counter_slots)
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked);

@@ -65,6 +65,12 @@ pub struct Report {
     /// Caller -> callee edges among the probed functions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub call_tree: Vec<CallEdge>,
+    /// With `-u`: probed calls not recorded because 64 were already open on the thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflows: Option<u64>,
+    /// With `-u`: probed calls whose return never came (longjmp, exceptions, thread exit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed_returns: Option<u64>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,

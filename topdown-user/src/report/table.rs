@@ -474,6 +474,8 @@ mod tests {
             cgroup_depth: None,
             functions: Vec::new(),
             call_tree: Vec::new(),
+            overflows: None,
+            missed_returns: None,
             cpus: Vec::new(),
             diagnostics: Diagnostics {
                 not_running_readings: 3,
