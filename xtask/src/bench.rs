@@ -579,7 +579,7 @@ mod tests {
         );
         assert_eq!(
             replace_section("# B\n", "## X", "## X\ny\n"),
-            "# B\n## X\ny\n"
+            "# B\n\n## X\ny\n"
         );
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
     }
