@@ -8,7 +8,7 @@
 /// Counter slots per CPU. A model uses the first `n` (set at load time through the
 /// `NUM_COUNTERS` global). 12 covers AMD Zen L2 (the largest single-pass model) and Sapphire
 /// Rapids L2 (10).
-pub const MAX_COUNTERS: usize = 12;
+pub const MAX_COUNTERS: usize = 24;
 
 /// `TASK_DEAD` in `task_struct::__state` (include/linux/sched.h). `sched_switch` passes
 /// `prev_state`; a task switching out with this bit set will never run again, which is the

@@ -5,10 +5,7 @@
 //! generic events perf's current L1 formulas use. These parts have no L2 metric bytes; their L2
 //! needs ~15 generic events that do not fit one group, so this model is level 1 only.
 
-use super::{CounterSource, CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-
-/// `PERF_TYPE_RAW`: the core PMU on non-hybrid Intel.
-const PERF_TYPE_RAW: u32 = 4;
+use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
 
 /// (name, raw config) in group order; encodings from topdown-formulas.md §1.1 and §1.5.
 const COUNTERS: [(&str, u64); 7] = [
@@ -22,6 +19,16 @@ const COUNTERS: [(&str, u64); 7] = [
 ];
 
 pub struct IntelIcl;
+
+/// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
+pub fn models() -> Vec<Box<dyn Model>> {
+    vec![Box::new(IntelIcl)]
+}
+
+/// The model named `name` (as [`Model::name`] returns it), if this file has it.
+pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
+    models().into_iter().find(|model| model.name() == name)
+}
 
 impl Model for IntelIcl {
     fn name(&self) -> String {
@@ -39,12 +46,11 @@ impl Model for IntelIcl {
     fn counters(&self) -> Vec<CounterSpec> {
         COUNTERS
             .iter()
-            .map(|(name, config)| CounterSpec {
-                name: (*name).to_owned(),
-                source: CounterSource::Perf {
-                    perf_type: PERF_TYPE_RAW,
-                    config: *config,
-                },
+            .enumerate()
+            .map(|(index, (name, config))| {
+                let spec = CounterSpec::raw(name, *config);
+                // slots and the four metric events live on fixed counter 3 and PERF_METRICS.
+                if index < 5 { spec.fixed() } else { spec }
             })
             .collect()
     }
@@ -105,6 +111,7 @@ impl Model for IntelIcl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::CounterSource;
 
     fn counts(values: [u64; 7]) -> Counts {
         COUNTERS

@@ -11,6 +11,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 
+pub mod amd_zen;
+pub mod arm_neoverse;
+pub mod intel_atom;
+pub mod intel_core;
 pub mod intel_icl;
 pub mod software;
 pub mod synthetic;
@@ -51,13 +55,65 @@ pub enum CounterSource {
     Tracepoint { group: String, name: String },
 }
 
-/// One counter a model needs. The first counter of [`Model::counters`] is the group leader.
+/// Which hardware counter an event occupies, for the counter budget (`crate::budget`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterUse {
+    /// A general-purpose (programmable) counter.
+    General,
+    /// A fixed counter or metric register the event always lands on (Intel `slots` and the
+    /// `topdown-*` metric events on fixed counter 3, Arm's dedicated cycle counter, Intel's
+    /// fixed CPU_CLK_UNHALTED.THREAD when the NMI watchdog does not hold it). Free of the
+    /// general budget.
+    Fixed,
+    /// Not a hardware counter (software and tracepoint events).
+    Software,
+}
+
+/// One counter a model needs. The first counter of group 0 in [`Model::counters`] is the leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CounterSpec {
     /// The Linux perf event name (`slots`, `topdown-retiring`, `INT_MISC.UOP_DROPPING`,
     /// `cpu-clock`): what the user sees and what `--synthetic` overrides name.
     pub name: String,
     pub source: CounterSource,
+    /// Scheduling group. Group 0 holds what level 1 needs; a model whose level-2 events do not
+    /// fit beside it puts them in groups 1, 2, ... The counter budget merges groups into one
+    /// pinned group when everything fits, and otherwise lets them rotate and scales them by
+    /// enabled/running time, marking what they feed as estimated. Events whose ratio a formula
+    /// takes should share a group so that the ratio is exact even when rotating.
+    pub group: u8,
+    pub uses: CounterUse,
+}
+
+/// `PERF_TYPE_RAW`: a raw event of the CPU's core PMU (the `cpu` PMU on x86, the PMUv3 on
+/// arm64); hybrid parts rewrite it to the `cpu_core`/`cpu_atom` PMU type when opening.
+pub const PERF_TYPE_RAW: u32 = 4;
+
+impl CounterSpec {
+    /// A raw core-PMU event on a general-purpose counter, in group 0.
+    pub fn raw(name: &str, config: u64) -> Self {
+        Self {
+            name: name.to_owned(),
+            source: CounterSource::Perf {
+                perf_type: PERF_TYPE_RAW,
+                config,
+            },
+            group: 0,
+            uses: CounterUse::General,
+        }
+    }
+
+    /// The same event on a fixed counter (see [`CounterUse::Fixed`]).
+    pub fn fixed(mut self) -> Self {
+        self.uses = CounterUse::Fixed;
+        self
+    }
+
+    /// The same event in scheduling group `group`.
+    pub fn in_group(mut self, group: u8) -> Self {
+        self.group = group;
+        self
+    }
 }
 
 /// A TopDown model: a set of counters and the formulas over them.
@@ -87,6 +143,12 @@ pub trait Model: Send + Sync {
     /// it and show each entity's share of it.
     fn weight_counter(&self) -> &'static str;
 
+    /// Level-1 buckets beyond the four of [`L1_METRICS`] that this model reports (AMD's
+    /// `smt_contention`); they appear in `metrics` at every level and in every report.
+    fn extra_l1_metrics(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// True when the counters are syscall tracepoints standing in for hardware events.
     fn is_synthetic(&self) -> bool {
         false
@@ -98,17 +160,37 @@ pub trait Model: Send + Sync {
     }
 }
 
-/// The hardware (or software) models known by name, for `--pmu` and `report -i`.
-pub const MODEL_NAMES: [&str; 2] = ["software", "intel-icl"];
+/// Every non-synthetic model, in `topdown list` order: software, then Intel, AMD, Arm.
+pub fn all_models() -> Vec<Box<dyn Model>> {
+    let mut models: Vec<Box<dyn Model>> = vec![Box::new(software::Software)];
+    models.extend(intel_core::models());
+    models.extend(intel_icl::models());
+    models.extend(intel_atom::models());
+    models.extend(amd_zen::models());
+    models.extend(arm_neoverse::models());
+    models
+}
+
+/// The names `--pmu` and `report -i` accept (besides `synthetic:<name>` and `auto`).
+pub fn model_names() -> Vec<String> {
+    all_models().iter().map(|model| model.name()).collect()
+}
 
 /// Builds a non-synthetic model by its `--pmu` name.
 pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
-    match name {
-        "software" => Ok(Box::new(software::Software)),
-        "intel-icl" => Ok(Box::new(intel_icl::IntelIcl)),
-        other => bail!(
-            "unknown model '{other}': expected one of {} (or synthetic:<model>)",
-            MODEL_NAMES.join(", ")
+    let found = match name {
+        "software" => Some(Box::new(software::Software) as Box<dyn Model>),
+        _ => intel_core::by_name(name)
+            .or_else(|| intel_icl::by_name(name))
+            .or_else(|| intel_atom::by_name(name))
+            .or_else(|| amd_zen::by_name(name))
+            .or_else(|| arm_neoverse::by_name(name)),
+    };
+    match found {
+        Some(model) => Ok(model),
+        None => bail!(
+            "unknown model '{name}': expected one of {} (or synthetic:<model>; `topdown list` shows them)",
+            model_names().join(", ")
         ),
     }
 }

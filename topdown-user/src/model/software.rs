@@ -1,7 +1,9 @@
 //! `software`: on-CPU time from the `cpu-clock` software event. No TopDown: the fallback when no
 //! TopDown PMU exists (a VM without a virtual PMU), announced by the caller.
 
-use super::{CounterSource, CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model};
+use super::{
+    CounterSource, CounterSpec, CounterUse, Counts, L1_METRICS, L2_METRICS, Metrics, Model,
+};
 
 /// `PERF_COUNT_SW_CPU_CLOCK` (include/uapi/linux/perf_event.h).
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
@@ -30,6 +32,8 @@ impl Model for Software {
                 perf_type: PERF_TYPE_SOFTWARE,
                 config: PERF_COUNT_SW_CPU_CLOCK,
             },
+            group: 0,
+            uses: CounterUse::Software,
         }]
     }
 

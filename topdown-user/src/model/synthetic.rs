@@ -7,12 +7,12 @@
 
 use anyhow::{Result, bail};
 
-use super::{CounterSource, CounterSpec, Counts, Metrics, Model};
+use super::{CounterSource, CounterSpec, CounterUse, Counts, Metrics, Model};
 
 /// Syscalls standing in for a model's counters, slot 1 first. Chosen because they are cheap,
 /// have no side effects, and neither Rust's std runtime nor glibc's start-up calls them, so a
 /// test workload controls their counts exactly.
-pub const DEFAULT_SYSCALLS: [&str; 12] = [
+pub const DEFAULT_SYSCALLS: [&str; 24] = [
     "getppid",
     "getpgid",
     "getsid",
@@ -25,12 +25,26 @@ pub const DEFAULT_SYSCALLS: [&str; 12] = [
     "getitimer",
     "sched_getscheduler",
     "sched_getparam",
+    "getpgrp",
+    "getcwd",
+    "newuname",
+    "capget",
+    "ioprio_get",
+    "getgroups",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_rr_get_interval",
+    "get_robust_list",
+    "sched_getattr",
+    "get_mempolicy",
 ];
 
 pub struct Synthetic {
     inner: Box<dyn Model>,
     /// counter name -> (tracefs group, tracepoint), in the inner model's counter order.
     map: Vec<(String, String, String)>,
+    /// The inner model's scheduling group of each counter, in the same order.
+    groups: Vec<u8>,
 }
 
 impl Synthetic {
@@ -78,7 +92,8 @@ impl Synthetic {
             slot.1 = group;
             slot.2 = name;
         }
-        Ok(Self { inner, map })
+        let groups = counters.iter().map(|spec| spec.group).collect();
+        Ok(Self { inner, map, groups })
     }
 }
 
@@ -130,13 +145,18 @@ impl Model for Synthetic {
     fn counters(&self) -> Vec<CounterSpec> {
         self.map
             .iter()
-            .map(|(name, group, tracepoint)| CounterSpec {
-                name: name.clone(),
-                source: CounterSource::Tracepoint {
-                    group: group.clone(),
-                    name: tracepoint.clone(),
+            .zip(&self.groups)
+            .map(
+                |((name, group, tracepoint), scheduling_group)| CounterSpec {
+                    name: name.clone(),
+                    source: CounterSource::Tracepoint {
+                        group: group.clone(),
+                        name: tracepoint.clone(),
+                    },
+                    group: *scheduling_group,
+                    uses: CounterUse::Software,
                 },
-            })
+            )
             .collect()
     }
 
