@@ -10,6 +10,39 @@
 /// Rapids L2 (10).
 pub const MAX_COUNTERS: usize = 24;
 
+/// Where each counter slot's value comes from: the fd at index `fd_slot` of this CPU's part of
+/// the `COUNTERS` array, and which of the helper's three values (count, enabled or running time).
+/// Rotating counter groups (more events than the PMU has counters) need their enabled and running
+/// times per task to be scaled in user space, so those times get slots of their own.
+pub mod slot_source {
+    pub const FIELD_COUNT: u32 = 0;
+    pub const FIELD_ENABLED: u32 = 1;
+    pub const FIELD_RUNNING: u32 = 2;
+
+    pub const fn encode(fd_slot: u32, field: u32) -> u32 {
+        (fd_slot & 0xff) | (field & 0x3) << 8
+    }
+
+    pub const fn fd_slot(source: u32) -> u32 {
+        source & 0xff
+    }
+
+    pub const fn field(source: u32) -> u32 {
+        (source >> 8) & 0x3
+    }
+
+    /// Slot `i` reads fd `i`'s count: the layout when no group rotates.
+    pub const fn identity() -> [u32; super::MAX_COUNTERS] {
+        let mut sources = [0; super::MAX_COUNTERS];
+        let mut slot = 0;
+        while slot < super::MAX_COUNTERS {
+            sources[slot] = slot as u32;
+            slot += 1;
+        }
+        sources
+    }
+}
+
 /// `TASK_DEAD` in `task_struct::__state` (include/linux/sched.h). `sched_switch` passes
 /// `prev_state`; a task switching out with this bit set will never run again, which is the
 /// moment to hand its totals to user space and free its map entry.
@@ -49,6 +82,7 @@ pub mod names {
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
+    pub const GLOBAL_SLOT_SOURCES: &str = "SLOT_SOURCES";
     pub const GLOBAL_FILTER_TGIDS: &str = "FILTER_TGIDS";
     pub const GLOBAL_FOLLOW_FORKS: &str = "FOLLOW_FORKS";
     pub const GLOBAL_FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";

@@ -34,7 +34,7 @@ use aya_log_ebpf::warn;
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS,
     MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode,
+    flush_mode, slot_source,
 };
 
 // Globals user space sets at load time (read volatile so the compiler cannot fold the defaults).
@@ -42,6 +42,9 @@ use topdown_common::{
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
 #[unsafe(no_mangle)]
 static NUM_COUNTERS: u32 = 0;
+/// Per slot: which fd and which value to read (`topdown_common::slot_source`).
+#[unsafe(no_mangle)]
+static SLOT_SOURCES: [u32; MAX_COUNTERS] = slot_source::identity();
 /// Nonzero: only tasks whose tgid is in `TRACKED` get their own entry (`-p`, `-- CMD`).
 #[unsafe(no_mangle)]
 static FILTER_TGIDS: u32 = 0;
@@ -107,6 +110,15 @@ static EXITS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static STACKS: HashMap<u32, ShadowStack> = HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 
+/// Never written: the zeroed values new task and cgroup entries are copied from (with 24
+/// counters they no longer fit the 512-byte BPF stack).
+#[map]
+static ZERO_TASK: PerCpuArray<TaskCounters> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static ZERO_CGROUP: PerCpuArray<CgroupCounters> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static ZERO_CALL: PerCpuArray<CallStats> = PerCpuArray::with_max_entries(1, 0);
+
 /// Never written: the zeroed value new shadow stacks are copied from (too big for the stack).
 #[map]
 static ZERO_STACK: PerCpuArray<ShadowStack> = PerCpuArray::with_max_entries(1, 0);
@@ -118,25 +130,48 @@ static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(16384, 0);
 #[map]
 static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// Reads every counter slot of this CPU into `out`; returns the leader's enabled and running
-/// times, or `None` if any read failed.
+/// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
+/// the other type's slots read as zero there, always, so their deltas are zero too.
+const ENOENT: i32 = -2;
+
+/// Reads every counter slot of this CPU into `out`; returns the enabled and running times of the
+/// first counter present on this CPU, or `None` if any read failed.
 #[inline(always)]
 fn read_slots(out: &mut [u64; MAX_COUNTERS]) -> Option<(u64, u64)> {
     let used = global(&NUM_COUNTERS) as usize;
     // SAFETY: a helper without preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let base = cpu.wrapping_mul(MAX_COUNTERS as u32);
-    let mut times = (0, 0);
+    let mut times: Option<(u64, u64)> = None;
+    let mut value = (0u64, 0u64, 0u64);
+    let mut last_fd = u32::MAX;
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
-        let value = COUNTERS.read_value(base + slot as u32).ok()?;
-        out[slot] = value.counter;
-        if slot == 0 {
-            times = (value.enabled_nanos, value.running_nanos);
+        // SAFETY: `slot < MAX_COUNTERS`; volatile so the loader's values are read, not the default.
+        let source = unsafe { core::ptr::read_volatile(SLOT_SOURCES.as_ptr().add(slot)) };
+        let fd_slot = slot_source::fd_slot(source) % MAX_COUNTERS as u32;
+        // Timing slots follow their counter's slot: one helper call serves all three.
+        if fd_slot != last_fd {
+            value = match COUNTERS.read_value(base + fd_slot) {
+                Ok(read) => {
+                    if times.is_none() {
+                        times = Some((read.enabled_nanos, read.running_nanos));
+                    }
+                    (read.counter, read.enabled_nanos, read.running_nanos)
+                }
+                Err(ENOENT) => (0, 0, 0),
+                Err(_) => return None,
+            };
+            last_fd = fd_slot;
         }
+        out[slot] = match slot_source::field(source) {
+            slot_source::FIELD_ENABLED => value.1,
+            slot_source::FIELD_RUNNING => value.2,
+            _ => value.0,
+        };
         slot += 1;
     }
-    Some(times)
+    Some(times.unwrap_or((0, 0)))
 }
 
 /// Reads every counter slot of this CPU into `state.now`. False if any read failed.
@@ -199,24 +234,30 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
         state.now[slot] = slot_delta;
         slot += 1;
     }
-    let delta = state.now;
-    add(&mut state.total, &delta, used);
+    // The deltas stay in `state.now` (no copy: 24 counters would not fit the 512-byte stack).
+    let delta = &state.now;
+    add(&mut state.total, delta, used);
 
     if tid == 0 {
-        add(&mut state.idle, &delta, used);
+        add(&mut state.idle, delta, used);
         return;
     }
     if global(&FILTER_CGROUPS) != 0 && !in_chosen_cgroup() {
-        add(&mut state.untracked, &delta, used);
+        add(&mut state.untracked, delta, used);
         return;
     }
     let existing = TASKS.get_ptr_mut(&tid);
     if existing.is_none() && global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
-        add(&mut state.untracked, &delta, used);
+        add(&mut state.untracked, delta, used);
         return;
     }
     if global(&BY_CGROUP) != 0 {
-        add_to_cgroup(state, &delta, used);
+        add_to_cgroup(
+            &mut state.cgroup_map_full,
+            &mut state.cgroup_dropped,
+            delta,
+            used,
+        );
     }
     if global(&BY_TASK) == 0 {
         return;
@@ -224,17 +265,23 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
     let task = match existing {
         Some(task) => task,
         None => {
-            let mut fresh = TaskCounters::ZERO;
-            fresh.tgid = tgid;
-            if TASKS.insert(&tid, &fresh, BPF_NOEXIST as u64).is_err() {
+            let Some(zero) = ZERO_TASK.get_ptr(0) else {
+                add(&mut state.dropped, delta, used);
+                return;
+            };
+            // SAFETY: a per-CPU map value nobody writes: all zeroes.
+            if TASKS
+                .insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64)
+                .is_err()
+            {
                 state.task_map_full += 1;
-                add(&mut state.dropped, &delta, used);
+                add(&mut state.dropped, delta, used);
                 return;
             }
             match TASKS.get_ptr_mut(&tid) {
                 Some(task) => task,
                 None => {
-                    add(&mut state.dropped, &delta, used);
+                    add(&mut state.dropped, delta, used);
                     return;
                 }
             }
@@ -242,7 +289,7 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
     };
     // SAFETY: a map value pointer; only the CPU the task runs on writes it.
     let task = unsafe { &mut *task };
-    add(&mut task.counters, &delta, used);
+    add(&mut task.counters, delta, used);
     task.switches += 1;
     task.tgid = tgid;
     if let Ok(comm) = bpf_get_current_comm() {
@@ -255,24 +302,34 @@ fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
 
 /// `current` is still the task switching out, so this is its cgroup.
 #[inline(always)]
-fn add_to_cgroup(state: &mut CpuState, delta: &[u64; MAX_COUNTERS], used: usize) {
+fn add_to_cgroup(
+    cgroup_map_full: &mut u64,
+    cgroup_dropped: &mut [u64; MAX_COUNTERS],
+    delta: &[u64; MAX_COUNTERS],
+    used: usize,
+) {
     // SAFETY: a helper without preconditions.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let entry = match CGROUPS.get_ptr_mut(&cgroup) {
         Some(entry) => entry,
         None => {
-            let fresh = CgroupCounters {
-                counters: [0; MAX_COUNTERS],
+            let Some(zero) = ZERO_CGROUP.get_ptr(0) else {
+                add(cgroup_dropped, delta, used);
+                return;
             };
-            if CGROUPS.insert(&cgroup, &fresh, BPF_NOEXIST as u64).is_err() {
-                state.cgroup_map_full += 1;
-                add(&mut state.cgroup_dropped, delta, used);
+            // SAFETY: a per-CPU map value nobody writes: all zeroes.
+            if CGROUPS
+                .insert(&cgroup, unsafe { &*zero }, BPF_NOEXIST as u64)
+                .is_err()
+            {
+                *cgroup_map_full += 1;
+                add(cgroup_dropped, delta, used);
                 return;
             }
             match CGROUPS.get_ptr_mut(&cgroup) {
                 Some(entry) => entry,
                 None => {
-                    add(&mut state.cgroup_dropped, delta, used);
+                    add(cgroup_dropped, delta, used);
                     return;
                 }
             }
@@ -717,12 +774,10 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
     let stats = match CALLS.get_ptr_mut(&key) {
         Some(stats) => stats,
         None => {
-            let fresh = CallStats {
-                calls: 0,
-                inclusive: [0; MAX_COUNTERS],
-                exclusive: [0; MAX_COUNTERS],
-            };
-            let _ = CALLS.insert(&key, &fresh, BPF_NOEXIST as u64);
+            if let Some(zero) = ZERO_CALL.get_ptr(0) {
+                // SAFETY: a per-CPU map value nobody writes: all zeroes.
+                let _ = CALLS.insert(&key, unsafe { &*zero }, BPF_NOEXIST as u64);
+            }
             match CALLS.get_ptr_mut(&key) {
                 Some(stats) => stats,
                 None => {
