@@ -8,7 +8,7 @@ use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, 
 
 use crate::{
     bpf::Snapshot,
-    model::{Counts, Model},
+    model::{Counts, Model, evaluate},
     report::{
         CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
         ProcessEntry, Report, TaskEntry,
@@ -18,6 +18,8 @@ use crate::{
 /// What a report is about, besides the numbers.
 pub struct ReportContext<'a> {
     pub model: &'a dyn Model,
+    /// What each BPF slot holds (the counter plan's slot names, `crate::schedule`).
+    pub slot_names: Vec<String>,
     pub level: u8,
     pub scope: String,
     pub duration_s: f64,
@@ -39,16 +41,15 @@ pub fn build_report(
     current: &Snapshot,
     previous: Option<&Snapshot>,
 ) -> Report {
-    let names: Vec<String> = ctx
-        .model
-        .counters()
-        .into_iter()
-        .map(|spec| spec.name)
-        .collect();
+    let names = &ctx.slot_names;
     let entity = |slots: &Slots| -> Entity {
-        let counters = name_slots(&names, slots);
-        let metrics = ctx.model.metrics(&counters, ctx.level);
-        Entity { counters, metrics }
+        let counters = name_slots(names, slots);
+        let evaluation = evaluate(ctx.model, &counters, ctx.level);
+        Entity {
+            counters,
+            metrics: evaluation.metrics,
+            estimated: evaluation.estimated,
+        }
     };
 
     let per_cpu = |pick: fn(&CpuState) -> &Slots| -> Slots {
@@ -501,6 +502,7 @@ mod tests {
     fn context(model: &dyn Model) -> ReportContext<'_> {
         ReportContext {
             model,
+            slot_names: model.counters().into_iter().map(|spec| spec.name).collect(),
             level: 0,
             scope: "system-wide".to_owned(),
             duration_s: 1.0,

@@ -136,6 +136,12 @@ pub struct StatArgs {
     #[arg(long = "max-cgroups", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_cgroups: u32,
 
+    /// General-purpose counters the PMU has free (default: detected from the CPU, with the NMI
+    /// watchdog's counter subtracted; unbounded for synthetic models). Models needing more
+    /// rotate their level-2 groups, and the report marks what that makes estimated.
+    #[arg(long = "max-counters", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_counters: Option<u32>,
+
     /// Capacity of the BPF task map; tasks beyond it are counted as dropped.
     #[arg(long = "max-tasks", default_value_t = 32768, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tasks: u32,

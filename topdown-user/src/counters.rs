@@ -17,6 +17,7 @@ use perf_event_open_sys::bindings;
 use crate::{
     error::{Failure, fail},
     model::{CounterSource, CounterSpec},
+    schedule::Plan,
     tracefs::Tracefs,
 };
 
@@ -37,13 +38,21 @@ pub struct ResolvedCounter {
     pub config: u64,
 }
 
-/// Turns a model's counter specs into perf types and configs (tracepoints need tracefs ids).
+/// Turns a model's counter specs into perf types and configs (tracepoints need tracefs ids;
+/// a hybrid PMU's raw events need that PMU's dynamic type from sysfs).
 pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<ResolvedCounter>> {
     specs
         .iter()
         .map(|spec| {
             let (perf_type, config) = match &spec.source {
-                CounterSource::Perf { perf_type, config } => (*perf_type, *config),
+                CounterSource::Perf { perf_type, config } => {
+                    match crate::schedule::counter_pmu(&spec.name) {
+                        Some(pmu) if *perf_type == crate::model::PERF_TYPE_RAW => {
+                            (hybrid_pmu_type(pmu)?, *config)
+                        }
+                        _ => (*perf_type, *config),
+                    }
+                }
                 CounterSource::Tracepoint { group, name } => {
                     let Some(tracefs) = tracefs else {
                         bail!(
@@ -64,6 +73,32 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
             })
         })
         .collect()
+}
+
+/// The `perf_event_attr.type` of a hybrid core PMU (`cpu_core`, `cpu_atom`): dynamic, in sysfs.
+fn hybrid_pmu_type(pmu: &str) -> Result<u32> {
+    let path = format!("/sys/bus/event_source/devices/{pmu}/type");
+    let text = fs::read_to_string(&path).map_err(|err| {
+        fail(
+            Failure::PmuUnavailable,
+            format!("cannot read {path}: {err}: this machine has no {pmu} PMU (check --pmu)"),
+        )
+    })?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("parsing {path}: expected a number, got '{}'", text.trim()))
+}
+
+/// The CPUs a hybrid PMU covers (`/sys/bus/event_source/devices/<pmu>/cpus`).
+pub fn pmu_cpus(pmu: &str) -> Result<Vec<u32>> {
+    let path = format!("/sys/bus/event_source/devices/{pmu}/cpus");
+    let text = fs::read_to_string(&path).map_err(|err| {
+        fail(
+            Failure::PmuUnavailable,
+            format!("cannot read {path}: {err}: this machine has no {pmu} PMU (check --pmu)"),
+        )
+    })?;
+    parse_cpu_list(&text).with_context(|| format!("parsing {path}"))
 }
 
 /// The CPUs in `/sys/devices/system/cpu/online`.
@@ -97,39 +132,72 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
     Ok(cpus)
 }
 
-/// One group per CPU, each with the same counters in the same order.
+/// The planned perf groups on every CPU their PMU covers (`crate::schedule::Plan`).
 pub struct CounterGroups {
     counters: Vec<ResolvedCounter>,
-    /// `(cpu, fds in counter order)`.
-    groups: Vec<(u32, Vec<OwnedFd>)>,
+    /// `(cpu, [(fd slot, fd)])`: the counters of every group opened on that CPU.
+    groups: Vec<(u32, Vec<(usize, OwnedFd)>)>,
 }
 
 impl CounterGroups {
-    /// Opens the groups. Fails on the first counter the kernel refuses, naming it and the CPU.
-    pub fn open(counters: &[ResolvedCounter], cpus: &[u32], privilege: Privilege) -> Result<Self> {
+    /// Opens the plan's groups. `counters` are the plan's counters resolved, in fd-slot order;
+    /// `cpus_of(pmu)` lists the CPUs of a hybrid PMU (`None`: the core PMU, every CPU in
+    /// `cpus`). Fails on the first counter the kernel refuses, naming it and the CPU.
+    pub fn open(
+        plan: &Plan,
+        counters: &[ResolvedCounter],
+        cpus: &[u32],
+        cpus_of: &dyn Fn(&str) -> Result<Vec<u32>>,
+        privilege: Privilege,
+    ) -> Result<Self> {
         if counters.is_empty() {
             bail!("a model must have at least one counter");
         }
-        if counters.len() > topdown_common::MAX_COUNTERS {
+        if plan.slots.len() > topdown_common::MAX_COUNTERS {
             bail!(
-                "{} counters in one pass, but the BPF side has {} slots per CPU",
-                counters.len(),
+                "{} counter slots in one pass, but the BPF side has {} per CPU",
+                plan.slots.len(),
                 topdown_common::MAX_COUNTERS
             );
         }
-        let mut groups = Vec::with_capacity(cpus.len());
-        for &cpu in cpus {
-            let mut fds: Vec<OwnedFd> = Vec::with_capacity(counters.len());
-            for (slot, counter) in counters.iter().enumerate() {
-                let leader = fds.first().map(|fd| fd.as_fd());
-                let fd = open_counter(counter, cpu, leader, slot == 0, privilege)?;
-                fds.push(fd);
+        let mut per_cpu: Vec<(u32, Vec<(usize, OwnedFd)>)> =
+            cpus.iter().map(|&cpu| (cpu, Vec::new())).collect();
+        for group in &plan.groups {
+            let group_cpus = match &group.pmu {
+                Some(pmu) => cpus_of(pmu)?,
+                None => cpus.to_vec(),
+            };
+            for (cpu, fds) in per_cpu
+                .iter_mut()
+                .filter(|(cpu, _)| group_cpus.contains(cpu))
+            {
+                let mut leader: Option<OwnedFd> = None;
+                let mut members = Vec::with_capacity(group.members.len());
+                for &index in &group.members {
+                    let Some(counter) = counters.get(index) else {
+                        bail!("counter plan names counter {index} of {}", counters.len());
+                    };
+                    let fd = open_counter(
+                        counter,
+                        *cpu,
+                        leader.as_ref().map(|fd| fd.as_fd()),
+                        leader.is_none() && group.pinned,
+                        privilege,
+                    )?;
+                    match leader {
+                        None => leader = Some(fd),
+                        Some(_) => members.push((index, fd)),
+                    }
+                }
+                if let (Some(leader), Some(&first)) = (leader, group.members.first()) {
+                    fds.push((first, leader));
+                }
+                fds.extend(members);
             }
-            groups.push((cpu, fds));
         }
         Ok(Self {
             counters: counters.to_vec(),
-            groups,
+            groups: per_cpu,
         })
     }
 
@@ -141,13 +209,11 @@ impl CounterGroups {
         self.groups.iter().map(|(cpu, _)| *cpu)
     }
 
-    /// Every `(cpu, slot, fd)`.
+    /// Every `(cpu, fd slot, fd)`.
     pub fn fds(&self) -> impl Iterator<Item = (u32, usize, BorrowedFd<'_>)> + '_ {
-        self.groups.iter().flat_map(|(cpu, fds)| {
-            fds.iter()
-                .enumerate()
-                .map(move |(slot, fd)| (*cpu, slot, fd.as_fd()))
-        })
+        self.groups
+            .iter()
+            .flat_map(|(cpu, fds)| fds.iter().map(move |(slot, fd)| (*cpu, *slot, fd.as_fd())))
     }
 }
 
@@ -155,7 +221,7 @@ fn open_counter(
     counter: &ResolvedCounter,
     cpu: u32,
     leader: Option<BorrowedFd<'_>>,
-    is_leader: bool,
+    pinned: bool,
     privilege: Privilege,
 ) -> Result<OwnedFd> {
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
@@ -167,7 +233,7 @@ fn open_counter(
         bindings::PERF_FORMAT_TOTAL_TIME_ENABLED | bindings::PERF_FORMAT_TOTAL_TIME_RUNNING,
     );
     // Only a group leader may be pinned; members follow it.
-    attr.set_pinned(u64::from(is_leader));
+    attr.set_pinned(u64::from(pinned));
     attr.set_exclude_user(u64::from(privilege == Privilege::KernelOnly));
     attr.set_exclude_kernel(u64::from(privilege == Privilege::UserOnly));
     attr.set_exclude_hv(u64::from(privilege == Privilege::UserOnly));

@@ -13,6 +13,7 @@ pub mod error;
 pub mod model;
 pub mod pmu;
 pub mod report;
+pub mod schedule;
 pub mod stat;
 pub mod symbols;
 pub mod target;

@@ -20,10 +20,11 @@ use crate::{
     bpf::{AttachMode, ProbePoint, Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
     cli::StatArgs,
-    counters::{CounterGroups, Privilege, online_cpus, resolve},
+    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
     report::{By, IntervalInfo, Report, render},
+    schedule::Plan,
     symbols::{ProbeSpec, resolve as resolve_functions},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
     tracefs::Tracefs,
@@ -75,9 +76,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
 
     check_privileges()?;
     let tracefs = Tracefs::locate_or_mount()?;
-    let counters = resolve(&model.counters(), Some(&tracefs))?;
+    let level = effective_level(model.as_ref(), level);
+    let plan = plan_counters(model.as_ref(), level, args.max_counters)?;
+    for note in &plan.notes {
+        eprintln!("{note}");
+    }
+    let counters = resolve(&plan.counters, Some(&tracefs))?;
     let cpus = online_cpus()?;
-    let groups = CounterGroups::open(&counters, &cpus, privilege)
+    let groups = CounterGroups::open(&plan, &counters, &cpus, &pmu_cpus, privilege)
         .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
 
     let wants_cgroups = args.by.contains(&By::Cgroup) || args.cgroup_depth.is_some();
@@ -116,7 +122,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     };
     let mut reporting = Reporting {
         model: model.as_ref(),
-        level: effective_level(model.as_ref(), level),
+        level,
+        slot_names: plan.slot_names(),
         scope: scope.describe(),
         by,
         cgroups: if wants_cgroups { cgroup_tree } else { None },
@@ -152,6 +159,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         by_cgroup: reporting.cgroups.is_some(),
         cgroup_filter,
         max_cgroups: args.max_cgroups,
+        num_slots: plan.slots.len() as u32,
+        slot_sources: plan.slot_sources(),
         trigger,
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
@@ -361,6 +370,7 @@ async fn event_loop(
 struct Reporting<'m> {
     model: &'m dyn Model,
     level: u8,
+    slot_names: Vec<String>,
     scope: String,
     by: Vec<By>,
     /// Present with `--by cgroup`: names cgroup ids (remembering removed cgroups).
@@ -392,6 +402,7 @@ impl Reporting<'_> {
         }
         let ctx = ReportContext {
             model: self.model,
+            slot_names: self.slot_names.clone(),
             level: self.level,
             scope: self.scope.clone(),
             duration_s,
@@ -431,6 +442,27 @@ fn write_interval(
 }
 
 /// The level reports are computed at: the software model has none.
+/// The counter plan: the PMU's general-purpose counters bound how many events count at once
+/// (`--max-counters` overrides the detected number; synthetic models are unbounded unless told).
+fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Result<Plan> {
+    let detect = !model.is_synthetic() && max_counters.is_none();
+    let budget = move |pmu: Option<&str>| {
+        if detect {
+            detected_free_counters(pmu)
+        } else {
+            max_counters
+        }
+    };
+    crate::schedule::plan(model, level, &budget)
+        .map_err(|err| fail(Failure::Usage, format!("{err:#}")))
+}
+
+/// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`); `None` when
+/// unknown, which plans every group as one pinned group.
+fn detected_free_counters(_pmu: Option<&str>) -> Option<u32> {
+    None
+}
+
 fn effective_level(model: &dyn Model, requested: u8) -> u8 {
     if model.max_level() == 0 { 0 } else { requested }
 }

@@ -55,6 +55,9 @@ pub struct SessionConfig {
     pub cgroup_filter: Option<Vec<u64>>,
     /// Capacity of the per-cgroup map.
     pub max_cgroups: u32,
+    /// BPF counter slots in use and where each reads from (`crate::schedule::Plan`).
+    pub num_slots: u32,
+    pub slot_sources: [u32; MAX_COUNTERS],
     /// What runs the attribution: every context switch, or only cgroup switches (cgroup-only
     /// breakdowns, no per-task entries).
     pub trigger: Trigger,
@@ -121,7 +124,8 @@ impl Session {
     /// Loads the programs, stores the counter fds, attaches, and takes each CPU's baseline.
     pub fn start(config: &SessionConfig, groups: CounterGroups, tracefs: &Tracefs) -> Result<Self> {
         check_btf()?;
-        let num_counters = groups.counters().len() as u32;
+        let num_counters = config.num_slots;
+        let slot_sources = config.slot_sources;
         let possible_cpus = aya::util::nr_cpus()
             .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
             .get();
@@ -140,6 +144,7 @@ impl Session {
         let mut loader = EbpfLoader::new();
         loader
             .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
+            .override_global(names::GLOBAL_SLOT_SOURCES, &slot_sources, true)
             .override_global(names::GLOBAL_FILTER_TGIDS, &filter, true)
             .override_global(names::GLOBAL_FOLLOW_FORKS, &follow, true)
             .override_global(names::GLOBAL_FORK_CHILD_PID_OFFSET, &fork_child, true)

@@ -13,11 +13,14 @@ use anyhow::{Result, bail};
 
 pub mod amd_zen;
 pub mod arm_neoverse;
+pub mod evaluate;
 pub mod intel_atom;
 pub mod intel_core;
 pub mod intel_icl;
 pub mod software;
 pub mod synthetic;
+
+pub use evaluate::{Evaluation, evaluate};
 
 /// Raw counter values by counter name (the Linux perf event name, e.g. `slots`).
 pub type Counts = BTreeMap<String, u64>;

@@ -43,8 +43,9 @@ pub struct Synthetic {
     inner: Box<dyn Model>,
     /// counter name -> (tracefs group, tracepoint), in the inner model's counter order.
     map: Vec<(String, String, String)>,
-    /// The inner model's scheduling group of each counter, in the same order.
-    groups: Vec<u8>,
+    /// The inner model's scheduling group and counter use of each counter, in the same order:
+    /// the counter budget plans a synthetic model like the hardware it stands in for.
+    groups: Vec<(u8, CounterUse)>,
 }
 
 impl Synthetic {
@@ -92,7 +93,10 @@ impl Synthetic {
             slot.1 = group;
             slot.2 = name;
         }
-        let groups = counters.iter().map(|spec| spec.group).collect();
+        let groups = counters
+            .iter()
+            .map(|spec| (spec.group, spec.uses))
+            .collect();
         Ok(Self { inner, map, groups })
     }
 }
@@ -147,14 +151,14 @@ impl Model for Synthetic {
             .iter()
             .zip(&self.groups)
             .map(
-                |((name, group, tracepoint), scheduling_group)| CounterSpec {
+                |((name, group, tracepoint), (scheduling_group, uses))| CounterSpec {
                     name: name.clone(),
                     source: CounterSource::Tracepoint {
                         group: group.clone(),
                         name: tracepoint.clone(),
                     },
                     group: *scheduling_group,
-                    uses: CounterUse::Software,
+                    uses: *uses,
                 },
             )
             .collect()

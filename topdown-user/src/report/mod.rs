@@ -88,6 +88,9 @@ pub struct IntervalInfo {
 pub struct Entity {
     pub counters: Counts,
     pub metrics: Metrics,
+    /// Metrics computed from counts scaled for counter rotation (`crate::schedule`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -213,7 +216,11 @@ pub enum By {
 /// never trusted: they may come from another version or have been edited).
 pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8) {
     report.level = level;
-    let fix = |entity: &mut Entity| entity.metrics = model.metrics(&entity.counters, level);
+    let fix = |entity: &mut Entity| {
+        let evaluation = crate::model::evaluate(model, &entity.counters, level);
+        entity.metrics = evaluation.metrics;
+        entity.estimated = evaluation.estimated;
+    };
     fix(&mut report.totals);
     fix(&mut report.idle);
     fix(&mut report.untracked);

@@ -22,6 +22,7 @@ fn title(metric: &str) -> &str {
         "fetch_bandwidth" => "FetchBW",
         "memory_bound" => "MemBound",
         "core_bound" => "CoreBound",
+        "smt_contention" => "SMT",
         other => other,
     }
 }
@@ -63,15 +64,28 @@ fn table_text(report: &Report, by: &[By]) -> String {
             .collect();
         text += &format!("   {}\n", map.join(" "));
     }
+    // A model's extra level-1 buckets (AMD's smt_contention) follow the standard four; dotted
+    // names (a hybrid model's per-core-type split) stay in JSON.
+    let extra_level_one: Vec<&str> = report
+        .totals
+        .metrics
+        .keys()
+        .map(String::as_str)
+        .filter(|name| {
+            !name.contains('.') && !L1_METRICS.contains(name) && !L2_METRICS.contains(name)
+        })
+        .collect();
     let metrics: Vec<&str> = match report.level {
         0 => Vec::new(),
-        1 => L1_METRICS.to_vec(),
+        1 => L1_METRICS.iter().copied().chain(extra_level_one).collect(),
         _ => L1_METRICS
             .iter()
-            .chain(L2_METRICS.iter())
             .copied()
+            .chain(extra_level_one)
+            .chain(L2_METRICS.iter().copied())
             .collect(),
     };
+    let mut any_estimated = false;
     let weight = report.weight_counter.as_str();
     let total_weight = report.totals.counters.get(weight).copied().unwrap_or(0);
     let weight_title = if weight == "cpu-clock" {
@@ -96,12 +110,20 @@ fn table_text(report: &Report, by: &[By]) -> String {
         ];
         cells.extend(metrics.iter().map(
             |name| match entity.metrics.get(*name).copied().flatten() {
+                Some(fraction) if entity.estimated.iter().any(|e| e == name) => {
+                    format!("~{:.1}%", 100.0 * fraction)
+                }
                 Some(fraction) => format!("{:.1}%", 100.0 * fraction),
                 None => "-".to_owned(),
             },
         ));
         cells
     };
+    any_estimated |= report
+        .totals
+        .estimated
+        .iter()
+        .any(|name| metrics.contains(&name.as_str()));
     let mut header_tail = vec![weight_title.clone(), "share".to_owned()];
     header_tail.extend(metrics.iter().map(|name| title(name).to_owned()));
 
@@ -217,6 +239,9 @@ fn table_text(report: &Report, by: &[By]) -> String {
         text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
     }
 
+    if any_estimated {
+        text += "note: ~ marks estimates: those counters took turns on the PMU and were scaled by the time each group counted (enabled/running)\n";
+    }
     let d = &report.diagnostics;
     if d.overflows
         + d.missed_returns
@@ -420,6 +445,7 @@ mod tests {
 
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
+            estimated: Vec::new(),
             counters: BTreeMap::from([("slots".to_owned(), slots)]),
             metrics: L1_METRICS
                 .iter()
