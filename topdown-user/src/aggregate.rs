@@ -176,7 +176,7 @@ pub fn build_report(
 
     Report {
         topdown_version: env!("CARGO_PKG_VERSION").to_owned(),
-        model: ctx.model.base_name().to_owned(),
+        model: ctx.model.recorded_name(),
         synthetic: ctx.model.is_synthetic(),
         synthetic_map: ctx.model.synthetic_map().into_iter().collect(),
         level: ctx.level,

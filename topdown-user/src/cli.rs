@@ -142,6 +142,12 @@ pub struct StatArgs {
     #[arg(long = "max-counters", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub max_counters: Option<u32>,
 
+    /// With a synthetic hybrid model: which CPUs play the P-cores and which the E-cores, as
+    /// `cpu_core=LIST,cpu_atom=LIST` (LIST in kernel cpulist form, e.g. 0-3). Default: the first
+    /// half of the online CPUs are cpu_core, the rest cpu_atom.
+    #[arg(long = "hybrid-cpus", value_name = "PMU=CPUS,...")]
+    pub hybrid_cpus: Option<String>,
+
     /// Capacity of the BPF task map; tasks beyond it are counted as dropped.
     #[arg(long = "max-tasks", default_value_t = 32768, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tasks: u32,

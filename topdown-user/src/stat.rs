@@ -83,7 +83,23 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     }
     let counters = resolve(&plan.counters, Some(&tracefs))?;
     let cpus = online_cpus()?;
-    let groups = CounterGroups::open(&plan, &counters, &cpus, &pmu_cpus, privilege)
+    let hybrid_cpus = synthetic_hybrid_cpus(model.as_ref(), args.hybrid_cpus.as_deref(), &cpus)?;
+    let cpus_of = |pmu: &str| -> Result<Vec<u32>> {
+        match &hybrid_cpus {
+            Some(split) => split
+                .iter()
+                .find(|(name, _)| name == pmu)
+                .map(|(_, list)| list.clone())
+                .ok_or_else(|| {
+                    fail(
+                        Failure::Usage,
+                        format!("--hybrid-cpus gives no CPUs for {pmu}"),
+                    )
+                }),
+            None => pmu_cpus(pmu),
+        }
+    };
+    let groups = CounterGroups::open(&plan, &counters, &cpus, &cpus_of, privilege)
         .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
 
     let wants_cgroups = args.by.contains(&By::Cgroup) || args.cgroup_depth.is_some();
@@ -457,6 +473,109 @@ fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Res
         .map_err(|err| fail(Failure::Usage, format!("{err:#}")))
 }
 
+/// For a synthetic hybrid model, the CPUs standing in for each core type (`--hybrid-cpus`, or
+/// the online CPUs split in two halves). `None` for every other model: real hybrid PMUs say
+/// which CPUs they cover in sysfs.
+fn synthetic_hybrid_cpus(
+    model: &dyn Model,
+    requested: Option<&str>,
+    online: &[u32],
+) -> Result<Option<Vec<(String, Vec<u32>)>>> {
+    use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
+    let is_hybrid = model
+        .counters()
+        .iter()
+        .any(|spec| crate::schedule::counter_pmu(&spec.name).is_some());
+    if !is_hybrid || !model.is_synthetic() {
+        if requested.is_some() {
+            return Err(fail(
+                Failure::Usage,
+                "--hybrid-cpus only applies to a synthetic hybrid model, e.g. --pmu \
+                 synthetic:hybrid:intel-spr+intel-grt",
+            ));
+        }
+        return Ok(None);
+    }
+    let split = match requested {
+        Some(text) => parse_hybrid_cpus(text)?,
+        None => {
+            if online.len() < 2 {
+                return Err(fail(
+                    Failure::Usage,
+                    "a synthetic hybrid model needs two online CPUs to stand in for the two \
+                     core types, or --hybrid-cpus cpu_core=0,cpu_atom=0",
+                ));
+            }
+            let half = online.len() / 2;
+            vec![
+                (CORE_PMU.to_owned(), online[..half].to_vec()),
+                (ATOM_PMU.to_owned(), online[half..].to_vec()),
+            ]
+        }
+    };
+    let describe: Vec<String> = split
+        .iter()
+        .map(|(pmu, cpus)| {
+            let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+            format!("{pmu} = CPU {}", list.join(","))
+        })
+        .collect();
+    eprintln!(
+        "topdown: synthetic hybrid: {} (choose with --hybrid-cpus)",
+        describe.join(", ")
+    );
+    Ok(Some(split))
+}
+
+fn parse_hybrid_cpus(text: &str) -> Result<Vec<(String, Vec<u32>)>> {
+    use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
+    let usage = |what: String| {
+        fail(
+            Failure::Usage,
+            format!("--hybrid-cpus '{text}': {what}; expected e.g. cpu_core=0-1,cpu_atom=2-3"),
+        )
+    };
+    let mut split: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut current: Option<(String, String)> = None;
+    // Commas separate both the PMUs and a cpulist's parts: a part with '=' starts a new PMU.
+    for part in text.split(',') {
+        match part.split_once('=') {
+            Some((pmu, list)) => {
+                if let Some(done) = current.take() {
+                    let cpus = crate::counters::parse_cpu_list(&done.1)
+                        .map_err(|err| usage(format!("{err:#}")))?;
+                    split.push((done.0, cpus));
+                }
+                if pmu != CORE_PMU && pmu != ATOM_PMU {
+                    return Err(usage(format!("unknown PMU '{pmu}'")));
+                }
+                current = Some((pmu.to_owned(), list.to_owned()));
+            }
+            None => match &mut current {
+                Some((_, list)) => {
+                    list.push(',');
+                    list.push_str(part);
+                }
+                None => return Err(usage(format!("'{part}' names no PMU"))),
+            },
+        }
+    }
+    if let Some(done) = current {
+        let cpus =
+            crate::counters::parse_cpu_list(&done.1).map_err(|err| usage(format!("{err:#}")))?;
+        split.push((done.0, cpus));
+    }
+    for pmu in [CORE_PMU, ATOM_PMU] {
+        if !split
+            .iter()
+            .any(|(name, cpus)| name == pmu && !cpus.is_empty())
+        {
+            return Err(usage(format!("no CPUs for {pmu}")));
+        }
+    }
+    Ok(split)
+}
+
 /// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`); `None` when
 /// unknown, which plans every group as one pinned group.
 fn detected_free_counters(_pmu: Option<&str>) -> Option<u32> {
@@ -594,7 +713,7 @@ fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
                  flag set, no core PMU in /sys/bus/event_source/devices): use --pmu software, or \
                  --pmu synthetic:{} to exercise the pipeline",
                 model.name(),
-                model.base_name()
+                model.recorded_name()
             ),
         ),
         _ => err,

@@ -1,7 +1,9 @@
 //! A workload whose syscall counts are known exactly, for synthetic-counter tests.
 //!
 //! `td-workload [OPTIONS] THREADSPEC...`: each THREADSPEC (`getppid=1000,getpgid=400`) runs in
-//! its own thread and makes exactly those raw syscalls. Each thread prints
+//! its own thread and makes exactly those raw syscalls, in order; `cpu=N` in a spec moves the
+//! thread to CPU N before the syscalls after it (`cpu=0,getppid=10,cpu=1,getppid=5` migrates
+//! mid-way). Each thread prints
 //! `thread <index> pid=<pid> tid=<tid>` when done.
 //!
 //! Options:
@@ -16,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-const KNOWN: [&str; 13] = [
+const KNOWN: [&str; 25] = [
     "getppid",
     "getpgid",
     "getsid",
@@ -29,6 +31,18 @@ const KNOWN: [&str; 13] = [
     "getitimer",
     "sched_getscheduler",
     "sched_getparam",
+    "getpgrp",
+    "getcwd",
+    "newuname",
+    "capget",
+    "ioprio_get",
+    "getgroups",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_rr_get_interval",
+    "get_robust_list",
+    "sched_getattr",
+    "get_mempolicy",
     "gettid",
 ];
 
@@ -51,6 +65,35 @@ fn call(name: &str) -> Result<(), String> {
             "getitimer" => libc::syscall(libc::SYS_getitimer, libc::ITIMER_REAL, buf),
             "sched_getscheduler" => libc::syscall(libc::SYS_sched_getscheduler, 0),
             "sched_getparam" => libc::syscall(libc::SYS_sched_getparam, 0, buf),
+            "getpgrp" => libc::syscall(libc::SYS_getpgrp),
+            "getcwd" => libc::syscall(libc::SYS_getcwd, buf, buffer.len()),
+            "newuname" => libc::syscall(libc::SYS_uname, buf),
+            "capget" => {
+                // Version 3 header, this process, two data structs of 12 bytes.
+                let header = buf.cast::<u32>();
+                header.write(0x2008_0522);
+                header.add(1).write(0);
+                libc::syscall(libc::SYS_capget, header, buf.add(64))
+            }
+            "ioprio_get" => libc::syscall(libc::SYS_ioprio_get, 1, 0),
+            "getgroups" => libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()),
+            "sched_get_priority_max" => {
+                libc::syscall(libc::SYS_sched_get_priority_max, libc::SCHED_OTHER)
+            }
+            "sched_get_priority_min" => {
+                libc::syscall(libc::SYS_sched_get_priority_min, libc::SCHED_OTHER)
+            }
+            "sched_rr_get_interval" => libc::syscall(libc::SYS_sched_rr_get_interval, 0, buf),
+            "get_robust_list" => libc::syscall(libc::SYS_get_robust_list, 0, buf, buf.add(8)),
+            "sched_getattr" => libc::syscall(libc::SYS_sched_getattr, 0, buf, 56, 0),
+            "get_mempolicy" => libc::syscall(
+                libc::SYS_get_mempolicy,
+                std::ptr::null_mut::<i32>(),
+                std::ptr::null_mut::<u64>(),
+                0,
+                std::ptr::null_mut::<u8>(),
+                0,
+            ),
             "gettid" => libc::syscall(libc::SYS_gettid),
             other => return Err(format!("unknown syscall '{other}'")),
         };
@@ -59,6 +102,29 @@ fn call(name: &str) -> Result<(), String> {
                 "{name} failed: {}",
                 std::io::Error::last_os_error()
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Moves the calling thread to `cpu` (and waits until it runs there: the affinity change takes
+/// effect at once for the caller).
+fn pin_to(cpu: u64) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes within it for cpu < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= libc::CPU_SETSIZE as u64 {
+            return Err(format!("cpu {cpu} out of range"));
+        }
+        libc::CPU_SET(cpu as usize, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(format!(
+                "cannot move to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if libc::sched_getcpu() != cpu as i32 {
+            return Err(format!("still not on CPU {cpu} after sched_setaffinity"));
         }
     }
     Ok(())
@@ -75,7 +141,7 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
                 .parse()
                 .map_err(|_| format!("bad count in '{part}'"))?;
             // Validated by name, not by calling it: every call counts.
-            if !KNOWN.contains(&name) {
+            if name != "cpu" && !KNOWN.contains(&name) {
                 return Err(format!("unknown syscall '{name}'"));
             }
             Ok((name.to_owned(), count))
@@ -94,6 +160,13 @@ fn run_threads(specs: &[Vec<(String, u64)>], spin: Duration, ready_file: Option<
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 for (name, count) in &spec {
+                    if name == "cpu" {
+                        if let Err(err) = pin_to(*count) {
+                            eprintln!("td-workload: {err}");
+                            std::process::exit(2);
+                        }
+                        continue;
+                    }
                     for _ in 0..*count {
                         if let Err(err) = call(name) {
                             eprintln!("td-workload: {err}");

@@ -14,6 +14,7 @@ use anyhow::{Result, bail};
 pub mod amd_zen;
 pub mod arm_neoverse;
 pub mod evaluate;
+pub mod hybrid;
 pub mod intel_atom;
 pub mod intel_core;
 pub mod intel_icl;
@@ -128,6 +129,13 @@ pub trait Model: Send + Sync {
     /// recording stores so `report -i` can rebuild the formulas.
     fn base_name(&self) -> &'static str;
 
+    /// The name a recording stores so `report -i` can rebuild the formulas: the model's own
+    /// name with any `synthetic:` taken off (parameters such as a hybrid pairing or an Arm
+    /// `@slots=N` stay in it).
+    fn recorded_name(&self) -> String {
+        self.name()
+    }
+
     /// One line for `topdown list` and report headers.
     fn description(&self) -> &'static str;
 
@@ -150,6 +158,13 @@ pub trait Model: Send + Sync {
     /// `smt_contention`); they appear in `metrics` at every level and in every report.
     fn extra_l1_metrics(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Pipeline slots the counts cover, for weighing this model against another (a hybrid
+    /// part's two core types). Default: the weight counter, right for models whose weight
+    /// counter is `slots`; cycle-weighted models multiply by their width.
+    fn slots(&self, counts: &Counts) -> Option<f64> {
+        counts.get(self.weight_counter()).map(|value| *value as f64)
     }
 
     /// True when the counters are syscall tracepoints standing in for hardware events.
@@ -181,6 +196,17 @@ pub fn model_names() -> Vec<String> {
 
 /// Builds a non-synthetic model by its `--pmu` name.
 pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
+    if let Some((core, atom)) = hybrid::parse_name(name) {
+        return Ok(Box::new(hybrid::Hybrid::new(
+            base_model(core)?,
+            base_model(atom)?,
+        )));
+    }
+    if name.starts_with("hybrid:") {
+        bail!(
+            "bad hybrid model '{name}': expected hybrid:<P-core model>+<E-core model>, e.g. hybrid:intel-spr+intel-grt"
+        );
+    }
     let found = match name {
         "software" => Some(Box::new(software::Software) as Box<dyn Model>),
         _ => intel_core::by_name(name)

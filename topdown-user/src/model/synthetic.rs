@@ -176,6 +176,18 @@ impl Model for Synthetic {
         self.inner.weight_counter()
     }
 
+    fn recorded_name(&self) -> String {
+        self.inner.recorded_name()
+    }
+
+    fn extra_l1_metrics(&self) -> &'static [&'static str] {
+        self.inner.extra_l1_metrics()
+    }
+
+    fn slots(&self, counts: &Counts) -> Option<f64> {
+        self.inner.slots(counts)
+    }
+
     fn is_synthetic(&self) -> bool {
         true
     }
