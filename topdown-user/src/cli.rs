@@ -28,6 +28,32 @@ pub enum Command {
     Stat(StatArgs),
     /// Re-render a JSON result, recomputing every metric from its raw counters.
     Report(ReportArgs),
+    /// Show the detected CPU and PMU, the chosen model and every counter with its encoding.
+    List(ListArgs),
+    /// Diagnose whether tracing with TopDown can work here (exit 0) or not (exit 1), and why.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Show this model instead of the detected one (any name `--pmu` takes).
+    #[arg(long = "pmu", value_name = "MODEL")]
+    pub pmu: Option<String>,
+
+    /// List every model by name instead.
+    #[arg(long = "all")]
+    pub all: bool,
+
+    /// Plan the counters for a PMU with this many general-purpose counters free.
+    #[arg(long = "max-counters", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_counters: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The model to check for (default: what `--pmu auto` picks).
+    #[arg(long = "pmu", default_value = "auto", value_name = "MODEL")]
+    pub pmu: String,
 }
 
 #[derive(Debug, Args)]

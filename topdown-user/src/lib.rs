@@ -7,9 +7,11 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod cgroup;
+pub mod check;
 pub mod cli;
 pub mod counters;
 pub mod error;
+pub mod list;
 pub mod model;
 pub mod pmu;
 pub mod report;

@@ -51,6 +51,16 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             output.flush()?;
             Ok(0)
         }
+        Command::List(args) => {
+            let mut out = std::io::stdout().lock();
+            topdown::list::run(args.pmu.as_deref(), args.all, args.max_counters, &mut out)?;
+            Ok(0)
+        }
+        Command::Check(args) => {
+            let (model, announcement) = stat::select_model_by(&args.pmu, None)?;
+            let mut out = std::io::stdout().lock();
+            topdown::check::run(model.as_ref(), announcement.as_deref(), &mut out)
+        }
     }
 }
 

@@ -678,12 +678,21 @@ fn scope_of(args: &StatArgs) -> Scope {
 
 /// The model for `--pmu`, and the line that announces a fallback.
 fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
-    let overrides = match &args.synthetic {
+    select_model_by(&args.pmu, args.synthetic.as_deref())
+}
+
+/// The model for `--pmu` (`auto` detects) and `--synthetic` overrides, with the line announcing
+/// a fallback when `auto` found no TopDown PMU.
+pub fn select_model_by(
+    pmu: &str,
+    synthetic: Option<&str>,
+) -> Result<(Box<dyn Model>, Option<String>)> {
+    let overrides = match synthetic {
         Some(text) => parse_synthetic_overrides(text)
             .map_err(|err| fail(Failure::Usage, format!("{err:#}")))?,
         None => Vec::new(),
     };
-    if args.pmu == "auto" {
+    if pmu == "auto" {
         if !overrides.is_empty() {
             return Err(fail(
                 Failure::Usage,
@@ -694,7 +703,7 @@ fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
         let model = model_by_name(&choice.model, &[])?;
         return Ok((model, choice.announcement));
     }
-    let model = model_by_name(&args.pmu, &overrides)
+    let model = model_by_name(pmu, &overrides)
         .map_err(|err| fail(Failure::Usage, format!("--pmu: {err:#}")))?;
     Ok((model, None))
 }
@@ -722,18 +731,7 @@ fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
 
 /// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.
 fn check_privileges() -> Result<()> {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let status =
-        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
-    let effective = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+    if crate::check::capabilities_suffice(crate::check::effective_capabilities()?) {
         Ok(())
     } else {
         Err(fail(

@@ -457,6 +457,64 @@ impl Session {
     }
 }
 
+/// Loads every program of topdown's BPF object into the kernel (the verifier runs) without
+/// attaching anything, for `topdown check`. Returns the names of the programs that loaded.
+pub fn verify_programs() -> Result<Vec<&'static str>> {
+    let possible_cpus = aya::util::nr_cpus()
+        .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
+        .get();
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(names::COUNTERS, possible_cpus * MAX_COUNTERS as u32)
+        .load(EBPF_OBJECT)
+        .map_err(|err| {
+            fail(
+                Failure::BpfUnavailable,
+                format!("loading topdown's BPF object failed: {err:#}"),
+            )
+        })?;
+    let btf = Btf::from_sys_fs().map_err(|err| {
+        fail(
+            Failure::BpfUnavailable,
+            format!("reading kernel BTF failed: {err}"),
+        )
+    })?;
+    let mut loaded = Vec::new();
+    program_mut::<BtfTracePoint>(&mut ebpf, names::PROG_SCHED_SWITCH)?
+        .load("sched_switch", &btf)
+        .map_err(load_error(names::PROG_SCHED_SWITCH))?;
+    loaded.push(names::PROG_SCHED_SWITCH);
+    program_mut::<RawTracePoint>(&mut ebpf, names::PROG_FLUSH)?
+        .load()
+        .map_err(load_error(names::PROG_FLUSH))?;
+    loaded.push(names::PROG_FLUSH);
+    for name in [names::PROG_FORK, names::PROG_EXIT] {
+        program_mut::<TracePoint>(&mut ebpf, name)?
+            .load()
+            .map_err(load_error(name))?;
+        loaded.push(name);
+    }
+    program_mut::<aya::programs::PerfEvent>(&mut ebpf, names::PROG_CGROUP_SWITCH)?
+        .load()
+        .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
+    loaded.push(names::PROG_CGROUP_SWITCH);
+    for name in [
+        names::PROG_FUNC_ENTRY,
+        names::PROG_FUNC_RETURN,
+        names::PROG_FUNC_EXIT,
+    ] {
+        program_mut::<UProbe>(&mut ebpf, name)?
+            .load()
+            .map_err(load_error(name))?;
+        loaded.push(name);
+    }
+    Ok(loaded)
+}
+
+/// Whether the kernel can attach many uprobes with one uprobe.multi link (Linux 6.6+).
+pub fn uprobe_multi_supported() -> bool {
+    aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation).unwrap_or(false)
+}
+
 fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
     let btf = Btf::from_sys_fs().map_err(|err| {
         fail(

@@ -1,0 +1,191 @@
+//! `topdown list`: what this machine has, which model `--pmu auto` picks, and every counter a
+//! model opens with its encoding, the way perf would spell it.
+
+use std::{io::Write, path::Path};
+
+use anyhow::Result;
+
+use crate::{
+    model::{CounterSource, CounterUse, Model, all_models},
+    schedule::{self, group_level},
+};
+
+/// The counter as perf syntax: `cpu/config=0x10ad/`, `cpu_atom/config=0x71/`,
+/// `software/config=0x0/`, `syscalls:sys_enter_getppid`.
+pub fn encoding(name: &str, source: &CounterSource) -> String {
+    match source {
+        CounterSource::Perf { perf_type, config } => {
+            let pmu = match (schedule::counter_pmu(name), *perf_type) {
+                (Some(pmu), _) => pmu.to_owned(),
+                (None, crate::model::PERF_TYPE_RAW) => "cpu".to_owned(),
+                (None, 1) => "software".to_owned(),
+                (None, 0) => "hardware".to_owned(),
+                (None, other) => format!("type{other}"),
+            };
+            format!("{pmu}/config={config:#x}/")
+        }
+        CounterSource::Tracepoint { group, name } => format!("{group}:{name}"),
+    }
+}
+
+/// Writes the model's counters, one per line, and how they would be scheduled with
+/// `general_counters` free (`None`: unbounded).
+pub fn write_model(
+    model: &dyn Model,
+    general_counters: Option<u32>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    writeln!(
+        out,
+        "Model:      {} - {}",
+        model.name(),
+        model.description()
+    )?;
+    writeln!(
+        out,
+        "Levels:     {}; weight counter {}",
+        match model.max_level() {
+            0 => "no TopDown (on-CPU time only)".to_owned(),
+            level => format!("TopDown level 1..={level}"),
+        },
+        model.weight_counter()
+    )?;
+    writeln!(out, "Counters:")?;
+    for spec in model.counters() {
+        let uses = match spec.uses {
+            CounterUse::General => "general",
+            CounterUse::Fixed => "fixed",
+            CounterUse::Software => "software",
+        };
+        writeln!(
+            out,
+            "  {:<48} {:<34} group {:>2} (L{}) {uses}",
+            spec.name,
+            encoding(&spec.name, &spec.source),
+            spec.group,
+            group_level(spec.group),
+        )?;
+    }
+    let level = model.max_level().max(1);
+    match schedule::plan(model, level, &|_| general_counters) {
+        Ok(plan) => {
+            let groups: Vec<String> = plan
+                .groups
+                .iter()
+                .map(|group| {
+                    format!(
+                        "{}{} x{}",
+                        group.pmu.as_deref().unwrap_or("core"),
+                        if group.pinned { " pinned" } else { " rotating" },
+                        group.members.len()
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "Plan:       level {level} with {} general counters: {}",
+                general_counters.map_or("unbounded".to_owned(), |n| n.to_string()),
+                groups.join(", ")
+            )?;
+            for note in plan.notes {
+                writeln!(out, "            {note}")?;
+            }
+        }
+        Err(err) => writeln!(out, "Plan:       {err:#}")?,
+    }
+    Ok(())
+}
+
+/// `topdown list [--pmu X] [--all]`.
+pub fn run(
+    pmu: Option<&str>,
+    all: bool,
+    general_counters: Option<u32>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    if all {
+        writeln!(
+            out,
+            "Models (--pmu NAME, or synthetic:NAME, or hybrid:P+E):"
+        )?;
+        for model in all_models() {
+            writeln!(out, "  {:<28} {}", model.name(), model.description())?;
+        }
+        return Ok(());
+    }
+    let root = Path::new("/");
+    match crate::pmu::detect(root) {
+        Ok(detection) => {
+            writeln!(
+                out,
+                "CPU:        {} {}{}",
+                detection.vendor,
+                detection.model_name,
+                if detection.hypervisor {
+                    " (hypervisor flag set)"
+                } else {
+                    ""
+                }
+            )?;
+            writeln!(
+                out,
+                "PMU:        {}",
+                match (detection.core_pmu, detection.perf_metrics, detection.hybrid) {
+                    (false, _, _) => "no core PMU",
+                    (true, true, true) => "hybrid cpu_core + cpu_atom, PERF_METRICS on cpu_core",
+                    (true, false, true) => "hybrid cpu_core + cpu_atom",
+                    (true, true, false) => "core PMU with PERF_METRICS (slots)",
+                    (true, false, false) => "core PMU",
+                }
+            )?;
+        }
+        Err(err) => writeln!(out, "CPU:        unknown ({err:#})")?,
+    }
+    let (model, announcement) = crate::stat::select_model_by(pmu.unwrap_or("auto"), None)?;
+    if let Some(line) = announcement {
+        writeln!(out, "Auto:       {line}")?;
+    }
+    write_model(model.as_ref(), general_counters, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::base_model;
+
+    #[test]
+    fn encodings_read_like_perf() {
+        let raw = CounterSource::Perf {
+            perf_type: 4,
+            config: 0x10ad,
+        };
+        assert_eq!(
+            encoding("INT_MISC.UOP_DROPPING", &raw),
+            "cpu/config=0x10ad/"
+        );
+        assert_eq!(
+            encoding("cpu_atom/TOPDOWN_FE_BOUND.ALL", &raw),
+            "cpu_atom/config=0x10ad/"
+        );
+        let tracepoint = CounterSource::Tracepoint {
+            group: "syscalls".to_owned(),
+            name: "sys_enter_getppid".to_owned(),
+        };
+        assert_eq!(encoding("slots", &tracepoint), "syscalls:sys_enter_getppid");
+    }
+
+    #[test]
+    fn intel_icl_lists_its_seven_counters_in_one_pinned_group() {
+        let model = base_model("intel-icl").unwrap();
+        let mut out = Vec::new();
+        write_model(model.as_ref(), Some(8), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("slots"), "{text}");
+        assert!(text.contains("cpu/config=0x400/"), "{text}");
+        assert!(text.contains("cpu/config=0x104010d/"), "{text}");
+        assert!(
+            text.contains("Plan:       level 1 with 8 general counters: core pinned x7"),
+            "{text}"
+        );
+    }
+}
