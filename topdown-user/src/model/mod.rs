@@ -14,6 +14,8 @@ use anyhow::{Result, bail};
 pub mod amd_zen;
 pub mod arm_neoverse;
 pub mod evaluate;
+#[cfg(test)]
+mod golden;
 pub mod hybrid;
 pub mod intel_atom;
 pub mod intel_core;

@@ -1,0 +1,357 @@
+//! Hardware models end to end on synthetic counters, hybrid core types, counter rotation, and
+//! the `list`/`check` commands.
+//!
+//! Golden vectors live in `tests/golden/<model>.json`: raw counts and the metrics worked out by
+//! hand from topdown-formulas.md. The same files feed the library's unit tests; here each is
+//! replayed (1) through `topdown report -i`, and (2) for real: a workload makes exactly that
+//! many syscalls, the synthetic model counts them, and the task's metrics must equal the
+//! hand-worked values.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_td-workload");
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden")
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("topdown-models-{name}-{}.json", std::process::id()))
+}
+
+/// One hand-worked vector of a golden file.
+struct Golden {
+    model: String,
+    name: String,
+    level: u8,
+    counts: BTreeMap<String, u64>,
+    expected: BTreeMap<String, Option<f64>>,
+    estimated: Vec<String>,
+}
+
+fn goldens() -> Vec<Golden> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir())
+        .expect("tests/golden")
+        .map(|entry| entry.expect("golden entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    let mut vectors = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("golden file");
+        let json: Value =
+            serde_json::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", file.display()));
+        let model = json["model"].as_str().expect("model").to_owned();
+        for vector in json["vectors"].as_array().expect("vectors") {
+            vectors.push(Golden {
+                model: model.clone(),
+                name: vector["name"].as_str().expect("name").to_owned(),
+                level: vector["level"].as_u64().expect("level") as u8,
+                counts: vector["counts"]
+                    .as_object()
+                    .expect("counts")
+                    .iter()
+                    .map(|(name, value)| (name.clone(), value.as_u64().expect("count")))
+                    .collect(),
+                expected: vector["expected"]
+                    .as_object()
+                    .expect("expected")
+                    .iter()
+                    .map(|(name, value)| (name.clone(), value.as_f64()))
+                    .collect(),
+                estimated: vector["estimated"]
+                    .as_array()
+                    .map(|names| {
+                        names
+                            .iter()
+                            .map(|name| name.as_str().expect("name").to_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    vectors
+}
+
+fn assert_metrics(golden: &Golden, metrics: &Value, context: &str) {
+    for (name, expected) in &golden.expected {
+        let actual = metrics[name].as_f64();
+        match (expected, actual) {
+            (None, None) => {}
+            (Some(expected), Some(actual)) => assert!(
+                (expected - actual).abs() < 1e-9,
+                "{context}: {} {}: {name} = {actual}, expected {expected}",
+                golden.model,
+                golden.name
+            ),
+            _ => panic!(
+                "{context}: {} {}: {name} = {actual:?}, expected {expected:?}",
+                golden.model, golden.name
+            ),
+        }
+    }
+}
+
+/// A minimal recording with one task holding the golden counts, as `stat --format json` writes.
+fn recording(golden: &Golden) -> Value {
+    let entity = serde_json::json!({ "counters": golden.counts, "metrics": {} });
+    let empty = serde_json::json!({ "counters": {}, "metrics": {} });
+    serde_json::json!({
+        "topdown_version": "0.1.0",
+        "model": golden.model,
+        "synthetic": false,
+        "level": golden.level,
+        "counter_names": golden.counts.keys().collect::<Vec<_>>(),
+        "weight_counter": golden.counts.keys().next(),
+        "duration_s": 1.0,
+        "scope": "golden",
+        "totals": entity,
+        "idle": empty,
+        "untracked": empty,
+        "dropped": empty,
+        "tasks": [ { "tid": 1, "tgid": 1, "comm": "golden", "exited": false,
+                     "counters": golden.counts, "metrics": {} } ],
+        "processes": [],
+        "cgroups": [],
+        "cpus": [],
+        "diagnostics": {
+            "readings": 1,
+            "not_running_readings": 0,
+            "read_errors": 0,
+            "task_map_full": 0,
+            "exit_records_lost": 0
+        }
+    })
+}
+
+#[test]
+fn golden_vectors_through_report_i() {
+    let vectors = goldens();
+    assert!(!vectors.is_empty(), "no golden vectors in tests/golden");
+    for golden in &vectors {
+        let input = temp_path(&format!("golden-{}-{}", golden.model, golden.name));
+        std::fs::write(&input, recording(golden).to_string()).unwrap();
+        let output = run_ok(
+            topdown()
+                .args(["report", "--format", "json", "-l"])
+                .arg(golden.level.to_string())
+                .arg("-i")
+                .arg(&input),
+        )
+        .unwrap_or_else(|err| panic!("{} {}: {err:#}", golden.model, golden.name));
+        let report = parse_json(&output.stdout).unwrap();
+        assert_eq!(report["model"], golden.model.as_str());
+        assert_metrics(golden, &report["tasks"][0]["metrics"], "report -i");
+        let _ = std::fs::remove_file(input);
+    }
+}
+
+/// Counter name -> syscall of a synthetic model's default mapping, from `topdown list`.
+fn synthetic_mapping(model: &str) -> BTreeMap<String, String> {
+    let output = run_ok(topdown().args(["list", "--pmu", &format!("synthetic:{model}")])).unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let name = words.next()?;
+            let tracepoint = words.next()?.strip_prefix("syscalls:sys_enter_")?;
+            Some((name.to_owned(), tracepoint.to_owned()))
+        })
+        .collect()
+}
+
+/// Golden vectors small enough to replay as syscalls (Yitian's billions are report-only).
+const REPLAY_LIMIT: u64 = 400_000;
+
+#[test]
+fn every_model_end_to_end_on_synthetic_counters() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let vectors = goldens();
+    let mut replayed = BTreeMap::<String, usize>::new();
+    for golden in vectors
+        .iter()
+        .filter(|golden| golden.counts.values().sum::<u64>() <= REPLAY_LIMIT)
+    {
+        let mapping = synthetic_mapping(&golden.model);
+        assert!(
+            !mapping.is_empty(),
+            "{}: no synthetic mapping listed",
+            golden.model
+        );
+        let spec: Vec<String> = golden
+            .counts
+            .iter()
+            .filter(|(_, count)| **count > 0)
+            .map(|(name, count)| {
+                let syscall = mapping
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{}: no synthetic counter {name}", golden.model));
+                format!("{syscall}={count}")
+            })
+            .collect();
+        let out = temp_path(&format!("replay-{}", golden.model));
+        let output = run_ok(
+            topdown()
+                .args(["stat", "--pmu", &format!("synthetic:{}", golden.model)])
+                .args(["-l", &golden.level.to_string(), "--format", "json", "-o"])
+                .arg(&out)
+                .args(["--", WORKLOAD, &spec.join(",")]),
+        )
+        .unwrap_or_else(|err| panic!("{} {}: {err:#}", golden.model, golden.name));
+        let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+        let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+        let task = task(&report, threads[0].2).expect("workload thread in report");
+        for (name, count) in &golden.counts {
+            assert_eq!(counter(task, name), *count, "{} {name}", golden.model);
+        }
+        assert_metrics(golden, &task["metrics"], "synthetic replay");
+        *replayed.entry(golden.model.clone()).or_default() += 1;
+        let _ = std::fs::remove_file(out);
+    }
+    // Every hardware model has at least one replayed vector.
+    let listed = run_ok(topdown().args(["list", "--all"])).unwrap();
+    for line in String::from_utf8_lossy(&listed.stdout).lines().skip(1) {
+        let Some(model) = line.split_whitespace().next() else {
+            continue;
+        };
+        if model != "software" {
+            assert!(
+                replayed.contains_key(model),
+                "model {model} has no golden vector replayed end to end (have: {replayed:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // Two intel-icl halves stand in for the core types: CPU 0 is cpu_core, CPU 1 cpu_atom.
+    // The thread makes 1000 getppid (cpu_core/slots) and 400 getpgid (cpu_core retiring) on
+    // CPU 0, then moves to CPU 1 for 10 more getppid (no cpu_core counter there), 500 sysinfo
+    // (cpu_atom/slots) and 100 getrusage (cpu_atom retiring); 77 sysinfo made on CPU 0 count
+    // nowhere (no cpu_atom counter there).
+    let out = temp_path("hybrid");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:hybrid:intel-icl+intel-icl",
+                "--hybrid-cpus",
+                "cpu_core=0,cpu_atom=1",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args([
+                "--",
+                WORKLOAD,
+                "cpu=0,getppid=1000,getpgid=400,sysinfo=77,cpu=1,getppid=10,sysinfo=500,getrusage=100",
+            ]),
+    )
+    .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(report["model"], "hybrid:intel-icl+intel-icl");
+    let task = task(&report, threads[0].2).expect("workload thread");
+    assert_eq!(counter(task, "cpu_core/slots"), 1000);
+    assert_eq!(counter(task, "cpu_core/topdown-retiring"), 400);
+    assert_eq!(counter(task, "cpu_atom/slots"), 500);
+    assert_eq!(counter(task, "cpu_atom/topdown-retiring"), 100);
+    // Each core type: retiring = ret/SUM with SUM = ret alone = 1.0 (the other L1 counts are 0).
+    // Merged by slots: (1000 * 1.0 + 500 * 1.0) / 1500 = 1.0; frontend likewise 0.
+    let metrics = &task["metrics"];
+    assert_eq!(metrics["cpu_core.retiring"].as_f64(), Some(1.0));
+    assert_eq!(metrics["cpu_atom.retiring"].as_f64(), Some(1.0));
+    assert_eq!(metrics["retiring"].as_f64(), Some(1.0));
+    assert_eq!(metrics["frontend_bound"].as_f64(), Some(0.0));
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn check_says_why_topdown_cannot_work_in_this_vm() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let output = topdown().arg("check").output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    for requirement in [
+        "privileges",
+        "perf_event_paranoid",
+        "BTF",
+        "tracefs",
+        "BPF programs",
+        "uprobes",
+        "uprobe.multi",
+        "PMU",
+        "model",
+        "NMI watchdog",
+        "counters free",
+    ] {
+        assert!(
+            text.lines().any(|line| line[6..].starts_with(requirement)),
+            "no '{requirement}' line in:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("ok    BPF programs         8 programs pass the verifier"),
+        "{text}"
+    );
+    // These machines have no PMU: auto falls back and check says TopDown cannot work.
+    let has_pmu = std::path::Path::new("/sys/bus/event_source/devices/cpu/events").exists();
+    if !has_pmu {
+        assert_eq!(output.status.code(), Some(1), "{text}");
+        assert!(text.contains("FAIL  model"), "{text}");
+        assert!(
+            text.contains("verdict: tracing with model software cannot work here"),
+            "{text}"
+        );
+    }
+    // A synthetic model needs no PMU: check passes.
+    let synthetic = topdown()
+        .args(["check", "--pmu", "synthetic:intel-icl"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&synthetic.stdout);
+    assert_eq!(synthetic.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("ok    counters free        7 of 7 level-1 counters open on CPU 0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn list_shows_each_counter_with_its_encoding() {
+    let output =
+        run_ok(topdown().args(["list", "--pmu", "intel-icl", "--max-counters", "8"])).unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("Model:      intel-icl"), "{text}");
+    let slots = text
+        .lines()
+        .find(|line| line.trim_start().starts_with("slots "))
+        .expect("slots line");
+    assert!(slots.contains("cpu/config=0x400/"), "{slots}");
+    assert!(slots.contains("fixed"), "{slots}");
+    assert!(text.contains("core pinned x7"), "{text}");
+    let bad = topdown()
+        .args(["list", "--pmu", "intel-nope"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("unknown model 'intel-nope'"), "{stderr}");
+}
