@@ -30,6 +30,8 @@ struct Golden {
     counts: BTreeMap<String, u64>,
     expected: BTreeMap<String, Option<f64>>,
     estimated: Vec<String>,
+    /// False for vectors that only make sense as recordings (see their comment).
+    replay: bool,
 }
 
 fn goldens() -> Vec<Golden> {
@@ -71,6 +73,7 @@ fn goldens() -> Vec<Golden> {
                             .collect()
                     })
                     .unwrap_or_default(),
+                replay: vector["replay"].as_bool().unwrap_or(true),
             });
         }
     }
@@ -146,6 +149,20 @@ fn golden_vectors_through_report_i() {
         let report = parse_json(&output.stdout).unwrap();
         assert_eq!(report["model"], golden.model.as_str());
         assert_metrics(golden, &report["tasks"][0]["metrics"], "report -i");
+        let estimated: Vec<String> = report["tasks"][0]["estimated"]
+            .as_array()
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(|name| Some(name.as_str()?.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(
+            estimated, golden.estimated,
+            "{} {}",
+            golden.model, golden.name
+        );
         let _ = std::fs::remove_file(input);
     }
 }
@@ -177,7 +194,7 @@ fn every_model_end_to_end_on_synthetic_counters() {
     let mut replayed = BTreeMap::<String, usize>::new();
     for golden in vectors
         .iter()
-        .filter(|golden| golden.counts.values().sum::<u64>() <= REPLAY_LIMIT)
+        .filter(|golden| golden.replay && golden.counts.values().sum::<u64>() <= REPLAY_LIMIT)
     {
         let mapping = synthetic_mapping(&golden.model);
         assert!(
@@ -354,4 +371,123 @@ fn list_shows_each_counter_with_its_encoding() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("unknown model 'intel-nope'"), "{stderr}");
+}
+
+#[test]
+fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let golden = goldens()
+        .into_iter()
+        .find(|golden| golden.model == "amd-zen4" && golden.name == "level-2")
+        .expect("amd-zen4 level-2 golden vector");
+    let mapping = synthetic_mapping("amd-zen4");
+    let spec: Vec<String> = golden
+        .counts
+        .iter()
+        .map(|(name, count)| format!("{}={count}", mapping[name]))
+        .collect();
+    // 6 counters: level 1 (6) and level 2 (6) cannot both be on the PMU, so both groups rotate.
+    // Tracepoint groups are never actually descheduled, so running == enabled and the scaled
+    // counts equal the raw ones: the metrics are exact, but reported as estimated.
+    let out = temp_path("rotation");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:amd-zen4",
+                "-l",
+                "2",
+                "--max-counters",
+                "6",
+            ])
+            .args(["--format", "json", "-o"])
+            .arg(&out)
+            .args(["--", WORKLOAD, &spec.join(",")]),
+    )
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("needs 12 general-purpose counters on the core PMU, which has 6 free: all counters take turns"),
+        "{stderr}"
+    );
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let task = task(&report, threads[0].2).expect("workload thread");
+    for (name, count) in &golden.counts {
+        assert_eq!(counter(task, name), *count, "{name}");
+    }
+    for group in ["group0", "group1"] {
+        let enabled = counter(task, &format!("{group}.enabled_ns"));
+        let running = counter(task, &format!("{group}.running_ns"));
+        assert!(enabled > 0, "{group} enabled time attributed to the task");
+        assert_eq!(
+            enabled, running,
+            "{group}: tracepoint groups never rotate out"
+        );
+    }
+    assert_metrics(&golden, &task["metrics"], "rotated replay");
+    let estimated: Vec<&str> = task["estimated"]
+        .as_array()
+        .expect("estimated list")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for name in golden.expected.keys() {
+        assert!(
+            estimated.contains(&name.as_str()),
+            "{name} not marked estimated: {estimated:?}"
+        );
+    }
+    // The table marks them too.
+    let table = run_ok(topdown().args(["report", "-i"]).arg(&out)).unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("note: ~ marks estimates"), "{table}");
+    assert!(table.contains("~30.0%"), "{table}");
+
+    // Level 1 alone fits: one pinned group, nothing estimated.
+    let level_one = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:amd-zen4",
+                "-l",
+                "1",
+                "--max-counters",
+                "6",
+            ])
+            .args(["--format", "json", "-o"])
+            .arg(&out)
+            .args(["--", WORKLOAD, "getppid=10"]),
+    )
+    .unwrap();
+    assert!(!String::from_utf8_lossy(&level_one.stderr).contains("take turns"));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert!(report["totals"]["estimated"].is_null());
+
+    // Fewer counters than one group needs: one clear line, usage exit status.
+    let refused = topdown()
+        .args([
+            "stat",
+            "--pmu",
+            "synthetic:amd-zen4",
+            "--max-counters",
+            "5",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("needs 6 general-purpose counters at once for level 1"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(out);
 }

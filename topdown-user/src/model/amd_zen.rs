@@ -1,13 +1,280 @@
-//! (being written)
+//! `amd-zen4`, `amd-zen5`: AMD's "pipeline utilization" TopDown (topdown-formulas.md §4).
+//!
+//! AMD counts dispatch slots: `W` per cycle (6 on Zen 4, 8 on Zen 5), and level 1 has a fifth
+//! bucket, `smt_contention`: slots lost because the sibling thread dispatched. The core PMU has
+//! 6 general-purpose counters and no fixed ones, so level 1 (6 events) fills it and the level-2
+//! extras (6 more events) form a second group that rotates with it (`crate::schedule`). The events
+//! of each level-2 ratio share that group, so the ratios are exact even while rotating; only their
+//! product with a level-1 bucket is an estimate.
 
-use super::Model;
+use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+
+/// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
+/// event select bits 0-7 and 32-35, unit mask 8-15, counter mask 24-31.
+pub const fn amd_config(event: u64, umask: u64, cmask: u64) -> u64 {
+    (event & 0xff) | ((event >> 8) & 0xf) << 32 | (umask & 0xff) << 8 | (cmask & 0xff) << 24
+}
+
+/// Which Zen generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zen {
+    Zen4,
+    Zen5,
+}
+
+pub struct AmdZen {
+    generation: Zen,
+}
+
+impl AmdZen {
+    pub fn new(generation: Zen) -> Self {
+        Self { generation }
+    }
+
+    /// Dispatch width W: "upto 6 instructions can be dispatched in each cycle" on Zen 4, 8 on
+    /// Zen 5 (topdown-formulas.md §4.2, `amdzen4/pipeline.json`, `amdzen5/pipeline.json`).
+    fn width(&self) -> u64 {
+        match self.generation {
+            Zen::Zen4 => 6,
+            Zen::Zen5 => 8,
+        }
+    }
+
+    /// The counter standing for "pipeline restarts" R: `resyncs_or_nc_redirects` (0x96) on
+    /// Zen 4, `bp_redirects.resync` (0x9F/0x01) on Zen 5 (§4.1).
+    fn restarts(&self) -> (&'static str, u64) {
+        match self.generation {
+            Zen::Zen4 => ("resyncs_or_nc_redirects", amd_config(0x96, 0, 0)),
+            Zen::Zen5 => ("bp_redirects.resync", amd_config(0x9f, 0x01, 0)),
+        }
+    }
+
+    fn frontend_cmask_name(&self) -> &'static str {
+        match self.generation {
+            Zen::Zen4 => "de_no_dispatch_per_slot.no_ops_from_frontend:cmask=6",
+            Zen::Zen5 => "de_no_dispatch_per_slot.no_ops_from_frontend:cmask=8",
+        }
+    }
+}
+
+const CYCLES: &str = "ls_not_halted_cyc";
+const FRONTEND: &str = "de_no_dispatch_per_slot.no_ops_from_frontend";
+const DISPATCHED: &str = "de_src_op_disp.all";
+const RETIRED: &str = "ex_ret_ops";
+const BACKEND: &str = "de_no_dispatch_per_slot.backend_stalls";
+const SMT: &str = "de_no_dispatch_per_slot.smt_contention";
+const MISPREDICTS: &str = "ex_ret_brn_misp";
+const LOAD_NOT_COMPLETE: &str = "ex_no_retire.load_not_complete";
+const NOT_COMPLETE: &str = "ex_no_retire.not_complete";
+const UCODE: &str = "ex_ret_ucode_ops";
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
-    Vec::new()
+    vec![
+        Box::new(AmdZen::new(Zen::Zen4)),
+        Box::new(AmdZen::new(Zen::Zen5)),
+    ]
 }
 
-/// The model named `name` (as `Model::name` returns it), if this file has it.
+/// The model named `name` (as [`Model::name`] returns it), if this file has it.
 pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
     models().into_iter().find(|model| model.name() == name)
+}
+
+impl Model for AmdZen {
+    fn name(&self) -> String {
+        match self.generation {
+            Zen::Zen4 => "amd-zen4".to_owned(),
+            Zen::Zen5 => "amd-zen5".to_owned(),
+        }
+    }
+
+    fn base_name(&self) -> &'static str {
+        match self.generation {
+            Zen::Zen4 => "amd-zen4",
+            Zen::Zen5 => "amd-zen5",
+        }
+    }
+
+    fn description(&self) -> &'static str {
+        match self.generation {
+            Zen::Zen4 => {
+                "AMD Zen 4 (family 0x19) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2"
+            }
+            Zen::Zen5 => {
+                "AMD Zen 5 (family 0x1A) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2"
+            }
+        }
+    }
+
+    fn counters(&self) -> Vec<CounterSpec> {
+        let (restarts, restarts_config) = self.restarts();
+        vec![
+            // Group 0: level 1 (§4.1 encodings).
+            CounterSpec::raw(CYCLES, amd_config(0x76, 0, 0)),
+            CounterSpec::raw(FRONTEND, amd_config(0x1a0, 0x01, 0)),
+            CounterSpec::raw(DISPATCHED, amd_config(0xaa, 0x07, 0)),
+            CounterSpec::raw(RETIRED, amd_config(0xc1, 0, 0)),
+            CounterSpec::raw(BACKEND, amd_config(0x1a0, 0x1e, 0)),
+            CounterSpec::raw(SMT, amd_config(0x1a0, 0x60, 0)),
+            // Group 1: level 2. Each ratio's events sit together.
+            CounterSpec::raw(
+                self.frontend_cmask_name(),
+                amd_config(0x1a0, 0x01, self.width()),
+            )
+            .in_group(1),
+            CounterSpec::raw(MISPREDICTS, amd_config(0xc3, 0, 0)).in_group(1),
+            CounterSpec::raw(restarts, restarts_config).in_group(1),
+            CounterSpec::raw(LOAD_NOT_COMPLETE, amd_config(0xd6, 0xa2, 0)).in_group(1),
+            CounterSpec::raw(NOT_COMPLETE, amd_config(0xd6, 0x02, 0)).in_group(1),
+            CounterSpec::raw(UCODE, amd_config(0x1c2, 0, 0)).in_group(1),
+        ]
+    }
+
+    fn max_level(&self) -> u8 {
+        2
+    }
+
+    fn extra_l1_metrics(&self) -> &'static [&'static str] {
+        &["smt_contention"]
+    }
+
+    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
+        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
+        let width = self.width() as f64;
+        // total_dispatch_slots = W * ls_not_halted_cyc (§4.2).
+        let slots = width * get(CYCLES);
+
+        // Level 1, each divided by total_dispatch_slots (§4.2, amdzen4/5 pipeline.json,
+        // group PipelineL1). perf uses d_ratio (0 for a zero denominator); here no slots
+        // means no data (None).
+        let frontend = ratio(get(FRONTEND), slots);
+        let bad_speculation = ratio(get(DISPATCHED) - get(RETIRED), slots);
+        let backend = ratio(get(BACKEND), slots);
+        let smt_contention = ratio(get(SMT), slots);
+        let retiring = ratio(get(RETIRED), slots);
+
+        let mut metrics: Metrics = [
+            ("retiring", retiring),
+            ("bad_speculation", bad_speculation),
+            ("frontend_bound", frontend),
+            ("backend_bound", backend),
+            ("smt_contention", smt_contention),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        if level < 2 {
+            return metrics;
+        }
+
+        // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets.
+        let (restarts, _) = self.restarts();
+        let frontend_cmask = get(self.frontend_cmask_name());
+        // frontend_bound_latency [frontend_bound_by_latency] = W * no_ops_from_frontend{cmask=W} / slots
+        let fetch_latency = ratio(width * frontend_cmask, slots);
+        // frontend_bound_bandwidth [frontend_bound_by_bandwidth]
+        //   = (no_ops_from_frontend - W * no_ops_from_frontend{cmask=W}) / slots
+        let fetch_bandwidth = ratio(get(FRONTEND) - width * frontend_cmask, slots);
+        let misprediction_share = ratio(get(MISPREDICTS), get(MISPREDICTS) + get(restarts));
+        // bad_speculation_mispredicts [bad_speculation_from_mispredicts]
+        //   = bad_speculation * ex_ret_brn_misp / (ex_ret_brn_misp + R)
+        let branch_mispredicts = bad_speculation
+            .zip(misprediction_share)
+            .map(|(bad, share)| bad * share);
+        // bad_speculation_pipeline_restarts [bad_speculation_from_pipeline_restarts]
+        //   = bad_speculation * R / (ex_ret_brn_misp + R)
+        let machine_clears = bad_speculation
+            .zip(misprediction_share)
+            .map(|(bad, share)| bad * (1.0 - share));
+        let memory_share = ratio(get(LOAD_NOT_COMPLETE), get(NOT_COMPLETE));
+        // backend_bound_memory [backend_bound_by_memory]
+        //   = backend_bound * ex_no_retire.load_not_complete / ex_no_retire.not_complete
+        let memory_bound = backend.zip(memory_share).map(|(be, share)| be * share);
+        // backend_bound_cpu [backend_bound_by_cpu] = backend_bound * (1 - load_not_complete/not_complete)
+        let core_bound = backend
+            .zip(memory_share)
+            .map(|(be, share)| be * (1.0 - share));
+        let microcode_share = ratio(get(UCODE), get(RETIRED));
+        // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
+        let light_operations = retiring
+            .zip(microcode_share)
+            .map(|(ret, share)| ret * (1.0 - share));
+        // retiring_microcode [retiring_from_microcode] = retiring * ex_ret_ucode_ops/ex_ret_ops
+        let heavy_operations = retiring
+            .zip(microcode_share)
+            .map(|(ret, share)| ret * share);
+
+        metrics.extend(
+            [
+                ("light_operations", light_operations),
+                ("heavy_operations", heavy_operations),
+                ("branch_mispredicts", branch_mispredicts),
+                ("machine_clears", machine_clears),
+                ("fetch_latency", fetch_latency),
+                ("fetch_bandwidth", fetch_bandwidth),
+                ("memory_bound", memory_bound),
+                ("core_bound", core_bound),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+        );
+        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        metrics
+    }
+
+    fn weight_counter(&self) -> &'static str {
+        // Cycles, not slots: AMD has no slots counter. `slots()` gives W * cycles.
+        CYCLES
+    }
+
+    fn slots(&self, counts: &Counts) -> Option<f64> {
+        counts
+            .get(CYCLES)
+            .map(|cycles| *cycles as f64 * self.width() as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_match_the_reference_table() {
+        // topdown-formulas.md §4.1 "Raw config" column.
+        assert_eq!(amd_config(0x76, 0, 0), 0x76);
+        assert_eq!(amd_config(0xc1, 0, 0), 0xc1);
+        assert_eq!(amd_config(0x1c2, 0, 0), 0x1_0000_00c2);
+        assert_eq!(amd_config(0xaa, 0x07, 0), 0x7aa);
+        assert_eq!(amd_config(0x1a0, 0x01, 0), 0x1_0000_01a0);
+        assert_eq!(amd_config(0x1a0, 0x01, 6), 0x1_0600_01a0);
+        assert_eq!(amd_config(0x1a0, 0x01, 8), 0x1_0800_01a0);
+        assert_eq!(amd_config(0x1a0, 0x1e, 0), 0x1_0000_1ea0);
+        assert_eq!(amd_config(0x1a0, 0x60, 0), 0x1_0000_60a0);
+        assert_eq!(amd_config(0xd6, 0x02, 0), 0x2d6);
+        assert_eq!(amd_config(0xd6, 0xa2, 0), 0xa2d6);
+        assert_eq!(amd_config(0xc3, 0, 0), 0xc3);
+        assert_eq!(amd_config(0x96, 0, 0), 0x96);
+        assert_eq!(amd_config(0x9f, 0x01, 0), 0x19f);
+    }
+
+    #[test]
+    fn six_level_one_events_and_six_level_two_events() {
+        for model in models() {
+            let counters = model.counters();
+            assert_eq!(counters.iter().filter(|spec| spec.group == 0).count(), 6);
+            assert_eq!(counters.iter().filter(|spec| spec.group == 1).count(), 6);
+        }
+        assert!(by_name("amd-zen4").is_some());
+        assert!(by_name("amd-zen5").is_some());
+        assert!(by_name("amd-zen3").is_none());
+    }
+
+    #[test]
+    fn no_cycles_means_no_data() {
+        let metrics = AmdZen::new(Zen::Zen4).metrics(&Counts::new(), 2);
+        assert!(metrics.values().all(Option::is_none));
+        assert_eq!(metrics.len(), 13);
+    }
 }

@@ -39,6 +39,16 @@ fn every_golden_vector_matches_the_formulas() {
                 .map(|(counter, value)| (counter.clone(), value.as_u64().expect("count")))
                 .collect();
             let result = evaluate(model.as_ref(), &counts, level);
+            let estimated: Vec<String> = vector["estimated"]
+                .as_array()
+                .map(|names| {
+                    names
+                        .iter()
+                        .map(|name| name.as_str().expect("metric name").to_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert_eq!(result.estimated, estimated, "{label}: estimated metrics");
             for (metric, expected) in vector["expected"].as_object().expect("expected") {
                 let actual = result.metrics.get(metric).copied().flatten();
                 match (expected.as_f64(), actual) {
