@@ -1,13 +1,462 @@
-//! (being written)
+//! Arm Neoverse N1, N2, V1, V2, V3 and N3 (topdown-formulas.md §5, §6.3).
+//!
+//! Arm's TopDown counts *slots* with the STALL_SLOT events of PMUv3p4 (V1 and later): S slots
+//! per cycle, S from the PMU's `caps/slots` (PMMIR_EL1) or the per-core table. Arm publishes its
+//! formulas in percent (ARM-tel `metrics`, Linux `sbsa.json` and per-core `metrics.json`); here
+//! they are fractions, the same formulas without the factor 100. N1 predates the slot events:
+//! its methodology is cycle accounting (stalled cycles), reported in the frontend/backend
+//! columns and said so in its description.
+//!
+//! Counter budget: CPU_CYCLES has its own counter; the six programmable counters hold the
+//! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
+//! Neoverse cores have no SMT.
 
-use super::Model;
+use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+
+/// The Neoverse cores with a TopDown model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Core {
+    N1,
+    /// N2 r0p3 and later.
+    N2,
+    /// N2 r0p0..r0p2: STALL_SLOT and STALL_SLOT_FRONTEND count one extra slot per cycle.
+    N2Erratum,
+    V1,
+    V2,
+    V3,
+    N3,
+}
+
+impl Core {
+    const ALL: [Core; 7] = [
+        Core::N1,
+        Core::N2,
+        Core::N2Erratum,
+        Core::V1,
+        Core::V2,
+        Core::V3,
+        Core::N3,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Core::N1 => "arm-neoverse-n1",
+            Core::N2 => "arm-neoverse-n2",
+            Core::N2Erratum => "arm-neoverse-n2-r0p0",
+            Core::V1 => "arm-neoverse-v1",
+            Core::V2 => "arm-neoverse-v2",
+            Core::V3 => "arm-neoverse-v3",
+            Core::N3 => "arm-neoverse-n3",
+        }
+    }
+
+    /// Slots per cycle, ARM-tel `num_slots` (topdown-formulas.md §5.2).
+    fn table_slots(self) -> u32 {
+        match self {
+            Core::N1 | Core::N2 | Core::N2Erratum | Core::N3 => 5,
+            Core::V1 | Core::V2 => 8,
+            Core::V3 => 10,
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Core::N1 => {
+                "Arm Neoverse N1 cycle accounting (stalled cycles, not slots): frontend/backend only"
+            }
+            Core::N2 => "Arm Neoverse N2 r0p3+ slot-based TopDown, level 1",
+            Core::N2Erratum => {
+                "Arm Neoverse N2 r0p0-r0p2 (e.g. Yitian 710) with the STALL_SLOT erratum correction, level 1"
+            }
+            Core::V1 => "Arm Neoverse V1 slot-based TopDown, level 1",
+            Core::V2 => "Arm Neoverse V2 slot-based TopDown, level 1",
+            Core::V3 => "Arm Neoverse V3 slot-based TopDown, L1 + backend memory/core split",
+            Core::N3 => "Arm Neoverse N3 slot-based TopDown, L1 + backend memory/core split",
+        }
+    }
+}
+
+// Architected PMUv3 event numbers (topdown-formulas.md §5.1), named as Linux's sysfs does.
+const CPU_CYCLES: (&str, u64) = ("cpu_cycles", 0x11);
+const BR_MIS_PRED: (&str, u64) = ("br_mis_pred", 0x10);
+const STALL_FRONTEND: (&str, u64) = ("stall_frontend", 0x23);
+const STALL_BACKEND: (&str, u64) = ("stall_backend", 0x24);
+const OP_RETIRED: (&str, u64) = ("op_retired", 0x3a);
+const OP_SPEC: (&str, u64) = ("op_spec", 0x3b);
+const STALL_SLOT_BACKEND: (&str, u64) = ("stall_slot_backend", 0x3d);
+const STALL_SLOT_FRONTEND: (&str, u64) = ("stall_slot_frontend", 0x3e);
+const STALL_SLOT: (&str, u64) = ("stall_slot", 0x3f);
+const STALL_FRONTEND_FLUSH: (&str, u64) = ("stall_frontend_flush", 0x8162);
+const STALL_BACKEND_MEMBOUND: (&str, u64) = ("stall_backend_membound", 0x8164);
+const STALL_BACKEND_CPUBOUND: (&str, u64) = ("stall_backend_cpubound", 0x816a);
+
+pub struct ArmNeoverse {
+    core: Core,
+    slots: u32,
+}
+
+impl ArmNeoverse {
+    pub fn new(core: Core) -> Self {
+        Self {
+            core,
+            slots: core.table_slots(),
+        }
+    }
+
+    /// With the slots per cycle the PMU reports (`caps/slots`); 0 keeps the table's.
+    pub fn with_slots(core: Core, slots: u32) -> Self {
+        Self {
+            core,
+            slots: if slots == 0 {
+                core.table_slots()
+            } else {
+                slots
+            },
+        }
+    }
+}
+
+/// The model for a MIDR (topdown-formulas.md §6.3 part numbers). The N2 erratum correction
+/// applies to variant 0, revision < 3 only, as Linux gates it (`neoverse-n2-v2/metrics.json`:
+/// `strcmp_cpuid_str(0x410fd493) | strcmp_cpuid_str(0x410fd490) ^ 1`, James Clark's 2023 patch).
+pub fn model_for_midr(
+    part: u16,
+    variant: u8,
+    revision: u8,
+    caps_slots: Option<u32>,
+) -> Option<Box<dyn Model>> {
+    let core = match part {
+        0xd0c => Core::N1,
+        0xd49 if variant == 0 && revision < 3 => Core::N2Erratum,
+        0xd49 => Core::N2,
+        0xd40 => Core::V1,
+        0xd4f => Core::V2,
+        0xd84 => Core::V3,
+        0xd8e => Core::N3,
+        _ => return None,
+    };
+    Some(Box::new(ArmNeoverse::with_slots(
+        core,
+        caps_slots.unwrap_or(0),
+    )))
+}
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
-    Vec::new()
+    Core::ALL
+        .iter()
+        .map(|core| Box::new(ArmNeoverse::new(*core)) as Box<dyn Model>)
+        .collect()
 }
 
-/// The model named `name` (as `Model::name` returns it), if this file has it.
+/// The model named `name` (as [`Model::name`] returns it, `@slots=N` included), if this file
+/// has it.
 pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
+    let (base, slots) = match name.split_once("@slots=") {
+        Some((base, slots)) => (base, Some(slots.parse::<u32>().ok().filter(|s| *s > 0)?)),
+        None => (name, None),
+    };
+    let core = Core::ALL.into_iter().find(|core| core.name() == base)?;
+    Some(Box::new(ArmNeoverse::with_slots(core, slots.unwrap_or(0))))
+}
+
+impl Model for ArmNeoverse {
+    fn name(&self) -> String {
+        if self.slots == self.core.table_slots() {
+            self.core.name().to_owned()
+        } else {
+            format!("{}@slots={}", self.core.name(), self.slots)
+        }
+    }
+
+    fn base_name(&self) -> &'static str {
+        self.core.name()
+    }
+
+    fn description(&self) -> &'static str {
+        self.core.description()
+    }
+
+    fn counters(&self) -> Vec<CounterSpec> {
+        let spec = |(name, config): (&str, u64)| CounterSpec::raw(name, config);
+        let mut specs = vec![spec(CPU_CYCLES).fixed()];
+        match self.core {
+            Core::N1 => {
+                specs.extend([spec(STALL_FRONTEND), spec(STALL_BACKEND)]);
+            }
+            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => {
+                specs.extend([
+                    spec(STALL_SLOT_FRONTEND),
+                    spec(STALL_SLOT_BACKEND),
+                    spec(STALL_SLOT),
+                    spec(OP_SPEC),
+                    spec(OP_RETIRED),
+                    spec(BR_MIS_PRED),
+                ]);
+            }
+            Core::V3 | Core::N3 => {
+                specs.extend([
+                    spec(STALL_SLOT_FRONTEND),
+                    spec(STALL_SLOT_BACKEND),
+                    spec(STALL_SLOT),
+                    spec(OP_SPEC),
+                    spec(OP_RETIRED),
+                    spec(STALL_FRONTEND_FLUSH),
+                    spec(STALL_BACKEND).in_group(1),
+                    spec(STALL_BACKEND_MEMBOUND).in_group(1),
+                    spec(STALL_BACKEND_CPUBOUND).in_group(1),
+                ]);
+            }
+        }
+        specs
+    }
+
+    fn max_level(&self) -> u8 {
+        match self.core {
+            Core::V3 | Core::N3 => 2,
+            _ => 1,
+        }
+    }
+
+    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
+        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
+        let cycles = get(CPU_CYCLES);
+        let slots = self.slots as f64;
+        let total_slots = slots * cycles;
+        // r = OP_RETIRED / OP_SPEC: the share of issued operations that retired.
+        let retired_share = ratio(get(OP_RETIRED), get(OP_SPEC));
+
+        let (frontend, backend, bad_speculation, retiring) = match self.core {
+            // Arm's N1 methodology stage 1, Cycle_Accounting (§5.3 N1 row):
+            // frontend_stalled_cycles = STALL_FRONTEND/CPU_CYCLES,
+            // backend_stalled_cycles = STALL_BACKEND/CPU_CYCLES.
+            Core::N1 => (
+                ratio(get(STALL_FRONTEND), cycles),
+                ratio(get(STALL_BACKEND), cycles),
+                None,
+                None,
+            ),
+            _ => {
+                let (ssf, ss) = if self.core == Core::N2Erratum {
+                    // §5.3 N2 r0p0-r0p2 row and the Yitian 710 seed ("real stall_slot_frontend
+                    // = stall_slot_frontend - cpu_cycles", same for stall_slot; not backend).
+                    (get(STALL_SLOT_FRONTEND) - cycles, get(STALL_SLOT) - cycles)
+                } else {
+                    (get(STALL_SLOT_FRONTEND), get(STALL_SLOT))
+                };
+                let ssb = get(STALL_SLOT_BACKEND);
+                let mispredicts = get(BR_MIS_PRED);
+                let flush = get(STALL_FRONTEND_FLUSH);
+                // 1 - SS/(S*c): the slots that were not stalled.
+                let issued = ratio(ss, total_slots).map(|stalled| 1.0 - stalled);
+                let per_cycle = |value: f64| ratio(value, cycles);
+                let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+                let plus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
+                let retiring = retired_share.zip(issued).map(|(r, issued)| r * issued);
+                let wasted = retired_share
+                    .zip(issued)
+                    .map(|(r, issued)| (1.0 - r) * issued);
+                match self.core {
+                    // §5.3 V1 row (S=8): FE = SSF/(8c) - 4*BR_MIS_PRED/c; BE = SSB/(8c);
+                    // BadSpec = (1-r)(1 - SS/(8c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(8c)).
+                    Core::V1 => (
+                        minus(ratio(ssf, total_slots), per_cycle(4.0 * mispredicts)),
+                        ratio(ssb, total_slots),
+                        plus(wasted, per_cycle(4.0 * mispredicts)),
+                        retiring,
+                    ),
+                    // §5.3 V3/N3 row: FE = SSF/(S*c) - STALL_FRONTEND_FLUSH/c; BE = SSB/(S*c);
+                    // BadSpec = (1 - SS/(S*c))(1-r) + STALL_FRONTEND_FLUSH/c; Retiring = (1 - SS/(S*c))*r.
+                    Core::V3 | Core::N3 => (
+                        minus(ratio(ssf, total_slots), per_cycle(flush)),
+                        ratio(ssb, total_slots),
+                        plus(wasted, per_cycle(flush)),
+                        retiring,
+                    ),
+                    // §5.3 N2 r0p3+/V2 row, and the N2 r0p0-r0p2 row with SSF and SS corrected
+                    // above: FE = SSF/(S*c) - BR_MIS_PRED/c; BE = SSB/(S*c) - 3*BR_MIS_PRED/c;
+                    // BadSpec = (1-r)(1 - SS/(S*c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(S*c)).
+                    _ => (
+                        minus(ratio(ssf, total_slots), per_cycle(mispredicts)),
+                        minus(ratio(ssb, total_slots), per_cycle(3.0 * mispredicts)),
+                        plus(wasted, per_cycle(4.0 * mispredicts)),
+                        retiring,
+                    ),
+                }
+            }
+        };
+
+        let mut metrics: Metrics = [
+            ("retiring", retiring),
+            ("bad_speculation", bad_speculation),
+            ("frontend_bound", frontend),
+            ("backend_bound", backend),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        if level >= 2 {
+            metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+            if matches!(self.core, Core::V3 | Core::N3) {
+                // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
+                // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
+                // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
+                // level-1 backend slots by those cycle shares is our composition, not Arm's.
+                // Arm publishes no slot-based level 2 for N1/N2/V1/V2 at all.
+                let stalled = get(STALL_BACKEND);
+                let memory_share = ratio(get(STALL_BACKEND_MEMBOUND), stalled);
+                let core_share = ratio(get(STALL_BACKEND_CPUBOUND), stalled);
+                metrics.insert(
+                    "memory_bound".to_owned(),
+                    backend.zip(memory_share).map(|(be, share)| be * share),
+                );
+                metrics.insert(
+                    "core_bound".to_owned(),
+                    backend.zip(core_share).map(|(be, share)| be * share),
+                );
+            }
+        }
+        metrics
+    }
+
+    fn weight_counter(&self) -> &'static str {
+        CPU_CYCLES.0
+    }
+
+    fn slots(&self, counts: &Counts) -> Option<f64> {
+        counts
+            .get(CPU_CYCLES.0)
+            .map(|cycles| *cycles as f64 * self.slots as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(pairs: &[(&str, u64)]) -> Counts {
+        pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), *value))
+            .collect()
+    }
+
+    /// The Yitian 710 (Neoverse N2) `perf stat` run of the seed: 4.4% retiring, 0.0% bad
+    /// speculation, 23.3% frontend, 73.0% backend. Its formulas have no BR_MIS_PRED term (and
+    /// the run did not count it): with BR_MIS_PRED = 0, Linux's per-core formulas are the
+    /// seed's. perf multiplexed three groups there, each with its own cpu_cycles reading; one
+    /// value (the retiring group's) serves all four here.
+    fn yitian() -> Counts {
+        counts(&[
+            ("cpu_cycles", 3_922_334_305),
+            ("stall_slot", 22_679_591_134),
+            ("op_spec", 854_404_256),
+            ("op_retired", 853_521_883),
+            ("stall_slot_frontend", 8_492_337_939),
+            ("stall_slot_backend", 14_317_243_430),
+            ("br_mis_pred", 0),
+        ])
+    }
+
+    fn percent(value: Option<f64>) -> f64 {
+        (value.unwrap() * 1000.0).round() / 10.0
+    }
+
+    #[test]
+    fn yitian_710_published_numbers_with_the_erratum_correction() {
+        let metrics = ArmNeoverse::new(Core::N2Erratum).metrics(&yitian(), 1);
+        assert_eq!(percent(metrics["retiring"]), 4.4);
+        assert_eq!(percent(metrics["bad_speculation"]), 0.0);
+        assert_eq!(percent(metrics["frontend_bound"]), 23.3);
+        assert_eq!(percent(metrics["backend_bound"]), 73.0);
+        // By hand: c = 3,922,334,305, S*c = 19,611,671,525.
+        // FE = (8,492,337,939 - c)/(S*c) = 4,570,003,634/19,611,671,525 = 0.2330247...
+        // BE = 14,317,243,430/19,611,671,525 = 0.7300372...
+        // issued = 1 - (22,679,591,134 - c)/(S*c) = 1 - 18,757,256,829/19,611,671,525 = 0.0435669...
+        // r = 853,521,883/854,404,256 = 0.9989672...; RET = r*issued = 0.0435219...
+        let close = |value: Option<f64>, expected: f64| (value.unwrap() - expected).abs() < 1e-6;
+        assert!(close(metrics["frontend_bound"], 0.2330247));
+        assert!(close(metrics["backend_bound"], 0.7300372));
+        assert!(close(metrics["retiring"], 0.0435219));
+        // The four do not sum to exactly 1 here: perf read stall_slot in another multiplexed
+        // group than stall_slot_frontend/backend, so SS != SSF + SSB in this data.
+    }
+
+    #[test]
+    fn without_the_correction_n2_r0p3_reads_the_same_counts_differently() {
+        // FE = 8,492,337,939/19,611,671,525 = 0.4330247...: the extra slot per cycle of the
+        // erratum lands in frontend, and retiring goes negative-ish small:
+        // issued = 1 - 22,679,591,134/19,611,671,525 < 0.
+        let metrics = ArmNeoverse::new(Core::N2).metrics(&yitian(), 1);
+        assert_eq!(percent(metrics["frontend_bound"]), 43.3);
+        assert!(metrics["retiring"].unwrap() < 0.0);
+    }
+
+    #[test]
+    fn midr_picks_the_model_as_linux_gates_the_erratum() {
+        let name = |part, variant, revision, slots| {
+            model_for_midr(part, variant, revision, slots).map(|model| model.name())
+        };
+        // 0x410FD490 r0p0, 0x410FD492 r0p2: corrected; 0x410FD493 r0p3: not.
+        assert_eq!(
+            name(0xd49, 0, 0, None).as_deref(),
+            Some("arm-neoverse-n2-r0p0")
+        );
+        assert_eq!(
+            name(0xd49, 0, 2, None).as_deref(),
+            Some("arm-neoverse-n2-r0p0")
+        );
+        assert_eq!(name(0xd49, 0, 3, None).as_deref(), Some("arm-neoverse-n2"));
+        assert_eq!(name(0xd40, 1, 2, None).as_deref(), Some("arm-neoverse-v1"));
+        assert_eq!(name(0xd0c, 3, 1, None).as_deref(), Some("arm-neoverse-n1"));
+        assert_eq!(name(0xd4f, 0, 0, None).as_deref(), Some("arm-neoverse-v2"));
+        assert_eq!(name(0xd84, 0, 0, None).as_deref(), Some("arm-neoverse-v3"));
+        assert_eq!(name(0xd8e, 0, 0, None).as_deref(), Some("arm-neoverse-n3"));
+        assert_eq!(name(0xd4a, 0, 0, None), None);
+        // caps/slots overrides the table; 0 (no PMMIR) keeps it.
+        assert_eq!(
+            name(0xd4f, 0, 0, Some(6)).as_deref(),
+            Some("arm-neoverse-v2@slots=6")
+        );
+        assert_eq!(
+            name(0xd4f, 0, 0, Some(0)).as_deref(),
+            Some("arm-neoverse-v2")
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for model in models() {
+            assert_eq!(by_name(&model.name()).unwrap().name(), model.name());
+        }
+        assert_eq!(
+            by_name("arm-neoverse-v2@slots=6").unwrap().name(),
+            "arm-neoverse-v2@slots=6"
+        );
+        assert!(by_name("arm-neoverse-v2@slots=x").is_none());
+        assert!(by_name("arm-neoverse-v2@slots=0").is_none());
+        assert!(by_name("arm-neoverse-e1").is_none());
+    }
+
+    #[test]
+    fn zero_counts_mean_no_data() {
+        for model in models() {
+            let metrics = model.metrics(&Counts::new(), 2);
+            assert!(metrics.values().all(Option::is_none), "{}", model.name());
+        }
+    }
+
+    #[test]
+    fn level_one_uses_six_programmable_counters_and_the_cycle_counter() {
+        for model in models() {
+            let counters = model.counters();
+            let general = counters
+                .iter()
+                .filter(|spec| spec.group == 0 && spec.uses == super::super::CounterUse::General)
+                .count();
+            assert!(general <= 6, "{}", model.name());
+            assert_eq!(counters[0].name, "cpu_cycles");
+        }
+    }
 }
