@@ -20,6 +20,7 @@ pub mod hybrid;
 pub mod intel_atom;
 pub mod intel_core;
 pub mod intel_icl;
+pub mod intel_spr;
 pub mod software;
 pub mod synthetic;
 
@@ -185,6 +186,7 @@ pub fn all_models() -> Vec<Box<dyn Model>> {
     let mut models: Vec<Box<dyn Model>> = vec![Box::new(software::Software)];
     models.extend(intel_core::models());
     models.extend(intel_icl::models());
+    models.extend(intel_spr::models());
     models.extend(intel_atom::models());
     models.extend(amd_zen::models());
     models.extend(arm_neoverse::models());
@@ -213,6 +215,7 @@ pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
         "software" => Some(Box::new(software::Software) as Box<dyn Model>),
         _ => intel_core::by_name(name)
             .or_else(|| intel_icl::by_name(name))
+            .or_else(|| intel_spr::by_name(name))
             .or_else(|| intel_atom::by_name(name))
             .or_else(|| amd_zen::by_name(name))
             .or_else(|| arm_neoverse::by_name(name)),

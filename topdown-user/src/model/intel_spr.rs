@@ -1,0 +1,233 @@
+//! Intel PERF_METRICS with the level-2 bytes: `intel-spr` (Golden Cove and Raptor Cove P-cores:
+//! Sapphire/Emerald/Granite Rapids, the P-cores of Alder/Raptor/Meteor Lake) and `intel-lnc`
+//! (Lion Cove: Lunar Lake and Arrow Lake P-cores).
+//!
+//! The `slots` leader and eight metric pseudo-events all live on fixed counter 3 and the
+//! PERF_METRICS register (topdown-formulas.md §1.1, §1.3): level 2 costs no general-purpose
+//! counter. The kernel reports each metric event as slot-scaled, floored counts (§1.2), so perf
+//! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
+
+use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+
+/// Which P-core generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generation {
+    GoldenCove,
+    LionCove,
+}
+
+pub struct IntelPerfMetricsL2 {
+    generation: Generation,
+}
+
+/// `slots` and the eight metric events (§1.1: `event=0x00,umask=0x80..0x87`, slots `umask=0x4`).
+const METRIC_EVENTS: [(&str, u64); 9] = [
+    ("slots", 0x0400),
+    ("topdown-retiring", 0x8000),
+    ("topdown-bad-spec", 0x8100),
+    ("topdown-fe-bound", 0x8200),
+    ("topdown-be-bound", 0x8300),
+    ("topdown-heavy-ops", 0x8400),
+    ("topdown-br-mispredict", 0x8500),
+    ("topdown-fetch-lat", 0x8600),
+    ("topdown-mem-bound", 0x8700),
+];
+
+/// INT_MISC.UOP_DROPPING on Golden Cove (§1.5, SPR column: 0xAD/0x10).
+const UOP_DROPPING: (&str, u64) = ("INT_MISC.UOP_DROPPING", 0x10ad);
+
+/// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
+pub fn models() -> Vec<Box<dyn Model>> {
+    vec![
+        Box::new(IntelPerfMetricsL2 {
+            generation: Generation::GoldenCove,
+        }),
+        Box::new(IntelPerfMetricsL2 {
+            generation: Generation::LionCove,
+        }),
+    ]
+}
+
+/// The model named `name` (as [`Model::name`] returns it), if this file has it.
+pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
+    models().into_iter().find(|model| model.name() == name)
+}
+
+impl Model for IntelPerfMetricsL2 {
+    fn name(&self) -> String {
+        self.base_name().to_owned()
+    }
+
+    fn base_name(&self) -> &'static str {
+        match self.generation {
+            Generation::GoldenCove => "intel-spr",
+            Generation::LionCove => "intel-lnc",
+        }
+    }
+
+    fn description(&self) -> &'static str {
+        match self.generation {
+            Generation::GoldenCove => {
+                "Intel Sapphire/Emerald/Granite Rapids and ADL/RPL/MTL P-cores: perf metrics, TopDown L1 + L2"
+            }
+            Generation::LionCove => {
+                "Intel Lunar Lake/Arrow Lake P-cores (Lion Cove): perf metrics, TopDown L1 + L2"
+            }
+        }
+    }
+
+    fn counters(&self) -> Vec<CounterSpec> {
+        let mut specs: Vec<CounterSpec> = METRIC_EVENTS
+            .iter()
+            .map(|(name, config)| CounterSpec::raw(name, *config).fixed())
+            .collect();
+        if self.generation == Generation::GoldenCove {
+            specs.push(CounterSpec::raw(UOP_DROPPING.0, UOP_DROPPING.1));
+        }
+        specs
+    }
+
+    fn max_level(&self) -> u8 {
+        2
+    }
+
+    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
+        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
+        let slots = get("slots");
+        let sum = get("topdown-retiring")
+            + get("topdown-bad-spec")
+            + get("topdown-fe-bound")
+            + get("topdown-be-bound");
+        let of_sum = |name: &str| ratio(get(name), sum);
+        // Golden Cove subtracts the uops dropped by the frontend from the frontend buckets;
+        // Lion Cove has no such term (TMA 5.2 note under §1.4).
+        let dropping = match self.generation {
+            Generation::GoldenCove => ratio(get(UOP_DROPPING.0), slots),
+            Generation::LionCove => Some(0.0),
+        };
+        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+        let clamp_difference =
+            |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
+
+        // §1.4, SPR/EMR/GNR column (P-json-x86 spr-metrics.json):
+        // Frontend_Bound = fe/SUM - INT_MISC.UOP_DROPPING/SLOTS; Backend_Bound = be/SUM;
+        // Retiring = ret/SUM.
+        let frontend = minus(of_sum("topdown-fe-bound"), dropping);
+        let backend = of_sum("topdown-be-bound");
+        let retiring = of_sum("topdown-retiring");
+        let bad_speculation = match self.generation {
+            // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
+            Generation::GoldenCove => match (frontend, backend, retiring) {
+                (Some(fe), Some(be), Some(ret)) => Some((1.0 - (fe + be + ret)).max(0.0)),
+                _ => None,
+            },
+            // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
+            Generation::LionCove => of_sum("topdown-bad-spec"),
+        };
+
+        let mut metrics: Metrics = [
+            ("retiring", retiring),
+            ("bad_speculation", bad_speculation),
+            ("frontend_bound", frontend),
+            ("backend_bound", backend),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        if level < 2 {
+            return metrics;
+        }
+
+        // §1.4 level 2, SPR column; Lion Cove the same without the UOP_DROPPING term (the
+        // reference gives no other difference for these eight).
+        // Fetch_Latency = fetch_lat/SUM - INT_MISC.UOP_DROPPING/SLOTS
+        let fetch_latency = minus(of_sum("topdown-fetch-lat"), dropping);
+        // Fetch_Bandwidth = max(0, FE - Fetch_Latency)
+        let fetch_bandwidth = clamp_difference(frontend, fetch_latency);
+        // Branch_Mispredicts = br_mispredict/SUM
+        let branch_mispredicts = of_sum("topdown-br-mispredict");
+        // Machine_Clears = max(0, BadSpec - Branch_Mispredicts)
+        let machine_clears = clamp_difference(bad_speculation, branch_mispredicts);
+        // Memory_Bound = mem_bound/SUM; Core_Bound = max(0, BE - Memory_Bound)
+        let memory_bound = of_sum("topdown-mem-bound");
+        let core_bound = clamp_difference(backend, memory_bound);
+        // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
+        let heavy_operations = of_sum("topdown-heavy-ops");
+        let light_operations = clamp_difference(retiring, heavy_operations);
+        metrics.extend(
+            [
+                ("light_operations", light_operations),
+                ("heavy_operations", heavy_operations),
+                ("branch_mispredicts", branch_mispredicts),
+                ("machine_clears", machine_clears),
+                ("fetch_latency", fetch_latency),
+                ("fetch_bandwidth", fetch_bandwidth),
+                ("memory_bound", memory_bound),
+                ("core_bound", core_bound),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+        );
+        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        metrics
+    }
+
+    fn weight_counter(&self) -> &'static str {
+        "slots"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CounterSource, CounterUse};
+
+    #[test]
+    fn every_topdown_event_is_on_the_fixed_counter() {
+        let spr = by_name("intel-spr").unwrap();
+        let counters = spr.counters();
+        assert_eq!(counters.len(), 10);
+        assert!(
+            counters[..9]
+                .iter()
+                .all(|spec| spec.uses == CounterUse::Fixed)
+        );
+        assert_eq!(counters[9].uses, CounterUse::General);
+        assert_eq!(
+            counters[5].source,
+            CounterSource::Perf {
+                perf_type: 4,
+                config: 0x8400
+            }
+        );
+        assert_eq!(by_name("intel-lnc").unwrap().counters().len(), 9);
+        assert!(by_name("intel-xyz").is_none());
+    }
+
+    #[test]
+    fn clamps_bite_when_a_child_exceeds_its_parent() {
+        // SUM = 1000: RET 0.1 but heavy 0.2 -> Light = max(0, -0.1) = 0.
+        let counts: Counts = [
+            ("slots", 1000),
+            ("topdown-retiring", 100),
+            ("topdown-bad-spec", 100),
+            ("topdown-fe-bound", 300),
+            ("topdown-be-bound", 500),
+            ("topdown-heavy-ops", 200),
+            ("topdown-br-mispredict", 150),
+            ("topdown-fetch-lat", 400),
+            ("topdown-mem-bound", 100),
+            ("INT_MISC.UOP_DROPPING", 0),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        let metrics = by_name("intel-spr").unwrap().metrics(&counts, 2);
+        assert_eq!(metrics["light_operations"], Some(0.0));
+        // BadSpec = 1 - (0.3 + 0.5 + 0.1) = 0.1 (derived); BrMisp 0.15 > 0.1 -> clears 0.
+        assert_eq!(metrics["machine_clears"], Some(0.0));
+        // FetchLat 0.4 > FE 0.3 -> FetchBW 0.
+        assert_eq!(metrics["fetch_bandwidth"], Some(0.0));
+    }
+}
