@@ -1,11 +1,11 @@
 //! The counter budget: which of a model's counters share a perf group, which groups have to
 //! rotate, and which BPF slot each value lands in.
 //!
-//! A model declares scheduling groups (`CounterSpec::group`): group 0 holds what level 1 needs,
-//! further groups the level-2 extras. On each PMU the plan is, in order of preference:
+//! A model declares scheduling groups (`CounterSpec::group`): groups 0-7 hold what level 1 needs,
+//! groups 8-15 the level-2 extras. On each PMU the plan is, in order of preference:
 //!
 //! 1. everything in one pinned group: exact, nothing multiplexed;
-//! 2. the level-1 group pinned and each other group flexible: level 1 stays exact, level-2
+//! 2. the level-1 group(s) pinned and each level-2 group flexible: level 1 stays exact, level-2
 //!    groups take turns on the counters left over;
 //! 3. every group flexible: everything takes turns.
 //!
@@ -21,13 +21,20 @@ use topdown_common::{MAX_COUNTERS, slot_source};
 use crate::model::{CounterSpec, CounterUse, Model};
 
 /// Scheduling groups are numbered per PMU in blocks of this size: a hybrid model puts its
-/// E-core model's groups at 16, 17, ... A group whose number is a multiple of it is a level-1
-/// group.
+/// E-core model's groups at 16, 17, ... Within a block, groups 0-7 serve level 1 (a model whose
+/// level 1 alone exceeds the PMU splits it, e.g. Skylake with SMT) and 8-15 level 2.
 pub const GROUP_BLOCK: u8 = 16;
+
+/// The first level-2 group of a block: `CounterSpec::in_group(LEVEL_TWO_GROUP)`.
+pub const LEVEL_TWO_GROUP: u8 = 8;
 
 /// The TopDown level a scheduling group serves.
 pub fn group_level(group: u8) -> u8 {
-    if group % GROUP_BLOCK == 0 { 1 } else { 2 }
+    if group % GROUP_BLOCK < LEVEL_TWO_GROUP {
+        1
+    } else {
+        2
+    }
 }
 
 /// The slot names of a flexible group's leader times.
@@ -273,12 +280,12 @@ mod tests {
             specs.push(CounterSpec::raw("fixed", 0x99).fixed());
             specs.extend(
                 (0..4).map(|index| {
-                    CounterSpec::raw(&format!("a_{index}"), 0x100 + index).in_group(1)
+                    CounterSpec::raw(&format!("a_{index}"), 0x100 + index).in_group(8)
                 }),
             );
             specs.extend(
                 (0..4).map(|index| {
-                    CounterSpec::raw(&format!("b_{index}"), 0x200 + index).in_group(2)
+                    CounterSpec::raw(&format!("b_{index}"), 0x200 + index).in_group(9)
                 }),
             );
             specs
@@ -332,10 +339,10 @@ mod tests {
         assert_eq!(
             names,
             [
-                "group1.enabled_ns",
-                "group1.running_ns",
-                "group2.enabled_ns",
-                "group2.running_ns"
+                "group8.enabled_ns",
+                "group8.running_ns",
+                "group9.enabled_ns",
+                "group9.running_ns"
             ]
         );
         let sources = plan.slot_sources();
@@ -378,8 +385,9 @@ mod tests {
     #[test]
     fn group_levels() {
         assert_eq!(group_level(0), 1);
-        assert_eq!(group_level(1), 2);
+        assert_eq!(group_level(1), 1);
+        assert_eq!(group_level(8), 2);
         assert_eq!(group_level(16), 1);
-        assert_eq!(group_level(17), 2);
+        assert_eq!(group_level(24), 2);
     }
 }

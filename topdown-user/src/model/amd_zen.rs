@@ -8,6 +8,7 @@
 //! product with a level-1 bucket is an estimate.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use crate::schedule::LEVEL_TWO_GROUP;
 
 /// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
 /// event select bits 0-7 and 32-35, unit mask 8-15, counter mask 24-31.
@@ -122,12 +123,13 @@ impl Model for AmdZen {
                 self.frontend_cmask_name(),
                 amd_config(0x1a0, 0x01, self.width()),
             )
-            .in_group(1),
-            CounterSpec::raw(MISPREDICTS, amd_config(0xc3, 0, 0)).in_group(1),
-            CounterSpec::raw(restarts, restarts_config).in_group(1),
-            CounterSpec::raw(LOAD_NOT_COMPLETE, amd_config(0xd6, 0xa2, 0)).in_group(1),
-            CounterSpec::raw(NOT_COMPLETE, amd_config(0xd6, 0x02, 0)).in_group(1),
-            CounterSpec::raw(UCODE, amd_config(0x1c2, 0, 0)).in_group(1),
+            .in_group(LEVEL_TWO_GROUP),
+            CounterSpec::raw(MISPREDICTS, amd_config(0xc3, 0, 0)).in_group(LEVEL_TWO_GROUP),
+            CounterSpec::raw(restarts, restarts_config).in_group(LEVEL_TWO_GROUP),
+            CounterSpec::raw(LOAD_NOT_COMPLETE, amd_config(0xd6, 0xa2, 0))
+                .in_group(LEVEL_TWO_GROUP),
+            CounterSpec::raw(NOT_COMPLETE, amd_config(0xd6, 0x02, 0)).in_group(LEVEL_TWO_GROUP),
+            CounterSpec::raw(UCODE, amd_config(0x1c2, 0, 0)).in_group(LEVEL_TWO_GROUP),
         ]
     }
 
@@ -264,7 +266,13 @@ mod tests {
         for model in models() {
             let counters = model.counters();
             assert_eq!(counters.iter().filter(|spec| spec.group == 0).count(), 6);
-            assert_eq!(counters.iter().filter(|spec| spec.group == 1).count(), 6);
+            assert_eq!(
+                counters
+                    .iter()
+                    .filter(|spec| spec.group == LEVEL_TWO_GROUP)
+                    .count(),
+                6
+            );
         }
         assert!(by_name("amd-zen4").is_some());
         assert!(by_name("amd-zen5").is_some());

@@ -12,6 +12,7 @@
 //! Neoverse cores have no SMT.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use crate::schedule::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,9 +203,9 @@ impl Model for ArmNeoverse {
                     spec(OP_SPEC),
                     spec(OP_RETIRED),
                     spec(STALL_FRONTEND_FLUSH),
-                    spec(STALL_BACKEND).in_group(1),
-                    spec(STALL_BACKEND_MEMBOUND).in_group(1),
-                    spec(STALL_BACKEND_CPUBOUND).in_group(1),
+                    spec(STALL_BACKEND).in_group(LEVEL_TWO_GROUP),
+                    spec(STALL_BACKEND_MEMBOUND).in_group(LEVEL_TWO_GROUP),
+                    spec(STALL_BACKEND_CPUBOUND).in_group(LEVEL_TWO_GROUP),
                 ]);
             }
         }

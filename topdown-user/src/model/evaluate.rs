@@ -81,7 +81,7 @@ mod tests {
     use super::*;
     use crate::model::{CounterSpec, ratio};
 
-    /// retiring = a / cycles (group 0); light_operations = retiring * b / c (group 1).
+    /// retiring = a / cycles (group 0); light_operations = retiring * b / c (group 8).
     struct Pair;
 
     impl Model for Pair {
@@ -98,8 +98,8 @@ mod tests {
             vec![
                 CounterSpec::raw("cycles", 1),
                 CounterSpec::raw("a", 2),
-                CounterSpec::raw("b", 3).in_group(1),
-                CounterSpec::raw("c", 4).in_group(1),
+                CounterSpec::raw("b", 3).in_group(8),
+                CounterSpec::raw("c", 4).in_group(8),
             ]
         }
         fn max_level(&self) -> u8 {
@@ -160,8 +160,8 @@ mod tests {
                 ("a", 250),
                 ("b", 10),
                 ("c", 40),
-                ("group1.enabled_ns", 800),
-                ("group1.running_ns", 200),
+                ("group8.enabled_ns", 800),
+                ("group8.running_ns", 200),
             ]),
             2,
         );
@@ -180,8 +180,8 @@ mod tests {
                 ("a", 250),
                 ("b", 0),
                 ("c", 0),
-                ("group1.enabled_ns", 800),
-                ("group1.running_ns", 0),
+                ("group8.enabled_ns", 800),
+                ("group8.running_ns", 0),
             ]),
             2,
         );

@@ -163,7 +163,7 @@ mod tests {
             vec![
                 CounterSpec::raw("cycles", 0x3c),
                 CounterSpec::raw("ret", 0xc2),
-                CounterSpec::raw("extra", 0x1).in_group(1),
+                CounterSpec::raw("extra", 0x1).in_group(8),
             ]
         }
         fn max_level(&self) -> u8 {
@@ -218,7 +218,7 @@ mod tests {
             ]
         );
         let groups: Vec<u8> = specs.iter().map(|spec| spec.group).collect();
-        assert_eq!(groups, [0, 0, 1, 16, 16, 17]);
+        assert_eq!(groups, [0, 0, 8, 16, 16, 24]);
         assert_eq!(hybrid().name(), "hybrid:p+e");
         assert_eq!(parse_name("hybrid:p+e"), Some(("p", "e")));
         assert_eq!(parse_name("hybrid:p"), None);

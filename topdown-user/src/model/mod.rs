@@ -83,8 +83,9 @@ pub struct CounterSpec {
     /// `cpu-clock`): what the user sees and what `--synthetic` overrides name.
     pub name: String,
     pub source: CounterSource,
-    /// Scheduling group. Group 0 holds what level 1 needs; a model whose level-2 events do not
-    /// fit beside it puts them in groups 1, 2, ... The counter budget merges groups into one
+    /// Scheduling group. Groups 0-7 hold what level 1 needs (group 0 alone unless level 1 itself
+    /// exceeds the PMU), groups 8-15 the level-2 extras (`crate::schedule::LEVEL_TWO_GROUP`).
+    /// The counter budget merges groups into one
     /// pinned group when everything fits, and otherwise lets them rotate and scales them by
     /// enabled/running time, marking what they feed as estimated. Events whose ratio a formula
     /// takes should share a group so that the ratio is exact even when rotating.
