@@ -1,13 +1,427 @@
-//! (being written)
+//! Intel before Ice Lake, with generic counters (topdown-formulas.md §2): `intel-snb` (Sandy
+//! Bridge, Ivy Bridge, Haswell, Broadwell and their server parts) and `intel-skl` (Skylake,
+//! Kaby/Coffee/Comet Lake, Skylake-SP, Cascade Lake, Cooper Lake), 4 slots per cycle.
+//!
+//! Each comes in two forms. Without SMT, every input is per thread. With SMT (`-smt`), the slots
+//! of a core are shared by its two threads: a per-task breakdown cannot use the core-wide
+//! (AnyThread) clock, so these models use TMA's per-thread estimate of the core's clocks,
+//! CORE_CLKS = THREAD/2 * (1 + ONE_THREAD_ACTIVE/REF_XCLK) (§2.2, the "EBS" form perf uses when
+//! not counting core-wide), with per-thread issued/retired/fetch-bubble counts; only the recovery
+//! cycles stay per core (INT_MISC.RECOVERY_CYCLES_ANY/2, AnyThread). Attributing that per-core
+//! count to the task on the thread is an approximation, and the description says so.
+//!
+//! Counters: 4 general-purpose per thread with SMT on, 8 with it off, plus fixed ones.
+//! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
+//! counter 1, where the kernel would otherwise put it.
 
-use super::Model;
+use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use crate::schedule::LEVEL_TWO_GROUP;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Generation {
+    SandyBridge,
+    Skylake,
+}
+
+pub struct IntelCore {
+    generation: Generation,
+    smt: bool,
+}
+
+/// Pipeline width of these cores (TMA `#Pipeline_Width`, §6.1 table: 4).
+const WIDTH: f64 = 4.0;
+
+// Encodings: §2.1 (kernel sysfs aliases and perfmon) and §1.5; config = event | umask << 8 |
+// edge << 18 | any << 21 | inv << 23 | cmask << 24.
+const THREAD: (&str, u64) = ("CPU_CLK_UNHALTED.THREAD", 0x003c);
+const ISSUED: (&str, u64) = ("UOPS_ISSUED.ANY", 0x010e);
+const RETIRE_SLOTS: (&str, u64) = ("UOPS_RETIRED.RETIRE_SLOTS", 0x02c2);
+const FETCH_BUBBLES: (&str, u64) = ("IDQ_UOPS_NOT_DELIVERED.CORE", 0x019c);
+const ONE_THREAD_ACTIVE: (&str, u64) = ("CPU_CLK_UNHALTED.ONE_THREAD_ACTIVE", 0x023c);
+const REF_XCLK: (&str, u64) = ("CPU_CLK_UNHALTED.REF_XCLK", 0x013c);
+/// §2.1: SNB-BDW `event=0xd,umask=0x3,cmask=1`; the kernel's Skylake alias
+/// `event=0xd,umask=0x1,cmask=1` (perfmon has no cmask: open point §7.1). AnyThread adds bit 21.
+const RECOVERY_SNB: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES", 0x0100_030d);
+const RECOVERY_SNB_ANY: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES_ANY", 0x0120_030d);
+const RECOVERY_SKL: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES", 0x0100_010d);
+const RECOVERY_SKL_ANY: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES_ANY", 0x0120_010d);
+/// IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE, cmask 4 (§2.1).
+const CYCLES_0_UOPS: (&str, u64) = (
+    "IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE",
+    0x0401_019c,
+);
+const BR_MISP: (&str, u64) = ("BR_MISP_RETIRED.ALL_BRANCHES", 0x00c5);
+const MACHINE_CLEARS: (&str, u64) = ("MACHINE_CLEARS.COUNT", 0x0104_01c3);
+const MACRO_FUSED: (&str, u64) = ("UOPS_RETIRED.MACRO_FUSED", 0x04c2);
+const INST_RETIRED: (&str, u64) = ("INST_RETIRED.ANY", 0x00c0);
+const MS_UOPS: (&str, u64) = ("IDQ.MS_UOPS", 0x3079);
+// Memory_Bound inputs with the encodings of §1.5's table (CYCLE_ACTIVITY 0xA3, EXE_ACTIVITY
+// 0xA6, the same event codes on Skylake; not cross-checked against skylake_core.json here).
+const STALLS_MEM_ANY: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_MEM_ANY", 0x1400_14a3);
+const STALLS_TOTAL: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_TOTAL", 0x0400_04a3);
+const BOUND_ON_STORES: (&str, u64) = ("EXE_ACTIVITY.BOUND_ON_STORES", 0x0200_40a6);
+const ONE_PORT_UTIL: (&str, u64) = ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6);
+const TWO_PORTS_UTIL: (&str, u64) = ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6);
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
-    Vec::new()
+    [
+        (Generation::SandyBridge, false),
+        (Generation::SandyBridge, true),
+        (Generation::Skylake, false),
+        (Generation::Skylake, true),
+    ]
+    .into_iter()
+    .map(|(generation, smt)| Box::new(IntelCore { generation, smt }) as Box<dyn Model>)
+    .collect()
 }
 
-/// The model named `name` (as `Model::name` returns it), if this file has it.
+/// The model named `name` (as [`Model::name`] returns it), if this file has it.
 pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
     models().into_iter().find(|model| model.name() == name)
+}
+
+impl IntelCore {
+    /// §2.2 CORE_CLKS: per-thread counting uses the EBS form with SMT on
+    /// (THREAD/2 * (1 + ONE_THREAD_ACTIVE/REF_XCLK)), CLKS without.
+    fn core_clks(&self, counts: &Counts) -> Option<f64> {
+        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
+        let clks = get(THREAD);
+        if self.smt {
+            ratio(get(ONE_THREAD_ACTIVE), get(REF_XCLK))
+                .map(|one_thread_share| clks / 2.0 * (1.0 + one_thread_share))
+        } else {
+            Some(clks)
+        }
+    }
+
+    fn recovery(&self) -> (&'static str, u64) {
+        match (self.generation, self.smt) {
+            (Generation::SandyBridge, false) => RECOVERY_SNB,
+            (Generation::SandyBridge, true) => RECOVERY_SNB_ANY,
+            (Generation::Skylake, false) => RECOVERY_SKL,
+            (Generation::Skylake, true) => RECOVERY_SKL_ANY,
+        }
+    }
+}
+
+impl Model for IntelCore {
+    fn name(&self) -> String {
+        self.base_name().to_owned()
+    }
+
+    fn base_name(&self) -> &'static str {
+        match (self.generation, self.smt) {
+            (Generation::SandyBridge, false) => "intel-snb",
+            (Generation::SandyBridge, true) => "intel-snb-smt",
+            (Generation::Skylake, false) => "intel-skl",
+            (Generation::Skylake, true) => "intel-skl-smt",
+        }
+    }
+
+    fn description(&self) -> &'static str {
+        match (self.generation, self.smt) {
+            (Generation::SandyBridge, false) => {
+                "Intel Sandy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)"
+            }
+            (Generation::SandyBridge, true) => {
+                "Intel Sandy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+            }
+            (Generation::Skylake, false) => {
+                "Intel Skylake..Cascade Lake (generic counters, SMT off): TopDown L1 + L2"
+            }
+            (Generation::Skylake, true) => {
+                "Intel Skylake..Cascade Lake with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+            }
+        }
+    }
+
+    fn counters(&self) -> Vec<CounterSpec> {
+        let spec = |(name, config): (&str, u64)| CounterSpec::raw(name, config);
+        let level_two = LEVEL_TWO_GROUP;
+        let mut specs = vec![
+            spec(THREAD),
+            spec(ISSUED),
+            spec(RETIRE_SLOTS),
+            spec(FETCH_BUBBLES),
+        ];
+        if self.smt {
+            // Seven level-1 events on four counters per thread: the clock ratio and the
+            // per-core recovery cycles form a second level-1 group.
+            specs.extend([
+                spec(self.recovery()).in_group(1),
+                spec(ONE_THREAD_ACTIVE).in_group(1),
+                spec(REF_XCLK).in_group(1),
+            ]);
+        } else {
+            specs.push(spec(self.recovery()));
+        }
+        specs.extend([
+            spec(CYCLES_0_UOPS).in_group(level_two),
+            spec(BR_MISP).in_group(level_two),
+            spec(MACHINE_CLEARS).in_group(level_two),
+        ]);
+        match self.generation {
+            Generation::SandyBridge => specs.push(spec(MS_UOPS).in_group(level_two)),
+            Generation::Skylake => {
+                specs.extend([
+                    spec(MACRO_FUSED).in_group(level_two),
+                    // Fixed counter 0 counts INST_RETIRED.ANY.
+                    spec(INST_RETIRED).in_group(level_two).fixed(),
+                    spec(STALLS_MEM_ANY).in_group(level_two + 1),
+                    spec(STALLS_TOTAL).in_group(level_two + 1),
+                    spec(BOUND_ON_STORES).in_group(level_two + 1),
+                    spec(ONE_PORT_UTIL).in_group(level_two + 1),
+                    spec(TWO_PORTS_UTIL).in_group(level_two + 1),
+                ]);
+            }
+        }
+        specs
+    }
+
+    fn max_level(&self) -> u8 {
+        2
+    }
+
+    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
+        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
+        let clks = get(THREAD);
+        // SLOTS = 4 * CORE_CLKS
+        let slots = self
+            .core_clks(counts)
+            .map(|core_clks| WIDTH * core_clks)
+            .unwrap_or(0.0);
+        // Recovery_Cycles = INT_MISC.RECOVERY_CYCLES_ANY/2 if SMT_on else INT_MISC.RECOVERY_CYCLES
+        let recovery = if self.smt {
+            get(self.recovery()) / 2.0
+        } else {
+            get(self.recovery())
+        };
+        let issued = get(ISSUED);
+        let retire_slots = get(RETIRE_SLOTS);
+
+        // §2.2 level 1 (TMA 5.2; perf JSON identical):
+        // Frontend_Bound = IDQ_UOPS_NOT_DELIVERED.CORE / SLOTS
+        let frontend = ratio(get(FETCH_BUBBLES), slots);
+        // Bad_Speculation = (UOPS_ISSUED.ANY - UOPS_RETIRED.RETIRE_SLOTS + 4*Recovery_Cycles) / SLOTS
+        let bad_speculation = ratio(issued - retire_slots + WIDTH * recovery, slots);
+        // Retiring = UOPS_RETIRED.RETIRE_SLOTS / SLOTS
+        let retiring = ratio(retire_slots, slots);
+        let backend = match self.generation {
+            // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
+            Generation::SandyBridge => frontend
+                .zip(bad_speculation)
+                .zip(retiring)
+                .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
+            // SKL/SKX/CLX: Backend_Bound = 1 - FE - (UOPS_ISSUED.ANY + 4*Recovery_Cycles)/SLOTS
+            Generation::Skylake => frontend
+                .zip(ratio(issued + WIDTH * recovery, slots))
+                .map(|(fe, issued_share)| 1.0 - fe - issued_share),
+        };
+
+        let mut metrics: Metrics = [
+            ("retiring", retiring),
+            ("bad_speculation", bad_speculation),
+            ("frontend_bound", frontend),
+            ("backend_bound", backend),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        if level < 2 {
+            return metrics;
+        }
+
+        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+        let cycles_0_uops = get(CYCLES_0_UOPS);
+        let fetch_latency = match self.generation {
+            // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
+            Generation::SandyBridge => ratio(WIDTH * clks.min(cycles_0_uops), slots),
+            // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
+            Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
+        };
+        // Fetch_Bandwidth = FE - Fetch_Latency
+        let fetch_bandwidth = minus(frontend, fetch_latency);
+        // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
+        //                      MACHINE_CLEARS.COUNT) * BadSpec
+        let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
+            .zip(bad_speculation)
+            .map(|(share, bad)| share * bad);
+        // Machine_Clears = BadSpec - Branch_Mispredicts
+        let machine_clears = minus(bad_speculation, branch_mispredicts);
+        let (memory_bound, core_bound, heavy_operations) = match self.generation {
+            Generation::SandyBridge => {
+                // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
+                //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
+                let heavy = ratio(retire_slots, issued)
+                    .zip(ratio(get(MS_UOPS), slots))
+                    .map(|(retired_share, ms)| retired_share * ms);
+                // Memory_Bound needs per-generation stall events (§2.2: see snb/ivb/hsw/bdw
+                // metrics.json); the reference does not give them, so no memory/core split.
+                (None, None, heavy)
+            }
+            Generation::Skylake => {
+                // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
+                //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
+                //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
+                let stores = get(BOUND_ON_STORES);
+                let memory = retiring.and_then(|ret| {
+                    ratio(
+                        get(STALLS_MEM_ANY) + stores,
+                        get(STALLS_TOTAL) + get(ONE_PORT_UTIL) + ret * get(TWO_PORTS_UTIL) + stores,
+                    )
+                });
+                let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
+                // Core_Bound = BE - Memory_Bound
+                let core_bound = minus(backend, memory_bound);
+                // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
+                //   - INST_RETIRED.ANY)/SLOTS
+                let heavy = ratio(retire_slots + get(MACRO_FUSED) - get(INST_RETIRED), slots);
+                (memory_bound, core_bound, heavy)
+            }
+        };
+        // Light_Operations = Retiring - Heavy_Operations
+        let light_operations = minus(retiring, heavy_operations);
+        metrics.extend(
+            [
+                ("light_operations", light_operations),
+                ("heavy_operations", heavy_operations),
+                ("branch_mispredicts", branch_mispredicts),
+                ("machine_clears", machine_clears),
+                ("fetch_latency", fetch_latency),
+                ("fetch_bandwidth", fetch_bandwidth),
+                ("memory_bound", memory_bound),
+                ("core_bound", core_bound),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+        );
+        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        metrics
+    }
+
+    fn weight_counter(&self) -> &'static str {
+        THREAD.0
+    }
+
+    fn slots(&self, counts: &Counts) -> Option<f64> {
+        counts.get(THREAD.0)?;
+        self.core_clks(counts).map(|core_clks| WIDTH * core_clks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(pairs: &[((&str, u64), u64)]) -> Counts {
+        pairs
+            .iter()
+            .map(|((name, _), value)| ((*name).to_owned(), *value))
+            .collect()
+    }
+
+    #[test]
+    fn both_backend_forms_agree() {
+        // THREAD 1000 -> SLOTS 4000; FE = 0.2, BadSpec = (2200-2000+200)/4000 = 0.1,
+        // RET = 0.5; SNB form 1 - 0.8 = 0.2; SKL form 1 - 0.2 - (2200+200)/4000 = 0.2.
+        let snb = IntelCore {
+            generation: Generation::SandyBridge,
+            smt: false,
+        };
+        let skl = IntelCore {
+            generation: Generation::Skylake,
+            smt: false,
+        };
+        let snb_counts = counts(&[
+            (THREAD, 1000),
+            (ISSUED, 2200),
+            (RETIRE_SLOTS, 2000),
+            (FETCH_BUBBLES, 800),
+            (RECOVERY_SNB, 50),
+        ]);
+        let skl_counts = counts(&[
+            (THREAD, 1000),
+            (ISSUED, 2200),
+            (RETIRE_SLOTS, 2000),
+            (FETCH_BUBBLES, 800),
+            (RECOVERY_SKL, 50),
+        ]);
+        let a = snb.metrics(&snb_counts, 1)["backend_bound"].unwrap();
+        let b = skl.metrics(&skl_counts, 1)["backend_bound"].unwrap();
+        assert!(
+            (a - 0.2).abs() < 1e-12 && (b - 0.2).abs() < 1e-12,
+            "{a} {b}"
+        );
+    }
+
+    #[test]
+    fn smt_uses_the_per_thread_core_clock_estimate() {
+        // THREAD 1000, ONE_THREAD_ACTIVE 250, REF_XCLK 500: CORE_CLKS = 500 * 1.5 = 750,
+        // SLOTS = 3000; FETCH 600 -> FE = 0.2.
+        let model = by_name("intel-skl-smt").unwrap();
+        let metrics = model.metrics(
+            &counts(&[
+                (THREAD, 1000),
+                (ONE_THREAD_ACTIVE, 250),
+                (REF_XCLK, 500),
+                (FETCH_BUBBLES, 600),
+            ]),
+            1,
+        );
+        assert_eq!(metrics["frontend_bound"], Some(0.2));
+        // No REF_XCLK: the core clock cannot be estimated.
+        let none = model.metrics(&counts(&[(THREAD, 1000), (FETCH_BUBBLES, 600)]), 1);
+        assert_eq!(none["frontend_bound"], None);
+    }
+
+    #[test]
+    fn encodings_and_groups() {
+        let skl = by_name("intel-skl").unwrap().counters();
+        let config = |name: &str| {
+            skl.iter()
+                .find(|spec| spec.name == name)
+                .map(|spec| spec.source.clone())
+        };
+        assert_eq!(
+            config("INT_MISC.RECOVERY_CYCLES"),
+            Some(crate::model::CounterSource::Perf {
+                perf_type: 4,
+                config: 0x0100_010d
+            })
+        );
+        // Level 1: five events in group 0 (8 counters with SMT off).
+        assert_eq!(skl.iter().filter(|spec| spec.group == 0).count(), 5);
+        let smt = by_name("intel-skl-smt").unwrap().counters();
+        assert_eq!(smt.iter().filter(|spec| spec.group == 0).count(), 4);
+        assert_eq!(smt.iter().filter(|spec| spec.group == 1).count(), 3);
+        assert!(
+            smt.iter()
+                .any(|spec| spec.name == "INT_MISC.RECOVERY_CYCLES_ANY")
+        );
+        for name in ["intel-snb", "intel-snb-smt", "intel-skl", "intel-skl-smt"] {
+            assert_eq!(by_name(name).unwrap().name(), name);
+        }
+        assert!(by_name("intel-hsw").is_none());
+    }
+
+    #[test]
+    fn zero_counts_mean_no_data() {
+        for model in models() {
+            let metrics = model.metrics(&Counts::new(), 2);
+            assert!(
+                [
+                    "retiring",
+                    "frontend_bound",
+                    "bad_speculation",
+                    "backend_bound"
+                ]
+                .iter()
+                .all(|name| metrics[*name].is_none()),
+                "{}",
+                model.name()
+            );
+        }
+    }
 }
