@@ -138,7 +138,7 @@ pub fn build_report(
                 .map_or([0; MAX_COUNTERS], |(_, state)| state.total);
             CpuEntry {
                 cpu: *cpu,
-                counters: name_slots(&names, &sub(&state.total, &before)),
+                counters: name_slots(names, &sub(&state.total, &before)),
             }
         })
         .collect();

@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Count TopDown per task and process: system-wide, for given processes, or for a command.
-    Stat(StatArgs),
+    Stat(Box<StatArgs>),
     /// Re-render a JSON result, recomputing every metric from its raw counters.
     Report(ReportArgs),
     /// Show the detected CPU and PMU, the chosen model and every counter with its encoding.

@@ -114,38 +114,24 @@ pub fn run(
         return Ok(());
     }
     let root = Path::new("/");
-    match crate::pmu::detect(root) {
-        Ok(detection) => {
-            writeln!(
-                out,
-                "CPU:        {} {}{}",
-                detection.vendor,
-                detection.model_name,
-                if detection.hypervisor {
-                    " (hypervisor flag set)"
-                } else {
-                    ""
-                }
-            )?;
-            writeln!(
-                out,
-                "PMU:        {}",
-                match (detection.core_pmu, detection.perf_metrics, detection.hybrid) {
-                    (false, _, _) => "no core PMU",
-                    (true, true, true) => "hybrid cpu_core + cpu_atom, PERF_METRICS on cpu_core",
-                    (true, false, true) => "hybrid cpu_core + cpu_atom",
-                    (true, true, false) => "core PMU with PERF_METRICS (slots)",
-                    (true, false, false) => "core PMU",
-                }
-            )?;
-        }
+    let detection = crate::pmu::detect(root);
+    match &detection {
+        Ok(detection) => write!(out, "{detection}")?,
         Err(err) => writeln!(out, "CPU:        unknown ({err:#})")?,
     }
     let (model, announcement) = crate::stat::select_model_by(pmu.unwrap_or("auto"), None)?;
     if let Some(line) = announcement {
         writeln!(out, "Auto:       {line}")?;
     }
-    write_model(model.as_ref(), general_counters, out)
+    // Plan with the detected budget unless told otherwise (synthetic models are unbounded).
+    let budget = general_counters.or_else(|| {
+        if model.is_synthetic() {
+            None
+        } else {
+            crate::pmu::free_general_counters(root, None)
+        }
+    });
+    write_model(model.as_ref(), budget, out)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 .enable_all()
                 .build()
                 .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
-            runtime.block_on(stat::run(args, cli.verbose > 0))
+            runtime.block_on(stat::run(*args, cli.verbose > 0))
         }
         Command::Report(args) => {
             let mut output: Box<dyn std::io::Write> = match &args.output {

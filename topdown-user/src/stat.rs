@@ -473,6 +473,9 @@ fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Res
         .map_err(|err| fail(Failure::Usage, format!("{err:#}")))
 }
 
+/// Each hybrid PMU's CPUs: `(pmu, cpus)`.
+type HybridCpus = Vec<(String, Vec<u32>)>;
+
 /// For a synthetic hybrid model, the CPUs standing in for each core type (`--hybrid-cpus`, or
 /// the online CPUs split in two halves). `None` for every other model: real hybrid PMUs say
 /// which CPUs they cover in sysfs.
@@ -480,7 +483,7 @@ fn synthetic_hybrid_cpus(
     model: &dyn Model,
     requested: Option<&str>,
     online: &[u32],
-) -> Result<Option<Vec<(String, Vec<u32>)>>> {
+) -> Result<Option<HybridCpus>> {
     use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
     let is_hybrid = model
         .counters()
@@ -527,7 +530,7 @@ fn synthetic_hybrid_cpus(
     Ok(Some(split))
 }
 
-fn parse_hybrid_cpus(text: &str) -> Result<Vec<(String, Vec<u32>)>> {
+fn parse_hybrid_cpus(text: &str) -> Result<HybridCpus> {
     use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
     let usage = |what: String| {
         fail(
@@ -576,10 +579,9 @@ fn parse_hybrid_cpus(text: &str) -> Result<Vec<(String, Vec<u32>)>> {
     Ok(split)
 }
 
-/// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`); `None` when
-/// unknown, which plans every group as one pinned group.
-fn detected_free_counters(_pmu: Option<&str>) -> Option<u32> {
-    None
+/// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`), from detection.
+fn detected_free_counters(pmu: Option<&str>) -> Option<u32> {
+    crate::pmu::free_general_counters(std::path::Path::new("/"), pmu)
 }
 
 fn effective_level(model: &dyn Model, requested: u8) -> u8 {
