@@ -179,12 +179,15 @@ fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
         return;
     }
     let c = path(&binaries().c);
-    // mid: 7 x leaf(10) + 5 getpgid; then leaf(10) once more from main.
+    // mid: 7 x leaf(10) + 5 getpgid; then leaf(10) once more from main. The extra -e event
+    // counts the same syscall as `slots` and must be attributed to functions identically.
     let report = stat(&[
         "-u",
         &format!("{c}:leaf"),
         "-u",
         &format!("{c}:mid"),
+        "-e",
+        "syscalls:sys_enter_getppid",
         "--",
         c,
         "leafmid",
@@ -194,6 +197,16 @@ fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
     ]);
     assert_eq!(figures(function(&report, "leaf")), (8, 80, 0, 80, 0));
     assert_eq!(figures(function(&report, "mid")), (1, 70, 5, 0, 5));
+    for name in ["leaf", "mid"] {
+        for part in ["inclusive", "exclusive"] {
+            let entity = &function(&report, name)[part];
+            assert_eq!(
+                counter(entity, "syscalls:sys_enter_getppid"),
+                counter(entity, "slots"),
+                "{name} {part}"
+            );
+        }
+    }
     assert_eq!(edge(&report, Some("mid"), "leaf")["calls"], 7);
     assert_eq!(
         counter(&edge(&report, Some("mid"), "leaf")["inclusive"], "slots"),

@@ -500,3 +500,78 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
     );
     let _ = std::fs::remove_file(out);
 }
+
+#[test]
+fn extra_events_are_attributed_per_task_exactly() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = temp_path("extra-events");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args([
+                "-e",
+                "syscalls:sys_enter_getcwd",
+                "-e",
+                "syscalls:sys_enter_newuname",
+            ])
+            .args([
+                "--",
+                WORKLOAD,
+                "getcwd=300,getppid=10",
+                "getcwd=100,newuname=50",
+            ]),
+    )
+    .unwrap();
+    let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        report["extra_events"],
+        serde_json::json!(["syscalls:sys_enter_getcwd", "syscalls:sys_enter_newuname"])
+    );
+    let a = task(&report, threads[0].2).expect("thread A");
+    let b = task(&report, threads[1].2).expect("thread B");
+    assert_eq!(counter(a, "syscalls:sys_enter_getcwd"), 300);
+    assert_eq!(counter(a, "syscalls:sys_enter_newuname"), 0);
+    assert_eq!(counter(a, "slots"), 10);
+    assert_eq!(counter(b, "syscalls:sys_enter_getcwd"), 100);
+    assert_eq!(counter(b, "syscalls:sys_enter_newuname"), 50);
+    // The table shows them as columns.
+    let table = run_ok(topdown().args(["report", "-i"]).arg(&out)).unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("syscalls:sys_enter_getcwd"), "{table}");
+    let _ = std::fs::remove_file(out);
+
+    for (spec, message) in [
+        ("INT_MISC:RECOVERY_CYCLES:e", "needs c=N with N >= 1"),
+        ("task-clock", "use cpu-clock"),
+        ("nopmu/event=1/", "no PMU 'nopmu'"),
+    ] {
+        let refused = topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "-e",
+                spec,
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{spec}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(message), "{spec}: {stderr}");
+    }
+}

@@ -181,6 +181,13 @@ pub fn build_report(
         synthetic_map: ctx.model.synthetic_map().into_iter().collect(),
         level: ctx.level,
         counter_names: names.clone(),
+        extra_events: ctx
+            .model
+            .counters()
+            .into_iter()
+            .filter(|spec| matches!(spec.source, crate::model::CounterSource::Event(_)))
+            .map(|spec| spec.name)
+            .collect(),
         weight_counter: ctx.model.weight_counter().to_owned(),
         duration_s: ctx.duration_s,
         interval: ctx.interval.clone(),

@@ -162,6 +162,13 @@ pub struct StatArgs {
     #[arg(long = "max-cgroups", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_cgroups: u32,
 
+    /// Also count this event per task, process, cgroup and function (repeatable). perf syntax
+    /// (`cpu/event=0x3c,umask=0x0,cmask=1/u`, `rNNNN`, `cycles:k`, `topdown-retiring`,
+    /// `armv8_pmuv3_0/stall_slot/`, `sched:sched_switch`) or libpfm syntax
+    /// (`INT_MISC:RECOVERY_CYCLES:c=1:e`, `UOPS_ISSUED:ANY:u`).
+    #[arg(short = 'e', long = "event", value_name = "SPEC")]
+    pub events: Vec<String>,
+
     /// General-purpose counters the PMU has free (default: detected from the CPU, with the NMI
     /// watchdog's counter subtracted; unbounded for synthetic models). Models needing more
     /// rotate their level-2 groups, and the report marks what that makes estimated.

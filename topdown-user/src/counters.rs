@@ -36,6 +36,10 @@ pub struct ResolvedCounter {
     pub name: String,
     pub perf_type: u32,
     pub config: u64,
+    pub config1: u64,
+    pub config2: u64,
+    /// An `-e` event's own modifiers; `None`: the run's `--all-user`/`--all-kernel`.
+    pub exclude: Option<crate::events::Exclude>,
 }
 
 /// Turns a model's counter specs into perf types and configs (tracepoints need tracefs ids;
@@ -44,6 +48,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
     specs
         .iter()
         .map(|spec| {
+            let mut extra = (0, 0, None);
             let (perf_type, config) = match &spec.source {
                 CounterSource::Perf { perf_type, config } => {
                     match crate::schedule::counter_pmu(&spec.name) {
@@ -53,6 +58,35 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                         _ => (*perf_type, *config),
                     }
                 }
+                CounterSource::Event(event) => match &event.kind {
+                    crate::events::EventKind::Perf {
+                        perf_type,
+                        config,
+                        config1,
+                        config2,
+                    } => {
+                        extra = (*config1, *config2, event.exclude);
+                        // A raw event on a hybrid PMU goes to that PMU's dynamic type.
+                        match event.pmu.as_deref() {
+                            Some(pmu @ ("cpu_core" | "cpu_atom")) if *perf_type == 4 => {
+                                (hybrid_pmu_type(pmu)?, *config)
+                            }
+                            _ => (*perf_type, *config),
+                        }
+                    }
+                    crate::events::EventKind::Tracepoint { group, name } => {
+                        let Some(tracefs) = tracefs else {
+                            bail!(
+                                "event {} is a tracepoint but tracefs is not available",
+                                spec.name
+                            );
+                        };
+                        (
+                            bindings::PERF_TYPE_TRACEPOINT,
+                            tracefs.tracepoint_id(group, name)?,
+                        )
+                    }
+                },
                 CounterSource::Tracepoint { group, name } => {
                     let Some(tracefs) = tracefs else {
                         bail!(
@@ -70,6 +104,9 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                 name: spec.name.clone(),
                 perf_type,
                 config,
+                config1: extra.0,
+                config2: extra.1,
+                exclude: extra.2,
             })
         })
         .collect()
@@ -229,14 +266,28 @@ fn open_counter(
     attr.size = std::mem::size_of::<bindings::perf_event_attr>() as u32;
     attr.type_ = counter.perf_type;
     attr.config = counter.config;
+    attr.__bindgen_anon_3.config1 = counter.config1;
+    attr.__bindgen_anon_4.config2 = counter.config2;
     attr.read_format = u64::from(
         bindings::PERF_FORMAT_TOTAL_TIME_ENABLED | bindings::PERF_FORMAT_TOTAL_TIME_RUNNING,
     );
     // Only a group leader may be pinned; members follow it.
     attr.set_pinned(u64::from(pinned));
-    attr.set_exclude_user(u64::from(privilege == Privilege::KernelOnly));
-    attr.set_exclude_kernel(u64::from(privilege == Privilege::UserOnly));
-    attr.set_exclude_hv(u64::from(privilege == Privilege::UserOnly));
+    match counter.exclude {
+        Some(exclude) => {
+            attr.set_exclude_user(u64::from(exclude.user));
+            attr.set_exclude_kernel(u64::from(exclude.kernel));
+            attr.set_exclude_hv(u64::from(exclude.hv));
+            attr.set_exclude_host(u64::from(exclude.host));
+            attr.set_exclude_guest(u64::from(exclude.guest));
+            attr.set_exclude_idle(u64::from(exclude.idle));
+        }
+        None => {
+            attr.set_exclude_user(u64::from(privilege == Privilege::KernelOnly));
+            attr.set_exclude_kernel(u64::from(privilege == Privilege::UserOnly));
+            attr.set_exclude_hv(u64::from(privilege == Privilege::UserOnly));
+        }
+    }
     let group_fd = leader.map_or(-1, |fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
     // SAFETY: attr is initialised and outlives the call.
     let fd = unsafe {

@@ -11,6 +11,7 @@ pub mod check;
 pub mod cli;
 pub mod counters;
 pub mod error;
+pub mod events;
 pub mod list;
 pub mod model;
 pub mod pmu;

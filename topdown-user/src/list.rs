@@ -25,6 +25,30 @@ pub fn encoding(name: &str, source: &CounterSource) -> String {
             format!("{pmu}/config={config:#x}/")
         }
         CounterSource::Tracepoint { group, name } => format!("{group}:{name}"),
+        CounterSource::Event(event) => match &event.kind {
+            crate::events::EventKind::Perf {
+                perf_type,
+                config,
+                config1,
+                config2,
+            } => {
+                let mut text = format!(
+                    "{}/config={config:#x}",
+                    event
+                        .pmu
+                        .clone()
+                        .unwrap_or_else(|| format!("type{perf_type}"))
+                );
+                if *config1 != 0 {
+                    text += &format!(",config1={config1:#x}");
+                }
+                if *config2 != 0 {
+                    text += &format!(",config2={config2:#x}");
+                }
+                text + "/"
+            }
+            crate::events::EventKind::Tracepoint { group, name } => format!("{group}:{name}"),
+        },
     }
 }
 

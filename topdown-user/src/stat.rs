@@ -50,6 +50,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     if let Some(line) = announcement {
         eprintln!("topdown: {line}");
     }
+    let model = with_extra_events(model, &args.events)?;
     let level = args.level;
     if model.max_level() < level && model.max_level() > 0 {
         eprintln!(
@@ -679,6 +680,36 @@ fn scope_of(args: &StatArgs) -> Scope {
 }
 
 /// The model for `--pmu`, and the line that announces a fallback.
+/// Adds the `-e` events to the model's counters (parsed against this machine's PMUs).
+fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn Model>> {
+    if specs.is_empty() {
+        return Ok(model);
+    }
+    let catalog = crate::events::PmuCatalog::load(std::path::Path::new("/"));
+    let mut events = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let event = crate::events::parse_event(spec, &catalog)
+            .map_err(|err| fail(Failure::Usage, format!("-e: {err:#}")))?;
+        if model
+            .counters()
+            .iter()
+            .any(|counter| counter.name == event.name)
+            || events
+                .iter()
+                .any(|known: &crate::events::EventAttr| known.name == event.name)
+        {
+            return Err(fail(
+                Failure::Usage,
+                format!("-e {spec}: this event is already counted"),
+            ));
+        }
+        events.push(event);
+    }
+    Ok(Box::new(crate::model::with_events::WithEvents::new(
+        model, events,
+    )))
+}
+
 fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
     select_model_by(&args.pmu, args.synthetic.as_deref())
 }

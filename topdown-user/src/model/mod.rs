@@ -23,6 +23,7 @@ pub mod intel_icl;
 pub mod intel_spr;
 pub mod software;
 pub mod synthetic;
+pub mod with_events;
 
 pub use evaluate::{Evaluation, evaluate};
 
@@ -60,6 +61,8 @@ pub enum CounterSource {
     /// A tracepoint counted per CPU (`PERF_TYPE_TRACEPOINT`); its id is looked up in tracefs
     /// when the counter is opened.
     Tracepoint { group: String, name: String },
+    /// A user's `-e` event, with its own config words and privilege modifiers.
+    Event(crate::events::EventAttr),
 }
 
 /// Which hardware counter an event occupies, for the counter budget (`crate::budget`).

@@ -30,6 +30,9 @@ pub struct Report {
     pub level: u8,
     /// Counter names in the model's order (leader first).
     pub counter_names: Vec<String>,
+    /// `-e` events among the counters, in the order given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_events: Vec<String>,
     /// The counter reports sort and weigh by (`slots`, `cpu-clock`).
     pub weight_counter: String,
     /// Seconds covered by this report (the interval's length in `-I` mode).

@@ -108,6 +108,11 @@ fn table_text(report: &Report, by: &[By]) -> String {
                 format!("{:.1}%", 100.0 * value as f64 / total_weight as f64)
             },
         ];
+        let extra_counts: Vec<String> = report
+            .extra_events
+            .iter()
+            .map(|event| entity.counters.get(event).copied().unwrap_or(0).to_string())
+            .collect();
         cells.extend(metrics.iter().map(
             |name| match entity.metrics.get(*name).copied().flatten() {
                 Some(fraction) if entity.estimated.iter().any(|e| e == name) => {
@@ -117,6 +122,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
                 None => "-".to_owned(),
             },
         ));
+        cells.extend(extra_counts);
         cells
     };
     any_estimated |= report
@@ -126,6 +132,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         .any(|name| metrics.contains(&name.as_str()));
     let mut header_tail = vec![weight_title.clone(), "share".to_owned()];
     header_tail.extend(metrics.iter().map(|name| title(name).to_owned()));
+    header_tail.extend(report.extra_events.iter().cloned());
 
     let mut summary: Vec<(String, &Entity)> = vec![
         ("total".to_owned(), &report.totals),
@@ -471,6 +478,7 @@ mod tests {
             )]),
             level: 1,
             counter_names: vec!["slots".into()],
+            extra_events: Vec::new(),
             weight_counter: "slots".into(),
             duration_s: 1.0,
             interval: None,
