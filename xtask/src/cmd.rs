@@ -20,8 +20,13 @@ pub fn workspace_root() -> PathBuf {
 /// `cargo` of the pinned host toolchain, run from the workspace root, without the outer
 /// cargo's toolchain pins (RUSTUP_TOOLCHAIN, RUSTC...), which would override `rustup run`.
 pub fn cargo() -> Command {
+    cargo_of(HOST_TOOLCHAIN)
+}
+
+/// `cargo` of `toolchain`, as [`cargo`] does for the host one.
+pub fn cargo_of(toolchain: &str) -> Command {
     let mut command = Command::new("rustup");
-    command.args(["run", HOST_TOOLCHAIN, "cargo"]);
+    command.args(["run", toolchain, "cargo"]);
     for key in [
         "RUSTUP_TOOLCHAIN",
         "RUSTC",

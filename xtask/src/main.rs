@@ -1,10 +1,11 @@
-//! Project tasks: `cargo xtask setup | run | test | bench`.
+//! Project tasks: `cargo xtask setup | run | test | bench | fuzz`.
 //!
 //! xtask builds with whatever stable Rust the machine has; everything else runs through the
 //! pinned toolchains it installs (see `toolchain.rs`).
 
 mod bench;
 mod cmd;
+mod fuzz;
 mod setup;
 mod toolchain;
 
@@ -38,6 +39,12 @@ enum Task {
     },
     /// Setup, then the benchmarks; writes BENCHMARKS.md.
     Bench,
+    /// Setup, then run every cargo-fuzz target (the event-spec and option parsers).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -85,11 +92,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     .args(&args)
                     .env("TOPDOWN_BIN", &binary),
             )?;
+            // The parsers never panic: a short fuzzing run of each (`cargo xtask fuzz` for longer).
+            fuzz::fuzz(15)?;
             Ok(ExitCode::SUCCESS)
         }
         Task::Bench => {
             setup::setup()?;
             bench::bench()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::Fuzz { seconds } => {
+            setup::setup()?;
+            fuzz::fuzz(seconds)?;
             Ok(ExitCode::SUCCESS)
         }
     }

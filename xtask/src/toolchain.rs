@@ -6,6 +6,8 @@ pub const HOST_TOOLCHAIN: &str = "1.98.0";
 /// `EBPF_TOOLCHAIN` in topdown-user/build.rs, which aya-build uses to compile the object.
 pub const EBPF_TOOLCHAIN: &str = "nightly-2026-06-20";
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// cargo-fuzz for `cargo xtask fuzz`.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// Debian packages bpf-linker links against (LLVM 22, as the nightly's LLVM).
 pub const LLVM_PACKAGES: [&str; 4] = [
     "llvm-22-dev",
