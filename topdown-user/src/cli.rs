@@ -32,6 +32,8 @@ pub enum Command {
     List(ListArgs),
     /// Diagnose whether tracing with TopDown can work here (exit 0) or not (exit 1), and why.
     Check(CheckArgs),
+    /// Export TopDown per cgroup/container, process and function to Prometheus, continuously.
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -89,19 +91,6 @@ pub struct StatArgs {
     )]
     pub by: Vec<By>,
 
-    /// TopDown level: 1 (Retiring, Bad Speculation, Frontend, Backend) or 2 (their children).
-    #[arg(short = 'l', long = "level", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub level: u8,
-
-    /// Counter model: auto, software, intel-icl, or synthetic:<model> (syscall tracepoints
-    /// standing in for the model's counters, for machines without a PMU).
-    #[arg(long = "pmu", default_value = "auto", value_name = "MODEL")]
-    pub pmu: String,
-
-    /// Synthetic counter mapping overrides: COUNTER=GROUP:TRACEPOINT,...
-    #[arg(long = "synthetic", value_name = "COUNTER=GROUP:TRACEPOINT,...")]
-    pub synthetic: Option<String>,
-
     /// Output format.
     #[arg(long = "format", value_enum, default_value = "table")]
     pub format: Format,
@@ -109,6 +98,60 @@ pub struct StatArgs {
     /// Write the report to FILE instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// Counting options shared with `topdown serve`.
+    #[command(flatten)]
+    pub counting: CountingArgs,
+
+    /// The command to run and trace, with its children.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A JSON result written by `topdown stat --format json` (one object, or one per line).
+    #[arg(short = 'i', long = "input", value_name = "FILE")]
+    pub input: PathBuf,
+
+    /// Recompute at this level (default: the recorded one).
+    #[arg(short = 'l', long = "level", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub level: Option<u8>,
+
+    /// Breakdowns to show.
+    #[arg(
+        long = "by",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "task,process"
+    )]
+    pub by: Vec<By>,
+
+    /// Output format.
+    #[arg(long = "format", value_enum, default_value = "table")]
+    pub format: Format,
+
+    /// Write to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// What to count and how: the options `stat` and `serve` share.
+#[derive(Debug, Args)]
+pub struct CountingArgs {
+    /// TopDown level: 1 (Retiring, Bad Speculation, Frontend, Backend) or 2 (their children).
+    #[arg(short = 'l', long = "level", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub level: u8,
+
+    /// Counter model: auto (detect), software, a model name (`topdown list --all`),
+    /// hybrid:<P-core model>+<E-core model>, or synthetic:<model> (syscall tracepoints standing
+    /// in for the model's counters, for machines without a PMU).
+    #[arg(long = "pmu", default_value = "auto", value_name = "MODEL")]
+    pub pmu: String,
+
+    /// Synthetic counter mapping overrides: COUNTER=GROUP:TRACEPOINT,...
+    #[arg(long = "synthetic", value_name = "COUNTER=GROUP:TRACEPOINT,...")]
+    pub synthetic: Option<String>,
 
     /// Count only user space.
     #[arg(long = "all-user", conflicts_with = "all_kernel")]
@@ -188,38 +231,53 @@ pub struct StatArgs {
     /// Capacity of the BPF map of tracked processes (-p, -- CMD and their children).
     #[arg(long = "max-tracked", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tracked: u32,
-
-    /// The command to run and trace, with its children.
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
 }
 
+/// `args.pmu` and friends read through to the shared counting options.
+impl std::ops::Deref for StatArgs {
+    type Target = CountingArgs;
+
+    fn deref(&self) -> &CountingArgs {
+        &self.counting
+    }
+}
+
+/// `topdown serve`: the always-on exporter.
 #[derive(Debug, Args)]
-pub struct ReportArgs {
-    /// A JSON result written by `topdown stat --format json` (one object, or one per line).
-    #[arg(short = 'i', long = "input", value_name = "FILE")]
-    pub input: PathBuf,
+pub struct ServeArgs {
+    /// Address to serve /metrics and /healthz on. Loopback unless you say otherwise.
+    #[arg(
+        long = "listen",
+        default_value = "127.0.0.1:9943",
+        value_name = "ADDR:PORT"
+    )]
+    pub listen: std::net::SocketAddr,
 
-    /// Recompute at this level (default: the recorded one).
-    #[arg(short = 'l', long = "level", value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub level: Option<u8>,
-
-    /// Breakdowns to show.
+    /// Breakdowns to export.
     #[arg(
         long = "by",
         value_enum,
         value_delimiter = ',',
-        default_value = "task,process"
+        default_value = "cgroup,process"
     )]
     pub by: Vec<By>,
 
-    /// Output format.
-    #[arg(long = "format", value_enum, default_value = "table")]
-    pub format: Format,
+    /// How often to read the BPF maps into series (milliseconds).
+    #[arg(long = "refresh-ms", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub refresh_ms: u64,
 
-    /// Write to FILE instead of stdout.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
+    /// Series limit; entities beyond it are folded into an `other` series (counted in
+    /// topdown_series_overflow_total).
+    #[arg(long = "max-series", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub max_series: u64,
+
+    /// Drop a series after this many seconds without counts (vanished processes, removed
+    /// cgroups).
+    #[arg(long = "series-ttl", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub series_ttl_s: u64,
+
+    #[command(flatten)]
+    pub counting: CountingArgs,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {

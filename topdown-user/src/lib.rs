@@ -17,6 +17,7 @@ pub mod model;
 pub mod pmu;
 pub mod report;
 pub mod schedule;
+pub mod serve;
 pub mod stat;
 pub mod symbols;
 pub mod target;

@@ -56,6 +56,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             topdown::list::run(args.pmu.as_deref(), args.all, args.max_counters, &mut out)?;
             Ok(0)
         }
+        Command::Serve(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
+            runtime.block_on(topdown::serve::run(*args, cli.verbose > 0))
+        }
         Command::Check(args) => {
             let (model, announcement) = stat::select_model_by(&args.pmu, None)?;
             let mut out = std::io::stdout().lock();

@@ -19,7 +19,7 @@ use crate::{
     aggregate::{ReportContext, build_report},
     bpf::{AttachMode, ProbePoint, Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
-    cli::StatArgs,
+    cli::{CountingArgs, StatArgs},
     counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
@@ -46,24 +46,6 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
     };
     let scope = scope_of(&args);
-    let (model, announcement) = select_model(&args)?;
-    if let Some(line) = announcement {
-        eprintln!("topdown: {line}");
-    }
-    let model = with_extra_events(model, &args.events)?;
-    let level = args.level;
-    if model.max_level() < level && model.max_level() > 0 {
-        eprintln!(
-            "topdown: model {} computes TopDown level {} only; level-{level} metrics are null",
-            model.name(),
-            model.max_level()
-        );
-    }
-    let privilege = match (args.all_user, args.all_kernel) {
-        (true, _) => Privilege::UserOnly,
-        (_, true) => Privilege::KernelOnly,
-        _ => Privilege::All,
-    };
     // Fail on bad output paths before touching the kernel.
     let mut output: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(File::create(path).map_err(|err| {
@@ -74,34 +56,16 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         })?),
         None => Box::new(std::io::stdout()),
     };
-
-    check_privileges()?;
-    let tracefs = Tracefs::locate_or_mount()?;
-    let level = effective_level(model.as_ref(), level);
-    let plan = plan_counters(model.as_ref(), level, args.max_counters)?;
-    for note in &plan.notes {
-        eprintln!("{note}");
-    }
-    let counters = resolve(&plan.counters, Some(&tracefs))?;
-    let cpus = online_cpus()?;
-    let hybrid_cpus = synthetic_hybrid_cpus(model.as_ref(), args.hybrid_cpus.as_deref(), &cpus)?;
-    let cpus_of = |pmu: &str| -> Result<Vec<u32>> {
-        match &hybrid_cpus {
-            Some(split) => split
-                .iter()
-                .find(|(name, _)| name == pmu)
-                .map(|(_, list)| list.clone())
-                .ok_or_else(|| {
-                    fail(
-                        Failure::Usage,
-                        format!("--hybrid-cpus gives no CPUs for {pmu}"),
-                    )
-                }),
-            None => pmu_cpus(pmu),
-        }
-    };
-    let groups = CounterGroups::open(&plan, &counters, &cpus, &cpus_of, privilege)
-        .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
+    let counting = open_counting(&args)?;
+    let Counting {
+        model,
+        level,
+        plan,
+        groups,
+        tracefs,
+        cpus,
+    } = counting;
+    let counters = plan.counters.clone();
 
     let wants_cgroups = args.by.contains(&By::Cgroup) || args.cgroup_depth.is_some();
     let mut cgroup_tree = if wants_cgroups || !args.cgroups.is_empty() {
@@ -189,38 +153,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             Scope::Pids(_) => config.tracked_tgids.clone().unwrap_or_default(),
             _ => Vec::new(),
         };
-        let functions = resolve_functions(&probe_specs, &pids)?;
-        let points: Vec<ProbePoint> = functions
-            .iter()
-            .enumerate()
-            .map(|(id, function)| ProbePoint {
-                target: function.target.clone(),
-                offset: function.offset,
-                exits: if args.uretprobes {
-                    None
-                } else {
-                    function.exits.clone()
-                },
-                function_id: id as u32,
-            })
-            .collect();
-        // Attached before a held command execs, so none of its calls are missed.
-        let attach_started = Instant::now();
-        let mode = session.attach_functions(&points, &pids)?;
-        eprintln!(
-            "topdown: probing {} function{} ({}) attached in {:.1} ms",
-            points.len(),
-            if points.len() == 1 { "" } else { "s" },
-            match mode {
-                AttachMode::Multi => "uprobe.multi",
-                AttachMode::PerPoint => "one uprobe per function",
-            },
-            attach_started.elapsed().as_secs_f64() * 1e3
-        );
-        reporting.functions = functions
-            .into_iter()
-            .map(|function| (function.target.display().to_string(), function.display))
-            .collect();
+        reporting.functions = attach_probes(&mut session, &probe_specs, &pids, args.uretprobes)?;
     }
     let command_pid = match pending {
         Some(pending) => Some(pending.release()?),
@@ -384,21 +317,21 @@ async fn event_loop(
 }
 
 /// What every report of a run shares, and the cgroup names learned so far.
-struct Reporting<'m> {
-    model: &'m dyn Model,
-    level: u8,
-    slot_names: Vec<String>,
-    scope: String,
-    by: Vec<By>,
+pub(crate) struct Reporting<'m> {
+    pub(crate) model: &'m dyn Model,
+    pub(crate) level: u8,
+    pub(crate) slot_names: Vec<String>,
+    pub(crate) scope: String,
+    pub(crate) by: Vec<By>,
     /// Present with `--by cgroup`: names cgroup ids (remembering removed cgroups).
-    cgroups: Option<CgroupTree>,
-    cgroup_depth: Option<usize>,
+    pub(crate) cgroups: Option<CgroupTree>,
+    pub(crate) cgroup_depth: Option<usize>,
     /// Probed functions by id: `(target, demangled symbol)`.
-    functions: Vec<(String, String)>,
+    pub(crate) functions: Vec<(String, String)>,
 }
 
 impl Reporting<'_> {
-    fn build(
+    pub(crate) fn build(
         &mut self,
         snapshot: &Snapshot,
         previous: Option<&Snapshot>,
@@ -459,6 +392,115 @@ fn write_interval(
 }
 
 /// The level reports are computed at: the software model has none.
+/// Resolves the `-u` specs and attaches their probes; returns `(target, symbol)` per function
+/// id (the attach cookie).
+pub fn attach_probes(
+    session: &mut Session,
+    probe_specs: &[ProbeSpec],
+    pids: &[u32],
+    uretprobes: bool,
+) -> Result<Vec<(String, String)>> {
+    let functions = resolve_functions(probe_specs, pids)?;
+    let points: Vec<ProbePoint> = functions
+        .iter()
+        .enumerate()
+        .map(|(id, function)| ProbePoint {
+            target: function.target.clone(),
+            offset: function.offset,
+            exits: if uretprobes {
+                None
+            } else {
+                function.exits.clone()
+            },
+            function_id: id as u32,
+        })
+        .collect();
+    // Attached before a held command execs, so none of its calls are missed.
+    let attach_started = Instant::now();
+    let mode = session.attach_functions(&points, pids)?;
+    eprintln!(
+        "topdown: probing {} function{} ({}) attached in {:.1} ms",
+        points.len(),
+        if points.len() == 1 { "" } else { "s" },
+        match mode {
+            AttachMode::Multi => "uprobe.multi",
+            AttachMode::PerPoint => "one uprobe per function",
+        },
+        attach_started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(functions
+        .into_iter()
+        .map(|function| (function.target.display().to_string(), function.display))
+        .collect())
+}
+
+/// The model, its counter plan and the opened per-CPU groups: what `stat` and `serve` share.
+pub struct Counting {
+    pub model: Box<dyn Model>,
+    pub level: u8,
+    pub plan: Plan,
+    pub groups: CounterGroups,
+    pub tracefs: Tracefs,
+    pub cpus: Vec<u32>,
+}
+
+/// Selects the model (announcing fallbacks), plans its counters and opens them on every CPU.
+pub fn open_counting(args: &CountingArgs) -> Result<Counting> {
+    let (model, announcement) = select_model(args)?;
+    if let Some(line) = announcement {
+        eprintln!("topdown: {line}");
+    }
+    let model = with_extra_events(model, &args.events)?;
+    let level = args.level;
+    if model.max_level() < level && model.max_level() > 0 {
+        eprintln!(
+            "topdown: model {} computes TopDown level {} only; level-{level} metrics are null",
+            model.name(),
+            model.max_level()
+        );
+    }
+    let privilege = match (args.all_user, args.all_kernel) {
+        (true, _) => Privilege::UserOnly,
+        (_, true) => Privilege::KernelOnly,
+        _ => Privilege::All,
+    };
+    check_privileges()?;
+    let tracefs = Tracefs::locate_or_mount()?;
+    let level = effective_level(model.as_ref(), level);
+    let plan = plan_counters(model.as_ref(), level, args.max_counters)?;
+    for note in &plan.notes {
+        eprintln!("{note}");
+    }
+    let counters = resolve(&plan.counters, Some(&tracefs))?;
+    let cpus = online_cpus()?;
+    let hybrid_cpus = synthetic_hybrid_cpus(model.as_ref(), args.hybrid_cpus.as_deref(), &cpus)?;
+    let cpus_of = |pmu: &str| -> Result<Vec<u32>> {
+        match &hybrid_cpus {
+            Some(split) => split
+                .iter()
+                .find(|(name, _)| name == pmu)
+                .map(|(_, list)| list.clone())
+                .ok_or_else(|| {
+                    fail(
+                        Failure::Usage,
+                        format!("--hybrid-cpus gives no CPUs for {pmu}"),
+                    )
+                }),
+            None => pmu_cpus(pmu),
+        }
+    };
+    let groups = CounterGroups::open(&plan, &counters, &cpus, &cpus_of, privilege)
+        .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
+    Ok(Counting {
+        model,
+        level,
+        plan,
+        groups,
+        tracefs,
+        cpus,
+    })
+}
+
 /// The counter plan: the PMU's general-purpose counters bound how many events count at once
 /// (`--max-counters` overrides the detected number; synthetic models are unbounded unless told).
 fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Result<Plan> {
@@ -710,7 +752,7 @@ fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn 
     )))
 }
 
-fn select_model(args: &StatArgs) -> Result<(Box<dyn Model>, Option<String>)> {
+fn select_model(args: &CountingArgs) -> Result<(Box<dyn Model>, Option<String>)> {
     select_model_by(&args.pmu, args.synthetic.as_deref())
 }
 

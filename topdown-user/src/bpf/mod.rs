@@ -381,6 +381,13 @@ impl Session {
 
     /// Reads everything attributed so far. Entries of dead tasks whose exit record was lost are
     /// moved to `exited` and deleted from the map.
+    /// Forgets the exited tasks collected so far, once a long-running caller has reported them
+    /// (`serve`): their totals live on in its series, not in this process's memory.
+    pub fn forget_exited(&mut self) {
+        self.exited.clear();
+        self.exited.shrink_to(1024);
+    }
+
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         self.drain_exits();
         let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =

@@ -1,0 +1,393 @@
+//! The exporter's series: TopDown slots per category per cgroup, process and function,
+//! accumulated from each refresh's deltas so every `_total` stays monotonic, bounded in number,
+//! and expired when their entity stops counting.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use prometheus::{
+    CounterVec, Encoder as _, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::{
+    model::{L1_METRICS, L2_METRICS},
+    report::{Entity, Report},
+};
+
+/// Label sets as prometheus-client takes them.
+type Labels = Vec<(String, String)>;
+
+/// The value of identifying labels of the series that absorbs everything beyond `--max-series`.
+pub const OTHER: &str = "other";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FamilyKind {
+    Cgroup,
+    Process,
+    FunctionInclusive,
+    FunctionExclusive,
+}
+
+impl FamilyKind {
+    fn metric(self) -> &'static str {
+        match self {
+            FamilyKind::Cgroup => "topdown_cgroup_slots_total",
+            FamilyKind::Process => "topdown_process_slots_total",
+            FamilyKind::FunctionInclusive => "topdown_function_inclusive_slots_total",
+            FamilyKind::FunctionExclusive => "topdown_function_exclusive_slots_total",
+        }
+    }
+
+    /// The identifying labels, in the order `update` builds them.
+    fn labels(self) -> &'static [&'static str] {
+        match self {
+            FamilyKind::Cgroup => &["cgroup", "container", "pod_uid", "unit"],
+            FamilyKind::Process => &["comm"],
+            FamilyKind::FunctionInclusive | FamilyKind::FunctionExclusive => {
+                &["function", "target"]
+            }
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            FamilyKind::Cgroup => "Pipeline slots per TopDown category, per cgroup v2",
+            FamilyKind::Process => "Pipeline slots per TopDown category, per process name",
+            FamilyKind::FunctionInclusive => {
+                "Pipeline slots per TopDown category inside probed functions, callees included"
+            }
+            FamilyKind::FunctionExclusive => {
+                "Pipeline slots per TopDown category inside probed functions, probed callees excluded"
+            }
+        }
+    }
+}
+
+/// One entity's accumulated values.
+struct Series {
+    /// category -> accumulated slots (`total` is all of them).
+    values: BTreeMap<String, f64>,
+    calls: u64,
+    last_change: Instant,
+}
+
+/// Exporter limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_series: usize,
+    pub ttl: Duration,
+}
+
+pub struct Exporter {
+    model: String,
+    synthetic: bool,
+    limits: Limits,
+    series: HashMap<(FamilyKind, Labels), Series>,
+    overflowed: u64,
+    expired: u64,
+    refreshes: u64,
+    last_refresh_seconds: f64,
+    /// The BPF side's diagnostics, cumulative.
+    diagnostics: BTreeMap<&'static str, u64>,
+}
+
+impl Exporter {
+    pub fn new(model: String, synthetic: bool, limits: Limits) -> Self {
+        Self {
+            model,
+            synthetic,
+            limits,
+            series: HashMap::new(),
+            overflowed: 0,
+            expired: 0,
+            refreshes: 0,
+            last_refresh_seconds: 0.0,
+            diagnostics: BTreeMap::new(),
+        }
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Adds one refresh interval's report (deltas since the previous refresh).
+    /// Records how long the last refresh took (exported as a gauge).
+    pub fn set_refresh_duration(&mut self, took: Duration) {
+        self.last_refresh_seconds = took.as_secs_f64();
+    }
+
+    pub fn update(&mut self, report: &Report, now: Instant) {
+        let weight = report.weight_counter.clone();
+        let categories: Vec<&str> = match report.level {
+            0 => Vec::new(),
+            1 => L1_METRICS.to_vec(),
+            _ => L1_METRICS
+                .iter()
+                .chain(L2_METRICS.iter())
+                .copied()
+                .collect(),
+        };
+        let extra: Vec<String> = report
+            .totals
+            .metrics
+            .keys()
+            .filter(|name| {
+                !name.contains('.')
+                    && !L1_METRICS.contains(&name.as_str())
+                    && !L2_METRICS.contains(&name.as_str())
+            })
+            .cloned()
+            .collect();
+        let category_slots = |entity: &Entity| -> Vec<(String, f64)> {
+            let total = entity.counters.get(&weight).copied().unwrap_or(0) as f64;
+            let mut values = vec![("total".to_owned(), total)];
+            for name in categories
+                .iter()
+                .map(|name| name.to_string())
+                .chain(extra.iter().cloned())
+            {
+                if let Some(Some(fraction)) = entity.metrics.get(&name) {
+                    // A refresh's fraction can dip below 0 by the formulas' own rounding
+                    // (e.g. Intel's dropped-uop correction); a counter never goes down.
+                    values.push((name, (total * fraction).max(0.0)));
+                }
+            }
+            values
+        };
+        for cgroup in &report.cgroups {
+            let mut labels: Labels = vec![(
+                "cgroup".to_owned(),
+                cgroup
+                    .path
+                    .clone()
+                    .unwrap_or_else(|| format!("id:{}", cgroup.id)),
+            )];
+            let container = cgroup.container.as_ref();
+            labels.push((
+                "container".to_owned(),
+                container.and_then(|c| c.id.clone()).unwrap_or_default(),
+            ));
+            labels.push((
+                "pod_uid".to_owned(),
+                container
+                    .and_then(|c| c.pod_uid.clone())
+                    .unwrap_or_default(),
+            ));
+            labels.push((
+                "unit".to_owned(),
+                container.and_then(|c| c.unit.clone()).unwrap_or_default(),
+            ));
+            self.add(
+                FamilyKind::Cgroup,
+                labels,
+                category_slots(&cgroup.entity),
+                0,
+                now,
+            );
+        }
+        for process in &report.processes {
+            let labels = vec![("comm".to_owned(), process.comm.clone())];
+            self.add(
+                FamilyKind::Process,
+                labels,
+                category_slots(&process.entity),
+                0,
+                now,
+            );
+        }
+        for function in &report.functions {
+            let labels = vec![
+                ("function".to_owned(), function.symbol.clone()),
+                ("target".to_owned(), function.target.clone()),
+            ];
+            self.add(
+                FamilyKind::FunctionInclusive,
+                labels.clone(),
+                category_slots(&function.inclusive),
+                function.calls,
+                now,
+            );
+            self.add(
+                FamilyKind::FunctionExclusive,
+                labels,
+                category_slots(&function.exclusive),
+                0,
+                now,
+            );
+        }
+        let d = &report.diagnostics;
+        for (name, value) in [
+            ("readings", d.readings),
+            ("read_errors", d.read_errors),
+            ("not_running_readings", d.not_running_readings),
+            ("task_map_full", d.task_map_full),
+            ("cgroup_map_full", d.cgroup_map_full),
+            ("probe_map_full", d.probe_map_full),
+            ("missed_returns", d.missed_returns),
+            ("overflows", d.overflows),
+        ] {
+            *self.diagnostics.entry(name).or_default() += value;
+        }
+        self.expire(now);
+        self.refreshes += 1;
+    }
+
+    fn add(
+        &mut self,
+        family: FamilyKind,
+        labels: Labels,
+        values: Vec<(String, f64)>,
+        calls: u64,
+        now: Instant,
+    ) {
+        let changed = calls > 0 || values.iter().any(|(_, value)| *value > 0.0);
+        let mut key = (family, labels);
+        if !self.series.contains_key(&key) {
+            if !changed {
+                return;
+            }
+            if self.series.len() >= self.limits.max_series {
+                // Beyond the bound: into this family's `other` series, so totals still add up.
+                self.overflowed += 1;
+                let other: Labels = key
+                    .1
+                    .iter()
+                    .map(|(name, _)| (name.clone(), OTHER.to_owned()))
+                    .collect();
+                key = (family, other);
+            }
+        }
+        let series = self.series.entry(key).or_insert_with(|| Series {
+            values: BTreeMap::new(),
+            calls: 0,
+            last_change: now,
+        });
+        for (category, value) in values {
+            *series.values.entry(category).or_default() += value;
+        }
+        series.calls += calls;
+        if changed {
+            series.last_change = now;
+        }
+    }
+
+    /// Drops series whose entity has not counted anything for the TTL (vanished processes,
+    /// removed cgroups); Prometheus marks them stale.
+    fn expire(&mut self, now: Instant) {
+        let ttl = self.limits.ttl;
+        let before = self.series.len();
+        self.series.retain(|(_, labels), series| {
+            labels.iter().all(|(_, value)| value == OTHER)
+                || now.duration_since(series.last_change) < ttl
+        });
+        self.expired += (before - self.series.len()) as u64;
+    }
+
+    /// The Prometheus text exposition of every series and of the exporter itself.
+    pub fn encode(&self) -> Result<String, prometheus::Error> {
+        let registry = Registry::new();
+        let mut families: BTreeMap<FamilyKind, CounterVec> = BTreeMap::new();
+        for kind in [
+            FamilyKind::Cgroup,
+            FamilyKind::Process,
+            FamilyKind::FunctionInclusive,
+            FamilyKind::FunctionExclusive,
+        ] {
+            let mut names: Vec<&str> = kind.labels().to_vec();
+            names.extend(["category", "model"]);
+            let family = CounterVec::new(Opts::new(kind.metric(), kind.help()), &names)?;
+            registry.register(Box::new(family.clone()))?;
+            families.insert(kind, family);
+        }
+        let calls = IntCounterVec::new(
+            Opts::new("topdown_function_calls_total", "Calls of probed functions"),
+            FamilyKind::FunctionInclusive.labels(),
+        )?;
+        registry.register(Box::new(calls.clone()))?;
+        for ((kind, labels), series) in &self.series {
+            let Some(family) = families.get(kind) else {
+                continue;
+            };
+            let mut values: Vec<&str> = labels.iter().map(|(_, value)| value.as_str()).collect();
+            for (category, value) in &series.values {
+                values.push(category);
+                values.push(&self.model);
+                family
+                    .get_metric_with_label_values(&values)?
+                    .inc_by(value.max(0.0));
+                values.truncate(labels.len());
+            }
+            if *kind == FamilyKind::FunctionInclusive && series.calls > 0 {
+                calls
+                    .get_metric_with_label_values(&values)?
+                    .inc_by(series.calls);
+            }
+        }
+        let info = IntGaugeVec::new(
+            Opts::new("topdown_build_info", "The model topdown counts with"),
+            &["model", "synthetic", "version"],
+        )?;
+        info.get_metric_with_label_values(&[
+            &self.model,
+            &self.synthetic.to_string(),
+            env!("CARGO_PKG_VERSION"),
+        ])?
+        .set(1);
+        registry.register(Box::new(info))?;
+        let gauge = |name: &str, help: &str, value: i64| -> Result<(), prometheus::Error> {
+            let gauge = IntGauge::new(name, help)?;
+            gauge.set(value);
+            registry.register(Box::new(gauge))
+        };
+        gauge(
+            "topdown_series",
+            "Series exported now",
+            self.series.len() as i64,
+        )?;
+        let counter = |name: &str, help: &str, value: u64| -> Result<(), prometheus::Error> {
+            let counter = IntCounter::new(name, help)?;
+            counter.inc_by(value);
+            registry.register(Box::new(counter))
+        };
+        counter(
+            "topdown_series_overflow_total",
+            "Entity updates folded into an other series because of --max-series",
+            self.overflowed,
+        )?;
+        counter(
+            "topdown_series_expired_total",
+            "Series dropped after --series-ttl without counts",
+            self.expired,
+        )?;
+        counter(
+            "topdown_refreshes_total",
+            "Map readings turned into series",
+            self.refreshes,
+        )?;
+        let refresh = Gauge::new(
+            "topdown_refresh_duration_seconds",
+            "How long the last refresh took",
+        )?;
+        refresh.set(self.last_refresh_seconds);
+        registry.register(Box::new(refresh))?;
+        let diagnostics = IntCounterVec::new(
+            Opts::new(
+                "topdown_bpf_events_total",
+                "BPF-side diagnostics: readings, read errors, full maps, missed returns",
+            ),
+            &["kind"],
+        )?;
+        for (name, value) in &self.diagnostics {
+            diagnostics
+                .get_metric_with_label_values(&[name])?
+                .inc_by(*value);
+        }
+        registry.register(Box::new(diagnostics))?;
+        let mut text = Vec::new();
+        TextEncoder::new().encode(&registry.gather(), &mut text)?;
+        String::from_utf8(text).map_err(|err| prometheus::Error::Msg(err.to_string()))
+    }
+}
