@@ -6,12 +6,19 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cmd::{describe, is_root, output, run},
-    toolchain::{BPF_LINKER_VERSION, EBPF_TOOLCHAIN, HOST_TOOLCHAIN, LLVM_PACKAGES, LLVM_PREFIX},
+    toolchain::{
+        BPF_LINKER_VERSION, EBPF_TOOLCHAIN, HOST_TOOLCHAIN, LLVM_PACKAGES, LLVM_PREFIX,
+        TEST_PACKAGES,
+    },
 };
 
 pub fn setup() -> Result<()> {
     toolchains()?;
-    llvm_packages()?;
+    debian_packages(&LLVM_PACKAGES, "LLVM 22 for bpf-linker")?;
+    debian_packages(
+        &TEST_PACKAGES,
+        "a Prometheus server and promtool for the exporter's tests",
+    )?;
     bpf_linker()?;
     tracefs()?;
     Ok(())
@@ -77,14 +84,14 @@ fn has_components(toolchain: &str, components: &[&str]) -> Result<bool> {
     }))
 }
 
-fn llvm_packages() -> Result<()> {
-    let missing: Vec<&str> = LLVM_PACKAGES
+fn debian_packages(packages: &[&str], why: &str) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|package| !dpkg_installed(package))
         .collect();
     if missing.is_empty() {
-        println!("ok: Debian packages {}", LLVM_PACKAGES.join(" "));
+        println!("ok: Debian packages {} ({why})", packages.join(" "));
         return Ok(());
     }
     if !is_root() {
@@ -95,7 +102,7 @@ fn llvm_packages() -> Result<()> {
         );
     }
     println!(
-        "installing: Debian packages {} (apt-get update first)",
+        "installing: Debian packages {} for {why} (apt-get update first)",
         missing.join(" ")
     );
     run(Command::new("apt-get").args(["update", "-q"])).context("apt-get update")?;
@@ -103,7 +110,7 @@ fn llvm_packages() -> Result<()> {
         .args(["install", "-y", "-q"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
-    .context("installing LLVM 22 for bpf-linker")?;
+    .with_context(|| format!("installing {why}"))?;
     Ok(())
 }
 

@@ -391,3 +391,117 @@ impl Exporter {
         String::from_utf8(text).map_err(|err| prometheus::Error::Msg(err.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refresh's report with processes `(comm, slots, retiring fraction)`.
+    fn report(processes: &[(&str, u64, Option<f64>)]) -> Report {
+        let processes: Vec<serde_json::Value> = processes
+            .iter()
+            .enumerate()
+            .map(|(index, (comm, slots, retiring))| {
+                serde_json::json!({
+                    "pid": index + 1, "comm": comm, "threads": 1,
+                    "counters": { "slots": slots },
+                    "metrics": { "retiring": retiring, "bad_speculation": null,
+                                 "frontend_bound": null, "backend_bound": null },
+                })
+            })
+            .collect();
+        let empty = serde_json::json!({ "counters": {}, "metrics": {} });
+        serde_json::from_value(serde_json::json!({
+            "topdown_version": "0", "model": "intel-icl", "synthetic": false, "level": 1,
+            "counter_names": ["slots"], "weight_counter": "slots", "duration_s": 1.0,
+            "scope": "system-wide",
+            "totals": { "counters": {}, "metrics": { "retiring": null } },
+            "idle": empty, "untracked": empty, "dropped": empty,
+            "processes": processes,
+            "diagnostics": { "readings": 3, "not_running_readings": 0, "read_errors": 0,
+                             "task_map_full": 0, "exit_records_lost": 0 }
+        }))
+        .expect("a report")
+    }
+
+    fn limits(max_series: usize, ttl_s: u64) -> Limits {
+        Limits {
+            max_series,
+            ttl: Duration::from_secs(ttl_s),
+        }
+    }
+
+    fn value(text: &str, prefix: &str) -> Option<f64> {
+        text.lines()
+            .find(|line| line.starts_with(prefix))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn deltas_accumulate_into_monotonic_category_counters() {
+        let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 300));
+        let start = Instant::now();
+        exporter.update(&report(&[("nginx", 1000, Some(0.25))]), start);
+        // A refresh whose fraction is negative (rounding in a formula) adds 0, never subtracts.
+        exporter.update(&report(&[("nginx", 500, Some(-0.01))]), start);
+        let text = exporter.encode().unwrap();
+        let total =
+            r#"topdown_process_slots_total{category="total",comm="nginx",model="intel-icl"}"#;
+        let retiring =
+            r#"topdown_process_slots_total{category="retiring",comm="nginx",model="intel-icl"}"#;
+        assert_eq!(value(&text, total), Some(1500.0), "{text}");
+        assert_eq!(value(&text, retiring), Some(250.0), "{text}");
+        assert_eq!(
+            value(&text, r#"topdown_bpf_events_total{kind="readings"}"#),
+            Some(6.0)
+        );
+    }
+
+    #[test]
+    fn series_beyond_the_limit_fold_into_other() {
+        let mut exporter = Exporter::new("intel-icl".into(), false, limits(2, 300));
+        let now = Instant::now();
+        exporter.update(
+            &report(&[
+                ("a", 10, None),
+                ("b", 20, None),
+                ("c", 30, None),
+                ("d", 40, None),
+            ]),
+            now,
+        );
+        let text = exporter.encode().unwrap();
+        // Two series plus `other` holding c and d.
+        assert_eq!(exporter.series_count(), 3);
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_process_slots_total{category="total",comm="other""#
+            ),
+            Some(70.0),
+            "{text}"
+        );
+        assert_eq!(value(&text, "topdown_series_overflow_total"), Some(2.0));
+    }
+
+    #[test]
+    fn idle_series_expire_after_the_ttl() {
+        let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 60));
+        let start = Instant::now();
+        exporter.update(&report(&[("gone", 10, None), ("busy", 10, None)]), start);
+        exporter.update(
+            &report(&[("busy", 10, None)]),
+            start + Duration::from_secs(61),
+        );
+        assert_eq!(exporter.series_count(), 1);
+        let text = exporter.encode().unwrap();
+        assert!(!text.contains(r#"comm="gone""#), "{text}");
+        assert_eq!(value(&text, "topdown_series_expired_total"), Some(1.0));
+        // An entity that never counted gets no series at all.
+        exporter.update(
+            &report(&[("quiet", 0, None)]),
+            start + Duration::from_secs(62),
+        );
+        assert_eq!(exporter.series_count(), 1);
+    }
+}

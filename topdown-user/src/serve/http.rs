@@ -22,7 +22,8 @@ pub struct Snapshot {
 
 const MAX_REQUEST: usize = 8 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The Prometheus text exposition format the `prometheus` crate's encoder writes.
+const EXPOSITION: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The first line's method and path, once the header is complete.
 fn request_target(head: &[u8]) -> Option<(&str, &str)> {
@@ -42,7 +43,7 @@ pub fn respond(
     snapshot: &Snapshot,
 ) -> (&'static str, &'static str, String) {
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", OPENMETRICS, snapshot.metrics.to_string()),
+        ("GET" | "HEAD", "/metrics") => ("200 OK", EXPOSITION, snapshot.metrics.to_string()),
         ("GET" | "HEAD", "/healthz") if snapshot.healthy => {
             ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned())
         }

@@ -1,0 +1,247 @@
+//! `topdown serve` end to end: a workload with known syscall counts under synthetic counters,
+//! the exporter's /metrics linted by promtool, scraped by a real Prometheus server (Debian's
+//! package, installed by `cargo xtask setup`), and the stored series queried back.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_td-workload");
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
+}
+
+/// `GET path` on loopback; the status code and body.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of the first sample line starting with `prefix`.
+fn sample(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Kills the child when the test ends, however it ends.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_exact_counts_from_the_exporter() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let port = free_port();
+    let exporter = topdown()
+        .args([
+            "serve",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--refresh-ms",
+            "200",
+        ])
+        .args([
+            "--by",
+            "cgroup,process",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting topdown serve");
+    let mut exporter = Reaped(exporter);
+    wait_for(Duration::from_secs(20), || {
+        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
+    })
+    .expect("the exporter becomes healthy");
+
+    // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process named
+    // td-workload: retiring = 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring.
+    run_ok(Command::new(WORKLOAD).arg("getppid=1234,getpgid=400")).unwrap();
+    let total =
+        r#"topdown_process_slots_total{category="total",comm="td-workload",model="intel-icl"}"#;
+    let retiring =
+        r#"topdown_process_slots_total{category="retiring",comm="td-workload",model="intel-icl"}"#;
+    let metrics = wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, total) == Some(1234.0)).then_some(body)
+    })
+    .expect("the workload's 1234 slots in /metrics");
+    assert_eq!(sample(&metrics, retiring), Some(1234.0), "{metrics}");
+    assert!(metrics.contains("topdown_cgroup_slots_total{"), "{metrics}");
+    assert!(metrics.contains(r#"topdown_build_info{model="intel-icl",synthetic="true""#));
+    // Read-only: anything but GET/HEAD is refused, and only two paths exist.
+    assert_eq!(http_get(port, "/").map(|(status, _)| status), Some(404));
+
+    // promtool lints the exposition.
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let linted = promtool.wait_with_output().unwrap();
+    assert!(
+        linted.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&linted.stdout),
+        String::from_utf8_lossy(&linted.stderr)
+    );
+
+    // A real Prometheus scrapes it every second; the stored series comes back through its API.
+    let prometheus_port = free_port();
+    let storage = std::env::temp_dir().join(format!("topdown-prometheus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&storage);
+    std::fs::create_dir_all(&storage).unwrap();
+    let config = storage.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: topdown\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    let prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            storage.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus (Debian's package)");
+    let _prometheus = Reaped(prometheus);
+    let query = "/api/v1/query?query=topdown_process_slots_total%7Bcomm%3D%22td-workload%22%2Ccategory%3D%22total%22%7D";
+    let stored = wait_for(Duration::from_secs(60), || {
+        let (status, body) = http_get(prometheus_port, query)?;
+        let json: Value = serde_json::from_str(&body).ok()?;
+        let value = json["data"]["result"][0]["value"][1].as_str()?.to_owned();
+        (status == 200).then_some(value)
+    })
+    .expect("Prometheus stored the series");
+    assert_eq!(stored, "1234");
+    let job = wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(
+            prometheus_port,
+            "/api/v1/query?query=up%7Bjob%3D%22topdown%22%7D",
+        )?;
+        let json: Value = serde_json::from_str(&body).ok()?;
+        json["data"]["result"][0]["value"][1]
+            .as_str()
+            .map(str::to_owned)
+    });
+    assert_eq!(job.as_deref(), Some("1"));
+
+    // SIGTERM detaches everything and exits 0.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGTERM) };
+    let status = exporter.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut stderr = String::new();
+    if let Some(mut pipe) = exporter.0.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(
+        stderr.contains("every probe and BPF program is detached"),
+        "{stderr}"
+    );
+    // The kernel frees programs shortly after their last fd closes (deferred work).
+    let ours = |names: &[String]| {
+        names
+            .iter()
+            .any(|name| name == "sched_switch" || name == "flush")
+    };
+    let gone = wait_for(Duration::from_secs(10), || {
+        let programs = loaded_bpf_program_names().ok()?;
+        (!ours(&programs)).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "programs left loaded: {:?}",
+        loaded_bpf_program_names()
+    );
+    let _ = std::fs::remove_dir_all(&storage);
+}
+
+#[test]
+fn serve_refuses_bad_setups_with_one_line() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // A port already in use: usage error before any BPF is loaded.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let output = topdown()
+        .args([
+            "serve",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot listen on 127.0.0.1:"), "{stderr}");
+    let output = topdown()
+        .args(["serve", "--listen", "not-an-address"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
