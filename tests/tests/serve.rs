@@ -245,3 +245,190 @@ fn serve_refuses_bad_setups_with_one_line() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
 }
+
+/// The C workload of the function tests, built once into a directory of its own.
+fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = dir.join("funcs");
+    let source = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/funcs.c");
+    let output = Command::new("cc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("cc");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    binary
+}
+
+fn start_serve(port: u16, extra: &[&str]) -> Reaped {
+    let child = topdown()
+        .args([
+            "serve",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--refresh-ms",
+            "200",
+        ])
+        .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting topdown serve");
+    let exporter = Reaped(child);
+    wait_for(Duration::from_secs(20), || {
+        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
+    })
+    .expect("the exporter becomes healthy");
+    exporter
+}
+
+fn stop_and_read_stderr(mut exporter: Reaped) -> String {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGTERM) };
+    let _ = exporter.0.wait();
+    let mut stderr = String::new();
+    if let Some(mut pipe) = exporter.0.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    stderr
+}
+
+#[test]
+fn a_target_replaced_on_disk_is_re_attached() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let built = funcs_binary("serve-replace");
+    let target = built.with_file_name("deployed-funcs");
+    std::fs::copy(&built, &target).unwrap();
+    let port = free_port();
+    let exporter = start_serve(port, &["-u", &format!("{}:leaf", target.display())]);
+    let calls = format!(
+        r#"topdown_function_calls_total{{function="leaf",target="{}"}}"#,
+        target.display()
+    );
+    // leafmid 2 3 1: leaf runs 2 times from mid and once from main.
+    run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
+    wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, &calls) == Some(3.0)).then_some(())
+    })
+    .expect("3 calls of leaf before the deploy");
+    // A deploy: a new file renamed over the old one (a new inode; the old probes no longer
+    // see the program run from the path).
+    let staged = target.with_file_name("deployed-funcs.new");
+    std::fs::copy(&built, &staged).unwrap();
+    std::fs::rename(&staged, &target).unwrap();
+    wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, "topdown_probe_reattachments_total") == Some(1.0)).then_some(())
+    })
+    .expect("the probes are re-attached to the new file");
+    run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
+    wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, &calls) == Some(6.0)).then_some(())
+    })
+    .expect("the new build's 3 calls are counted too");
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains("re-attaching function probes: replaced on disk"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_overhead_guard_detaches_the_busiest_function() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = funcs_binary("serve-overhead");
+    let port = free_port();
+    // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
+    let exporter = start_serve(
+        port,
+        &[
+            "--max-overhead",
+            "0.000001",
+            "-u",
+            &format!("{}:leaf", binary.display()),
+            "-u",
+            &format!("{}:mid", binary.display()),
+        ],
+    );
+    let detached = format!(
+        r#"topdown_probes_detached_total{{function="leaf",target="{}"}}"#,
+        binary.display()
+    );
+    let found = wait_for(Duration::from_secs(30), || {
+        run_ok(Command::new(&binary).args(["leafmid", "50", "20", "1"])).ok()?;
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, &detached) == Some(1.0)).then_some(body)
+    })
+    .expect("leaf detached by the guard");
+    assert!(
+        sample(&found, "topdown_overhead_percent").is_some(),
+        "{found}"
+    );
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains("> --max-overhead 0.000001%: detaching leaf"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn kill_9_leaves_no_probe_or_program_behind() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = funcs_binary("serve-kill");
+    let port = free_port();
+    let mut exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
+    let uprobe_events =
+        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let events_before = uprobe_events();
+    assert!(
+        loaded_bpf_program_names()
+            .unwrap()
+            .iter()
+            .any(|name| name == "sched_switch")
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGKILL) };
+    let _ = exporter.0.wait();
+    let gone = wait_for(Duration::from_secs(10), || {
+        let programs = loaded_bpf_program_names().ok()?;
+        (!programs.iter().any(|name| {
+            [
+                "sched_switch",
+                "flush",
+                "func_entry",
+                "func_exit",
+                "func_entry_multi",
+                "func_exit_multi",
+            ]
+            .contains(&name.as_str())
+        }))
+        .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "left loaded: {:?}",
+        loaded_bpf_program_names()
+    );
+    // Probes are perf-event links owned by file descriptors, never tracefs uprobe_events entries
+    // that could outlive the process.
+    assert_eq!(uprobe_events(), events_before);
+    assert!(!uprobe_events().contains("topdown"));
+}

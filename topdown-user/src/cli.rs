@@ -276,8 +276,23 @@ pub struct ServeArgs {
     #[arg(long = "series-ttl", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub series_ttl_s: u64,
 
+    /// Overhead budget in percent of all CPUs: topdown measures its BPF programs' run time
+    /// (kernel BPF statistics) and, above the budget, detaches the function probe with the most
+    /// calls, one per refresh, logging it and exporting topdown_probes_detached_total.
+    #[arg(long = "max-overhead", value_name = "PCT", value_parser = parse_percent)]
+    pub max_overhead: Option<f64>,
+
     #[command(flatten)]
     pub counting: CountingArgs,
+}
+
+fn parse_percent(text: &str) -> Result<f64, String> {
+    match text.trim_end_matches('%').parse::<f64>() {
+        Ok(value) if value > 0.0 && value <= 100.0 => Ok(value),
+        _ => Err(format!(
+            "'{text}': give a percentage above 0 and at most 100, e.g. 1 or 0.5"
+        )),
+    }
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {

@@ -5,7 +5,7 @@
 //! attached after topdown exits (the kernel also frees all of it when the process dies, even on
 //! `kill -9`, since nothing is pinned).
 
-use std::{collections::HashMap, os::fd::AsRawFd as _};
+use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -118,6 +118,8 @@ pub struct Session {
     /// Kept open for as long as the BPF side reads them.
     groups: CounterGroups,
     exited: Vec<(u32, TaskCounters)>,
+    /// The function probes' links, so they can be detached and re-attached (`serve`).
+    function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
 }
 
 impl Session {
@@ -219,6 +221,7 @@ impl Session {
             logger,
             groups,
             exited: Vec::new(),
+            function_links: Vec::new(),
         };
         // Baseline: from here on every count belongs to someone.
         session.flush(false)?;
@@ -289,10 +292,12 @@ impl Session {
                 continue;
             }
             let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
-            program.load().map_err(load_error(program_name))?;
+            if program.fd().is_err() {
+                program.load().map_err(load_error(program_name))?;
+            }
             for ((_, target), target_points) in targets {
                 for scope in &scopes {
-                    program
+                    let link = program
                         .attach(target_points.iter().copied(), target, *scope)
                         .with_context(|| {
                             format!(
@@ -301,6 +306,7 @@ impl Session {
                                 target.display()
                             )
                         })?;
+                    self.function_links.push((program_name, link));
                 }
             }
         }
@@ -309,6 +315,36 @@ impl Session {
         } else {
             AttachMode::PerPoint
         })
+    }
+
+    /// Detaches every function probe (to re-attach a changed set, or after a target binary was
+    /// replaced on disk). Threads inside a probed function at this moment will have their frame
+    /// unwound as a missed return.
+    pub fn detach_functions(&mut self) -> Result<()> {
+        for (program_name, link) in std::mem::take(&mut self.function_links) {
+            let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
+            program
+                .detach(link)
+                .with_context(|| format!("detaching {program_name} probes"))?;
+        }
+        Ok(())
+    }
+
+    /// Total time the kernel has spent running this session's programs (needs BPF run-time
+    /// statistics enabled, `aya::sys::enable_stats`), and how many runs.
+    pub fn program_run_time(&self) -> Result<(Duration, u64)> {
+        let mut total = Duration::ZERO;
+        let mut runs = 0;
+        for (name, program) in self.ebpf.programs() {
+            // Programs never loaded (unused triggers) have no info.
+            if let Ok(info) = program.info() {
+                total += info.run_time();
+                runs += info.run_count();
+            } else {
+                log::debug!("no run-time info for program {name}");
+            }
+        }
+        Ok((total, runs))
     }
 
     /// Adds a process to the tracked set (used for `-- CMD` before the command execs).

@@ -92,6 +92,12 @@ pub struct Exporter {
     last_refresh_seconds: f64,
     /// The BPF side's diagnostics, cumulative.
     diagnostics: BTreeMap<&'static str, u64>,
+    /// topdown's own BPF run time as a percentage of all CPUs, when measured.
+    pub overhead_percent: Option<f64>,
+    /// Function probes the overhead guard detached: `(function, target)`.
+    pub detached_functions: Vec<(String, String)>,
+    /// Times the function probes were re-attached (replaced binaries, SIGHUP, the guard).
+    pub reattachments: u64,
 }
 
 impl Exporter {
@@ -106,6 +112,9 @@ impl Exporter {
             refreshes: 0,
             last_refresh_seconds: 0.0,
             diagnostics: BTreeMap::new(),
+            overhead_percent: None,
+            detached_functions: Vec::new(),
+            reattachments: 0,
         }
     }
 
@@ -386,6 +395,32 @@ impl Exporter {
                 .inc_by(*value);
         }
         registry.register(Box::new(diagnostics))?;
+        if let Some(percent) = self.overhead_percent {
+            let overhead = Gauge::new(
+                "topdown_overhead_percent",
+                "topdown's BPF run time over the last refresh, percent of all CPUs",
+            )?;
+            overhead.set(percent);
+            registry.register(Box::new(overhead))?;
+        }
+        let detached = IntCounterVec::new(
+            Opts::new(
+                "topdown_probes_detached_total",
+                "Function probes the overhead guard (--max-overhead) detached",
+            ),
+            &["function", "target"],
+        )?;
+        for (function, target) in &self.detached_functions {
+            detached
+                .get_metric_with_label_values(&[function, target])?
+                .inc();
+        }
+        registry.register(Box::new(detached))?;
+        counter(
+            "topdown_probe_reattachments_total",
+            "Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)",
+            self.reattachments,
+        )?;
         let mut text = Vec::new();
         TextEncoder::new().encode(&registry.gather(), &mut text)?;
         String::from_utf8(text).map_err(|err| prometheus::Error::Msg(err.to_string()))

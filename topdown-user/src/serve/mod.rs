@@ -3,6 +3,7 @@
 
 pub mod exporter;
 pub mod http;
+pub mod probes;
 
 use std::{
     sync::Arc,
@@ -21,7 +22,7 @@ use crate::{
     cli::ServeArgs,
     error::{Failure, fail},
     report::By,
-    stat::{Counting, Reporting, attach_probes, open_counting},
+    stat::{Counting, Reporting, open_counting},
     symbols::ProbeSpec,
 };
 
@@ -97,10 +98,35 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
         trigger,
     };
     let mut session = Session::start(&config, groups, &tracefs)?;
-    let functions = if probe_specs.is_empty() {
-        Vec::new()
+    let mut probes = if probe_specs.is_empty() {
+        None
     } else {
-        attach_probes(&mut session, &probe_specs, &[], counting.uretprobes)?
+        Some(probes::Probes::attach(
+            &mut session,
+            probe_specs,
+            counting.uretprobes,
+        )?)
+    };
+    let functions = probes
+        .as_ref()
+        .map(|probes| probes.functions().to_vec())
+        .unwrap_or_default();
+    // Kernel BPF run-time statistics, on while this fd is open (the overhead guard's input).
+    let stats = match args.max_overhead {
+        Some(_) => Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|err| {
+                fail(
+                    Failure::BpfUnavailable,
+                    format!("--max-overhead needs BPF run-time statistics: {err}"),
+                )
+            })?,
+        ),
+        None => None,
+    };
+    let mut guard = Guard {
+        budget: args.max_overhead,
+        cpus: cpus.len().max(1) as f64,
+        last: None,
     };
     let mut reporting = Reporting {
         model: model.as_ref(),
@@ -139,7 +165,20 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
             _ = ticker.tick() => {
                 let started = Instant::now();
                 match refresh(&mut session, &mut reporting, &mut exporter, &mut previous) {
-                    Ok(()) => {
+                    Ok(report) => {
+                        if let Some(probes) = &mut probes {
+                            if let Err(err) = keep_probes(&mut session, probes, &mut guard, &report, &mut exporter) {
+                                log::warn!("function probes: {err:#}");
+                            }
+                            reporting.functions = probes.functions().to_vec();
+                            exporter.reattachments = probes.reattachments;
+                            exporter.detached_functions = probes
+                                .detached()
+                                .map(|(target, symbol)| (symbol.clone(), target.clone()))
+                                .collect();
+                        } else if stats.is_some() {
+                            exporter.overhead_percent = guard.measure(&session);
+                        }
                         let took = started.elapsed();
                         exporter.set_refresh_duration(took);
                         match exporter.encode() {
@@ -158,7 +197,14 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             _ = hangup.recv() => {
-                eprintln!("topdown: SIGHUP: the configuration is the command line; restart topdown serve to change it");
+                match &mut probes {
+                    Some(probes) => {
+                        if let Err(err) = probes.reattach(&mut session, "SIGHUP") {
+                            log::warn!("re-attaching on SIGHUP: {err:#}");
+                        }
+                    }
+                    None => eprintln!("topdown: SIGHUP: no function probes to re-resolve; other options need a restart"),
+                }
             }
             stopped = &mut server => {
                 let why = match stopped {
@@ -171,19 +217,97 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
         }
     }
     server.abort();
+    drop(stats);
     drop(session);
     eprintln!("topdown: stopped; every probe and BPF program is detached");
     Ok(0)
 }
 
+/// The overhead guard's measurements.
+struct Guard {
+    budget: Option<f64>,
+    cpus: f64,
+    /// The programs' total run time and the instant it was read.
+    last: Option<(Duration, Instant)>,
+}
+
+impl Guard {
+    /// topdown's BPF run time since the last measurement, in percent of all CPUs.
+    fn measure(&mut self, session: &Session) -> Option<f64> {
+        self.budget?;
+        let (run_time, _) = session.program_run_time().ok()?;
+        let now = Instant::now();
+        let percent = self.last.map(|(before, at)| {
+            let wall = now.duration_since(at).as_secs_f64() * self.cpus;
+            100.0 * run_time.saturating_sub(before).as_secs_f64() / wall.max(1e-9)
+        });
+        self.last = Some((run_time, now));
+        percent
+    }
+}
+
+/// Re-attaches probes whose binary was replaced, and applies the overhead budget: above it,
+/// the function with the most calls this refresh is detached.
+fn keep_probes(
+    session: &mut Session,
+    probes: &mut probes::Probes,
+    guard: &mut Guard,
+    report: &crate::report::Report,
+    exporter: &mut exporter::Exporter,
+) -> Result<()> {
+    let replaced = probes.replaced_targets();
+    if !replaced.is_empty() {
+        let names: Vec<String> = replaced
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect();
+        probes.reattach(session, &format!("replaced on disk: {}", names.join(", ")))?;
+    }
+    let overhead = guard.measure(session);
+    exporter.overhead_percent = overhead;
+    let (Some(percent), Some(budget)) = (overhead, guard.budget) else {
+        return Ok(());
+    };
+    if percent <= budget {
+        return Ok(());
+    }
+    let attached: Vec<u32> = probes.attached_ids().collect();
+    let busiest = report
+        .functions
+        .iter()
+        .filter_map(|function| {
+            let id = probes.functions().iter().position(|(target, symbol)| {
+                *target == function.target && *symbol == function.symbol
+            })? as u32;
+            attached
+                .contains(&id)
+                .then_some((id, function.calls, function.symbol.clone()))
+        })
+        .max_by_key(|(_, calls, _)| *calls);
+    match busiest {
+        Some((id, calls, symbol)) => {
+            eprintln!(
+                "topdown: overhead {percent:.3}% > --max-overhead {budget}%: detaching {symbol} ({calls} calls in the last refresh)"
+            );
+            probes.detach_function(session, id)?;
+            // The detach itself perturbs the next measurement: start it afresh.
+            guard.last = None;
+        }
+        None => log::warn!(
+            "overhead {percent:.3}% > --max-overhead {budget}% with no probed function left to detach"
+        ),
+    }
+    Ok(())
+}
+
 /// Reads the maps, turns the deltas since the last refresh into series, and forgets exited
-/// tasks so a daemon's memory stays bounded.
+/// tasks so a daemon's memory stays bounded. Returns the refresh's report.
 fn refresh(
     session: &mut Session,
     reporting: &mut Reporting<'_>,
     exporter: &mut exporter::Exporter,
     previous: &mut Option<(Snapshot, Instant)>,
-) -> Result<()> {
+) -> Result<crate::report::Report> {
     session.flush(false)?;
     let mut snapshot = session.snapshot()?;
     let now = Instant::now();
@@ -200,5 +324,5 @@ fn refresh(
     session.forget_exited();
     snapshot.exited.clear();
     *previous = Some((snapshot, now));
-    Ok(())
+    Ok(report)
 }

@@ -1,0 +1,155 @@
+//! The exporter's function probes over days: re-attached when a target binary is replaced on
+//! disk (uprobes belong to an inode: a deployed new build would silently stop being counted) or
+//! on SIGHUP, and detached one by one by the overhead guard. Function ids (the attach cookie,
+//! the key of the per-function map) stay stable across re-attachment, so series keep counting.
+
+use std::{
+    collections::BTreeSet,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::Result;
+
+use crate::{
+    bpf::{ProbePoint, Session},
+    symbols::{ProbeSpec, resolve as resolve_functions},
+};
+
+/// `(dev, inode)` of a file, or `None` while it is missing (mid-replacement).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
+}
+
+pub struct Probes {
+    specs: Vec<ProbeSpec>,
+    uretprobes: bool,
+    /// `(target, demangled symbol)` by function id.
+    functions: Vec<(String, String)>,
+    /// Function ids the overhead guard detached; never re-attached.
+    detached: BTreeSet<u32>,
+    /// Each attached target and the file identity it had.
+    targets: Vec<(PathBuf, Option<(u64, u64)>)>,
+    pub reattachments: u64,
+}
+
+impl Probes {
+    /// Resolves the `-u` specs and attaches them.
+    pub fn attach(session: &mut Session, specs: Vec<ProbeSpec>, uretprobes: bool) -> Result<Self> {
+        let mut probes = Self {
+            specs,
+            uretprobes,
+            functions: Vec::new(),
+            detached: BTreeSet::new(),
+            targets: Vec::new(),
+            reattachments: 0,
+        };
+        probes.attach_resolved(session)?;
+        Ok(probes)
+    }
+
+    /// `(target, symbol)` by function id, for reports.
+    pub fn functions(&self) -> &[(String, String)] {
+        &self.functions
+    }
+
+    pub fn detached(&self) -> impl Iterator<Item = &(String, String)> {
+        self.detached
+            .iter()
+            .filter_map(|id| self.functions.get(*id as usize))
+    }
+
+    fn attach_resolved(&mut self, session: &mut Session) -> Result<()> {
+        let resolved = resolve_functions(&self.specs, &[])?;
+        let mut points = Vec::new();
+        let mut targets: Vec<PathBuf> = Vec::new();
+        for function in resolved {
+            let key = (
+                function.target.display().to_string(),
+                function.display.clone(),
+            );
+            let id = match self.functions.iter().position(|known| *known == key) {
+                Some(id) => id,
+                None => {
+                    self.functions.push(key);
+                    self.functions.len() - 1
+                }
+            } as u32;
+            if self.detached.contains(&id) {
+                continue;
+            }
+            if !targets.contains(&function.target) {
+                targets.push(function.target.clone());
+            }
+            points.push(ProbePoint {
+                target: function.target,
+                offset: function.offset,
+                exits: if self.uretprobes {
+                    None
+                } else {
+                    function.exits
+                },
+                function_id: id,
+            });
+        }
+        let started = Instant::now();
+        if !points.is_empty() {
+            session.attach_functions(&points, &[])?;
+        }
+        eprintln!(
+            "topdown: probing {} function{} in {} binar{} (attached in {:.1} ms)",
+            points.len(),
+            if points.len() == 1 { "" } else { "s" },
+            targets.len(),
+            if targets.len() == 1 { "y" } else { "ies" },
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        self.targets = targets
+            .into_iter()
+            .map(|path| {
+                let id = identity(&path);
+                (path, id)
+            })
+            .collect();
+        Ok(())
+    }
+
+    /// Detaches everything and attaches the current resolution again.
+    pub fn reattach(&mut self, session: &mut Session, why: &str) -> Result<()> {
+        eprintln!("topdown: re-attaching function probes: {why}");
+        session.detach_functions()?;
+        self.attach_resolved(session)?;
+        self.reattachments += 1;
+        Ok(())
+    }
+
+    /// Targets whose file is now another one (replaced by a deploy, a package upgrade).
+    pub fn replaced_targets(&self) -> Vec<PathBuf> {
+        self.targets
+            .iter()
+            .filter(|(path, attached)| {
+                let now = identity(path);
+                now.is_some() && now != *attached
+            })
+            .map(|(path, _)| path.clone())
+            .collect()
+    }
+
+    /// The overhead guard's step: stop probing `id` for good.
+    pub fn detach_function(&mut self, session: &mut Session, id: u32) -> Result<()> {
+        self.detached.insert(id);
+        let name = self
+            .functions
+            .get(id as usize)
+            .map_or_else(|| format!("function {id}"), |(_, symbol)| symbol.clone());
+        self.reattach(session, &format!("overhead guard detached {name}"))
+    }
+
+    /// Ids still attached.
+    pub fn attached_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.functions.len() as u32).filter(|id| !self.detached.contains(id))
+    }
+}
