@@ -432,3 +432,71 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     assert_eq!(uprobe_events(), events_before);
     assert!(!uprobe_events().contains("topdown"));
 }
+
+/// Brings the CPU back online however the test ends.
+struct Online(&'static str);
+
+impl Drop for Online {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, "1");
+    }
+}
+
+#[test]
+fn a_cpu_going_offline_and_back_keeps_counting() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    const CPU1: &str = "/sys/devices/system/cpu/cpu1/online";
+    if std::fs::read_to_string(CPU1)
+        .map(|text| text.trim() != "1")
+        .unwrap_or(true)
+    {
+        eprintln!("skipping: no hot-pluggable, online CPU 1 here");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("topdown-hotplug-{}.json", std::process::id()));
+    let mut tracer = topdown()
+        .args([
+            "stat",
+            "-a",
+            "--pmu",
+            "synthetic:intel-icl",
+            "-d",
+            "8",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let online = Online(CPU1);
+    std::fs::write(CPU1, "0").unwrap();
+    let pinned = |cpu: &str, spec: &str| {
+        let output = run_ok(Command::new("taskset").args(["-c", cpu, WORKLOAD, spec])).unwrap();
+        workload_threads(&String::from_utf8_lossy(&output.stdout))[0].2
+    };
+    let on_zero = pinned("0", "getppid=100");
+    std::fs::write(CPU1, "1").unwrap();
+    drop(online);
+    // topdown polls the online CPUs every second and re-opens a returning CPU's counters.
+    std::thread::sleep(Duration::from_millis(2500));
+    let on_one = pinned("1", "getppid=77");
+    let status = tracer.wait().unwrap();
+    assert!(status.success());
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        counter(task(&report, on_zero).expect("task on CPU 0"), "slots"),
+        100
+    );
+    assert_eq!(
+        counter(task(&report, on_one).expect("task on CPU 1"), "slots"),
+        77
+    );
+    let _ = std::fs::remove_file(out);
+}

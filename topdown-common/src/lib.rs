@@ -55,6 +55,7 @@ pub const FIELD_ABSENT: u32 = u32::MAX;
 pub mod names {
     pub const COUNTERS: &str = "COUNTERS";
     pub const CPU_STATE: &str = "CPU_STATE";
+    pub const GENERATIONS: &str = "GENERATIONS";
     pub const TASKS: &str = "TASKS";
     pub const TRACKED: &str = "TRACKED";
     pub const EXITS: &str = "EXITS";
@@ -145,6 +146,10 @@ pub struct CpuState {
     pub initialized: u32,
     /// Nonzero after the final flush: nothing on this CPU changes any more.
     pub frozen: u32,
+    /// The `GENERATIONS` value this CPU's baseline was taken under: user space bumps it when it
+    /// re-opens the CPU's counters (CPU hotplug), and a new value means "re-baseline".
+    pub generation: u32,
+    pub _pad: u32,
 }
 
 impl CpuState {
@@ -167,6 +172,8 @@ impl CpuState {
         seq: 0,
         initialized: 0,
         frozen: 0,
+        generation: 0,
+        _pad: 0,
     };
 }
 

@@ -24,7 +24,7 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
     },
     macros::{btf_tracepoint, map, perf_event, raw_tracepoint, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray, PerfEventArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
     programs::{
         BtfTracePointContext, PerfEventContext, ProbeContext, RawTracePointContext,
         RetProbeContext, TracePointContext,
@@ -81,6 +81,24 @@ fn global(value: &'static u32) -> u32 {
 /// Counter fds: index `cpu * MAX_COUNTERS + slot`. Sized by user space to possible CPUs.
 #[map]
 static COUNTERS: PerfEventArray<u32> = PerfEventArray::new(0);
+
+/// Per CPU: the generation of its counter fds. User space makes it odd while it replaces a
+/// CPU's fds (after CPU hotplug) and even again when done; readings taken across a change are
+/// discarded and the next one is a new baseline. Sized by user space to possible CPUs.
+#[map]
+static GENERATIONS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// This CPU's counter generation (0 if the map has no entry for it).
+#[inline(always)]
+fn generation() -> u32 {
+    // SAFETY: a helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    match GENERATIONS.get_ptr(cpu) {
+        // SAFETY: a map value pointer; volatile because user space writes it concurrently.
+        Some(value) => unsafe { core::ptr::read_volatile(value) },
+        None => 0,
+    }
+}
 
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
@@ -177,10 +195,25 @@ fn read_slots(out: &mut [u64; MAX_COUNTERS]) -> Option<(u64, u64)> {
 /// Reads every counter slot of this CPU into `state.now`. False if any read failed.
 #[inline(always)]
 fn read_counters(state: &mut CpuState) -> bool {
+    // Seqlock against user space replacing this CPU's fds: an odd generation, or one that
+    // changed while we read, means the reading may mix old and new counters.
+    let before = generation();
+    if before & 1 != 0 {
+        return false;
+    }
     let Some((enabled, running)) = read_slots(&mut state.now) else {
         state.read_errors += 1;
         return false;
     };
+    if generation() != before {
+        return false;
+    }
+    if state.initialized != 0 && state.generation != before {
+        // New counters: this reading is the new baseline (nothing was counted in between: the
+        // CPU was offline).
+        state.initialized = 0;
+    }
+    state.generation = before;
     let enabled_delta = enabled.wrapping_sub(state.last_enabled_ns);
     let running_delta = running.wrapping_sub(state.last_running_ns);
     if state.initialized != 0 && running_delta < enabled_delta {
@@ -562,7 +595,13 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
         if unsafe { (*state).initialized == 0 || (*state).frozen != 0 } {
             return false;
         }
-        if read_slots(&mut stack.now).is_none() {
+        // Counters being replaced (CPU hotplug), or not yet re-baselined: no reading.
+        let counters_generation = generation();
+        // SAFETY: as above.
+        if counters_generation != unsafe { (*state).generation } {
+            return false;
+        }
+        if read_slots(&mut stack.now).is_none() || generation() != counters_generation {
             return false;
         }
         // SAFETY: map value pointers.

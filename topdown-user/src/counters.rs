@@ -174,6 +174,11 @@ pub struct CounterGroups {
     counters: Vec<ResolvedCounter>,
     /// `(cpu, [(fd slot, fd)])`: the counters of every group opened on that CPU.
     groups: Vec<(u32, Vec<(usize, OwnedFd)>)>,
+    /// What re-opening a CPU's groups needs (CPU hotplug removes a CPU's events).
+    plan_groups: Vec<crate::schedule::PerfGroup>,
+    /// The CPUs each plan group may be opened on (a hybrid PMU's CPUs, or all).
+    group_cpus: Vec<Option<Vec<u32>>>,
+    privilege: Privilege,
 }
 
 impl CounterGroups {
@@ -197,45 +202,70 @@ impl CounterGroups {
                 topdown_common::MAX_COUNTERS
             );
         }
-        let mut per_cpu: Vec<(u32, Vec<(usize, OwnedFd)>)> =
-            cpus.iter().map(|&cpu| (cpu, Vec::new())).collect();
-        for group in &plan.groups {
-            let group_cpus = match &group.pmu {
-                Some(pmu) => cpus_of(pmu)?,
-                None => cpus.to_vec(),
-            };
-            for (cpu, fds) in per_cpu
-                .iter_mut()
-                .filter(|(cpu, _)| group_cpus.contains(cpu))
-            {
-                let mut leader: Option<OwnedFd> = None;
-                let mut members = Vec::with_capacity(group.members.len());
-                for &index in &group.members {
-                    let Some(counter) = counters.get(index) else {
-                        bail!("counter plan names counter {index} of {}", counters.len());
-                    };
-                    let fd = open_counter(
-                        counter,
-                        *cpu,
-                        leader.as_ref().map(|fd| fd.as_fd()),
-                        leader.is_none() && group.pinned,
-                        privilege,
-                    )?;
-                    match leader {
-                        None => leader = Some(fd),
-                        Some(_) => members.push((index, fd)),
-                    }
-                }
-                if let (Some(leader), Some(&first)) = (leader, group.members.first()) {
-                    fds.push((first, leader));
-                }
-                fds.extend(members);
-            }
-        }
-        Ok(Self {
+        let group_cpus = plan
+            .groups
+            .iter()
+            .map(|group| group.pmu.as_deref().map(cpus_of).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let mut groups = Self {
             counters: counters.to_vec(),
-            groups: per_cpu,
-        })
+            groups: Vec::with_capacity(cpus.len()),
+            plan_groups: plan.groups.clone(),
+            group_cpus,
+            privilege,
+        };
+        for &cpu in cpus {
+            let fds = groups.open_cpu(cpu)?;
+            groups.groups.push((cpu, fds));
+        }
+        Ok(groups)
+    }
+
+    /// Opens every planned group that covers `cpu` on it.
+    fn open_cpu(&self, cpu: u32) -> Result<Vec<(usize, OwnedFd)>> {
+        let mut fds = Vec::new();
+        for (group, cpus) in self.plan_groups.iter().zip(&self.group_cpus) {
+            if cpus.as_ref().is_some_and(|cpus| !cpus.contains(&cpu)) {
+                continue;
+            }
+            let mut leader: Option<OwnedFd> = None;
+            let mut members = Vec::with_capacity(group.members.len());
+            for &index in &group.members {
+                let Some(counter) = self.counters.get(index) else {
+                    bail!(
+                        "counter plan names counter {index} of {}",
+                        self.counters.len()
+                    );
+                };
+                let fd = open_counter(
+                    counter,
+                    cpu,
+                    leader.as_ref().map(|fd| fd.as_fd()),
+                    leader.is_none() && group.pinned,
+                    self.privilege,
+                )?;
+                match leader {
+                    None => leader = Some(fd),
+                    Some(_) => members.push((index, fd)),
+                }
+            }
+            if let (Some(leader), Some(&first)) = (leader, group.members.first()) {
+                fds.push((first, leader));
+            }
+            fds.extend(members);
+        }
+        Ok(fds)
+    }
+
+    /// Re-opens `cpu`'s groups (it went offline and came back: the kernel removed its events),
+    /// or opens them for a CPU that came online after the start. The old fds close.
+    pub fn reopen(&mut self, cpu: u32) -> Result<()> {
+        let fds = self.open_cpu(cpu)?;
+        match self.groups.iter_mut().find(|(known, _)| *known == cpu) {
+            Some(entry) => entry.1 = fds,
+            None => self.groups.push((cpu, fds)),
+        }
+        Ok(())
     }
 
     pub fn counters(&self) -> &[ResolvedCounter] {
@@ -244,6 +274,14 @@ impl CounterGroups {
 
     pub fn cpus(&self) -> impl Iterator<Item = u32> + '_ {
         self.groups.iter().map(|(cpu, _)| *cpu)
+    }
+
+    /// `cpu`'s `(fd slot, fd)`s.
+    pub fn cpu_fds(&self, cpu: u32) -> impl Iterator<Item = (usize, BorrowedFd<'_>)> + '_ {
+        self.groups
+            .iter()
+            .filter(move |(known, _)| *known == cpu)
+            .flat_map(|(_, fds)| fds.iter().map(|(slot, fd)| (*slot, fd.as_fd())))
     }
 
     /// Every `(cpu, fd slot, fd)`.

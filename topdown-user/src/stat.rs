@@ -281,9 +281,16 @@ async fn event_loop(
         ticker
     });
     let tracking_targets = !watches.is_empty();
+    let mut hotplug = tokio::time::interval(Duration::from_secs(1));
+    hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         tokio::select! {
+            _ = hotplug.tick() => {
+                if let Err(err) = session.check_cpus() {
+                    log::warn!("{err:#}");
+                }
+            }
             _ = signals.interrupt.recv() => return Ok(Stop::Signal(libc::SIGINT)),
             _ = signals.terminate.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
             _ = sleep_until(deadline) => return Ok(Stop::Duration),

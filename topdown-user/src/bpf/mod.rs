@@ -120,6 +120,11 @@ pub struct Session {
     exited: Vec<(u32, TaskCounters)>,
     /// The function probes' links, so they can be detached and re-attached (`serve`).
     function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
+    /// The CPUs online at the last check: one that comes back gets its counters re-opened.
+    online: Vec<u32>,
+    /// Each CPU's read errors at the last check: new ones on an online CPU mean its events
+    /// were removed (an offline/online cycle quicker than the poll).
+    read_errors: HashMap<u32, u64>,
 }
 
 impl Session {
@@ -161,6 +166,7 @@ impl Session {
             .map_max_entries(names::STACKS, config.max_stacks)
             .map_max_entries(names::CALLS, config.max_calls)
             .map_max_entries(names::COUNTERS, counter_slots)
+            .map_max_entries(names::GENERATIONS, possible_cpus)
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
@@ -215,13 +221,15 @@ impl Session {
         } else {
             attach_sched_switch(&mut ebpf)?;
         }
-        let session = Self {
+        let mut session = Self {
             ebpf,
             exits,
             logger,
             groups,
             exited: Vec::new(),
             function_links: Vec::new(),
+            online: crate::counters::online_cpus()?,
+            read_errors: HashMap::new(),
         };
         // Baseline: from here on every count belongs to someone.
         session.flush(false)?;
@@ -358,7 +366,8 @@ impl Session {
 
     /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
     /// so the state read afterwards is final and exactly consistent.
-    pub fn flush(&self, last: bool) -> Result<()> {
+    pub fn flush(&mut self, last: bool) -> Result<()> {
+        self.check_cpus()?;
         let program: &RawTracePoint = self
             .ebpf
             .program(names::PROG_FLUSH)
@@ -369,7 +378,8 @@ impl Session {
         } else {
             flush_mode::ATTRIBUTE
         };
-        for cpu in self.groups.cpus() {
+        // An offline CPU cannot run the flush; it has nothing running to attribute either.
+        for cpu in self.groups.cpus().filter(|cpu| self.online.contains(cpu)) {
             let mut options = RawTracePointRunOptions::new();
             options.args[0] = mode;
             options.cpu = Some(cpu);
@@ -381,6 +391,64 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// CPU hotplug: the kernel removes a CPU's perf events when it goes offline, so a CPU that
+    /// is back gets its counters re-opened. Callers poll this (every second, and at each
+    /// flush); counts on a returning CPU before the next poll are not counted.
+    pub fn check_cpus(&mut self) -> Result<()> {
+        let online = crate::counters::online_cpus()?;
+        let cpu_state: PerCpuArray<&MapData, CpuState> = map(&self.ebpf, names::CPU_STATE)?;
+        let states = cpu_state.get(&0, 0).context("reading per-CPU state")?;
+        let mut failing = Vec::new();
+        for &cpu in &online {
+            let errors = states
+                .get(cpu as usize)
+                .map_or(0, |state| state.read_errors);
+            let before = self.read_errors.insert(cpu, errors).unwrap_or(errors);
+            if errors > before {
+                failing.push(cpu);
+            }
+        }
+        for &cpu in &online {
+            if !self.online.contains(&cpu) || failing.contains(&cpu) {
+                self.reopen_cpu(cpu).with_context(|| {
+                    format!("re-opening the counters of CPU {cpu}, back online")
+                })?;
+                log::info!("CPU {cpu} came online: its counters were re-opened");
+            }
+        }
+        self.online = online;
+        Ok(())
+    }
+
+    /// Replaces `cpu`'s counter fds with freshly opened ones, under the `GENERATIONS` seqlock
+    /// the BPF side reads: odd while swapping, even (and new) after, so no reading mixes old and
+    /// new counters and the first reading after is a baseline.
+    pub fn reopen_cpu(&mut self, cpu: u32) -> Result<()> {
+        let mut generations: aya::maps::Array<&mut MapData, u32> =
+            map_mut(&mut self.ebpf, names::GENERATIONS)?;
+        let current = generations.get(&cpu, 0).unwrap_or(0) & !1;
+        generations
+            .set(cpu, &(current + 1), 0)
+            .context("marking the CPU's counters as being replaced")?;
+        let reopened = self.groups.reopen(cpu);
+        if reopened.is_ok() {
+            let mut counters: PerfEventArray<&mut MapData> =
+                map_mut(&mut self.ebpf, names::COUNTERS)?;
+            for (slot, fd) in self.groups.cpu_fds(cpu) {
+                let index = cpu * MAX_COUNTERS as u32 + slot as u32;
+                counters.set(index, &fd).with_context(|| {
+                    format!("storing counter {slot} of CPU {cpu} in the BPF map")
+                })?;
+            }
+        }
+        let mut generations: aya::maps::Array<&mut MapData, u32> =
+            map_mut(&mut self.ebpf, names::GENERATIONS)?;
+        generations
+            .set(cpu, &(current + 2), 0)
+            .context("publishing the CPU's new counters")?;
+        reopened
     }
 
     /// The fd to poll for exit records.

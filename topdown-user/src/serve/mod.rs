@@ -160,8 +160,15 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
     let mut previous: Option<(Snapshot, Instant)> = None;
     let mut ticker = tokio::time::interval(Duration::from_millis(args.refresh_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hotplug = tokio::time::interval(Duration::from_secs(1));
+    hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = hotplug.tick() => {
+                if let Err(err) = session.check_cpus() {
+                    log::warn!("{err:#}");
+                }
+            }
             _ = ticker.tick() => {
                 let started = Instant::now();
                 match refresh(&mut session, &mut reporting, &mut exporter, &mut previous) {
