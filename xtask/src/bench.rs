@@ -526,7 +526,7 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
 }
 
 /// Replaces the `## …` section starting with `heading` (up to the next `## `), or appends it.
-fn replace_section(text: &str, heading: &str, section: &str) -> String {
+pub fn replace_section(text: &str, heading: &str, section: &str) -> String {
     match text.find(heading) {
         Some(start) => {
             let rest = &text[start + heading.len()..];
@@ -558,7 +558,7 @@ fn ensure_bpftrace() -> Result<()> {
 
 unsafe extern "C" {
     #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
+    pub(crate) fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | run | test | bench | fuzz`.
+//! Project tasks: `cargo xtask setup | run | test | bench | fuzz | soak`.
 //!
 //! xtask builds with whatever stable Rust the machine has; everything else runs through the
 //! pinned toolchains it installs (see `toolchain.rs`).
@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod fuzz;
 mod setup;
+mod soak;
 mod toolchain;
 
 use std::{ffi::OsString, path::PathBuf, process::ExitCode};
@@ -39,6 +40,9 @@ enum Task {
     },
     /// Setup, then the benchmarks; writes BENCHMARKS.md.
     Bench,
+    /// Setup, then `topdown serve` under 10,000 short-lived processes and hundreds of
+    /// cgroups; writes its memory and map occupancy to BENCHMARKS.md.
+    Soak,
     /// Setup, then run every cargo-fuzz target (the event-spec and option parsers).
     Fuzz {
         /// Seconds per target.
@@ -99,6 +103,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Task::Bench => {
             setup::setup()?;
             bench::bench()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::Soak => {
+            setup::setup()?;
+            soak::soak()?;
             Ok(ExitCode::SUCCESS)
         }
         Task::Fuzz { seconds } => {

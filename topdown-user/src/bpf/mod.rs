@@ -485,6 +485,20 @@ impl Session {
 
     /// Reads everything attributed so far. Entries of dead tasks whose exit record was lost are
     /// moved to `exited` and deleted from the map.
+    /// Deletes removed cgroups' entries from the cgroup map once their last counts were read:
+    /// a removed cgroup can have no task, and a daemon must not fill the map with the dead.
+    pub fn forget_cgroups(&mut self, ids: &[u64]) -> Result<()> {
+        let mut cgroups: BpfHashMap<&mut MapData, u64, CgroupCounters> =
+            map_mut(&mut self.ebpf, names::CGROUPS)?;
+        for id in ids {
+            match cgroups.remove(id) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(err) => return Err(err).context("removing a cgroup's entry"),
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets the exited tasks collected so far, once a long-running caller has reported them
     /// (`serve`): their totals live on in its series, not in this process's memory.
     pub fn forget_exited(&mut self) {

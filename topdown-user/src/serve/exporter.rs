@@ -98,6 +98,8 @@ pub struct Exporter {
     pub detached_functions: Vec<(String, String)>,
     /// Times the function probes were re-attached (replaced binaries, SIGHUP, the guard).
     pub reattachments: u64,
+    /// Entries in the BPF task and cgroup maps at the last refresh.
+    pub map_entries: [(&'static str, usize); 2],
 }
 
 impl Exporter {
@@ -115,6 +117,7 @@ impl Exporter {
             overhead_percent: None,
             detached_functions: Vec::new(),
             reattachments: 0,
+            map_entries: [("tasks", 0), ("cgroups", 0)],
         }
     }
 
@@ -421,6 +424,19 @@ impl Exporter {
             "Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)",
             self.reattachments,
         )?;
+        let entries = IntGaugeVec::new(
+            Opts::new(
+                "topdown_bpf_map_entries",
+                "Entries in topdown's BPF maps (bounded by --max-tasks, --max-cgroups)",
+            ),
+            &["map"],
+        )?;
+        for (map, count) in self.map_entries {
+            entries
+                .get_metric_with_label_values(&[map])?
+                .set(count as i64);
+        }
+        registry.register(Box::new(entries))?;
         let mut text = Vec::new();
         TextEncoder::new().encode(&registry.gather(), &mut text)?;
         String::from_utf8(text).map_err(|err| prometheus::Error::Msg(err.to_string()))

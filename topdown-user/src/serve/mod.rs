@@ -6,6 +6,7 @@ pub mod http;
 pub mod probes;
 
 use std::{
+    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -328,6 +329,29 @@ fn refresh(
         None,
     );
     exporter.update(&report, now);
+    exporter.map_entries = [
+        ("tasks", snapshot.live.len()),
+        ("cgroups", snapshot.cgroups.len()),
+    ];
+    // Removed cgroups: their last counts are in this refresh; free their map entries.
+    if let Some(tree) = &reporting.cgroups {
+        let mount = tree.mount().to_path_buf();
+        let known: HashMap<u64, String> = tree.known_paths().collect();
+        let removed: Vec<u64> = snapshot
+            .cgroups
+            .iter()
+            .filter(|(id, _)| {
+                known
+                    .get(id)
+                    .is_some_and(|path| !mount.join(path.trim_start_matches('/')).exists())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if !removed.is_empty() {
+            session.forget_cgroups(&removed)?;
+            snapshot.cgroups.retain(|(id, _)| !removed.contains(id));
+        }
+    }
     session.forget_exited();
     snapshot.exited.clear();
     *previous = Some((snapshot, now));

@@ -1,0 +1,253 @@
+//! `cargo xtask soak`: `topdown serve` under churn, to show that its memory and map occupancy
+//! stay flat: 10,000 short-lived processes (two threads each) spread over hundreds of cgroups
+//! that are created and removed as it goes. Samples the exporter's RSS, series and BPF map
+//! entries, and writes the figures to BENCHMARKS.md. Not part of CI's run (it takes minutes).
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+const PROCESSES: u32 = 10_000;
+/// Processes per workload run (one parent forking the rest).
+const PER_RUN: u32 = 100;
+/// Cgroups alive at once; each wave removes them and creates as many new ones.
+const CGROUPS: u32 = 200;
+const WAVES: u32 = 2;
+const PORT: u16 = 19_943;
+
+struct Sample {
+    at_s: f64,
+    processes: u32,
+    rss_kib: u64,
+    series: f64,
+    tasks: f64,
+    cgroups: f64,
+}
+
+fn metrics() -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", PORT)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+fn value(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                line.strip_prefix("VmRSS:")?
+                    .trim()
+                    .trim_end_matches(" kB")
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn sample(serve: &Child, started: Instant, processes: u32) -> Option<Sample> {
+    let text = metrics()?;
+    Some(Sample {
+        at_s: started.elapsed().as_secs_f64(),
+        processes,
+        rss_kib: rss_kib(serve.id()),
+        series: value(&text, "topdown_series "),
+        tasks: value(&text, r#"topdown_bpf_map_entries{map="tasks"}"#),
+        cgroups: value(&text, r#"topdown_bpf_map_entries{map="cgroups"}"#),
+    })
+}
+
+fn workload() -> Result<PathBuf> {
+    cmd::run(cmd::cargo().args([
+        "build",
+        "--package",
+        "topdown-tests",
+        "--bin",
+        "td-workload",
+    ]))?;
+    Ok(cmd::workspace_root().join("target/debug/td-workload"))
+}
+
+pub fn soak() -> Result<()> {
+    if !cmd::is_root() {
+        bail!("cargo xtask soak loads BPF and creates cgroups: run it as root");
+    }
+    let topdown = crate::build_topdown(true)?;
+    let workload = workload()?;
+    let root = Path::new("/sys/fs/cgroup/topdown-soak");
+    let _ = std::fs::create_dir(root);
+    let mut serve = Command::new(&topdown)
+        .args([
+            "serve",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--by",
+            "cgroup,process",
+        ])
+        .args(["--refresh-ms", "1000", "--series-ttl", "5"])
+        .args(["--listen", &format!("127.0.0.1:{PORT}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting topdown serve")?;
+    let started = Instant::now();
+    while metrics().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = serve.kill();
+            bail!("topdown serve did not start serving");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut samples = vec![];
+    let result = churn(&workload, root, &serve, started, &mut samples);
+    // Let the TTL expire the churned series, then take the final sample.
+    std::thread::sleep(Duration::from_secs(8));
+    if let Some(last) = sample(&serve, started, PROCESSES) {
+        samples.push(last);
+    }
+    // SAFETY: signalling our own child.
+    unsafe { crate::bench::libc_kill(serve.id() as i32, 15) };
+    let _ = serve.wait();
+    let _ = std::fs::remove_dir(root);
+    result?;
+    write_results(&samples)
+}
+
+fn churn(
+    workload: &Path,
+    root: &Path,
+    serve: &Child,
+    started: Instant,
+    samples: &mut Vec<Sample>,
+) -> Result<()> {
+    let runs = PROCESSES / PER_RUN;
+    let runs_per_wave = runs / WAVES;
+    let mut processes = 0;
+    for wave in 0..WAVES {
+        let cgroups: Vec<PathBuf> = (0..CGROUPS)
+            .map(|index| root.join(format!("w{wave}-cg{index}")))
+            .collect();
+        for cgroup in &cgroups {
+            std::fs::create_dir_all(cgroup)
+                .with_context(|| format!("creating {}", cgroup.display()))?;
+        }
+        for run in 0..runs_per_wave {
+            let cgroup = &cgroups[(run % CGROUPS) as usize];
+            // The shell moves itself into the cgroup, then becomes the workload: 1 parent and
+            // PER_RUN - 1 forked children, two threads each, a few syscalls per thread.
+            let script = format!(
+                "echo $$ > {}/cgroup.procs && exec {} --children {} getppid=3 getpgid=2 >/dev/null",
+                cgroup.display(),
+                workload.display(),
+                PER_RUN - 1
+            );
+            cmd::run(Command::new("sh").args(["-c", &script]))?;
+            processes += PER_RUN;
+            if run % 5 == 0
+                && let Some(point) = sample(serve, started, processes)
+            {
+                println!(
+                    "{:6.1} s  {:5} processes  RSS {:6} KiB  series {:5}  task map {:5}  cgroup map {:4}",
+                    point.at_s,
+                    point.processes,
+                    point.rss_kib,
+                    point.series,
+                    point.tasks,
+                    point.cgroups
+                );
+                samples.push(point);
+            }
+        }
+        for cgroup in &cgroups {
+            // Empty now: every process in it has exited.
+            std::fs::remove_dir(cgroup)
+                .with_context(|| format!("removing {}", cgroup.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_results(samples: &[Sample]) -> Result<()> {
+    let Some(first) = samples.first() else {
+        bail!("no samples taken");
+    };
+    let last = samples.last().unwrap_or(first);
+    let max = |pick: fn(&Sample) -> f64| samples.iter().map(pick).fold(f64::MIN, f64::max);
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                line.strip_prefix("model name")
+                    .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut section = String::from("## Soak: `topdown serve` under churn (`cargo xtask soak`)\n\n");
+    section += &format!(
+        "Machine: {} vCPUs, {cpu_model}, Linux {}, no hardware PMU (synthetic model).\n\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    );
+    section += &format!(
+        "Command: `cargo xtask soak`: {PROCESSES} short-lived processes of two threads each, in \
+         {} waves of {CGROUPS} cgroups (created, used, removed), under `topdown serve --by \
+         cgroup,process --refresh-ms 1000 --series-ttl 5`; {} samples.\n\n",
+        WAVES,
+        samples.len()
+    );
+    section += "| | first sample | maximum | after the churn |\n|---|---:|---:|---:|\n";
+    section += &format!(
+        "| RSS (KiB) | {} | {} | {} |\n",
+        first.rss_kib,
+        max(|s| s.rss_kib as f64),
+        last.rss_kib
+    );
+    section += &format!(
+        "| series | {} | {} | {} |\n",
+        first.series,
+        max(|s| s.series),
+        last.series
+    );
+    section += &format!(
+        "| task map entries | {} | {} | {} |\n",
+        first.tasks,
+        max(|s| s.tasks),
+        last.tasks
+    );
+    section += &format!(
+        "| cgroup map entries | {} | {} | {} |\n",
+        first.cgroups,
+        max(|s| s.cgroups),
+        last.cgroups
+    );
+    let path = cmd::workspace_root().join("BENCHMARKS.md");
+    let existing = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".to_owned());
+    let updated = crate::bench::replace_section(&existing, "## Soak", &section);
+    std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{section}\nwritten to {}", path.display());
+    Ok(())
+}
