@@ -500,3 +500,37 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
     );
     let _ = std::fs::remove_file(out);
 }
+
+#[test]
+fn sighup_re_resolves_and_re_attaches_the_function_probes() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = funcs_binary("serve-sighup");
+    let port = free_port();
+    let exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
+    wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, "topdown_probe_reattachments_total") == Some(1.0)).then_some(())
+    })
+    .expect("SIGHUP re-attaches");
+    // Still counting, through the new links.
+    run_ok(Command::new(&binary).args(["leafmid", "1", "4", "0"])).unwrap();
+    let calls = format!(
+        r#"topdown_function_calls_total{{function="leaf",target="{}"}}"#,
+        binary.display()
+    );
+    wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, &calls) == Some(2.0)).then_some(())
+    })
+    .expect("leaf counted after SIGHUP");
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains("re-attaching function probes: SIGHUP"),
+        "{stderr}"
+    );
+}

@@ -16,12 +16,49 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd;
 
 const PROCESSES: u32 = 10_000;
-/// Processes per workload run (one parent forking the rest).
-const PER_RUN: u32 = 100;
-/// Cgroups alive at once; each wave removes them and creates as many new ones.
-const CGROUPS: u32 = 200;
-const WAVES: u32 = 2;
+/// Processes per workload run (one parent forking the rest); each run gets a cgroup of its own.
+const PER_RUN: u32 = 50;
+/// Cgroups are created, used and removed in this many waves.
+const WAVES: u32 = 4;
+/// Cgroups alive at once (one per run of a wave); PROCESSES / PER_RUN cgroups in all.
+const CGROUPS: u32 = PROCESSES / PER_RUN / WAVES;
 const PORT: u16 = 19_943;
+/// Pause after each workload run.
+const PACE: Duration = Duration::from_millis(400);
+
+/// The cgroup v2 mount point (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
+fn cgroup2_mount() -> Result<PathBuf> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    mounts
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, path, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            (kind == "cgroup2").then(|| PathBuf::from(path))
+        })
+        .context("no cgroup v2 mount: soak needs one for its cgroups")
+}
+
+/// Removes an emptied cgroup; exited tasks leave it asynchronously, so retry for a while.
+fn remove_cgroup(cgroup: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::remove_dir(cgroup) {
+            Ok(()) => return Ok(()),
+            Err(err)
+                if Instant::now() < deadline && err.raw_os_error() == Some(16 /* EBUSY */)
+                    || err.kind() == std::io::ErrorKind::DirectoryNotEmpty =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+                if Instant::now() >= deadline {
+                    return Err(err).with_context(|| format!("removing {}", cgroup.display()));
+                }
+            }
+            Err(err) => return Err(err).with_context(|| format!("removing {}", cgroup.display())),
+        }
+    }
+}
 
 struct Sample {
     at_s: f64,
@@ -97,7 +134,8 @@ pub fn soak() -> Result<()> {
     }
     let topdown = crate::build_topdown(true)?;
     let workload = workload()?;
-    let root = Path::new("/sys/fs/cgroup/topdown-soak");
+    let root = cgroup2_mount()?.join("topdown-soak");
+    let root = root.as_path();
     let _ = std::fs::create_dir(root);
     let mut serve = Command::new(&topdown)
         .args([
@@ -166,9 +204,9 @@ fn churn(
             );
             cmd::run(Command::new("sh").args(["-c", &script]))?;
             processes += PER_RUN;
-            if run % 5 == 0
-                && let Some(point) = sample(serve, started, processes)
-            {
+            // Paced so the exporter refreshes (every second) many times during the churn.
+            std::thread::sleep(PACE);
+            if let Some(point) = sample(serve, started, processes) {
                 println!(
                     "{:6.1} s  {:5} processes  RSS {:6} KiB  series {:5}  task map {:5}  cgroup map {:4}",
                     point.at_s,
@@ -182,9 +220,7 @@ fn churn(
             }
         }
         for cgroup in &cgroups {
-            // Empty now: every process in it has exited.
-            std::fs::remove_dir(cgroup)
-                .with_context(|| format!("removing {}", cgroup.display()))?;
+            remove_cgroup(cgroup)?;
         }
     }
     Ok(())
@@ -213,11 +249,12 @@ fn write_results(samples: &[Sample]) -> Result<()> {
         kernel.trim()
     );
     section += &format!(
-        "Command: `cargo xtask soak`: {PROCESSES} short-lived processes of two threads each, in \
-         {} waves of {CGROUPS} cgroups (created, used, removed), under `topdown serve --by \
-         cgroup,process --refresh-ms 1000 --series-ttl 5`; {} samples.\n\n",
-        WAVES,
-        samples.len()
+        "Command: `cargo xtask soak`: {PROCESSES} short-lived processes of two threads each in \
+         {} cgroups, created, used and removed in {WAVES} waves of {CGROUPS}, under `topdown \
+         serve --by cgroup,process --refresh-ms 1000 --series-ttl 5`; {} samples over {:.0} s.\n\n",
+        PROCESSES / PER_RUN,
+        samples.len(),
+        last.at_s
     );
     section += "| | first sample | maximum | after the churn |\n|---|---:|---:|---:|\n";
     section += &format!(
