@@ -332,7 +332,14 @@ fn a_target_replaced_on_disk_is_re_attached() {
         (sample(&body, "topdown_probe_reattachments_total") == Some(1.0)).then_some(())
     })
     .expect("the probes are re-attached to the new file");
-    run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
+    // The restarted service reaches the new build through an exec, as a supervisor's wrapper
+    // script would: probes follow the file, whichever process maps it.
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {} leafmid 2 3 1", target.display())),
+    )
+    .unwrap();
     wait_for(Duration::from_secs(10), || {
         let (_, body) = http_get(port, "/metrics")?;
         (sample(&body, &calls) == Some(6.0)).then_some(())
