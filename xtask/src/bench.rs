@@ -533,7 +533,14 @@ pub fn replace_section(text: &str, heading: &str, section: &str) -> String {
             let end = rest
                 .find("\n## ")
                 .map_or(text.len(), |offset| start + heading.len() + offset + 1);
-            format!("{}{}{}", &text[..start], section, &text[end..])
+            // A blank line between sections, however the section text ends.
+            let rest = &text[end..];
+            let separator = if rest.is_empty() || section.ends_with("\n\n") {
+                ""
+            } else {
+                "\n"
+            };
+            format!("{}{}{separator}{}", &text[..start], section, rest)
         }
         None => format!("{}\n\n{section}", text.trim_end()),
     }
@@ -575,7 +582,7 @@ mod tests {
         );
         assert_eq!(
             updated,
-            "# Benchmarks\n\n## Context-switch cost\nnew\n## Other\nkeep\n"
+            "# Benchmarks\n\n## Context-switch cost\nnew\n\n## Other\nkeep\n"
         );
         assert_eq!(
             replace_section("# B\n", "## X", "## X\ny\n"),
