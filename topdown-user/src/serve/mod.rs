@@ -184,8 +184,10 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
                                 .detached()
                                 .map(|(target, symbol)| (symbol.clone(), target.clone()))
                                 .collect();
-                        } else if stats.is_some() {
-                            exporter.overhead_percent = guard.measure(&session);
+                        } else if stats.is_some()
+                            && let Some(percent) = guard.measure(&session)
+                        {
+                            exporter.overhead_percent = Some(percent);
                         }
                         let took = started.elapsed();
                         exporter.set_refresh_duration(took);
@@ -272,7 +274,11 @@ fn keep_probes(
         probes.reattach(session, &format!("replaced on disk: {}", names.join(", ")))?;
     }
     let overhead = guard.measure(session);
-    exporter.overhead_percent = overhead;
+    // A measurement restarted after a detach has no value yet: keep exporting the last one
+    // rather than dropping the series for a refresh.
+    if overhead.is_some() {
+        exporter.overhead_percent = overhead;
+    }
     let (Some(percent), Some(budget)) = (overhead, guard.budget) else {
         return Ok(());
     };
