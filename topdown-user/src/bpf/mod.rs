@@ -329,7 +329,9 @@ impl Session {
     /// replaced on disk). Threads inside a probed function at this moment will have their frame
     /// unwound as a missed return.
     pub fn detach_functions(&mut self) -> Result<()> {
-        for (program_name, link) in std::mem::take(&mut self.function_links) {
+        // Reverse attach order: entries stop before returns, so a call that enters now is
+        // never left with a frame whose return probe is already gone.
+        for (program_name, link) in std::mem::take(&mut self.function_links).into_iter().rev() {
             let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
             program
                 .detach(link)
