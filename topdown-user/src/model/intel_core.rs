@@ -45,10 +45,12 @@ const RECOVERY_SNB: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES", 0x0100_030d);
 const RECOVERY_SNB_ANY: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES_ANY", 0x0120_030d);
 const RECOVERY_SKL: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES", 0x0100_010d);
 const RECOVERY_SKL_ANY: (&str, u64) = ("INT_MISC.RECOVERY_CYCLES_ANY", 0x0120_010d);
-/// IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE, cmask 4 (§2.1).
+/// IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE: event 0x9c, umask 0x1, cmask 4 (§2.1).
+/// §2.1 prints 0x0401019c, whose bit 16 is the MSR's USR flag, not part of the event: perf's
+/// raw x86 config masks it out (X86_RAW_EVENT_MASK), and `list` should show the plain encoding.
 const CYCLES_0_UOPS: (&str, u64) = (
     "IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE",
-    0x0401_019c,
+    0x0400_019c,
 );
 const BR_MISP: (&str, u64) = ("BR_MISP_RETIRED.ALL_BRANCHES", 0x00c5);
 const MACHINE_CLEARS: (&str, u64) = ("MACHINE_CLEARS.COUNT", 0x0104_01c3);
