@@ -501,13 +501,13 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
         return 0;
     }
     // SAFETY: the offset comes from this kernel's tracefs format file.
-    if let Ok(child) = unsafe { ctx.read_at::<i32>(offset as usize) } {
-        if TRACKED.insert(&(child as u32), &1, 0).is_err() {
-            warn!(
-                &ctx,
-                "topdown: tracked-process map full, child {} not followed", child
-            );
-        }
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(offset as usize) }
+        && TRACKED.insert(&(child as u32), &1, 0).is_err()
+    {
+        warn!(
+            &ctx,
+            "topdown: tracked-process map full, child {} not followed", child
+        );
     }
     0
 }
@@ -551,11 +551,12 @@ fn stack_pointer(regs: *mut pt_regs) -> u64 {
     #[cfg(bpf_target_arch = "aarch64")]
     let sp = unsafe { (*regs).sp };
     #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
-    let sp = {
+    let sp: u64 = {
         let _ = regs;
         0
     };
-    sp as u64
+    // Both arches' pt_regs hold the stack pointer as a u64 (`rsp`, `sp`).
+    sp
 }
 
 /// A frame index the verifier can see is in bounds, with no panic path for the compiler to

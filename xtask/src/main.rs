@@ -89,6 +89,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .context("formatting (run `cargo +1.98.0 fmt --all`)")?;
             // Default members: the eBPF crate only builds for the BPF target (via build.rs).
             cmd::run(cmd::cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            clippy_ebpf()?;
             let binary = build_topdown(false)?;
             cmd::run(
                 cmd::cargo()
@@ -158,4 +159,33 @@ pub fn build_topdown(release: bool) -> Result<PathBuf> {
     Ok(target
         .join(if release { "release" } else { "debug" })
         .join("topdown"))
+}
+
+/// clippy on the eBPF crate, which the host's clippy leaves out (it only builds for the BPF
+/// target): the same nightly, target and `bpf_target_arch` cfg as aya-build uses for the object.
+fn clippy_ebpf() -> Result<()> {
+    let arch = std::env::consts::ARCH;
+    cmd::run(
+        cmd::cargo_of(toolchain::EBPF_TOOLCHAIN)
+            .args([
+                "clippy",
+                "-p",
+                "topdown-ebpf",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env("RUSTFLAGS", format!("--cfg bpf_target_arch=\"{arch}\""))
+            // Its own directory: different flags would otherwise rebuild the host's artifacts.
+            .env(
+                "CARGO_TARGET_DIR",
+                cmd::workspace_root().join("target/ebpf-clippy"),
+            ),
+    )
+    .context("clippy on the eBPF crate (topdown-ebpf)")
 }

@@ -29,7 +29,8 @@ fn toolchains() -> Result<()> {
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
     for (toolchain, components) in [
         (HOST_TOOLCHAIN, &["clippy", "rustfmt"][..]),
-        (EBPF_TOOLCHAIN, &["rust-src"][..]),
+        // clippy: `cargo xtask test` lints the eBPF crate with the nightly that builds it.
+        (EBPF_TOOLCHAIN, &["rust-src", "clippy"][..]),
     ] {
         if has_toolchain(&listed, toolchain) && has_components(toolchain, components)? {
             println!(
