@@ -137,7 +137,7 @@ pub struct ReportArgs {
 }
 
 /// What to count and how: the options `stat` and `serve` share.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct CountingArgs {
     /// TopDown level: 1 (Retiring, Bad Speculation, Frontend, Backend) or 2 (their children).
     #[arg(short = 'l', long = "level", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -243,8 +243,14 @@ impl std::ops::Deref for StatArgs {
 }
 
 /// `topdown serve`: the always-on exporter.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct ServeArgs {
+    /// Read serve's options from FILE instead (one `--option value` per line, `#` comments).
+    /// SIGHUP re-reads it and applies -u, --max-series, --series-ttl, --max-overhead and
+    /// --refresh-ms without a restart; other changes are reported as needing one.
+    #[arg(long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// Address to serve /metrics and /healthz on. Loopback unless you say otherwise.
     #[arg(
         long = "listen",

@@ -100,6 +100,15 @@ pub struct Exporter {
     pub reattachments: u64,
     /// Entries in the BPF task and cgroup maps at the last refresh.
     pub map_entries: [(&'static str, usize); 2],
+    /// `--config` reloads on SIGHUP, by outcome.
+    pub config_reloads: Reloads,
+}
+
+/// Configuration reloads by outcome.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reloads {
+    pub applied: u64,
+    pub failed: u64,
 }
 
 impl Exporter {
@@ -118,7 +127,13 @@ impl Exporter {
             detached_functions: Vec::new(),
             reattachments: 0,
             map_entries: [("tasks", 0), ("cgroups", 0)],
+            config_reloads: Reloads::default(),
         }
+    }
+
+    /// New limits from a configuration reload; they apply from the next refresh.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     pub fn series_count(&self) -> usize {
@@ -424,6 +439,22 @@ impl Exporter {
             "Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)",
             self.reattachments,
         )?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "topdown_config_reloads_total",
+                "--config reloads on SIGHUP, by result (failed: the running configuration stayed)",
+            ),
+            &["result"],
+        )?;
+        for (result, count) in [
+            ("applied", self.config_reloads.applied),
+            ("failed", self.config_reloads.failed),
+        ] {
+            reloads
+                .get_metric_with_label_values(&[result])?
+                .inc_by(count);
+        }
+        registry.register(Box::new(reloads))?;
         let entries = IntGaugeVec::new(
             Opts::new(
                 "topdown_bpf_map_entries",

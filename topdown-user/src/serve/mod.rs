@@ -1,6 +1,7 @@
 //! `topdown serve`: the always-on exporter. Counts system-wide like `stat -a`, turns each
 //! refresh's deltas into Prometheus series (`exporter`), and serves them over HTTP (`http`).
 
+pub mod config;
 pub mod exporter;
 pub mod http;
 pub mod probes;
@@ -28,7 +29,8 @@ use crate::{
 };
 
 /// Runs the exporter until SIGINT or SIGTERM; returns the exit status.
-pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
+pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
+    let mut args = config::effective(command_line)?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -112,29 +114,19 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
         .as_ref()
         .map(|probes| probes.functions().to_vec())
         .unwrap_or_default();
-    // Kernel BPF run-time statistics, on while this fd is open (the overhead guard's input).
-    let stats = match args.max_overhead {
-        Some(_) => Some(
-            aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|err| {
-                fail(
-                    Failure::BpfUnavailable,
-                    format!("--max-overhead needs BPF run-time statistics: {err}"),
-                )
-            })?,
-        ),
-        None => None,
-    };
     let mut guard = Guard {
-        budget: args.max_overhead,
+        budget: None,
+        stats: None,
         cpus: cpus.len().max(1) as f64,
         last: None,
     };
+    guard.set_budget(args.max_overhead)?;
     let mut reporting = Reporting {
         model: model.as_ref(),
         level,
         slot_names: plan.slot_names(),
         scope: "system-wide".to_owned(),
-        by,
+        by: by.clone(),
         cgroups: if wants_cgroups { cgroup_tree } else { None },
         cgroup_depth: counting.cgroup_depth.map(|depth| depth as usize),
         functions,
@@ -159,8 +151,7 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
     );
 
     let mut previous: Option<(Snapshot, Instant)> = None;
-    let mut ticker = tokio::time::interval(Duration::from_millis(args.refresh_ms));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = refresh_ticker(args.refresh_ms);
     let mut hotplug = tokio::time::interval(Duration::from_secs(1));
     hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -184,9 +175,7 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
                                 .detached()
                                 .map(|(target, symbol)| (symbol.clone(), target.clone()))
                                 .collect();
-                        } else if stats.is_some()
-                            && let Some(percent) = guard.measure(&session)
-                        {
+                        } else if let Some(percent) = guard.measure(&session) {
                             exporter.overhead_percent = Some(percent);
                         }
                         let took = started.elapsed();
@@ -207,6 +196,24 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             _ = hangup.recv() => {
+                if let Some(path) = args.config.clone() {
+                    let mut live = Live {
+                        session: &mut session,
+                        probes: &mut probes,
+                        reporting: &mut reporting,
+                        exporter: &mut exporter,
+                        guard: &mut guard,
+                        ticker: &mut ticker,
+                    };
+                    match reload(&path, &mut args, &mut live) {
+                        Ok(()) => exporter.config_reloads.applied += 1,
+                        Err(err) => {
+                            exporter.config_reloads.failed += 1;
+                            eprintln!("topdown: SIGHUP: {} not applied, the running configuration stays: {err:#}", path.display());
+                        }
+                    }
+                    continue;
+                }
                 match &mut probes {
                     Some(probes) => {
                         if let Err(err) = probes.reattach(&mut session, "SIGHUP") {
@@ -227,7 +234,7 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
         }
     }
     server.abort();
-    drop(stats);
+    drop(guard);
     drop(session);
     eprintln!("topdown: stopped; every probe and BPF program is detached");
     Ok(0)
@@ -236,12 +243,34 @@ pub async fn run(args: ServeArgs, verbose: bool) -> Result<u8> {
 /// The overhead guard's measurements.
 struct Guard {
     budget: Option<f64>,
+    /// Kernel BPF run-time statistics, on while this fd is open (the guard's input).
+    stats: Option<std::os::fd::OwnedFd>,
     cpus: f64,
     /// The programs' total run time and the instant it was read.
     last: Option<(Duration, Instant)>,
 }
 
 impl Guard {
+    /// Sets the budget, turning the kernel's BPF run-time statistics on or off with it.
+    fn set_budget(&mut self, budget: Option<f64>) -> Result<()> {
+        if budget.is_some() && self.stats.is_none() {
+            self.stats = Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|err| {
+                    fail(
+                        Failure::BpfUnavailable,
+                        format!("--max-overhead needs BPF run-time statistics: {err}"),
+                    )
+                })?,
+            );
+            self.last = None;
+        }
+        if budget.is_none() {
+            self.stats = None;
+        }
+        self.budget = budget;
+        Ok(())
+    }
+
     /// topdown's BPF run time since the last measurement, in percent of all CPUs.
     fn measure(&mut self, session: &Session) -> Option<f64> {
         self.budget?;
@@ -362,4 +391,108 @@ fn refresh(
     snapshot.exited.clear();
     *previous = Some((snapshot, now));
     Ok(report)
+}
+
+fn refresh_ticker(refresh_ms: u64) -> tokio::time::Interval {
+    let mut ticker = tokio::time::interval(Duration::from_millis(refresh_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker
+}
+
+/// What a configuration reload may change in the running exporter.
+struct Live<'a, 'm> {
+    session: &'a mut Session,
+    probes: &'a mut Option<probes::Probes>,
+    reporting: &'a mut Reporting<'m>,
+    exporter: &'a mut exporter::Exporter,
+    guard: &'a mut Guard,
+    ticker: &'a mut tokio::time::Interval,
+}
+
+/// Re-reads `--config FILE` on SIGHUP and applies its live options; `running` tracks what is
+/// in effect. Everything is validated (the file parses, every `-u` resolves) before anything
+/// changes, so a bad edit leaves the exporter as it was.
+fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '_>) -> Result<()> {
+    let new = config::read(path)?;
+    let uprobes_changed = new.counting.uprobes != running.counting.uprobes;
+    let specs = new
+        .counting
+        .uprobes
+        .iter()
+        .map(|text| ProbeSpec::parse(text))
+        .collect::<Result<Vec<_>>>()?;
+    if uprobes_changed {
+        crate::symbols::resolve(&specs, &[])?;
+    }
+    let mut changes: Vec<String> = Vec::new();
+    if new.max_overhead != running.max_overhead {
+        live.guard.set_budget(new.max_overhead)?;
+        if new.max_overhead.is_none() {
+            live.exporter.overhead_percent = None;
+        }
+        changes.push(format!(
+            "--max-overhead {} -> {}",
+            percent_text(running.max_overhead),
+            percent_text(new.max_overhead)
+        ));
+    }
+    if uprobes_changed {
+        match live.probes {
+            Some(probes) => probes.replace_specs(live.session, specs)?,
+            None => {
+                *live.probes = Some(probes::Probes::attach(
+                    live.session,
+                    specs,
+                    running.counting.uretprobes,
+                )?)
+            }
+        }
+        if !new.counting.uprobes.is_empty() && !live.reporting.by.contains(&By::Function) {
+            live.reporting.by.push(By::Function);
+        }
+        if let Some(probes) = live.probes.as_ref() {
+            live.reporting.functions = probes.functions().to_vec();
+        }
+        changes.push(format!("-u {}", new.counting.uprobes.join(" -u ")));
+    }
+    if new.max_series != running.max_series || new.series_ttl_s != running.series_ttl_s {
+        live.exporter.set_limits(exporter::Limits {
+            max_series: usize::try_from(new.max_series).unwrap_or(usize::MAX),
+            ttl: Duration::from_secs(new.series_ttl_s),
+        });
+        changes.push(format!(
+            "--max-series {} --series-ttl {}",
+            new.max_series, new.series_ttl_s
+        ));
+    }
+    if new.refresh_ms != running.refresh_ms {
+        *live.ticker = refresh_ticker(new.refresh_ms);
+        changes.push(format!("--refresh-ms {}", new.refresh_ms));
+    }
+    if config::needs_restart(running, &new) {
+        eprintln!(
+            "topdown: SIGHUP: {} changes options other than {}: those need a restart and keep their running values",
+            path.display(),
+            config::LIVE_OPTIONS
+        );
+    }
+    running.counting.uprobes = new.counting.uprobes;
+    running.max_series = new.max_series;
+    running.series_ttl_s = new.series_ttl_s;
+    running.max_overhead = new.max_overhead;
+    running.refresh_ms = new.refresh_ms;
+    eprintln!(
+        "topdown: SIGHUP: reloaded {}: {}",
+        path.display(),
+        if changes.is_empty() {
+            "no live option changed".to_owned()
+        } else {
+            changes.join(", ")
+        }
+    );
+    Ok(())
+}
+
+fn percent_text(percent: Option<f64>) -> String {
+    percent.map_or_else(|| "off".to_owned(), |percent| format!("{percent}%"))
 }

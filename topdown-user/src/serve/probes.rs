@@ -126,6 +126,15 @@ impl Probes {
         Ok(())
     }
 
+    /// A new set of `-u` specs (a configuration reload): functions already known keep their
+    /// ids (and series); new ones get new ids; those no longer matched stop being probed.
+    /// The caller has checked that `specs` resolve, so the running probes are not lost to a
+    /// typo.
+    pub fn replace_specs(&mut self, session: &mut Session, specs: Vec<ProbeSpec>) -> Result<()> {
+        self.specs = specs;
+        self.reattach(session, "configuration reloaded")
+    }
+
     /// Targets whose file is now another one (replaced by a deploy, a package upgrade).
     pub fn replaced_targets(&self) -> Vec<PathBuf> {
         self.targets
