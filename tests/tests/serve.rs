@@ -541,3 +541,122 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
         "{stderr}"
     );
 }
+
+#[test]
+fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = funcs_binary("serve-config");
+    let port = free_port();
+    let config = binary.with_file_name("topdown.conf");
+    let common = format!(
+        "# topdown serve's options\n--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n"
+    );
+    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
+    let child = topdown()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting topdown serve --config");
+    let exporter = Reaped(child);
+    wait_for(Duration::from_secs(20), || {
+        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
+    })
+    .expect("the exporter listens where the file says");
+    let series = |metric: &str, function: &str| {
+        format!(
+            r#"{metric}{{category="total",function="{function}",model="intel-icl",target="{}"}}"#,
+            binary.display()
+        )
+    };
+    let calls = |function: &str| {
+        format!(
+            r#"topdown_function_calls_total{{function="{function}",target="{}"}}"#,
+            binary.display()
+        )
+    };
+    let metrics_when = |what: &str, check: &dyn Fn(&str) -> bool| {
+        wait_for(Duration::from_secs(10), || {
+            let (_, body) = http_get(port, "/metrics")?;
+            check(&body).then_some(body)
+        })
+        .unwrap_or_else(|| panic!("{what}"))
+    };
+    // mid(2 x leaf(5), 3 getpgid), then leaf(5): leaf 3 calls, 15 getppid (slots).
+    run_ok(Command::new(&binary).args(["leafmid", "2", "5", "3"])).unwrap();
+    metrics_when("leaf counted from the file's -u", &|body| {
+        sample(body, &calls("leaf")) == Some(3.0)
+            && sample(
+                body,
+                &series("topdown_function_inclusive_slots_total", "leaf"),
+            ) == Some(15.0)
+    });
+
+    // Probe mid instead, and move the listener (which needs a restart, so it stays).
+    let moved = free_port();
+    std::fs::write(
+        &config,
+        format!(
+            "{}-u {}:mid\n--max-series 50\n",
+            common.replace(&port.to_string(), &moved.to_string()),
+            binary.display()
+        ),
+    )
+    .unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
+    metrics_when("the reload is applied", &|body| {
+        sample(body, r#"topdown_config_reloads_total{result="applied"}"#) == Some(1.0)
+    });
+    run_ok(Command::new(&binary).args(["leafmid", "2", "5", "3"])).unwrap();
+    let body = metrics_when("mid counted after the reload", &|body| {
+        sample(body, &calls("mid")) == Some(1.0)
+    });
+    // mid's inclusive slots: its two leaf(5) calls; leaf is no longer probed.
+    assert_eq!(
+        sample(
+            &body,
+            &series("topdown_function_inclusive_slots_total", "mid")
+        ),
+        Some(10.0),
+        "{body}"
+    );
+    assert_eq!(sample(&body, &calls("leaf")), Some(3.0), "{body}");
+
+    // A typo: nothing changes, mid stays probed.
+    std::fs::write(
+        &config,
+        format!("{common}-u {}:no_such_function\n", binary.display()),
+    )
+    .unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
+    metrics_when("the bad reload is refused", &|body| {
+        sample(body, r#"topdown_config_reloads_total{result="failed"}"#) == Some(1.0)
+    });
+    run_ok(Command::new(&binary).args(["leafmid", "2", "5", "3"])).unwrap();
+    metrics_when("mid still counted after a refused reload", &|body| {
+        sample(body, &calls("mid")) == Some(2.0)
+    });
+
+    let stderr = stop_and_read_stderr(exporter);
+    let path = config.display();
+    for expected in [
+        format!(
+            "topdown: SIGHUP: reloaded {path}: -u {}:mid, --max-series 50",
+            binary.display()
+        ),
+        format!("topdown: SIGHUP: {path} changes options other than"),
+        format!("topdown: SIGHUP: {path} not applied, the running configuration stays"),
+        "no_such_function".to_owned(),
+    ] {
+        assert!(
+            stderr.contains(&expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+}
