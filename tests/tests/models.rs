@@ -342,7 +342,9 @@ fn check_says_why_topdown_cannot_work_in_this_vm() {
         assert_eq!(output.status.code(), Some(1), "{text}");
         assert!(text.contains("FAIL  model"), "{text}");
         assert!(
-            text.contains("verdict: tracing with model software cannot work here"),
+            text.contains(
+                "verdict: TopDown tracing cannot work here with model software (failed: model)"
+            ),
             "{text}"
         );
     }

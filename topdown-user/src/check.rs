@@ -288,7 +288,7 @@ pub fn run(
     } else {
         writeln!(
             out,
-            "verdict: tracing with model {} cannot work here (failed: {}){}",
+            "verdict: TopDown tracing cannot work here with model {} (failed: {}){}",
             model.name(),
             failures.join(", "),
             if model.is_synthetic() {
