@@ -109,6 +109,27 @@ impl CatalogPmu {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PmuCatalog {
     pub pmus: BTreeMap<String, CatalogPmu>,
+    /// The CPU's vendor from `<root>/proc/cpuinfo` (`GenuineIntel`, `AuthenticAMD`, or
+    /// `Arm (CPU implementer 0x41)`); `None` when there is no cpuinfo to read. Raw encodings
+    /// are vendor-specific: an Intel event code on an AMD or Arm core counts something else.
+    pub cpu_vendor: Option<String>,
+}
+
+/// The vendor line of a cpuinfo text (see [`PmuCatalog::cpu_vendor`]).
+fn cpu_vendor(cpuinfo: &str) -> String {
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_owned())
+        })
+    };
+    if let Some(vendor) = field("vendor_id") {
+        vendor
+    } else if let Some(implementer) = field("CPU implementer") {
+        format!("Arm (CPU implementer {implementer})")
+    } else {
+        "unknown".to_owned()
+    }
 }
 
 fn read_dir_files(dir: &Path) -> BTreeMap<String, String> {
@@ -130,10 +151,13 @@ impl PmuCatalog {
     /// Loads `<root>/sys/bus/event_source/devices`. A PMU whose format file does not parse is
     /// kept without that term (an error only if a spec uses it).
     pub fn load(root: &Path) -> Self {
+        let cpu_vendor = fs::read_to_string(root.join("proc/cpuinfo"))
+            .ok()
+            .map(|text| cpu_vendor(&text));
         let devices = root.join("sys/bus/event_source/devices");
         let mut pmus = BTreeMap::new();
         let Ok(entries) = fs::read_dir(&devices) else {
-            return Self { pmus };
+            return Self { pmus, cpu_vendor };
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -169,7 +193,7 @@ impl PmuCatalog {
                 },
             );
         }
-        Self { pmus }
+        Self { pmus, cpu_vendor }
     }
 
     /// The core PMUs, `cpu` first.
@@ -201,5 +225,18 @@ mod tests {
         assert!(Format::parse("config:9-2").is_err());
         assert!(Format::parse("config:0-64").is_err());
         assert!(Format::parse("nonsense").is_err());
+    }
+
+    #[test]
+    fn the_vendor_comes_from_cpuinfo() {
+        assert_eq!(
+            cpu_vendor("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"),
+            "AuthenticAMD"
+        );
+        assert_eq!(
+            cpu_vendor("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd49\n"),
+            "Arm (CPU implementer 0x41)"
+        );
+        assert_eq!(cpu_vendor(""), "unknown");
     }
 }

@@ -262,6 +262,19 @@ pub fn parse(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
             ),
         },
     };
+    // Checked last, so a malformed spec hears about its syntax first. The table is Intel's: on
+    // another vendor's core the same raw code is another event, and would be counted without a
+    // word. An unknown vendor (no cpuinfo, as in fixtures) is let through.
+    if let Some(vendor) = catalog
+        .cpu_vendor
+        .as_deref()
+        .filter(|vendor| *vendor != "GenuineIntel")
+    {
+        bail!(
+            "libpfm-style names here are Intel's events and this CPU is {vendor}: use perf syntax \
+             (rNNNN, cpu/event=0x..,umask=0x../) or one of the PMU's named events (`topdown list`)"
+        );
+    }
     // Intel PERFEVTSEL layout (topdown-formulas.md §1.5): event | umask << 8 | edge << 18 |
     // any << 21 | inv << 23 | cmask << 24.
     let config = event.code

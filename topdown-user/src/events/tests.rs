@@ -117,6 +117,33 @@ fn libpfm_specs_with_the_knl_modifiers() {
 }
 
 #[test]
+fn libpfm_intel_names_are_refused_on_other_vendors() {
+    let mut intel = catalog();
+    intel.cpu_vendor = Some("GenuineIntel".to_owned());
+    assert!(parse_event("INT_MISC:RECOVERY_CYCLES:c=1:e", &intel).is_ok());
+    for vendor in ["AuthenticAMD", "Arm (CPU implementer 0x41)"] {
+        let mut other = catalog();
+        other.cpu_vendor = Some(vendor.to_owned());
+        let err = format!(
+            "{:#}",
+            parse_event("INT_MISC:RECOVERY_CYCLES:c=1:e", &other).unwrap_err()
+        );
+        assert!(
+            err.contains(&format!(
+                "Intel's events and this CPU is {vendor}: use perf syntax"
+            )),
+            "{err}"
+        );
+        // Syntax is still checked first.
+        let err = format!(
+            "{:#}",
+            parse_event("INT_MISC:RECOVERY_CYCLES:e", &other).unwrap_err()
+        );
+        assert!(err.contains("needs c=N with N >= 1"), "{err}");
+    }
+}
+
+#[test]
 fn every_error_is_one_line_naming_the_problem() {
     for (spec, expected) in [
         ("INT_MISC:RECOVERY_CYCLES:e", "needs c=N with N >= 1"),
