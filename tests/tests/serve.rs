@@ -88,6 +88,9 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
             "cgroup,process",
             "--listen",
             &format!("127.0.0.1:{port}"),
+            // An extra event, exported per entity beside the slots.
+            "-e",
+            "syscalls:sys_enter_getcwd",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -100,8 +103,9 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     .expect("the exporter becomes healthy");
 
     // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process named
-    // td-workload: retiring = 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring.
-    run_ok(Command::new(WORKLOAD).arg("getppid=1234,getpgid=400")).unwrap();
+    // td-workload: retiring = 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring. And
+    // 77 getcwd, the -e event.
+    run_ok(Command::new(WORKLOAD).arg("getppid=1234,getpgid=400,getcwd=77")).unwrap();
     let total =
         r#"topdown_process_slots_total{category="total",comm="td-workload",model="intel-icl"}"#;
     let retiring =
@@ -112,6 +116,18 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     })
     .expect("the workload's 1234 slots in /metrics");
     assert_eq!(sample(&metrics, retiring), Some(1234.0), "{metrics}");
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"topdown_process_events_total{comm="td-workload",event="syscalls:sys_enter_getcwd"}"#
+        ),
+        Some(77.0),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("topdown_cgroup_events_total{"),
+        "{metrics}"
+    );
     assert!(metrics.contains("topdown_cgroup_slots_total{"), "{metrics}");
     assert!(metrics.contains(r#"topdown_build_info{model="intel-icl",synthetic="true""#));
     // Read-only: anything but GET/HEAD is refused, and only two paths exist.

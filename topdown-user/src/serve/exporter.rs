@@ -52,6 +52,29 @@ impl FamilyKind {
         }
     }
 
+    /// The family of `-e` event counts for the same entities.
+    fn events_metric(self) -> &'static str {
+        match self {
+            FamilyKind::Cgroup => "topdown_cgroup_events_total",
+            FamilyKind::Process => "topdown_process_events_total",
+            FamilyKind::FunctionInclusive => "topdown_function_inclusive_events_total",
+            FamilyKind::FunctionExclusive => "topdown_function_exclusive_events_total",
+        }
+    }
+
+    fn events_help(self) -> &'static str {
+        match self {
+            FamilyKind::Cgroup => "Counts of the -e events, per cgroup v2",
+            FamilyKind::Process => "Counts of the -e events, per process name",
+            FamilyKind::FunctionInclusive => {
+                "Counts of the -e events inside probed functions, callees included"
+            }
+            FamilyKind::FunctionExclusive => {
+                "Counts of the -e events inside probed functions, probed callees excluded"
+            }
+        }
+    }
+
     fn help(self) -> &'static str {
         match self {
             FamilyKind::Cgroup => "Pipeline slots per TopDown category, per cgroup v2",
@@ -70,6 +93,8 @@ impl FamilyKind {
 struct Series {
     /// category -> accumulated slots (`total` is all of them).
     values: BTreeMap<String, f64>,
+    /// `-e` event -> accumulated count.
+    events: BTreeMap<String, u64>,
     calls: u64,
     last_change: Instant,
 }
@@ -184,6 +209,18 @@ impl Exporter {
             }
             values
         };
+        let event_counts = |entity: &Entity| -> Vec<(String, u64)> {
+            report
+                .extra_events
+                .iter()
+                .map(|event| {
+                    (
+                        event.clone(),
+                        entity.counters.get(event).copied().unwrap_or(0),
+                    )
+                })
+                .collect()
+        };
         for cgroup in &report.cgroups {
             let mut labels: Labels = vec![(
                 "cgroup".to_owned(),
@@ -211,6 +248,7 @@ impl Exporter {
                 FamilyKind::Cgroup,
                 labels,
                 category_slots(&cgroup.entity),
+                event_counts(&cgroup.entity),
                 0,
                 now,
             );
@@ -221,6 +259,7 @@ impl Exporter {
                 FamilyKind::Process,
                 labels,
                 category_slots(&process.entity),
+                event_counts(&process.entity),
                 0,
                 now,
             );
@@ -234,6 +273,7 @@ impl Exporter {
                 FamilyKind::FunctionInclusive,
                 labels.clone(),
                 category_slots(&function.inclusive),
+                event_counts(&function.inclusive),
                 function.calls,
                 now,
             );
@@ -241,6 +281,7 @@ impl Exporter {
                 FamilyKind::FunctionExclusive,
                 labels,
                 category_slots(&function.exclusive),
+                event_counts(&function.exclusive),
                 0,
                 now,
             );
@@ -267,10 +308,13 @@ impl Exporter {
         family: FamilyKind,
         labels: Labels,
         values: Vec<(String, f64)>,
+        events: Vec<(String, u64)>,
         calls: u64,
         now: Instant,
     ) {
-        let changed = calls > 0 || values.iter().any(|(_, value)| *value > 0.0);
+        let changed = calls > 0
+            || values.iter().any(|(_, value)| *value > 0.0)
+            || events.iter().any(|(_, count)| *count > 0);
         let mut key = (family, labels);
         if !self.series.contains_key(&key) {
             if !changed {
@@ -289,11 +333,15 @@ impl Exporter {
         }
         let series = self.series.entry(key).or_insert_with(|| Series {
             values: BTreeMap::new(),
+            events: BTreeMap::new(),
             calls: 0,
             last_change: now,
         });
         for (category, value) in values {
             *series.values.entry(category).or_default() += value;
+        }
+        for (event, count) in events {
+            *series.events.entry(event).or_default() += count;
         }
         series.calls += calls;
         if changed {
@@ -317,6 +365,7 @@ impl Exporter {
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         let registry = Registry::new();
         let mut families: BTreeMap<FamilyKind, CounterVec> = BTreeMap::new();
+        let mut event_families: BTreeMap<FamilyKind, IntCounterVec> = BTreeMap::new();
         for kind in [
             FamilyKind::Cgroup,
             FamilyKind::Process,
@@ -328,6 +377,17 @@ impl Exporter {
             let family = CounterVec::new(Opts::new(kind.metric(), kind.help()), &names)?;
             registry.register(Box::new(family.clone()))?;
             families.insert(kind, family);
+            // Only with -e: an empty family would still print its HELP and TYPE lines.
+            if self.series.values().any(|series| !series.events.is_empty()) {
+                let mut names: Vec<&str> = kind.labels().to_vec();
+                names.push("event");
+                let events = IntCounterVec::new(
+                    Opts::new(kind.events_metric(), kind.events_help()),
+                    &names,
+                )?;
+                registry.register(Box::new(events.clone()))?;
+                event_families.insert(kind, events);
+            }
         }
         let calls = IntCounterVec::new(
             Opts::new("topdown_function_calls_total", "Calls of probed functions"),
@@ -346,6 +406,13 @@ impl Exporter {
                     .get_metric_with_label_values(&values)?
                     .inc_by(value.max(0.0));
                 values.truncate(labels.len());
+            }
+            if let Some(events) = event_families.get(kind) {
+                for (event, count) in &series.events {
+                    values.push(event);
+                    events.get_metric_with_label_values(&values)?.inc_by(*count);
+                    values.truncate(labels.len());
+                }
             }
             if *kind == FamilyKind::FunctionInclusive && series.calls > 0 {
                 calls
@@ -536,6 +603,48 @@ mod tests {
         assert_eq!(
             value(&text, r#"topdown_bpf_events_total{kind="readings"}"#),
             Some(6.0)
+        );
+    }
+
+    #[test]
+    fn extra_events_accumulate_per_entity_beside_the_slots() {
+        let with_event = |slots: u64, misses: u64| {
+            let mut report = report(&[("nginx", slots, None)]);
+            report.extra_events = vec!["cache-misses".to_owned()];
+            report.processes[0]
+                .entity
+                .counters
+                .insert("cache-misses".to_owned(), misses);
+            report
+        };
+        let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 300));
+        let now = Instant::now();
+        // Without -e, no event family at all.
+        exporter.update(&report(&[("nginx", 10, None)]), now);
+        assert!(
+            !exporter
+                .encode()
+                .unwrap()
+                .contains("topdown_process_events_total")
+        );
+        exporter.update(&with_event(10, 7), now);
+        exporter.update(&with_event(10, 5), now);
+        let text = exporter.encode().unwrap();
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_process_events_total{comm="nginx",event="cache-misses"}"#
+            ),
+            Some(12.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_process_slots_total{category="total",comm="nginx",model="intel-icl"}"#
+            ),
+            Some(30.0),
+            "{text}"
         );
     }
 
