@@ -5,6 +5,8 @@
 //! attached after topdown exits (the kernel also frees all of it when the process dies, even on
 //! `kill -9`, since nothing is pinned).
 
+mod records;
+
 use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow};
@@ -17,7 +19,7 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters, TaskExit,
+    CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters,
     flush_mode, names,
 };
 
@@ -473,15 +475,10 @@ impl Session {
     /// Collects exit records from the ring buffer.
     pub fn drain_exits(&mut self) {
         while let Some(item) = self.exits.next() {
-            let bytes: &[u8] = &item;
-            if bytes.len() < std::mem::size_of::<TaskExit>() {
-                log::warn!("short exit record ({} bytes) ignored", bytes.len());
-                continue;
+            match records::decode_exit(&item) {
+                Some(exit) => self.exited.push(exit),
+                None => log::warn!("short exit record ({} bytes) ignored", item.len()),
             }
-            // SAFETY: the BPF side writes exactly a TaskExit; read_unaligned copes with the
-            // ring buffer's 8-byte alignment.
-            let record: TaskExit = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.exited.push((record.tid, record.task));
         }
     }
 
