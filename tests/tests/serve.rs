@@ -283,7 +283,8 @@ fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
 }
 
 fn start_serve(port: u16, extra: &[&str]) -> Reaped {
-    let child = topdown()
+    let mut command = topdown();
+    command
         .args([
             "serve",
             "--pmu",
@@ -292,7 +293,13 @@ fn start_serve(port: u16, extra: &[&str]) -> Reaped {
             "200",
         ])
         .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
+        .args(extra);
+    start_healthy(port, command)
+}
+
+/// Starts a `topdown serve` command and waits until it answers /healthz on `port`.
+fn start_healthy(port: u16, mut command: Command) -> Reaped {
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -571,18 +578,10 @@ fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
         "# topdown serve's options\n--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n"
     );
     std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
-    let child = topdown()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting topdown serve --config");
-    let exporter = Reaped(child);
-    wait_for(Duration::from_secs(20), || {
-        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
-    })
-    .expect("the exporter listens where the file says");
+    // It listens where the file says.
+    let mut command = topdown();
+    command.args(["serve", "--config"]).arg(&config);
+    let exporter = start_healthy(port, command);
     let series = |metric: &str, function: &str| {
         format!(
             r#"{metric}{{category="total",function="{function}",model="intel-icl",target="{}"}}"#,
