@@ -415,12 +415,16 @@ impl Session {
             }
         }
         for &cpu in &online {
-            if !self.online.contains(&cpu) || failing.contains(&cpu) {
-                self.reopen_cpu(cpu).with_context(|| {
-                    format!("re-opening the counters of CPU {cpu}, back online")
-                })?;
-                log::info!("CPU {cpu} came online: its counters were re-opened");
-            }
+            let why = if !self.online.contains(&cpu) {
+                "back online"
+            } else if failing.contains(&cpu) {
+                "its counters stopped reading"
+            } else {
+                continue;
+            };
+            self.reopen_cpu(cpu)
+                .with_context(|| format!("re-opening the counters of CPU {cpu} ({why})"))?;
+            log::info!("CPU {cpu}: {why}; its counters were re-opened");
         }
         self.online = online;
         Ok(())
