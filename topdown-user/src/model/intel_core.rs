@@ -393,6 +393,14 @@ mod tests {
                 config: 0x0100_010d
             })
         );
+        // event 0x9c, umask 0x1, cmask 4; no USR bit 16 (not part of an event's encoding).
+        assert_eq!(
+            config("IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE"),
+            Some(crate::model::CounterSource::Perf {
+                perf_type: 4,
+                config: 0x0400_019c
+            })
+        );
         // Level 1: five events in group 0 (8 counters with SMT off).
         assert_eq!(skl.iter().filter(|spec| spec.group == 0).count(), 5);
         let smt = by_name("intel-skl-smt").unwrap().counters();

@@ -366,6 +366,8 @@ impl Exporter {
         let registry = Registry::new();
         let mut families: BTreeMap<FamilyKind, CounterVec> = BTreeMap::new();
         let mut event_families: BTreeMap<FamilyKind, IntCounterVec> = BTreeMap::new();
+        // Only with -e: an empty family would still print its HELP and TYPE lines.
+        let has_events = self.series.values().any(|series| !series.events.is_empty());
         for kind in [
             FamilyKind::Cgroup,
             FamilyKind::Process,
@@ -377,8 +379,7 @@ impl Exporter {
             let family = CounterVec::new(Opts::new(kind.metric(), kind.help()), &names)?;
             registry.register(Box::new(family.clone()))?;
             families.insert(kind, family);
-            // Only with -e: an empty family would still print its HELP and TYPE lines.
-            if self.series.values().any(|series| !series.events.is_empty()) {
+            if has_events {
                 let mut names: Vec<&str> = kind.labels().to_vec();
                 names.push("event");
                 let events = IntCounterVec::new(

@@ -68,11 +68,7 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         (Some(tree), false) => Some(tree.resolve(&counting.cgroups)?),
         _ => None,
     };
-    let probe_specs = counting
-        .uprobes
-        .iter()
-        .map(|text| ProbeSpec::parse(text))
-        .collect::<Result<Vec<_>>>()?;
+    let probe_specs = parse_probe_specs(&counting.uprobes)?;
     let trigger = match counting.trigger {
         Some(Trigger::CgroupSwitch) if by != [By::Cgroup] => {
             return Err(fail(
@@ -414,29 +410,12 @@ struct Live<'a, 'm> {
 /// changes, so a bad edit leaves the exporter as it was.
 fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '_>) -> Result<()> {
     let new = config::read(path)?;
-    let uprobes_changed = new.counting.uprobes != running.counting.uprobes;
-    let specs = new
-        .counting
-        .uprobes
-        .iter()
-        .map(|text| ProbeSpec::parse(text))
-        .collect::<Result<Vec<_>>>()?;
-    if uprobes_changed {
-        crate::symbols::resolve(&specs, &[])?;
-    }
     let mut changes: Vec<String> = Vec::new();
-    if new.max_overhead != running.max_overhead {
-        live.guard.set_budget(new.max_overhead)?;
-        if new.max_overhead.is_none() {
-            live.exporter.overhead_percent = None;
-        }
-        changes.push(format!(
-            "--max-overhead {} -> {}",
-            percent_text(running.max_overhead),
-            percent_text(new.max_overhead)
-        ));
-    }
-    if uprobes_changed {
+    // Probes first: they are what a bad edit breaks (a spec that no longer resolves), and
+    // they fail before detaching anything. Each option is recorded as running once applied,
+    // so a later failure leaves `running` true to what is in effect.
+    if new.counting.uprobes != running.counting.uprobes {
+        let specs = parse_probe_specs(&new.counting.uprobes)?;
         match live.probes {
             Some(probes) => probes.replace_specs(live.session, specs)?,
             None => {
@@ -454,6 +433,19 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
             live.reporting.functions = probes.functions().to_vec();
         }
         changes.push(format!("-u {}", new.counting.uprobes.join(" -u ")));
+        running.counting.uprobes = new.counting.uprobes.clone();
+    }
+    if new.max_overhead != running.max_overhead {
+        live.guard.set_budget(new.max_overhead)?;
+        if new.max_overhead.is_none() {
+            live.exporter.overhead_percent = None;
+        }
+        changes.push(format!(
+            "--max-overhead {} -> {}",
+            percent_text(running.max_overhead),
+            percent_text(new.max_overhead)
+        ));
+        running.max_overhead = new.max_overhead;
     }
     if new.max_series != running.max_series || new.series_ttl_s != running.series_ttl_s {
         live.exporter.set_limits(exporter::Limits {
@@ -464,10 +456,13 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
             "--max-series {} --series-ttl {}",
             new.max_series, new.series_ttl_s
         ));
+        running.max_series = new.max_series;
+        running.series_ttl_s = new.series_ttl_s;
     }
     if new.refresh_ms != running.refresh_ms {
         *live.ticker = refresh_ticker(new.refresh_ms);
         changes.push(format!("--refresh-ms {}", new.refresh_ms));
+        running.refresh_ms = new.refresh_ms;
     }
     if config::needs_restart(running, &new) {
         eprintln!(
@@ -476,11 +471,6 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
             config::LIVE_OPTIONS
         );
     }
-    running.counting.uprobes = new.counting.uprobes;
-    running.max_series = new.max_series;
-    running.series_ttl_s = new.series_ttl_s;
-    running.max_overhead = new.max_overhead;
-    running.refresh_ms = new.refresh_ms;
     eprintln!(
         "topdown: SIGHUP: reloaded {}: {}",
         path.display(),
@@ -491,6 +481,11 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
         }
     );
     Ok(())
+}
+
+/// `-u` texts to specs (the first error names the bad one).
+fn parse_probe_specs(texts: &[String]) -> Result<Vec<ProbeSpec>> {
+    texts.iter().map(|text| ProbeSpec::parse(text)).collect()
 }
 
 fn percent_text(percent: Option<f64>) -> String {

@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use crate::{
     bpf::{ProbePoint, Session},
-    symbols::{ProbeSpec, resolve as resolve_functions},
+    symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
 };
 
 /// `(dev, inode)` of a file, or `None` while it is missing (mid-replacement).
@@ -47,7 +47,8 @@ impl Probes {
             targets: Vec::new(),
             reattachments: 0,
         };
-        probes.attach_resolved(session)?;
+        let resolved = resolve_functions(&probes.specs, &[])?;
+        probes.attach_resolved(session, resolved)?;
         Ok(probes)
     }
 
@@ -62,8 +63,11 @@ impl Probes {
             .filter_map(|id| self.functions.get(*id as usize))
     }
 
-    fn attach_resolved(&mut self, session: &mut Session) -> Result<()> {
-        let resolved = resolve_functions(&self.specs, &[])?;
+    fn attach_resolved(
+        &mut self,
+        session: &mut Session,
+        resolved: Vec<ResolvedFunction>,
+    ) -> Result<()> {
         let mut points = Vec::new();
         let mut targets: Vec<PathBuf> = Vec::new();
         for function in resolved {
@@ -117,22 +121,34 @@ impl Probes {
         Ok(())
     }
 
-    /// Detaches everything and attaches the current resolution again.
+    /// Resolves the specs again, then detaches everything and attaches that resolution. A
+    /// spec that no longer resolves fails before anything is detached.
     pub fn reattach(&mut self, session: &mut Session, why: &str) -> Result<()> {
+        let resolved = resolve_functions(&self.specs, &[])?;
+        self.reattach_resolved(session, resolved, why)
+    }
+
+    fn reattach_resolved(
+        &mut self,
+        session: &mut Session,
+        resolved: Vec<ResolvedFunction>,
+        why: &str,
+    ) -> Result<()> {
         eprintln!("topdown: re-attaching function probes: {why}");
         session.detach_functions()?;
-        self.attach_resolved(session)?;
+        self.attach_resolved(session, resolved)?;
         self.reattachments += 1;
         Ok(())
     }
 
     /// A new set of `-u` specs (a configuration reload): functions already known keep their
     /// ids (and series); new ones get new ids; those no longer matched stop being probed.
-    /// The caller has checked that `specs` resolve, so the running probes are not lost to a
-    /// typo.
+    /// Specs that do not resolve fail before anything changes, so a typo keeps the running
+    /// probes.
     pub fn replace_specs(&mut self, session: &mut Session, specs: Vec<ProbeSpec>) -> Result<()> {
+        let resolved = resolve_functions(&specs, &[])?;
         self.specs = specs;
-        self.reattach(session, "configuration reloaded")
+        self.reattach_resolved(session, resolved, "configuration reloaded")
     }
 
     /// Targets whose file is now another one (replaced by a deploy, a package upgrade).
