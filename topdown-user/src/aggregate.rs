@@ -1,8 +1,16 @@
-//! Turns what the BPF side attributed (per-slot arrays per task and per CPU) into a [`Report`]:
-//! names counters, sums threads into processes, computes metrics with the model, and, in
-//! interval mode, subtracts the previous snapshot.
+//! Turns what the BPF side attributed into a [`Report`], in two typed steps:
+//!
+//! 1. [`Aggregate`]: per-slot counts ([`SlotCounts`], which add and subtract like numbers) per
+//!    task, process, cgroup, call edge and CPU, cumulative or, in interval mode, the deltas
+//!    since a previous snapshot. Ids stay ids (tids, cgroup ids, function ids).
+//! 2. [`report_of`]: names the slots, evaluates the model's metrics, names functions and cgroups,
+//!    rolls cgroups up by depth, sorts. Strings appear only here, at the output.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    iter::Sum,
+    ops::{Add, AddAssign, Sub},
+};
 
 use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};
 
@@ -14,6 +22,260 @@ use crate::{
         ProcessEntry, Report, TaskEntry,
     },
 };
+
+/// Counts per BPF counter slot (what the counter plan put in each slot, `crate::schedule`).
+/// Counters only grow, so a difference of two readings saturates at zero instead of wrapping
+/// (a task id reused between two snapshots must not produce 2^64-sized deltas).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotCounts(pub [u64; MAX_COUNTERS]);
+
+impl SlotCounts {
+    pub const ZERO: Self = Self([0; MAX_COUNTERS]);
+
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&count| count == 0)
+    }
+
+    /// The count in `slot` (0 past the slots in use).
+    pub fn get(&self, slot: usize) -> u64 {
+        self.0.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Named by the counter plan's slot names, for the report.
+    pub fn named(&self, names: &[String]) -> Counts {
+        names
+            .iter()
+            .zip(self.0.iter())
+            .map(|(name, value)| (name.clone(), *value))
+            .collect()
+    }
+}
+
+impl Default for SlotCounts {
+    fn default() -> Self {
+        Self::ZERO
+    }
+}
+
+impl From<[u64; MAX_COUNTERS]> for SlotCounts {
+    fn from(slots: [u64; MAX_COUNTERS]) -> Self {
+        Self(slots)
+    }
+}
+
+impl Add for SlotCounts {
+    type Output = Self;
+    fn add(self, other: Self) -> Self {
+        Self(std::array::from_fn(|slot| {
+            self.0[slot].wrapping_add(other.0[slot])
+        }))
+    }
+}
+
+impl AddAssign for SlotCounts {
+    fn add_assign(&mut self, other: Self) {
+        *self = *self + other;
+    }
+}
+
+impl Sub for SlotCounts {
+    type Output = Self;
+    fn sub(self, earlier: Self) -> Self {
+        Self(std::array::from_fn(|slot| {
+            self.0[slot].saturating_sub(earlier.0[slot])
+        }))
+    }
+}
+
+impl Sum for SlotCounts {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::ZERO, Add::add)
+    }
+}
+
+impl Sub for Diagnostics {
+    type Output = Self;
+    /// What happened between two cumulative readings.
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            readings: self.readings.saturating_sub(earlier.readings),
+            not_running_readings: self
+                .not_running_readings
+                .saturating_sub(earlier.not_running_readings),
+            read_errors: self.read_errors.saturating_sub(earlier.read_errors),
+            task_map_full: self.task_map_full.saturating_sub(earlier.task_map_full),
+            exit_records_lost: self
+                .exit_records_lost
+                .saturating_sub(earlier.exit_records_lost),
+            cgroup_map_full: self.cgroup_map_full.saturating_sub(earlier.cgroup_map_full),
+            overflows: self.overflows.saturating_sub(earlier.overflows),
+            missed_returns: self.missed_returns.saturating_sub(earlier.missed_returns),
+            unmatched_returns: self
+                .unmatched_returns
+                .saturating_sub(earlier.unmatched_returns),
+            probe_read_failures: self
+                .probe_read_failures
+                .saturating_sub(earlier.probe_read_failures),
+            probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
+        }
+    }
+}
+
+/// One thread's counts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskCounts {
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    /// The thread ended (its exit record arrived).
+    pub exited: bool,
+    pub counts: SlotCounts,
+}
+
+/// One process's counts: the sum of its threads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessCounts {
+    pub pid: u32,
+    /// The main thread's name (another thread's if the main thread was not seen).
+    pub comm: String,
+    pub threads: u32,
+    pub counts: SlotCounts,
+}
+
+/// One caller -> callee edge of the probed functions (`key.tgid` 0 unless split by process).
+#[derive(Clone, Copy, Debug)]
+pub struct CallCounts {
+    pub key: CallKey,
+    pub calls: u64,
+    pub inclusive: SlotCounts,
+    pub exclusive: SlotCounts,
+}
+
+/// Everything counted, by entity, as typed counts: cumulative since the baseline, or the
+/// deltas between two snapshots.
+#[derive(Clone, Debug, Default)]
+pub struct Aggregate {
+    /// Everything counted on all CPUs (= tasks + idle + untracked + dropped).
+    pub totals: SlotCounts,
+    pub idle: SlotCounts,
+    pub untracked: SlotCounts,
+    pub dropped: SlotCounts,
+    /// Every task instance (exited ones first, in exit order); in interval mode only those
+    /// that counted something.
+    pub tasks: Vec<TaskCounts>,
+    /// By pid.
+    pub processes: Vec<ProcessCounts>,
+    /// Each cgroup's own counts by cgroup id; id 0 holds what did not fit the cgroup map. In
+    /// interval mode only cgroups that counted something.
+    pub cgroups: Vec<(u64, SlotCounts)>,
+    /// In interval mode only edges with calls in the interval.
+    pub calls: Vec<CallCounts>,
+    /// Per CPU totals.
+    pub cpus: Vec<(u32, SlotCounts)>,
+    pub diagnostics: Diagnostics,
+}
+
+impl Aggregate {
+    /// Everything in `current`, or (interval mode) what happened since `previous`.
+    pub fn since(current: &Snapshot, previous: Option<&Snapshot>) -> Self {
+        let per_cpu =
+            |snapshot: &Snapshot, pick: fn(&CpuState) -> &[u64; MAX_COUNTERS]| -> SlotCounts {
+                snapshot
+                    .cpus
+                    .iter()
+                    .map(|(_, state)| SlotCounts(*pick(state)))
+                    .sum()
+            };
+        let delta = |pick: fn(&CpuState) -> &[u64; MAX_COUNTERS]| -> SlotCounts {
+            let now = per_cpu(current, pick);
+            match previous {
+                Some(previous) => now - per_cpu(previous, pick),
+                None => now,
+            }
+        };
+        let tasks = task_deltas(current, previous);
+        let processes = processes_of(&tasks);
+
+        let cgroups_before: HashMap<u64, SlotCounts> = previous
+            .map(|previous| {
+                previous
+                    .cgroups
+                    .iter()
+                    .map(|(id, cgroup)| (*id, SlotCounts(cgroup.counters)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut cgroups: Vec<(u64, SlotCounts)> = current
+            .cgroups
+            .iter()
+            .map(|(id, cgroup)| {
+                let now = SlotCounts(cgroup.counters);
+                let before = cgroups_before.get(id).copied().unwrap_or_default();
+                (*id, now - before)
+            })
+            .filter(|(_, counts)| previous.is_none() || !counts.is_zero())
+            .collect();
+        let cgroup_dropped = delta(|state| &state.cgroup_dropped);
+        if !cgroup_dropped.is_zero() {
+            cgroups.push((0, cgroup_dropped));
+        }
+
+        let calls_before: HashMap<CallKey, CallStats> = previous
+            .map(|previous| previous.calls.iter().copied().collect())
+            .unwrap_or_default();
+        let calls = current
+            .calls
+            .iter()
+            .map(|(key, stats)| {
+                let now = CallCounts {
+                    key: *key,
+                    calls: stats.calls,
+                    inclusive: SlotCounts(stats.inclusive),
+                    exclusive: SlotCounts(stats.exclusive),
+                };
+                match calls_before.get(key) {
+                    Some(old) => CallCounts {
+                        calls: now.calls.saturating_sub(old.calls),
+                        inclusive: now.inclusive - SlotCounts(old.inclusive),
+                        exclusive: now.exclusive - SlotCounts(old.exclusive),
+                        ..now
+                    },
+                    None => now,
+                }
+            })
+            .filter(|call| previous.is_none() || call.calls != 0)
+            .collect();
+
+        let cpus = current
+            .cpus
+            .iter()
+            .map(|(cpu, state)| {
+                let before = previous
+                    .and_then(|previous| previous.cpus.iter().find(|(other, _)| other == cpu))
+                    .map_or(SlotCounts::ZERO, |(_, state)| SlotCounts(state.total));
+                (*cpu, SlotCounts(state.total) - before)
+            })
+            .collect();
+
+        let diagnostics = match previous {
+            Some(previous) => diagnostics_of(current) - diagnostics_of(previous),
+            None => diagnostics_of(current),
+        };
+
+        Self {
+            totals: delta(|state| &state.total),
+            idle: delta(|state| &state.idle),
+            untracked: delta(|state| &state.untracked),
+            dropped: delta(|state| &state.dropped),
+            tasks,
+            processes,
+            cgroups,
+            calls,
+            cpus,
+            diagnostics,
+        }
+    }
+}
 
 /// What a report is about, besides the numbers.
 pub struct ReportContext<'a> {
@@ -32,8 +294,6 @@ pub struct ReportContext<'a> {
     pub functions: &'a [(String, String)],
 }
 
-type Slots = [u64; MAX_COUNTERS];
-
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
 /// `previous`.
 pub fn build_report(
@@ -41,9 +301,14 @@ pub fn build_report(
     current: &Snapshot,
     previous: Option<&Snapshot>,
 ) -> Report {
+    report_of(ctx, &Aggregate::since(current, previous))
+}
+
+/// Names, evaluates and sorts an aggregate into the report format.
+pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
     let names = &ctx.slot_names;
-    let entity = |slots: &Slots| -> Entity {
-        let counters = name_slots(names, slots);
+    let entity = |counts: &SlotCounts| -> Entity {
+        let counters = counts.named(names);
         let evaluation = evaluate(ctx.model, &counters, ctx.level);
         Entity {
             counters,
@@ -51,128 +316,57 @@ pub fn build_report(
             estimated: evaluation.estimated,
         }
     };
-
-    let per_cpu = |pick: fn(&CpuState) -> &Slots| -> Slots {
-        let now = sum_cpus(current, pick);
-        match previous {
-            Some(previous) => sub(&now, &sum_cpus(previous, pick)),
-            None => now,
-        }
-    };
-    let totals = per_cpu(|state| &state.total);
-    let idle = per_cpu(|state| &state.idle);
-    let untracked = per_cpu(|state| &state.untracked);
-    let dropped = per_cpu(|state| &state.dropped);
-
-    let tasks = task_deltas(current, previous);
-    let weight = names
+    let weight_slot = names
         .iter()
         .position(|name| name == ctx.model.weight_counter())
         .unwrap_or(0);
 
-    let mut task_entries: Vec<TaskEntry> = tasks
-        .iter()
+    let mut tasks: Vec<&TaskCounts> = aggregate.tasks.iter().collect();
+    tasks.sort_by(|a, b| {
+        b.counts
+            .get(weight_slot)
+            .cmp(&a.counts.get(weight_slot))
+            .then(a.tid.cmp(&b.tid))
+    });
+    let task_entries = tasks
+        .into_iter()
         .map(|task| TaskEntry {
             tid: task.tid,
             tgid: task.tgid,
             comm: task.comm.clone(),
             exited: task.exited,
-            entity: entity(&task.counters),
+            entity: entity(&task.counts),
         })
         .collect();
-    task_entries.sort_by(|a, b| {
-        let weight_of = |entry: &TaskEntry| {
-            entry
-                .entity
-                .counters
-                .get(&names[weight])
-                .copied()
-                .unwrap_or(0)
-        };
-        weight_of(b).cmp(&weight_of(a)).then(a.tid.cmp(&b.tid))
-    });
 
-    let mut processes: BTreeMap<u32, (Slots, String, bool, u32)> = BTreeMap::new();
-    for task in &tasks {
-        let process = processes
-            .entry(task.tgid)
-            .or_insert_with(|| ([0; MAX_COUNTERS], task.comm.clone(), false, 0));
-        process.0 = add(&process.0, &task.counters);
-        process.3 += 1;
-        // The main thread's name is the process's name.
-        if task.tid == task.tgid && !process.2 {
-            process.1 = task.comm.clone();
-            process.2 = true;
-        }
-    }
-    let mut process_entries: Vec<ProcessEntry> = processes
+    let mut processes: Vec<&ProcessCounts> = aggregate.processes.iter().collect();
+    processes.sort_by(|a, b| {
+        b.counts
+            .get(weight_slot)
+            .cmp(&a.counts.get(weight_slot))
+            .then(a.pid.cmp(&b.pid))
+    });
+    let process_entries = processes
         .into_iter()
-        .map(|(pid, (slots, comm, _, threads))| ProcessEntry {
-            pid,
-            comm,
-            threads,
-            entity: entity(&slots),
+        .map(|process| ProcessEntry {
+            pid: process.pid,
+            comm: process.comm.clone(),
+            threads: process.threads,
+            entity: entity(&process.counts),
         })
         .collect();
-    process_entries.sort_by(|a, b| {
-        let weight_of = |entry: &ProcessEntry| {
-            entry
-                .entity
-                .counters
-                .get(&names[weight])
-                .copied()
-                .unwrap_or(0)
-        };
-        weight_of(b).cmp(&weight_of(a)).then(a.pid.cmp(&b.pid))
-    });
 
-    let cgroups = cgroup_entries(ctx, current, previous, &entity);
-    let (functions, call_tree) = function_entries(ctx, current, previous, &entity);
-
-    let cpus = current
+    let cgroups = cgroup_entries(ctx, aggregate, weight_slot, &entity);
+    let (functions, call_tree) = function_entries(ctx, aggregate, weight_slot, &entity);
+    let cpus = aggregate
         .cpus
         .iter()
-        .map(|(cpu, state)| {
-            let before = previous
-                .and_then(|previous| previous.cpus.iter().find(|(other, _)| other == cpu))
-                .map_or([0; MAX_COUNTERS], |(_, state)| state.total);
-            CpuEntry {
-                cpu: *cpu,
-                counters: name_slots(names, &sub(&state.total, &before)),
-            }
+        .map(|(cpu, counts)| CpuEntry {
+            cpu: *cpu,
+            counters: counts.named(names),
         })
         .collect();
-
-    let diagnostics = {
-        let now = diagnostics_of(current);
-        match previous {
-            Some(previous) => {
-                let before = diagnostics_of(previous);
-                Diagnostics {
-                    readings: now.readings.saturating_sub(before.readings),
-                    not_running_readings: now
-                        .not_running_readings
-                        .saturating_sub(before.not_running_readings),
-                    read_errors: now.read_errors.saturating_sub(before.read_errors),
-                    task_map_full: now.task_map_full.saturating_sub(before.task_map_full),
-                    exit_records_lost: now
-                        .exit_records_lost
-                        .saturating_sub(before.exit_records_lost),
-                    cgroup_map_full: now.cgroup_map_full.saturating_sub(before.cgroup_map_full),
-                    overflows: now.overflows.saturating_sub(before.overflows),
-                    missed_returns: now.missed_returns.saturating_sub(before.missed_returns),
-                    unmatched_returns: now
-                        .unmatched_returns
-                        .saturating_sub(before.unmatched_returns),
-                    probe_read_failures: now
-                        .probe_read_failures
-                        .saturating_sub(before.probe_read_failures),
-                    probe_map_full: now.probe_map_full.saturating_sub(before.probe_map_full),
-                }
-            }
-            None => now,
-        }
-    };
+    let diagnostics = aggregate.diagnostics.clone();
 
     Report {
         topdown_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -192,10 +386,10 @@ pub fn build_report(
         duration_s: ctx.duration_s,
         interval: ctx.interval.clone(),
         scope: ctx.scope.clone(),
-        totals: entity(&totals),
-        idle: entity(&idle),
-        untracked: entity(&untracked),
-        dropped: entity(&dropped),
+        totals: entity(&aggregate.totals),
+        idle: entity(&aggregate.idle),
+        untracked: entity(&aggregate.untracked),
+        dropped: entity(&aggregate.dropped),
         tasks: task_entries,
         processes: process_entries,
         cgroups,
@@ -209,62 +403,87 @@ pub fn build_report(
     }
 }
 
-/// One task's counts for the report.
-struct TaskDelta {
-    tid: u32,
-    tgid: u32,
-    comm: String,
-    exited: bool,
-    counters: Slots,
-}
-
 /// Every task instance's counts, or in interval mode what each gained since `previous`.
 ///
 /// A tid can die and be reused within a run. Exit records that arrived since `previous` belong
 /// to the instance that was live under that tid then, so they consume its previous value first;
 /// live tasks then subtract whatever previous value is left for their tid.
-fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskDelta> {
+fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskCounts> {
     let Some(previous) = previous else {
         return current
             .exited
             .iter()
-            .map(|(tid, task)| delta(*tid, task, None, true))
+            .map(|(tid, task)| task_counts(*tid, task, None, true))
             .chain(
                 current
                     .live
                     .iter()
-                    .map(|(tid, task)| delta(*tid, task, None, false)),
+                    .map(|(tid, task)| task_counts(*tid, task, None, false)),
             )
             .collect();
     };
-    let mut before: HashMap<u32, Slots> = previous
+    let mut before: HashMap<u32, SlotCounts> = previous
         .live
         .iter()
-        .map(|(tid, task)| (*tid, task.counters))
+        .map(|(tid, task)| (*tid, SlotCounts(task.counters)))
         .collect();
     let new_exits = current.exited.get(previous.exited.len()..).unwrap_or(&[]);
-    let mut deltas: Vec<TaskDelta> = new_exits
+    let mut deltas: Vec<TaskCounts> = new_exits
         .iter()
-        .map(|(tid, task)| delta(*tid, task, before.remove(tid).as_ref(), true))
+        .map(|(tid, task)| task_counts(*tid, task, before.remove(tid), true))
         .collect();
     deltas.extend(
         current
             .live
             .iter()
-            .map(|(tid, task)| delta(*tid, task, before.get(tid), false)),
+            .map(|(tid, task)| task_counts(*tid, task, before.get(tid).copied(), false)),
     );
-    deltas.retain(|task| task.counters.iter().any(|&count| count != 0));
+    deltas.retain(|task| !task.counts.is_zero());
     deltas
 }
 
-fn delta(tid: u32, task: &TaskCounters, before: Option<&Slots>, exited: bool) -> TaskDelta {
-    TaskDelta {
+fn task_counts(
+    tid: u32,
+    task: &TaskCounters,
+    before: Option<SlotCounts>,
+    exited: bool,
+) -> TaskCounts {
+    TaskCounts {
         tid,
         tgid: task.tgid,
         comm: comm_string(&task.comm),
         exited,
-        counters: before.map_or(task.counters, |before| sub(&task.counters, before)),
+        counts: SlotCounts(task.counters) - before.unwrap_or_default(),
     }
+}
+
+/// Threads summed into processes, each named by its main thread.
+fn processes_of(tasks: &[TaskCounts]) -> Vec<ProcessCounts> {
+    // pid -> (process, main thread seen)
+    let mut processes: BTreeMap<u32, (ProcessCounts, bool)> = BTreeMap::new();
+    for task in tasks {
+        let (process, named_by_main) = processes.entry(task.tgid).or_insert_with(|| {
+            (
+                ProcessCounts {
+                    pid: task.tgid,
+                    comm: task.comm.clone(),
+                    threads: 0,
+                    counts: SlotCounts::ZERO,
+                },
+                false,
+            )
+        });
+        process.counts += task.counts;
+        process.threads += 1;
+        if task.tid == task.tgid && !*named_by_main {
+            process.comm = task.comm.clone();
+            *named_by_main = true;
+        }
+    }
+    processes
+        .into_values()
+        .map(|(process, _)| process)
+        .collect()
 }
 
 /// A kernel `comm` (NUL-padded, at most 16 bytes) as text.
@@ -274,29 +493,6 @@ pub fn comm_string(comm: &[u8; 16]) -> String {
         .position(|&byte| byte == 0)
         .unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..len]).into_owned()
-}
-
-fn name_slots(names: &[String], slots: &Slots) -> Counts {
-    names
-        .iter()
-        .zip(slots.iter())
-        .map(|(name, value)| (name.clone(), *value))
-        .collect()
-}
-
-fn sum_cpus(snapshot: &Snapshot, pick: fn(&CpuState) -> &Slots) -> Slots {
-    snapshot
-        .cpus
-        .iter()
-        .fold([0; MAX_COUNTERS], |sum, (_, state)| add(&sum, pick(state)))
-}
-
-fn add(a: &Slots, b: &Slots) -> Slots {
-    std::array::from_fn(|slot| a[slot].wrapping_add(b[slot]))
-}
-
-fn sub(a: &Slots, b: &Slots) -> Slots {
-    std::array::from_fn(|slot| a[slot].saturating_sub(b[slot]))
 }
 
 fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
@@ -322,13 +518,10 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
 /// Per-function totals (summed over callers) and the caller -> callee edges.
 fn function_entries(
     ctx: &ReportContext<'_>,
-    current: &Snapshot,
-    previous: Option<&Snapshot>,
-    entity: &dyn Fn(&Slots) -> Entity,
+    aggregate: &Aggregate,
+    weight_slot: usize,
+    entity: &dyn Fn(&SlotCounts) -> Entity,
 ) -> (Vec<FunctionEntry>, Vec<CallEdge>) {
-    let before: HashMap<CallKey, CallStats> = previous
-        .map(|previous| previous.calls.iter().copied().collect())
-        .unwrap_or_default();
     let name = |id: u32| -> (String, String) {
         ctx.functions
             .get(id as usize)
@@ -336,108 +529,73 @@ fn function_entries(
             .unwrap_or_else(|| (String::new(), format!("function #{id}")))
     };
     let pid = |key: &CallKey| (key.tgid != 0).then_some(key.tgid);
-    // (function, tgid) -> (calls, inclusive, exclusive)
-    let mut totals: BTreeMap<(u32, u32), (u64, Slots, Slots)> = BTreeMap::new();
+    #[derive(Default)]
+    struct FunctionTotal {
+        calls: u64,
+        inclusive: SlotCounts,
+        exclusive: SlotCounts,
+    }
+    let mut totals: BTreeMap<(u32, u32), FunctionTotal> = BTreeMap::new();
     let mut edges = Vec::new();
-    for (key, stats) in &current.calls {
-        let (calls, inclusive, exclusive) = match before.get(key) {
-            Some(old) => (
-                stats.calls.saturating_sub(old.calls),
-                sub(&stats.inclusive, &old.inclusive),
-                sub(&stats.exclusive, &old.exclusive),
-            ),
-            None => (stats.calls, stats.inclusive, stats.exclusive),
-        };
-        if calls == 0 && previous.is_some() {
-            continue;
-        }
-        let total = totals.entry((key.function, key.tgid)).or_insert((
-            0,
-            [0; MAX_COUNTERS],
-            [0; MAX_COUNTERS],
-        ));
-        total.0 += calls;
-        total.1 = add(&total.1, &inclusive);
-        total.2 = add(&total.2, &exclusive);
+    for call in &aggregate.calls {
+        let key = &call.key;
+        let total = totals.entry((key.function, key.tgid)).or_default();
+        total.calls += call.calls;
+        total.inclusive += call.inclusive;
+        total.exclusive += call.exclusive;
         edges.push(CallEdge {
             caller: (key.parent != ROOT_FUNCTION).then(|| name(key.parent).1),
             callee: name(key.function).1,
             pid: pid(key),
-            calls,
-            inclusive: entity(&inclusive),
+            calls: call.calls,
+            inclusive: entity(&call.inclusive),
         });
     }
-    let weight = ctx.model.weight_counter();
-    let functions_list: Vec<FunctionEntry> = totals
+    let mut totals: Vec<((u32, u32), FunctionTotal)> = totals.into_iter().collect();
+    totals.sort_by(|(a_key, a), (b_key, b)| {
+        b.inclusive
+            .get(weight_slot)
+            .cmp(&a.inclusive.get(weight_slot))
+            .then(name(a_key.0).1.cmp(&name(b_key.0).1))
+    });
+    let functions = totals
         .into_iter()
-        .map(|((function, tgid), (calls, inclusive, exclusive))| {
+        .map(|((function, tgid), total)| {
             let (target, symbol) = name(function);
             FunctionEntry {
                 target,
                 symbol,
                 pid: (tgid != 0).then_some(tgid),
-                calls,
-                inclusive: entity(&inclusive),
-                exclusive: entity(&exclusive),
+                calls: total.calls,
+                inclusive: entity(&total.inclusive),
+                exclusive: entity(&total.exclusive),
             }
         })
         .collect();
-    let mut functions_list = functions_list;
-    let weight_of = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
-    functions_list.sort_by(|a, b| {
-        weight_of(&b.inclusive)
-            .cmp(&weight_of(&a.inclusive))
-            .then(a.symbol.cmp(&b.symbol))
-    });
     edges.sort_by(|a, b| {
         a.caller
             .cmp(&b.caller)
             .then(a.callee.cmp(&b.callee))
             .then(a.pid.cmp(&b.pid))
     });
-    (functions_list, edges)
+    (functions, edges)
 }
 
 /// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
 /// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
 fn cgroup_entries(
     ctx: &ReportContext<'_>,
-    current: &Snapshot,
-    previous: Option<&Snapshot>,
-    entity: &dyn Fn(&Slots) -> Entity,
+    aggregate: &Aggregate,
+    weight_slot: usize,
+    entity: &dyn Fn(&SlotCounts) -> Entity,
 ) -> Vec<CgroupEntry> {
     use crate::cgroup::{ancestor_at, container::describe, depth};
-    let before: HashMap<u64, Slots> = previous
-        .map(|previous| {
-            previous
-                .cgroups
-                .iter()
-                .map(|(id, c)| (*id, c.counters))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut own: Vec<(u64, Option<String>, Slots)> = current
+    let own = aggregate
         .cgroups
         .iter()
-        .map(|(id, c)| {
-            let counters = before
-                .get(id)
-                .map_or(c.counters, |before| sub(&c.counters, before));
-            (*id, ctx.cgroup_paths.get(id).cloned(), counters)
-        })
-        .filter(|(_, _, counters)| previous.is_none() || counters.iter().any(|&v| v != 0))
-        .collect();
-    let dropped = sum_cpus(current, |state| &state.cgroup_dropped);
-    let dropped = match previous {
-        Some(previous) => sub(&dropped, &sum_cpus(previous, |state| &state.cgroup_dropped)),
-        None => dropped,
-    };
-    if dropped.iter().any(|&v| v != 0) {
-        own.push((0, None, dropped));
-    }
-
-    let entries: Vec<(u64, Option<String>, Slots)> = match ctx.cgroup_depth {
-        None => own,
+        .map(|(id, counts)| (*id, ctx.cgroup_paths.get(id).cloned(), *counts));
+    let entries: Vec<(u64, Option<String>, SlotCounts)> = match ctx.cgroup_depth {
+        None => own.collect(),
         Some(max_depth) => {
             // Every cgroup down to max_depth gets the sum of its subtree.
             let id_of: HashMap<&str, u64> = ctx
@@ -445,27 +603,30 @@ fn cgroup_entries(
                 .iter()
                 .map(|(id, path)| (path.as_str(), *id))
                 .collect();
-            let mut rolled: BTreeMap<String, (u64, Slots)> = BTreeMap::new();
-            for (_, path, counters) in &own {
+            let mut rolled: BTreeMap<String, (u64, SlotCounts)> = BTreeMap::new();
+            for (_, path, counts) in own {
                 let Some(path) = path else { continue };
-                for level in 0..=depth(path).min(max_depth) {
-                    let ancestor = ancestor_at(path, level);
+                for level in 0..=depth(&path).min(max_depth) {
+                    let ancestor = ancestor_at(&path, level);
                     let id = id_of.get(ancestor.as_str()).copied().unwrap_or(0);
-                    let slot = rolled.entry(ancestor).or_insert((id, [0; MAX_COUNTERS]));
-                    slot.1 = add(&slot.1, counters);
+                    rolled.entry(ancestor).or_insert((id, SlotCounts::ZERO)).1 += counts;
                 }
             }
             rolled
                 .into_iter()
-                .map(|(path, (id, counters))| (id, Some(path), counters))
+                .map(|(path, (id, counts))| (id, Some(path), counts))
                 .collect()
         }
     };
-    let weight = ctx.model.weight_counter();
-    let weight_of = |entry: &CgroupEntry| entry.entity.counters.get(weight).copied().unwrap_or(0);
-    let mut result: Vec<CgroupEntry> = entries
+    let mut entries = entries;
+    entries.sort_by(|(_, a_path, a), (_, b_path, b)| {
+        b.get(weight_slot)
+            .cmp(&a.get(weight_slot))
+            .then(a_path.cmp(b_path))
+    });
+    entries
         .into_iter()
-        .map(|(id, path, counters)| {
+        .map(|(id, path, counts)| {
             let container = path
                 .as_deref()
                 .map(describe)
@@ -474,12 +635,10 @@ fn cgroup_entries(
                 id,
                 path,
                 container,
-                entity: entity(&counters),
+                entity: entity(&counts),
             }
         })
-        .collect();
-    result.sort_by(|a, b| weight_of(b).cmp(&weight_of(a)).then(a.path.cmp(&b.path)));
-    result
+        .collect()
 }
 
 #[cfg(test)]
@@ -588,5 +747,83 @@ mod tests {
         comm[..4].copy_from_slice(b"bash");
         assert_eq!(comm_string(&comm), "bash");
         assert_eq!(comm_string(&[b'x'; 16]), "x".repeat(16));
+    }
+
+    fn slots(values: &[u64]) -> SlotCounts {
+        let mut counts = SlotCounts::ZERO;
+        counts.0[..values.len()].copy_from_slice(values);
+        counts
+    }
+
+    #[test]
+    fn slot_counts_add_sum_and_subtract_saturating() {
+        let a = slots(&[5, 7, 0]);
+        let b = slots(&[1, 10, 3]);
+        assert_eq!(a + b, slots(&[6, 17, 3]));
+        assert_eq!(
+            [a, b, b].into_iter().sum::<SlotCounts>(),
+            slots(&[7, 27, 6])
+        );
+        // An earlier reading that is larger (a reused tid) gives zero, never a wrapped count.
+        assert_eq!(a - b, slots(&[4, 0, 0]));
+        assert!((b - b).is_zero());
+        assert_eq!(a.get(1), 7);
+        assert_eq!(a.get(MAX_COUNTERS + 3), 0);
+    }
+
+    #[test]
+    fn interval_aggregate_keeps_only_cgroups_and_calls_that_moved() {
+        use topdown_common::CgroupCounters;
+        let call = |function: u32, calls: u64, inclusive: u64| {
+            let mut stats = CallStats {
+                calls,
+                inclusive: [0; MAX_COUNTERS],
+                exclusive: [0; MAX_COUNTERS],
+            };
+            stats.inclusive[0] = inclusive;
+            stats.exclusive[0] = inclusive / 2;
+            (
+                CallKey {
+                    function,
+                    parent: ROOT_FUNCTION,
+                    tgid: 0,
+                    _pad: 0,
+                },
+                stats,
+            )
+        };
+        let cgroup = |count: u64| {
+            let mut counters = [0; MAX_COUNTERS];
+            counters[0] = count;
+            CgroupCounters { counters }
+        };
+        let previous = Snapshot {
+            cpus: vec![(0, cpu(100, 10))],
+            cgroups: vec![(7, cgroup(40)), (8, cgroup(50))],
+            calls: vec![call(0, 3, 30), call(1, 2, 20)],
+            ..Snapshot::default()
+        };
+        let current = Snapshot {
+            cpus: vec![(0, cpu(250, 30))],
+            cgroups: vec![(7, cgroup(40)), (8, cgroup(95))],
+            calls: vec![call(0, 3, 30), call(1, 5, 80)],
+            ..Snapshot::default()
+        };
+        let aggregate = Aggregate::since(&current, Some(&previous));
+        assert_eq!(aggregate.totals, slots(&[150]));
+        assert_eq!(aggregate.idle, slots(&[20]));
+        assert_eq!(aggregate.cgroups, vec![(8, slots(&[45]))]);
+        assert_eq!(aggregate.calls.len(), 1);
+        assert_eq!(aggregate.calls[0].key.function, 1);
+        assert_eq!(aggregate.calls[0].calls, 3);
+        assert_eq!(aggregate.calls[0].inclusive, slots(&[60]));
+        assert_eq!(aggregate.calls[0].exclusive, slots(&[30]));
+        assert_eq!(aggregate.cpus, vec![(0, slots(&[150]))]);
+        assert_eq!(aggregate.diagnostics.readings, 0);
+        // Cumulative: everything, unchanged entries included.
+        let whole = Aggregate::since(&current, None);
+        assert_eq!(whole.cgroups.len(), 2);
+        assert_eq!(whole.calls.len(), 2);
+        assert_eq!(whole.diagnostics.readings, 10);
     }
 }

@@ -143,7 +143,7 @@ pub fn run(
         Ok(detection) => write!(out, "{detection}")?,
         Err(err) => writeln!(out, "CPU:        unknown ({err:#})")?,
     }
-    let (model, announcement) = crate::stat::select_model_by(pmu.unwrap_or("auto"), None)?;
+    let (model, announcement) = crate::counting::select_model_by(pmu.unwrap_or("auto"), None)?;
     if let Some(line) = announcement {
         writeln!(out, "Auto:       {line}")?;
     }

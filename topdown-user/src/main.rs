@@ -65,7 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             runtime.block_on(topdown::serve::run(*args, cli.verbose > 0))
         }
         Command::Check(args) => {
-            let (model, announcement) = stat::select_model_by(&args.pmu, None)?;
+            let (model, announcement) = topdown::counting::select_model_by(&args.pmu, None)?;
             let mut out = std::io::stdout().lock();
             topdown::check::run(model.as_ref(), announcement.as_deref(), &mut out)
         }

@@ -4,10 +4,8 @@
 pub mod config;
 pub mod exporter;
 pub mod http;
-pub mod probes;
 
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -19,13 +17,11 @@ use tokio::{
 };
 
 use crate::{
-    bpf::{Session, SessionConfig, Snapshot, Trigger},
-    cgroup::CgroupTree,
+    bpf::Snapshot,
     cli::ServeArgs,
+    counting::{self, CountingSession, Targets, parse_probe_specs},
     error::{Failure, fail},
-    report::By,
-    stat::{Counting, Reporting, open_counting},
-    symbols::ProbeSpec,
+    probes::Probes,
 };
 
 /// Runs the exporter until SIGINT or SIGTERM; returns the exit status.
@@ -45,91 +41,22 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
             )
         })?;
 
-    let Counting {
-        model,
-        level,
-        plan,
-        groups,
-        tracefs,
-        cpus,
-    } = open_counting(&args.counting)?;
-    let counting = &args.counting;
-    let mut by = args.by.clone();
-    if !counting.uprobes.is_empty() && !by.contains(&By::Function) {
-        by.push(By::Function);
-    }
-    let wants_cgroups = by.contains(&By::Cgroup) || counting.cgroup_depth.is_some();
-    let mut cgroup_tree = if wants_cgroups || !counting.cgroups.is_empty() {
-        Some(CgroupTree::open()?)
-    } else {
-        None
+    let prepared = counting::prepare(&args.counting, &args.by)?;
+    let targets = Targets {
+        scope: "system-wide".to_owned(),
+        ..Targets::default()
     };
-    let cgroup_filter = match (&mut cgroup_tree, counting.cgroups.is_empty()) {
-        (Some(tree), false) => Some(tree.resolve(&counting.cgroups)?),
-        _ => None,
-    };
-    let probe_specs = parse_probe_specs(&counting.uprobes)?;
-    let trigger = match counting.trigger {
-        Some(Trigger::CgroupSwitch) if by != [By::Cgroup] => {
-            return Err(fail(
-                Failure::Usage,
-                "--trigger cgroup-switch only counts per cgroup: use it with --by cgroup alone",
-            ));
-        }
-        Some(trigger) => trigger,
-        None if by == [By::Cgroup] => Trigger::CgroupSwitch,
-        None => Trigger::SchedSwitch,
-    };
-    let config = SessionConfig {
-        tracked_tgids: None,
-        follow_forks: false,
-        max_tasks: counting.max_tasks,
-        max_tracked: counting.max_tracked,
-        verbose,
-        split_functions_by_process: false,
-        max_stacks: counting.max_stacks,
-        max_calls: counting.max_calls,
-        by_cgroup: wants_cgroups,
-        cgroup_filter,
-        max_cgroups: counting.max_cgroups,
-        num_slots: plan.slots.len() as u32,
-        slot_sources: plan.slot_sources(),
-        trigger,
-    };
-    let mut session = Session::start(&config, groups, &tracefs)?;
-    let mut probes = if probe_specs.is_empty() {
-        None
-    } else {
-        Some(probes::Probes::attach(
-            &mut session,
-            probe_specs,
-            counting.uretprobes,
-        )?)
-    };
-    let functions = probes
-        .as_ref()
-        .map(|probes| probes.functions().to_vec())
-        .unwrap_or_default();
+    let mut session = prepared.start(&args.counting, targets, verbose)?;
     let mut guard = Guard {
         budget: None,
         stats: None,
-        cpus: cpus.len().max(1) as f64,
+        cpus: session.cpus().len().max(1) as f64,
         last: None,
     };
     guard.set_budget(args.max_overhead)?;
-    let mut reporting = Reporting {
-        model: model.as_ref(),
-        level,
-        slot_names: plan.slot_names(),
-        scope: "system-wide".to_owned(),
-        by: by.clone(),
-        cgroups: if wants_cgroups { cgroup_tree } else { None },
-        cgroup_depth: counting.cgroup_depth.map(|depth| depth as usize),
-        functions,
-    };
     let mut exporter = exporter::Exporter::new(
-        model.recorded_name(),
-        model.is_synthetic(),
+        session.model().recorded_name(),
+        session.model().is_synthetic(),
         exporter::Limits {
             max_series: usize::try_from(args.max_series).unwrap_or(usize::MAX),
             ttl: Duration::from_secs(args.series_ttl_s),
@@ -140,9 +67,9 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
     eprintln!(
         "topdown: serving http://{}/metrics with model {} ({} counters x {} CPUs), refreshing every {} ms",
         args.listen,
-        model.name(),
-        plan.counters.len(),
-        cpus.len(),
+        session.model().name(),
+        session.plan().counters.len(),
+        session.cpus().len(),
         args.refresh_ms
     );
 
@@ -152,26 +79,21 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
     hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = hotplug.tick() => {
-                if let Err(err) = session.check_cpus() {
-                    log::warn!("{err:#}");
-                }
-            }
+            _ = hotplug.tick() => session.check_cpus(),
             _ = ticker.tick() => {
                 let started = Instant::now();
-                match refresh(&mut session, &mut reporting, &mut exporter, &mut previous) {
+                match refresh(&mut session, &mut exporter, &mut previous) {
                     Ok(report) => {
-                        if let Some(probes) = &mut probes {
-                            if let Err(err) = keep_probes(&mut session, probes, &mut guard, &report, &mut exporter) {
+                        if let Some(probes) = &mut session.probes {
+                            if let Err(err) = keep_probes(&mut session.bpf, probes, &mut guard, &report, &mut exporter) {
                                 log::warn!("function probes: {err:#}");
                             }
-                            reporting.functions = probes.functions().to_vec();
                             exporter.reattachments = probes.reattachments;
                             exporter.detached_functions = probes
                                 .detached()
                                 .map(|(target, symbol)| (symbol.clone(), target.clone()))
                                 .collect();
-                        } else if let Some(percent) = guard.measure(&session) {
+                        } else if let Some(percent) = guard.measure(&session.bpf) {
                             exporter.overhead_percent = Some(percent);
                         }
                         let took = started.elapsed();
@@ -195,8 +117,6 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
                 if let Some(path) = args.config.clone() {
                     let mut live = Live {
                         session: &mut session,
-                        probes: &mut probes,
-                        reporting: &mut reporting,
                         exporter: &mut exporter,
                         guard: &mut guard,
                         ticker: &mut ticker,
@@ -210,9 +130,9 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
                     }
                     continue;
                 }
-                match &mut probes {
+                match &mut session.probes {
                     Some(probes) => {
-                        if let Err(err) = probes.reattach(&mut session, "SIGHUP") {
+                        if let Err(err) = probes.reattach(&mut session.bpf, "SIGHUP") {
                             log::warn!("re-attaching on SIGHUP: {err:#}");
                         }
                     }
@@ -268,7 +188,7 @@ impl Guard {
     }
 
     /// topdown's BPF run time since the last measurement, in percent of all CPUs.
-    fn measure(&mut self, session: &Session) -> Option<f64> {
+    fn measure(&mut self, session: &crate::bpf::Session) -> Option<f64> {
         self.budget?;
         let (run_time, _) = session.program_run_time().ok()?;
         let now = Instant::now();
@@ -284,8 +204,8 @@ impl Guard {
 /// Re-attaches probes whose binary was replaced, and applies the overhead budget: above it,
 /// the function with the most calls this refresh is detached.
 fn keep_probes(
-    session: &mut Session,
-    probes: &mut probes::Probes,
+    session: &mut crate::bpf::Session,
+    probes: &mut Probes,
     guard: &mut Guard,
     report: &crate::report::Report,
     exporter: &mut exporter::Exporter,
@@ -340,20 +260,18 @@ fn keep_probes(
 }
 
 /// Reads the maps, turns the deltas since the last refresh into series, and forgets exited
-/// tasks so a daemon's memory stays bounded. Returns the refresh's report.
+/// tasks and removed cgroups so a daemon's memory stays bounded. Returns the refresh's report.
 fn refresh(
-    session: &mut Session,
-    reporting: &mut Reporting<'_>,
+    session: &mut CountingSession,
     exporter: &mut exporter::Exporter,
     previous: &mut Option<(Snapshot, Instant)>,
 ) -> Result<crate::report::Report> {
-    session.flush(false)?;
-    let mut snapshot = session.snapshot()?;
+    let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
     let elapsed = previous
         .as_ref()
         .map_or(0.0, |(_, at)| now.duration_since(*at).as_secs_f64());
-    let report = reporting.build(
+    let report = session.report(
         &snapshot,
         previous.as_ref().map(|(snapshot, _)| snapshot),
         elapsed,
@@ -364,26 +282,9 @@ fn refresh(
         ("tasks", snapshot.live.len()),
         ("cgroups", snapshot.cgroups.len()),
     ];
-    // Removed cgroups: their last counts are in this refresh; free their map entries.
-    if let Some(tree) = &reporting.cgroups {
-        let mount = tree.mount().to_path_buf();
-        let known: HashMap<u64, String> = tree.known_paths().collect();
-        let removed: Vec<u64> = snapshot
-            .cgroups
-            .iter()
-            .filter(|(id, _)| {
-                known
-                    .get(id)
-                    .is_some_and(|path| !mount.join(path.trim_start_matches('/')).exists())
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        if !removed.is_empty() {
-            session.forget_cgroups(&removed)?;
-            snapshot.cgroups.retain(|(id, _)| !removed.contains(id));
-        }
-    }
-    session.forget_exited();
+    // Removed cgroups: their last counts are in this refresh.
+    session.forget_removed_cgroups(&mut snapshot)?;
+    session.bpf.forget_exited();
     snapshot.exited.clear();
     *previous = Some((snapshot, now));
     Ok(report)
@@ -396,10 +297,8 @@ fn refresh_ticker(refresh_ms: u64) -> tokio::time::Interval {
 }
 
 /// What a configuration reload may change in the running exporter.
-struct Live<'a, 'm> {
-    session: &'a mut Session,
-    probes: &'a mut Option<probes::Probes>,
-    reporting: &'a mut Reporting<'m>,
+struct Live<'a> {
+    session: &'a mut CountingSession,
     exporter: &'a mut exporter::Exporter,
     guard: &'a mut Guard,
     ticker: &'a mut tokio::time::Interval,
@@ -408,7 +307,7 @@ struct Live<'a, 'm> {
 /// Re-reads `--config FILE` on SIGHUP and applies its live options; `running` tracks what is
 /// in effect. Everything is validated (the file parses, every `-u` resolves) before anything
 /// changes, so a bad edit leaves the exporter as it was.
-fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '_>) -> Result<()> {
+fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_>) -> Result<()> {
     let new = config::read(path)?;
     let mut changes: Vec<String> = Vec::new();
     // Probes first: they are what a bad edit breaks (a spec that no longer resolves), and
@@ -416,21 +315,20 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
     // so a later failure leaves `running` true to what is in effect.
     if new.counting.uprobes != running.counting.uprobes {
         let specs = parse_probe_specs(&new.counting.uprobes)?;
-        match live.probes {
-            Some(probes) => probes.replace_specs(live.session, specs)?,
+        let session = &mut *live.session;
+        match &mut session.probes {
+            Some(probes) => probes.replace_specs(&mut session.bpf, specs)?,
             None => {
-                *live.probes = Some(probes::Probes::attach(
-                    live.session,
+                session.probes = Some(Probes::attach(
+                    &mut session.bpf,
                     specs,
+                    Vec::new(),
                     running.counting.uretprobes,
                 )?)
             }
         }
-        if !new.counting.uprobes.is_empty() && !live.reporting.by.contains(&By::Function) {
-            live.reporting.by.push(By::Function);
-        }
-        if let Some(probes) = live.probes.as_ref() {
-            live.reporting.functions = probes.functions().to_vec();
+        if !new.counting.uprobes.is_empty() {
+            session.show_functions();
         }
         changes.push(format!("-u {}", new.counting.uprobes.join(" -u ")));
         running.counting.uprobes = new.counting.uprobes.clone();
@@ -481,11 +379,6 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_, '
         }
     );
     Ok(())
-}
-
-/// `-u` texts to specs (the first error names the bad one).
-fn parse_probe_specs(texts: &[String]) -> Result<Vec<ProbeSpec>> {
-    texts.iter().map(|text| ProbeSpec::parse(text)).collect()
 }
 
 fn percent_text(percent: Option<f64>) -> String {

@@ -1,7 +1,9 @@
-//! The exporter's function probes over days: re-attached when a target binary is replaced on
-//! disk (uprobes belong to an inode: a deployed new build would silently stop being counted) or
-//! on SIGHUP, and detached one by one by the overhead guard. Function ids (the attach cookie,
-//! the key of the per-function map) stay stable across re-attachment, so series keep counting.
+//! Function probes (`-u TARGET:FUNC`): resolved to offsets, attached with one id per function
+//! (the attach cookie, the key of the per-function map), and, for the exporter running for
+//! days, re-attached when a target binary is replaced on disk (uprobes belong to an inode: a
+//! deployed new build would silently stop being counted) or on SIGHUP, and detached one by one
+//! by the overhead guard. Function ids stay stable across re-attachment, so series keep
+//! counting.
 
 use std::{
     collections::BTreeSet,
@@ -13,7 +15,7 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    bpf::{ProbePoint, Session},
+    bpf::{AttachMode, ProbePoint, Session},
     symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
 };
 
@@ -26,6 +28,9 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
 
 pub struct Probes {
     specs: Vec<ProbeSpec>,
+    /// `-p`: the processes probed, through whose mappings library names resolve; empty: every
+    /// process that maps a target.
+    processes: Vec<u32>,
     uretprobes: bool,
     /// `(target, demangled symbol)` by function id.
     functions: Vec<(String, String)>,
@@ -38,16 +43,22 @@ pub struct Probes {
 
 impl Probes {
     /// Resolves the `-u` specs and attaches them.
-    pub fn attach(session: &mut Session, specs: Vec<ProbeSpec>, uretprobes: bool) -> Result<Self> {
+    pub fn attach(
+        session: &mut Session,
+        specs: Vec<ProbeSpec>,
+        processes: Vec<u32>,
+        uretprobes: bool,
+    ) -> Result<Self> {
         let mut probes = Self {
             specs,
+            processes,
             uretprobes,
             functions: Vec::new(),
             detached: BTreeSet::new(),
             targets: Vec::new(),
             reattachments: 0,
         };
-        let resolved = resolve_functions(&probes.specs, &[])?;
+        let resolved = resolve_functions(&probes.specs, &probes.processes)?;
         probes.attach_resolved(session, resolved)?;
         Ok(probes)
     }
@@ -99,16 +110,24 @@ impl Probes {
                 function_id: id,
             });
         }
+        // Attached before a held command execs, so none of its calls are missed.
         let started = Instant::now();
-        if !points.is_empty() {
-            session.attach_functions(&points, &[])?;
-        }
+        let mode = if points.is_empty() {
+            None
+        } else {
+            Some(session.attach_functions(&points, &self.processes)?)
+        };
         eprintln!(
-            "topdown: probing {} function{} in {} binar{} (attached in {:.1} ms)",
+            "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",
             points.len(),
             if points.len() == 1 { "" } else { "s" },
             targets.len(),
             if targets.len() == 1 { "y" } else { "ies" },
+            match mode {
+                Some(AttachMode::Multi) => "uprobe.multi",
+                Some(AttachMode::PerPoint) => "one uprobe per function",
+                None => "nothing to attach",
+            },
             started.elapsed().as_secs_f64() * 1e3
         );
         self.targets = targets
@@ -124,7 +143,7 @@ impl Probes {
     /// Resolves the specs again, then detaches everything and attaches that resolution. A
     /// spec that no longer resolves fails before anything is detached.
     pub fn reattach(&mut self, session: &mut Session, why: &str) -> Result<()> {
-        let resolved = resolve_functions(&self.specs, &[])?;
+        let resolved = resolve_functions(&self.specs, &self.processes)?;
         self.reattach_resolved(session, resolved, why)
     }
 
@@ -146,7 +165,7 @@ impl Probes {
     /// Specs that do not resolve fail before anything changes, so a typo keeps the running
     /// probes.
     pub fn replace_specs(&mut self, session: &mut Session, specs: Vec<ProbeSpec>) -> Result<()> {
-        let resolved = resolve_functions(&specs, &[])?;
+        let resolved = resolve_functions(&specs, &self.processes)?;
         self.specs = specs;
         self.reattach_resolved(session, resolved, "configuration reloaded")
     }

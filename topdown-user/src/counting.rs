@@ -1,0 +1,593 @@
+//! The counting session `stat` and `serve` share: the model and its counter plan, the per-CPU
+//! counter groups, the BPF session and its trigger, cgroup naming and filtering, function
+//! probes, and CPU hotplug. The commands own only their event loops and their outputs.
+//!
+//! It starts in two steps so a command can resolve what it traces between them: [`prepare`]
+//! validates every option and opens the counters (nothing is attached yet, so a usage error
+//! costs nothing), then [`Prepared::start`] loads the BPF programs for the given [`Targets`] and
+//! attaches the function probes before a held command is released.
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use crate::{
+    aggregate::{ReportContext, build_report},
+    bpf::{Session, SessionConfig, Snapshot, Trigger},
+    cgroup::CgroupTree,
+    cli::CountingArgs,
+    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+    error::{Failure, fail},
+    model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
+    probes::Probes,
+    report::{By, IntervalInfo, Report},
+    schedule::Plan,
+    symbols::ProbeSpec,
+    tracefs::Tracefs,
+};
+
+/// What the BPF side attributes to: the command's scope, resolved.
+#[derive(Clone, Debug, Default)]
+pub struct Targets {
+    /// What the reports call it: `system-wide`, `pid 123`, `command: make`.
+    pub scope: String,
+    /// Only these processes get their own entries (`-p`, `-- CMD`); `None`: every task.
+    pub tracked_tgids: Option<Vec<u32>>,
+    /// Children forked by tracked processes are tracked too (`-- CMD`).
+    pub follow_forks: bool,
+    /// `-p`: function probes are limited to these processes, and library names resolve through
+    /// their mappings. Empty: every process that maps the target.
+    pub probe_processes: Vec<u32>,
+    /// Function totals are kept per process (`stat --by function,task`); the exporter keeps
+    /// them per function.
+    pub functions_per_process: bool,
+}
+
+/// Options checked and counters opened; nothing loaded into the kernel yet.
+pub struct Prepared {
+    model: Box<dyn Model>,
+    level: u8,
+    plan: Plan,
+    groups: CounterGroups,
+    tracefs: Tracefs,
+    cpus: Vec<u32>,
+    by: Vec<By>,
+    cgroups: Option<CgroupTree>,
+    cgroup_filter: Option<Vec<u64>>,
+    probe_specs: Vec<ProbeSpec>,
+    trigger: Trigger,
+}
+
+/// Checks the counting options, selects the model (announcing fallbacks) and opens its counters
+/// on every CPU. `requested_by` are the breakdowns asked for: `-u` adds functions and
+/// `--cgroup-depth` adds cgroups.
+pub fn prepare(args: &CountingArgs, requested_by: &[By]) -> Result<Prepared> {
+    let mut by = requested_by.to_vec();
+    if !args.uprobes.is_empty() && !by.contains(&By::Function) {
+        by.push(By::Function);
+    }
+    if args.cgroup_depth.is_some() && !by.contains(&By::Cgroup) {
+        by.push(By::Cgroup);
+    }
+    let probe_specs = parse_probe_specs(&args.uprobes)?;
+    let cgroup_only = by == [By::Cgroup];
+    let trigger = match args.trigger {
+        Some(Trigger::CgroupSwitch) if !cgroup_only => {
+            return Err(fail(
+                Failure::Usage,
+                "--trigger cgroup-switch only counts per cgroup: use it with --by cgroup alone",
+            ));
+        }
+        Some(trigger) => trigger,
+        None if cgroup_only => Trigger::CgroupSwitch,
+        None => Trigger::SchedSwitch,
+    };
+    let OpenCounters {
+        model,
+        level,
+        plan,
+        groups,
+        tracefs,
+        cpus,
+    } = open_counters(args)?;
+    let wants_cgroups = by.contains(&By::Cgroup);
+    let mut tree = if wants_cgroups || !args.cgroups.is_empty() {
+        Some(CgroupTree::open()?)
+    } else {
+        None
+    };
+    let cgroup_filter = match (&mut tree, args.cgroups.is_empty()) {
+        (Some(tree), false) => Some(tree.resolve(&args.cgroups)?),
+        _ => None,
+    };
+    Ok(Prepared {
+        model,
+        level,
+        plan,
+        groups,
+        tracefs,
+        cpus,
+        cgroups: if wants_cgroups { tree } else { None },
+        by,
+        cgroup_filter,
+        probe_specs,
+        trigger,
+    })
+}
+
+impl Prepared {
+    /// The breakdowns reports will show (with what `-u` and `--cgroup-depth` imply).
+    pub fn by(&self) -> &[By] {
+        &self.by
+    }
+
+    /// Loads and attaches the BPF programs for `targets`, then the function probes. If this
+    /// fails, nothing stays attached.
+    pub fn start(
+        self,
+        args: &CountingArgs,
+        targets: Targets,
+        verbose: bool,
+    ) -> Result<CountingSession> {
+        let config = SessionConfig {
+            tracked_tgids: targets.tracked_tgids.clone(),
+            follow_forks: targets.follow_forks,
+            max_tasks: args.max_tasks,
+            max_tracked: args.max_tracked,
+            verbose,
+            split_functions_by_process: targets.functions_per_process,
+            max_stacks: args.max_stacks,
+            max_calls: args.max_calls,
+            by_cgroup: self.cgroups.is_some(),
+            cgroup_filter: self.cgroup_filter,
+            max_cgroups: args.max_cgroups,
+            num_slots: self.plan.slots.len() as u32,
+            slot_sources: self.plan.slot_sources(),
+            trigger: self.trigger,
+        };
+        let mut bpf = Session::start(&config, self.groups, &self.tracefs)?;
+        let probes = if self.probe_specs.is_empty() {
+            None
+        } else {
+            Some(Probes::attach(
+                &mut bpf,
+                self.probe_specs,
+                targets.probe_processes.clone(),
+                args.uretprobes,
+            )?)
+        };
+        Ok(CountingSession {
+            model: self.model,
+            level: self.level,
+            slot_names: self.plan.slot_names(),
+            plan: self.plan,
+            cpus: self.cpus,
+            bpf,
+            probes,
+            by: self.by,
+            cgroups: self.cgroups,
+            cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
+            scope: targets.scope,
+        })
+    }
+}
+
+/// A running count: everything attached, attributing until dropped (dropping detaches all).
+pub struct CountingSession {
+    model: Box<dyn Model>,
+    level: u8,
+    plan: Plan,
+    slot_names: Vec<String>,
+    cpus: Vec<u32>,
+    /// The loaded BPF programs and their maps.
+    pub bpf: Session,
+    /// The `-u` function probes, if any.
+    pub probes: Option<Probes>,
+    by: Vec<By>,
+    /// Present when cgroups are counted: names cgroup ids (remembering removed cgroups).
+    cgroups: Option<CgroupTree>,
+    cgroup_depth: Option<usize>,
+    scope: String,
+}
+
+impl CountingSession {
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// The breakdowns reports show (with what `-u` and `--cgroup-depth` imply).
+    pub fn by(&self) -> &[By] {
+        &self.by
+    }
+
+    /// Shows functions too (a configuration reload that adds `-u`).
+    pub fn show_functions(&mut self) {
+        if !self.by.contains(&By::Function) {
+            self.by.push(By::Function);
+        }
+    }
+
+    /// The hotplug poll: re-opens the counters of a CPU that came back online.
+    pub fn check_cpus(&mut self) {
+        if let Err(err) = self.bpf.check_cpus() {
+            log::warn!("{err:#}");
+        }
+    }
+
+    /// Everything attributed so far; `last` freezes the counters first (the final report).
+    pub fn snapshot(&mut self, last: bool) -> Result<Snapshot> {
+        self.bpf.flush(last)?;
+        self.bpf.snapshot()
+    }
+
+    /// The report of `snapshot`, or (interval mode, the exporter) of what happened since
+    /// `previous`.
+    pub fn report(
+        &mut self,
+        snapshot: &Snapshot,
+        previous: Option<&Snapshot>,
+        duration_s: f64,
+        interval: Option<IntervalInfo>,
+    ) -> Report {
+        let mut cgroup_paths = HashMap::new();
+        if let Some(tree) = &mut self.cgroups {
+            for (id, _) in &snapshot.cgroups {
+                if let Some(path) = tree.path_of(*id) {
+                    cgroup_paths.insert(*id, path);
+                }
+            }
+            // Ancestors are named too, for --cgroup-depth roll-ups.
+            if self.cgroup_depth.is_some() {
+                cgroup_paths.extend(tree.known_paths());
+            }
+        }
+        let functions = self
+            .probes
+            .as_ref()
+            .map(|probes| probes.functions())
+            .unwrap_or_default();
+        let ctx = ReportContext {
+            model: self.model.as_ref(),
+            slot_names: self.slot_names.clone(),
+            level: self.level,
+            scope: self.scope.clone(),
+            duration_s,
+            interval,
+            cgroup_paths: &cgroup_paths,
+            cgroup_depth: self.cgroup_depth,
+            functions,
+        };
+        build_report(&ctx, snapshot, previous)
+    }
+
+    /// Frees the map entries of cgroups removed since they were named, and drops them from
+    /// `snapshot` (their last counts are in the report just built from it). A daemon's maps
+    /// stay bounded by the cgroups that exist.
+    pub fn forget_removed_cgroups(&mut self, snapshot: &mut Snapshot) -> Result<()> {
+        let Some(tree) = &self.cgroups else {
+            return Ok(());
+        };
+        let mount = tree.mount().to_path_buf();
+        let known: HashMap<u64, String> = tree.known_paths().collect();
+        let removed: Vec<u64> = snapshot
+            .cgroups
+            .iter()
+            .filter(|(id, _)| {
+                known
+                    .get(id)
+                    .is_some_and(|path| !mount.join(path.trim_start_matches('/')).exists())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if !removed.is_empty() {
+            self.bpf.forget_cgroups(&removed)?;
+            snapshot.cgroups.retain(|(id, _)| !removed.contains(id));
+        }
+        Ok(())
+    }
+}
+
+/// `-u` texts to specs (the first error names the bad one).
+pub fn parse_probe_specs(texts: &[String]) -> Result<Vec<ProbeSpec>> {
+    texts.iter().map(|text| ProbeSpec::parse(text)).collect()
+}
+
+/// The model, its counter plan and the opened per-CPU groups.
+struct OpenCounters {
+    model: Box<dyn Model>,
+    level: u8,
+    plan: Plan,
+    groups: CounterGroups,
+    tracefs: Tracefs,
+    cpus: Vec<u32>,
+}
+
+/// Selects the model (announcing fallbacks), plans its counters and opens them on every CPU.
+fn open_counters(args: &CountingArgs) -> Result<OpenCounters> {
+    let (model, announcement) = select_model(args)?;
+    if let Some(line) = announcement {
+        eprintln!("topdown: {line}");
+    }
+    let model = with_extra_events(model, &args.events)?;
+    let level = args.level;
+    if model.max_level() < level && model.max_level() > 0 {
+        eprintln!(
+            "topdown: model {} computes TopDown level {} only; level-{level} metrics are null",
+            model.name(),
+            model.max_level()
+        );
+    }
+    let privilege = match (args.all_user, args.all_kernel) {
+        (true, _) => Privilege::UserOnly,
+        (_, true) => Privilege::KernelOnly,
+        _ => Privilege::All,
+    };
+    check_privileges()?;
+    let tracefs = Tracefs::locate_or_mount()?;
+    let level = effective_level(model.as_ref(), level);
+    let plan = plan_counters(model.as_ref(), level, args.max_counters)?;
+    for note in &plan.notes {
+        eprintln!("{note}");
+    }
+    let counters = resolve(&plan.counters, Some(&tracefs))?;
+    let cpus = online_cpus()?;
+    let hybrid_cpus = synthetic_hybrid_cpus(model.as_ref(), args.hybrid_cpus.as_deref(), &cpus)?;
+    let cpus_of = |pmu: &str| -> Result<Vec<u32>> {
+        match &hybrid_cpus {
+            Some(split) => split
+                .iter()
+                .find(|(name, _)| name == pmu)
+                .map(|(_, list)| list.clone())
+                .ok_or_else(|| {
+                    fail(
+                        Failure::Usage,
+                        format!("--hybrid-cpus gives no CPUs for {pmu}"),
+                    )
+                }),
+            None => pmu_cpus(pmu),
+        }
+    };
+    let groups = CounterGroups::open(&plan, &counters, &cpus, &cpus_of, privilege)
+        .map_err(|err| explain_missing_pmu(err, model.as_ref()))?;
+    Ok(OpenCounters {
+        model,
+        level,
+        plan,
+        groups,
+        tracefs,
+        cpus,
+    })
+}
+
+/// The counter plan: the PMU's general-purpose counters bound how many events count at once
+/// (`--max-counters` overrides the detected number; synthetic models are unbounded unless told).
+fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Result<Plan> {
+    let detect = !model.is_synthetic() && max_counters.is_none();
+    let budget = move |pmu: Option<&str>| {
+        if detect {
+            detected_free_counters(pmu)
+        } else {
+            max_counters
+        }
+    };
+    crate::schedule::plan(model, level, &budget)
+        .map_err(|err| fail(Failure::Usage, format!("{err:#}")))
+}
+
+/// Each hybrid PMU's CPUs: `(pmu, cpus)`.
+type HybridCpus = Vec<(String, Vec<u32>)>;
+
+/// For a synthetic hybrid model, the CPUs standing in for each core type (`--hybrid-cpus`, or
+/// the online CPUs split in two halves). `None` for every other model: real hybrid PMUs say
+/// which CPUs they cover in sysfs.
+fn synthetic_hybrid_cpus(
+    model: &dyn Model,
+    requested: Option<&str>,
+    online: &[u32],
+) -> Result<Option<HybridCpus>> {
+    use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
+    let is_hybrid = model
+        .counters()
+        .iter()
+        .any(|spec| crate::schedule::counter_pmu(&spec.name).is_some());
+    if !is_hybrid || !model.is_synthetic() {
+        if requested.is_some() {
+            return Err(fail(
+                Failure::Usage,
+                "--hybrid-cpus only applies to a synthetic hybrid model, e.g. --pmu \
+                 synthetic:hybrid:intel-spr+intel-grt",
+            ));
+        }
+        return Ok(None);
+    }
+    let split = match requested {
+        Some(text) => parse_hybrid_cpus(text)?,
+        None => {
+            if online.len() < 2 {
+                return Err(fail(
+                    Failure::Usage,
+                    "a synthetic hybrid model needs two online CPUs to stand in for the two \
+                     core types, or --hybrid-cpus cpu_core=0,cpu_atom=0",
+                ));
+            }
+            let half = online.len() / 2;
+            vec![
+                (CORE_PMU.to_owned(), online[..half].to_vec()),
+                (ATOM_PMU.to_owned(), online[half..].to_vec()),
+            ]
+        }
+    };
+    let describe: Vec<String> = split
+        .iter()
+        .map(|(pmu, cpus)| {
+            let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+            format!("{pmu} = CPU {}", list.join(","))
+        })
+        .collect();
+    eprintln!(
+        "topdown: synthetic hybrid: {} (choose with --hybrid-cpus)",
+        describe.join(", ")
+    );
+    Ok(Some(split))
+}
+
+fn parse_hybrid_cpus(text: &str) -> Result<HybridCpus> {
+    use crate::model::hybrid::{ATOM_PMU, CORE_PMU};
+    let usage = |what: String| {
+        fail(
+            Failure::Usage,
+            format!("--hybrid-cpus '{text}': {what}; expected e.g. cpu_core=0-1,cpu_atom=2-3"),
+        )
+    };
+    let mut split: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut current: Option<(String, String)> = None;
+    // Commas separate both the PMUs and a cpulist's parts: a part with '=' starts a new PMU.
+    for part in text.split(',') {
+        match part.split_once('=') {
+            Some((pmu, list)) => {
+                if let Some(done) = current.take() {
+                    let cpus = crate::counters::parse_cpu_list(&done.1)
+                        .map_err(|err| usage(format!("{err:#}")))?;
+                    split.push((done.0, cpus));
+                }
+                if pmu != CORE_PMU && pmu != ATOM_PMU {
+                    return Err(usage(format!("unknown PMU '{pmu}'")));
+                }
+                current = Some((pmu.to_owned(), list.to_owned()));
+            }
+            None => match &mut current {
+                Some((_, list)) => {
+                    list.push(',');
+                    list.push_str(part);
+                }
+                None => return Err(usage(format!("'{part}' names no PMU"))),
+            },
+        }
+    }
+    if let Some(done) = current {
+        let cpus =
+            crate::counters::parse_cpu_list(&done.1).map_err(|err| usage(format!("{err:#}")))?;
+        split.push((done.0, cpus));
+    }
+    for pmu in [CORE_PMU, ATOM_PMU] {
+        if !split
+            .iter()
+            .any(|(name, cpus)| name == pmu && !cpus.is_empty())
+        {
+            return Err(usage(format!("no CPUs for {pmu}")));
+        }
+    }
+    Ok(split)
+}
+
+/// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`), from detection.
+fn detected_free_counters(pmu: Option<&str>) -> Option<u32> {
+    crate::pmu::free_general_counters(std::path::Path::new("/"), pmu)
+}
+
+fn effective_level(model: &dyn Model, requested: u8) -> u8 {
+    if model.max_level() == 0 { 0 } else { requested }
+}
+
+/// The model for `--pmu`, and the line that announces a fallback.
+/// Adds the `-e` events to the model's counters (parsed against this machine's PMUs).
+fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn Model>> {
+    if specs.is_empty() {
+        return Ok(model);
+    }
+    let catalog = crate::events::PmuCatalog::load(std::path::Path::new("/"));
+    let mut events = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let event = crate::events::parse_event(spec, &catalog)
+            .map_err(|err| fail(Failure::Usage, format!("-e: {err:#}")))?;
+        if model
+            .counters()
+            .iter()
+            .any(|counter| counter.name == event.name)
+            || events
+                .iter()
+                .any(|known: &crate::events::EventAttr| known.name == event.name)
+        {
+            return Err(fail(
+                Failure::Usage,
+                format!("-e {spec}: this event is already counted"),
+            ));
+        }
+        events.push(event);
+    }
+    Ok(Box::new(crate::model::with_events::WithEvents::new(
+        model, events,
+    )))
+}
+
+fn select_model(args: &CountingArgs) -> Result<(Box<dyn Model>, Option<String>)> {
+    select_model_by(&args.pmu, args.synthetic.as_deref())
+}
+
+/// The model for `--pmu` (`auto` detects) and `--synthetic` overrides, with the line announcing
+/// a fallback when `auto` found no TopDown PMU.
+pub fn select_model_by(
+    pmu: &str,
+    synthetic: Option<&str>,
+) -> Result<(Box<dyn Model>, Option<String>)> {
+    let overrides = match synthetic {
+        Some(text) => parse_synthetic_overrides(text)
+            .map_err(|err| fail(Failure::Usage, format!("{err:#}")))?,
+        None => Vec::new(),
+    };
+    if pmu == "auto" {
+        if !overrides.is_empty() {
+            return Err(fail(
+                Failure::Usage,
+                "--synthetic needs an explicit synthetic model: --pmu synthetic:<model>",
+            ));
+        }
+        let choice = crate::pmu::auto_model(std::path::Path::new("/"))?;
+        let model = model_by_name(&choice.model, &[])?;
+        return Ok((model, choice.announcement));
+    }
+    let model = model_by_name(pmu, &overrides)
+        .map_err(|err| fail(Failure::Usage, format!("--pmu: {err:#}")))?;
+    Ok((model, None))
+}
+
+/// A hardware model's counters failed to open: say so plainly when this is a VM without a
+/// virtual PMU, the usual reason on cloud machines.
+fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
+    if crate::error::failure_of(&err) != Some(Failure::PmuUnavailable) || model.is_synthetic() {
+        return err;
+    }
+    match crate::pmu::detect(std::path::Path::new("/")) {
+        Ok(detection) if detection.hypervisor && !detection.core_pmu => fail(
+            Failure::PmuUnavailable,
+            format!(
+                "model {} needs a hardware PMU, but this is a VM without a virtual PMU (hypervisor \
+                 flag set, no core PMU in /sys/bus/event_source/devices): use --pmu software, or \
+                 --pmu synthetic:{} to exercise the pipeline",
+                model.name(),
+                model.recorded_name()
+            ),
+        ),
+        _ => err,
+    }
+}
+
+/// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.
+fn check_privileges() -> Result<()> {
+    if crate::check::capabilities_suffice(crate::check::effective_capabilities()?) {
+        Ok(())
+    } else {
+        Err(fail(
+            Failure::Permission,
+            "topdown needs root, or the CAP_BPF and CAP_PERFMON capabilities: run it with sudo",
+        ))
+    }
+}
