@@ -20,18 +20,70 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// True when the tests may load BPF. Under CI not being root is a failure, never a skip.
+/// What a test that loads BPF does for the user running it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Run,
+    /// Not root and `TOPDOWN_SKIP_PRIVILEGED=1`: the line to print before returning.
+    Skip(String),
+    /// Not root and no opt-out: the panic message.
+    Fail(String),
+}
+
+/// The environment variable that lets a non-root run skip the BPF tests (and say so).
+pub const SKIP_PRIVILEGED: &str = "TOPDOWN_SKIP_PRIVILEGED";
+
+/// Decides whether `test` runs: a skip must be asked for, so a run that cannot load BPF never
+/// passes silently.
+pub fn gate(test: &str, root: bool, skip: Option<&std::ffi::OsStr>) -> Gate {
+    if root {
+        Gate::Run
+    } else if skip.is_some_and(|value| value == "1") {
+        Gate::Skip(format!("SKIPPED: {test}: not root"))
+    } else {
+        Gate::Fail(format!(
+            "{test} loads BPF programs and must run as root; set {SKIP_PRIVILEGED}=1 to skip it"
+        ))
+    }
+}
+
+/// The running test's name, as the test harness names its thread.
+fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_owned()
+}
+
+/// True when the test may load BPF; false (after printing `SKIPPED: ...`) when a non-root run
+/// asked to skip. Not root without that is a failure.
 pub fn privileged() -> bool {
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "privileged tests must run as root in CI"
-        );
-        eprintln!("skipping: not root (these tests load BPF programs)");
+    match gate(
+        &test_name(),
+        root,
+        std::env::var_os(SKIP_PRIVILEGED).as_deref(),
+    ) {
+        Gate::Run => true,
+        Gate::Skip(line) => {
+            say(&line);
+            false
+        }
+        Gate::Fail(message) => panic!("{message}"),
     }
-    root
+}
+
+/// Skips the running test for a reason of this machine (not of the user), saying so on stderr.
+pub fn skipped(reason: &str) {
+    say(&format!("SKIPPED: {}: {reason}", test_name()));
+}
+
+/// Writes a line to the real stderr: the test harness captures `eprintln!` of passing tests,
+/// and a skip must show in every run, not only under `--nocapture`.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The topdown binary under test.
@@ -193,4 +245,40 @@ pub fn loaded_bpf_program_names() -> Result<Vec<String>> {
         }
     }
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    #[test]
+    fn not_root_fails_unless_a_skip_is_asked_for() {
+        assert_eq!(gate("a", true, None), Gate::Run);
+        assert_eq!(gate("a", true, Some(OsStr::new("1"))), Gate::Run);
+        assert_eq!(
+            gate("stat::two_threads", false, Some(OsStr::new("1"))),
+            Gate::Skip("SKIPPED: stat::two_threads: not root".to_owned())
+        );
+        let fail = Gate::Fail(
+            "stat::two_threads loads BPF programs and must run as root; set TOPDOWN_SKIP_PRIVILEGED=1 to skip it"
+                .to_owned(),
+        );
+        assert_eq!(gate("stat::two_threads", false, None), fail);
+        // Only an explicit 1 skips: an empty or other value is not a request.
+        assert_eq!(gate("stat::two_threads", false, Some(OsStr::new(""))), fail);
+        assert_eq!(
+            gate("stat::two_threads", false, Some(OsStr::new("0"))),
+            fail
+        );
+    }
+
+    #[test]
+    fn the_test_name_is_the_harness_thread_name() {
+        assert_eq!(
+            test_name(),
+            "tests::the_test_name_is_the_harness_thread_name"
+        );
+    }
 }

@@ -232,6 +232,91 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     let _ = std::fs::remove_dir_all(&storage);
 }
 
+/// `GET /metrics` on the first connection the exporter's socket accepts: it binds before
+/// loading BPF, so the request waits in the listen backlog and is answered as soon as the
+/// HTTP server runs, racing the first refresh.
+fn first_metrics(port: u16) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stream = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => break stream,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Err(err) => panic!("the exporter never listened on {port}: {err}"),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+#[test]
+fn the_first_scrape_describes_the_exporter_and_the_first_refresh_is_at_start() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let port = free_port();
+    let mut command = topdown();
+    command
+        .args(["serve", "--pmu", "synthetic:intel-icl"])
+        // No refresh but the first one for a minute: whatever counts below comes from it.
+        .args(["--refresh-ms", "60000", "--by", "process"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let _exporter = Reaped(command.spawn().expect("starting topdown serve"));
+    let info = format!(
+        r#"topdown_build_info{{model="intel-icl",synthetic="true",version="{}"}} 1"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    let (status, first) = first_metrics(port);
+    assert_eq!(status, 200, "{first}");
+    assert!(first.lines().any(|line| line == info), "{first}");
+    // Before the first refresh: the starting series, down (as /healthz's 503); after it: up.
+    let state = (
+        sample(&first, "topdown_up "),
+        sample(&first, "topdown_refreshes_total "),
+    );
+    assert!(
+        state == (Some(0.0), Some(0.0)) || state == (Some(1.0), Some(1.0)),
+        "{state:?} in:\n{first}"
+    );
+    eprintln!(
+        "first scrape: {}",
+        if state.1 == Some(0.0) {
+            "before the first refresh"
+        } else {
+            "after the first refresh"
+        }
+    );
+    // The first refresh runs at start, not one --refresh-ms later.
+    let started = Instant::now();
+    wait_for(Duration::from_secs(20), || {
+        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
+    })
+    .expect("healthy after the first refresh, long before 60 s");
+    let (status, metrics) = http_get(port, "/metrics").expect("/metrics");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(status, 200);
+    assert!(metrics.lines().any(|line| line == info), "{metrics}");
+    assert_eq!(sample(&metrics, "topdown_up "), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "topdown_refreshes_total "),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
 #[test]
 fn serve_refuses_bad_setups_with_one_line() {
     let _serial = serial();
@@ -483,7 +568,7 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
         .map(|text| text.trim() != "1")
         .unwrap_or(true)
     {
-        eprintln!("skipping: no hot-pluggable, online CPU 1 here");
+        skipped("no hot-pluggable, online CPU 1 here");
         return;
     }
     let out = std::env::temp_dir().join(format!("topdown-hotplug-{}.json", std::process::id()));

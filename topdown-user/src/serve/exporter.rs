@@ -4,12 +4,14 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::LazyLock,
     time::{Duration, Instant},
 };
 
 use prometheus::{
-    CounterVec, Encoder as _, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    TextEncoder,
+    core::{Collector, Desc},
+    proto::{self, LabelPair, MetricFamily, MetricType},
 };
 
 use crate::{
@@ -17,7 +19,7 @@ use crate::{
     report::{Entity, Report},
 };
 
-/// Label sets as prometheus-client takes them.
+/// A series' identifying labels: `(name, value)` in `FamilyKind::labels` order.
 type Labels = Vec<(String, String)>;
 
 /// The value of identifying labels of the series that absorbs everything beyond `--max-series`.
@@ -32,59 +34,70 @@ pub enum FamilyKind {
 }
 
 impl FamilyKind {
-    fn metric(self) -> &'static str {
+    /// Slots per category: the identifying labels, then `category` and `model`.
+    fn slots(self) -> Spec {
         match self {
-            FamilyKind::Cgroup => "topdown_cgroup_slots_total",
-            FamilyKind::Process => "topdown_process_slots_total",
-            FamilyKind::FunctionInclusive => "topdown_function_inclusive_slots_total",
-            FamilyKind::FunctionExclusive => "topdown_function_exclusive_slots_total",
+            FamilyKind::Cgroup => spec(
+                "topdown_cgroup_slots_total",
+                "Pipeline slots per TopDown category, per cgroup v2",
+                MetricType::COUNTER,
+                &[
+                    "cgroup",
+                    "container",
+                    "pod_uid",
+                    "unit",
+                    "category",
+                    "model",
+                ],
+            ),
+            FamilyKind::Process => spec(
+                "topdown_process_slots_total",
+                "Pipeline slots per TopDown category, per process name",
+                MetricType::COUNTER,
+                &["comm", "category", "model"],
+            ),
+            FamilyKind::FunctionInclusive => spec(
+                "topdown_function_inclusive_slots_total",
+                "Pipeline slots per TopDown category inside probed functions, callees included",
+                MetricType::COUNTER,
+                &["function", "target", "category", "model"],
+            ),
+            FamilyKind::FunctionExclusive => spec(
+                "topdown_function_exclusive_slots_total",
+                "Pipeline slots per TopDown category inside probed functions, probed callees excluded",
+                MetricType::COUNTER,
+                &["function", "target", "category", "model"],
+            ),
         }
     }
 
-    /// The identifying labels, in the order `update` builds them.
-    fn labels(self) -> &'static [&'static str] {
+    /// Counts of the `-e` events for the same entities: the identifying labels, then `event`.
+    fn events(self) -> Spec {
         match self {
-            FamilyKind::Cgroup => &["cgroup", "container", "pod_uid", "unit"],
-            FamilyKind::Process => &["comm"],
-            FamilyKind::FunctionInclusive | FamilyKind::FunctionExclusive => {
-                &["function", "target"]
-            }
-        }
-    }
-
-    /// The family of `-e` event counts for the same entities.
-    fn events_metric(self) -> &'static str {
-        match self {
-            FamilyKind::Cgroup => "topdown_cgroup_events_total",
-            FamilyKind::Process => "topdown_process_events_total",
-            FamilyKind::FunctionInclusive => "topdown_function_inclusive_events_total",
-            FamilyKind::FunctionExclusive => "topdown_function_exclusive_events_total",
-        }
-    }
-
-    fn events_help(self) -> &'static str {
-        match self {
-            FamilyKind::Cgroup => "Counts of the -e events, per cgroup v2",
-            FamilyKind::Process => "Counts of the -e events, per process name",
-            FamilyKind::FunctionInclusive => {
-                "Counts of the -e events inside probed functions, callees included"
-            }
-            FamilyKind::FunctionExclusive => {
-                "Counts of the -e events inside probed functions, probed callees excluded"
-            }
-        }
-    }
-
-    fn help(self) -> &'static str {
-        match self {
-            FamilyKind::Cgroup => "Pipeline slots per TopDown category, per cgroup v2",
-            FamilyKind::Process => "Pipeline slots per TopDown category, per process name",
-            FamilyKind::FunctionInclusive => {
-                "Pipeline slots per TopDown category inside probed functions, callees included"
-            }
-            FamilyKind::FunctionExclusive => {
-                "Pipeline slots per TopDown category inside probed functions, probed callees excluded"
-            }
+            FamilyKind::Cgroup => spec(
+                "topdown_cgroup_events_total",
+                "Counts of the -e events, per cgroup v2",
+                MetricType::COUNTER,
+                &["cgroup", "container", "pod_uid", "unit", "event"],
+            ),
+            FamilyKind::Process => spec(
+                "topdown_process_events_total",
+                "Counts of the -e events, per process name",
+                MetricType::COUNTER,
+                &["comm", "event"],
+            ),
+            FamilyKind::FunctionInclusive => spec(
+                "topdown_function_inclusive_events_total",
+                "Counts of the -e events inside probed functions, callees included",
+                MetricType::COUNTER,
+                &["function", "target", "event"],
+            ),
+            FamilyKind::FunctionExclusive => spec(
+                "topdown_function_exclusive_events_total",
+                "Counts of the -e events inside probed functions, probed callees excluded",
+                MetricType::COUNTER,
+                &["function", "target", "event"],
+            ),
         }
     }
 }
@@ -361,184 +374,298 @@ impl Exporter {
         self.expired += (before - self.series.len()) as u64;
     }
 
-    /// The Prometheus text exposition of every series and of the exporter itself.
+    /// The Prometheus text exposition of every series and of the exporter itself, encoded
+    /// straight from the live store (no registry is built per encode).
     pub fn encode(&self) -> Result<String, prometheus::Error> {
-        let registry = Registry::new();
-        let mut families: BTreeMap<FamilyKind, CounterVec> = BTreeMap::new();
-        let mut event_families: BTreeMap<FamilyKind, IntCounterVec> = BTreeMap::new();
-        // Only with -e: an empty family would still print its HELP and TYPE lines.
-        let has_events = self.series.values().any(|series| !series.events.is_empty());
-        for kind in [
-            FamilyKind::Cgroup,
-            FamilyKind::Process,
-            FamilyKind::FunctionInclusive,
-            FamilyKind::FunctionExclusive,
-        ] {
-            let mut names: Vec<&str> = kind.labels().to_vec();
-            names.extend(["category", "model"]);
-            let family = CounterVec::new(Opts::new(kind.metric(), kind.help()), &names)?;
-            registry.register(Box::new(family.clone()))?;
-            families.insert(kind, family);
-            if has_events {
-                let mut names: Vec<&str> = kind.labels().to_vec();
-                names.push("event");
-                let events = IntCounterVec::new(
-                    Opts::new(kind.events_metric(), kind.events_help()),
-                    &names,
-                )?;
-                registry.register(Box::new(events.clone()))?;
-                event_families.insert(kind, events);
-            }
+        TextEncoder::new().encode_to_string(&self.collect())
+    }
+}
+
+/// One exported family as `Desc` and the text encoder take it.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    /// Label names, in the order `Families::push` takes their values.
+    labels: &'static [&'static str],
+}
+
+const fn spec(
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    labels: &'static [&'static str],
+) -> Spec {
+    Spec {
+        name,
+        help,
+        kind,
+        labels,
+    }
+}
+
+const CALLS: Spec = spec(
+    "topdown_function_calls_total",
+    "Calls of probed functions",
+    MetricType::COUNTER,
+    &["function", "target"],
+);
+const BUILD_INFO: Spec = spec(
+    "topdown_build_info",
+    "The model topdown counts with",
+    MetricType::GAUGE,
+    &["model", "synthetic", "version"],
+);
+const SERIES: Spec = spec(
+    "topdown_series",
+    "Series exported now",
+    MetricType::GAUGE,
+    &[],
+);
+const OVERFLOWED: Spec = spec(
+    "topdown_series_overflow_total",
+    "Entity updates folded into an other series because of --max-series",
+    MetricType::COUNTER,
+    &[],
+);
+const EXPIRED: Spec = spec(
+    "topdown_series_expired_total",
+    "Series dropped after --series-ttl without counts",
+    MetricType::COUNTER,
+    &[],
+);
+const REFRESHES: Spec = spec(
+    "topdown_refreshes_total",
+    "Map readings turned into series",
+    MetricType::COUNTER,
+    &[],
+);
+const REFRESH_DURATION: Spec = spec(
+    "topdown_refresh_duration_seconds",
+    "How long the last refresh took",
+    MetricType::GAUGE,
+    &[],
+);
+const BPF_EVENTS: Spec = spec(
+    "topdown_bpf_events_total",
+    "BPF-side diagnostics: readings, read errors, full maps, missed returns",
+    MetricType::COUNTER,
+    &["kind"],
+);
+const OVERHEAD: Spec = spec(
+    "topdown_overhead_percent",
+    "topdown's BPF run time over the last refresh, percent of all CPUs",
+    MetricType::GAUGE,
+    &[],
+);
+const DETACHED: Spec = spec(
+    "topdown_probes_detached_total",
+    "Function probes the overhead guard (--max-overhead) detached",
+    MetricType::COUNTER,
+    &["function", "target"],
+);
+const REATTACHMENTS: Spec = spec(
+    "topdown_probe_reattachments_total",
+    "Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)",
+    MetricType::COUNTER,
+    &[],
+);
+const RELOADS: Spec = spec(
+    "topdown_config_reloads_total",
+    "--config reloads on SIGHUP, by result (failed: the running configuration stayed)",
+    MetricType::COUNTER,
+    &["result"],
+);
+const MAP_ENTRIES: Spec = spec(
+    "topdown_bpf_map_entries",
+    "Entries in topdown's BPF maps (bounded by --max-tasks, --max-cgroups)",
+    MetricType::GAUGE,
+    &["map"],
+);
+
+const KINDS: [FamilyKind; 4] = [
+    FamilyKind::Cgroup,
+    FamilyKind::Process,
+    FamilyKind::FunctionInclusive,
+    FamilyKind::FunctionExclusive,
+];
+
+/// Every family the exporter may export.
+fn specs() -> impl Iterator<Item = Spec> {
+    KINDS
+        .into_iter()
+        .flat_map(|kind| [kind.slots(), kind.events()])
+        .chain([
+            CALLS,
+            BUILD_INFO,
+            SERIES,
+            OVERFLOWED,
+            EXPIRED,
+            REFRESHES,
+            REFRESH_DURATION,
+            BPF_EVENTS,
+            OVERHEAD,
+            DETACHED,
+            REATTACHMENTS,
+            RELOADS,
+            MAP_ENTRIES,
+        ])
+}
+
+/// The descriptors a `Registry` checks on registration. The names and labels are constants
+/// (a unit test builds every one), so none is ever left out.
+static DESCS: LazyLock<Vec<Desc>> = LazyLock::new(|| {
+    specs()
+        .filter_map(|spec| {
+            Desc::new(
+                spec.name.to_owned(),
+                spec.help.to_owned(),
+                spec.labels
+                    .iter()
+                    .map(|label| (*label).to_owned())
+                    .collect(),
+                HashMap::new(),
+            )
+            .ok()
+        })
+        .collect()
+});
+
+/// The families of one collection, keyed (and so ordered) by name as `Registry::gather` orders
+/// them.
+#[derive(Default)]
+struct Families(BTreeMap<&'static str, MetricFamily>);
+
+impl Families {
+    /// Adds one sample; `values` are the values of `spec.labels`, in that order.
+    fn push(&mut self, spec: Spec, values: &[&str], value: f64) {
+        debug_assert_eq!(values.len(), spec.labels.len(), "{}", spec.name);
+        let mut labels: Vec<LabelPair> = spec
+            .labels
+            .iter()
+            .zip(values)
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name((*name).to_owned());
+                pair.set_value((*value).to_owned());
+                pair
+            })
+            .collect();
+        // Label pairs by name, as the crate's own metrics write them.
+        labels.sort();
+        let mut metric = proto::Metric::from_label(labels);
+        if spec.kind == MetricType::GAUGE {
+            let mut gauge = proto::Gauge::default();
+            gauge.set_value(value);
+            metric.set_gauge(gauge);
+        } else {
+            let mut counter = proto::Counter::default();
+            counter.set_value(value);
+            metric.set_counter(counter);
         }
-        let calls = IntCounterVec::new(
-            Opts::new("topdown_function_calls_total", "Calls of probed functions"),
-            FamilyKind::FunctionInclusive.labels(),
-        )?;
-        registry.register(Box::new(calls.clone()))?;
-        for ((kind, labels), series) in &self.series {
-            let Some(family) = families.get(kind) else {
-                continue;
-            };
-            let mut values: Vec<&str> = labels.iter().map(|(_, value)| value.as_str()).collect();
-            for (category, value) in &series.values {
-                values.push(category);
-                values.push(&self.model);
+        self.0
+            .entry(spec.name)
+            .or_insert_with(|| {
+                let mut family = MetricFamily::default();
+                family.set_name(spec.name.to_owned());
+                family.set_help(spec.help.to_owned());
+                family.set_field_type(spec.kind);
                 family
-                    .get_metric_with_label_values(&values)?
-                    .inc_by(value.max(0.0));
-                values.truncate(labels.len());
+            })
+            .mut_metric()
+            .push(metric);
+    }
+
+    /// The families by name, each one's samples by label values: `Registry::gather`'s order
+    /// (prometheus 0.14, src/registry.rs), so the exposition is stable across scrapes.
+    fn finish(self) -> Vec<MetricFamily> {
+        self.0
+            .into_values()
+            .map(|mut family| {
+                family.mut_metric().sort_by(|a, b| {
+                    let values = |metric: &proto::Metric| {
+                        metric
+                            .get_label()
+                            .iter()
+                            .map(|pair| pair.value().to_owned())
+                            .collect::<Vec<_>>()
+                    };
+                    a.get_label()
+                        .len()
+                        .cmp(&b.get_label().len())
+                        .then_with(|| values(a).cmp(&values(b)))
+                });
+                family
+            })
+            .collect()
+    }
+}
+
+/// The exporter is a collector over its live series: each collection reads the store as the
+/// last refresh left it, so the exporter can also be registered with any `Registry`.
+impl Collector for Exporter {
+    fn desc(&self) -> Vec<&Desc> {
+        DESCS.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut families = Families::default();
+        let mut values: Vec<&str> = Vec::new();
+        for ((kind, labels), series) in &self.series {
+            values.clear();
+            values.extend(labels.iter().map(|(_, value)| value.as_str()));
+            let identifying = values.len();
+            for (category, value) in &series.values {
+                values.extend([category.as_str(), self.model.as_str()]);
+                families.push(kind.slots(), &values, value.max(0.0));
+                values.truncate(identifying);
             }
-            if let Some(events) = event_families.get(kind) {
-                for (event, count) in &series.events {
-                    values.push(event);
-                    events.get_metric_with_label_values(&values)?.inc_by(*count);
-                    values.truncate(labels.len());
-                }
+            for (event, count) in &series.events {
+                values.push(event);
+                families.push(kind.events(), &values, *count as f64);
+                values.truncate(identifying);
             }
             if *kind == FamilyKind::FunctionInclusive && series.calls > 0 {
-                calls
-                    .get_metric_with_label_values(&values)?
-                    .inc_by(series.calls);
+                families.push(CALLS, &values, series.calls as f64);
             }
         }
-        let info = IntGaugeVec::new(
-            Opts::new("topdown_build_info", "The model topdown counts with"),
-            &["model", "synthetic", "version"],
-        )?;
-        info.get_metric_with_label_values(&[
-            &self.model,
-            &self.synthetic.to_string(),
-            env!("CARGO_PKG_VERSION"),
-        ])?
-        .set(1);
-        registry.register(Box::new(info))?;
-        let gauge = |name: &str, help: &str, value: i64| -> Result<(), prometheus::Error> {
-            let gauge = IntGauge::new(name, help)?;
-            gauge.set(value);
-            registry.register(Box::new(gauge))
-        };
-        gauge(
-            "topdown_series",
-            "Series exported now",
-            self.series.len() as i64,
-        )?;
-        let counter = |name: &str, help: &str, value: u64| -> Result<(), prometheus::Error> {
-            let counter = IntCounter::new(name, help)?;
-            counter.inc_by(value);
-            registry.register(Box::new(counter))
-        };
-        counter(
-            "topdown_series_overflow_total",
-            "Entity updates folded into an other series because of --max-series",
-            self.overflowed,
-        )?;
-        counter(
-            "topdown_series_expired_total",
-            "Series dropped after --series-ttl without counts",
-            self.expired,
-        )?;
-        counter(
-            "topdown_refreshes_total",
-            "Map readings turned into series",
-            self.refreshes,
-        )?;
-        let refresh = Gauge::new(
-            "topdown_refresh_duration_seconds",
-            "How long the last refresh took",
-        )?;
-        refresh.set(self.last_refresh_seconds);
-        registry.register(Box::new(refresh))?;
-        let diagnostics = IntCounterVec::new(
-            Opts::new(
-                "topdown_bpf_events_total",
-                "BPF-side diagnostics: readings, read errors, full maps, missed returns",
-            ),
-            &["kind"],
-        )?;
+        let synthetic = self.synthetic.to_string();
+        families.push(
+            BUILD_INFO,
+            &[&self.model, &synthetic, env!("CARGO_PKG_VERSION")],
+            1.0,
+        );
+        families.push(SERIES, &[], self.series.len() as f64);
+        families.push(OVERFLOWED, &[], self.overflowed as f64);
+        families.push(EXPIRED, &[], self.expired as f64);
+        families.push(REFRESHES, &[], self.refreshes as f64);
+        families.push(REFRESH_DURATION, &[], self.last_refresh_seconds);
         for (name, value) in &self.diagnostics {
-            diagnostics
-                .get_metric_with_label_values(&[name])?
-                .inc_by(*value);
+            families.push(BPF_EVENTS, &[name], *value as f64);
         }
-        registry.register(Box::new(diagnostics))?;
         if let Some(percent) = self.overhead_percent {
-            let overhead = Gauge::new(
-                "topdown_overhead_percent",
-                "topdown's BPF run time over the last refresh, percent of all CPUs",
-            )?;
-            overhead.set(percent);
-            registry.register(Box::new(overhead))?;
+            families.push(OVERHEAD, &[], percent);
         }
-        let detached = IntCounterVec::new(
-            Opts::new(
-                "topdown_probes_detached_total",
-                "Function probes the overhead guard (--max-overhead) detached",
-            ),
-            &["function", "target"],
-        )?;
+        // A function detached twice (re-attached in between) counts twice.
+        let mut detached: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for (function, target) in &self.detached_functions {
-            detached
-                .get_metric_with_label_values(&[function, target])?
-                .inc();
+            *detached.entry((function, target)).or_default() += 1;
         }
-        registry.register(Box::new(detached))?;
-        counter(
-            "topdown_probe_reattachments_total",
-            "Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)",
-            self.reattachments,
-        )?;
-        let reloads = IntCounterVec::new(
-            Opts::new(
-                "topdown_config_reloads_total",
-                "--config reloads on SIGHUP, by result (failed: the running configuration stayed)",
-            ),
-            &["result"],
-        )?;
+        for ((function, target), count) in detached {
+            families.push(DETACHED, &[function, target], count as f64);
+        }
+        families.push(REATTACHMENTS, &[], self.reattachments as f64);
         for (result, count) in [
             ("applied", self.config_reloads.applied),
             ("failed", self.config_reloads.failed),
         ] {
-            reloads
-                .get_metric_with_label_values(&[result])?
-                .inc_by(count);
+            families.push(RELOADS, &[result], count as f64);
         }
-        registry.register(Box::new(reloads))?;
-        let entries = IntGaugeVec::new(
-            Opts::new(
-                "topdown_bpf_map_entries",
-                "Entries in topdown's BPF maps (bounded by --max-tasks, --max-cgroups)",
-            ),
-            &["map"],
-        )?;
         for (map, count) in self.map_entries {
-            entries
-                .get_metric_with_label_values(&[map])?
-                .set(count as i64);
+            families.push(MAP_ENTRIES, &[map], count as f64);
         }
-        registry.register(Box::new(entries))?;
-        let mut text = Vec::new();
-        TextEncoder::new().encode(&registry.gather(), &mut text)?;
-        String::from_utf8(text).map_err(|err| prometheus::Error::Msg(err.to_string()))
+        families.finish()
     }
 }
 
@@ -586,6 +713,176 @@ mod tests {
             .find(|line| line.starts_with(prefix))
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
     }
+
+    /// An exporter holding one series of every family and every self-describing series.
+    fn every_family() -> Exporter {
+        let mut report = report(&[("nginx", 1000, Some(0.25)), ("a\"b", 7, None)]);
+        report.extra_events = vec!["cache-misses".to_owned()];
+        report.processes[0]
+            .entity
+            .counters
+            .insert("cache-misses".to_owned(), 12);
+        let entity = |slots: u64, retiring: f64, misses: u64| {
+            serde_json::json!({
+                "counters": { "slots": slots, "cache-misses": misses },
+                "metrics": { "retiring": retiring },
+            })
+        };
+        let mut cgroup = entity(600, 0.5, 3);
+        cgroup["id"] = serde_json::json!(42);
+        cgroup["path"] = serde_json::json!("/system.slice/docker-abc.scope");
+        cgroup["container"] = serde_json::json!({ "id": "abc", "unit": "docker-abc.scope" });
+        let mut unnamed = entity(5, 0.0, 0);
+        unnamed["id"] = serde_json::json!(7);
+        report.cgroups = serde_json::from_value(serde_json::json!([cgroup, unnamed])).unwrap();
+        report.functions = serde_json::from_value(serde_json::json!([{
+            "target": "/usr/bin/app", "symbol": "leaf", "calls": 3,
+            "inclusive": entity(90, 1.0, 2), "exclusive": entity(30, 1.0, 1),
+        }]))
+        .unwrap();
+        report.diagnostics.read_errors = 2;
+        report.diagnostics.missed_returns = 1;
+        let mut exporter = Exporter::new("intel-icl".into(), true, limits(5, 300));
+        exporter.update(&report, Instant::now());
+        exporter.set_refresh_duration(Duration::from_millis(250));
+        exporter.overhead_percent = Some(0.5);
+        exporter.detached_functions = vec![("leaf".to_owned(), "/usr/bin/app".to_owned())];
+        exporter.reattachments = 2;
+        exporter.map_entries = [("tasks", 9), ("cgroups", 2)];
+        exporter.config_reloads = Reloads {
+            applied: 1,
+            failed: 4,
+        };
+        exporter
+    }
+
+    /// The exposition before the collector rewrite, byte for byte (families by name, samples
+    /// by label values, label pairs by name, escaped label values).
+    #[test]
+    fn the_exposition_is_byte_exact() {
+        let expected = EVERY_FAMILY.replace("VERSION", env!("CARGO_PKG_VERSION"));
+        assert_eq!(every_family().encode().unwrap(), expected);
+    }
+
+    /// Registered with a registry, the collector gathers what `encode` writes.
+    #[test]
+    fn the_collector_registers_and_gathers_the_same_text() {
+        assert_eq!(
+            DESCS.len(),
+            specs().count(),
+            "every family has a descriptor"
+        );
+        let exporter = every_family();
+        let text = exporter.encode().unwrap();
+        let registry = prometheus::Registry::new();
+        registry.register(Box::new(exporter)).unwrap();
+        let gathered = TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        assert_eq!(gathered, text);
+    }
+
+    /// Before any refresh the exporter already describes itself.
+    #[test]
+    fn a_new_exporter_encodes_its_own_series() {
+        let exporter = Exporter::new("amd-zen4".into(), false, limits(10, 60));
+        let text = exporter.encode().unwrap();
+        let info = format!(
+            r#"topdown_build_info{{model="amd-zen4",synthetic="false",version="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|line| line == info), "{text}");
+        assert_eq!(
+            value(&text, "topdown_refreshes_total "),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(value(&text, "topdown_series "), Some(0.0), "{text}");
+        assert!(!text.contains("topdown_process_slots_total"), "{text}");
+    }
+
+    const EVERY_FAMILY: &str = r##"# HELP topdown_bpf_events_total BPF-side diagnostics: readings, read errors, full maps, missed returns
+# TYPE topdown_bpf_events_total counter
+topdown_bpf_events_total{kind="cgroup_map_full"} 0
+topdown_bpf_events_total{kind="missed_returns"} 1
+topdown_bpf_events_total{kind="not_running_readings"} 0
+topdown_bpf_events_total{kind="overflows"} 0
+topdown_bpf_events_total{kind="probe_map_full"} 0
+topdown_bpf_events_total{kind="read_errors"} 2
+topdown_bpf_events_total{kind="readings"} 3
+topdown_bpf_events_total{kind="task_map_full"} 0
+# HELP topdown_bpf_map_entries Entries in topdown's BPF maps (bounded by --max-tasks, --max-cgroups)
+# TYPE topdown_bpf_map_entries gauge
+topdown_bpf_map_entries{map="cgroups"} 2
+topdown_bpf_map_entries{map="tasks"} 9
+# HELP topdown_build_info The model topdown counts with
+# TYPE topdown_build_info gauge
+topdown_build_info{model="intel-icl",synthetic="true",version="VERSION"} 1
+# HELP topdown_cgroup_events_total Counts of the -e events, per cgroup v2
+# TYPE topdown_cgroup_events_total counter
+topdown_cgroup_events_total{cgroup="/system.slice/docker-abc.scope",container="abc",event="cache-misses",pod_uid="",unit="docker-abc.scope"} 3
+topdown_cgroup_events_total{cgroup="id:7",container="",event="cache-misses",pod_uid="",unit=""} 0
+# HELP topdown_cgroup_slots_total Pipeline slots per TopDown category, per cgroup v2
+# TYPE topdown_cgroup_slots_total counter
+topdown_cgroup_slots_total{category="retiring",cgroup="/system.slice/docker-abc.scope",container="abc",model="intel-icl",pod_uid="",unit="docker-abc.scope"} 300
+topdown_cgroup_slots_total{category="retiring",cgroup="id:7",container="",model="intel-icl",pod_uid="",unit=""} 0
+topdown_cgroup_slots_total{category="total",cgroup="/system.slice/docker-abc.scope",container="abc",model="intel-icl",pod_uid="",unit="docker-abc.scope"} 600
+topdown_cgroup_slots_total{category="total",cgroup="id:7",container="",model="intel-icl",pod_uid="",unit=""} 5
+# HELP topdown_config_reloads_total --config reloads on SIGHUP, by result (failed: the running configuration stayed)
+# TYPE topdown_config_reloads_total counter
+topdown_config_reloads_total{result="applied"} 1
+topdown_config_reloads_total{result="failed"} 4
+# HELP topdown_function_calls_total Calls of probed functions
+# TYPE topdown_function_calls_total counter
+topdown_function_calls_total{function="leaf",target="/usr/bin/app"} 3
+# HELP topdown_function_exclusive_events_total Counts of the -e events inside probed functions, probed callees excluded
+# TYPE topdown_function_exclusive_events_total counter
+topdown_function_exclusive_events_total{event="cache-misses",function="other",target="other"} 1
+# HELP topdown_function_exclusive_slots_total Pipeline slots per TopDown category inside probed functions, probed callees excluded
+# TYPE topdown_function_exclusive_slots_total counter
+topdown_function_exclusive_slots_total{category="retiring",function="other",model="intel-icl",target="other"} 30
+topdown_function_exclusive_slots_total{category="total",function="other",model="intel-icl",target="other"} 30
+# HELP topdown_function_inclusive_events_total Counts of the -e events inside probed functions, callees included
+# TYPE topdown_function_inclusive_events_total counter
+topdown_function_inclusive_events_total{event="cache-misses",function="leaf",target="/usr/bin/app"} 2
+# HELP topdown_function_inclusive_slots_total Pipeline slots per TopDown category inside probed functions, callees included
+# TYPE topdown_function_inclusive_slots_total counter
+topdown_function_inclusive_slots_total{category="retiring",function="leaf",model="intel-icl",target="/usr/bin/app"} 90
+topdown_function_inclusive_slots_total{category="total",function="leaf",model="intel-icl",target="/usr/bin/app"} 90
+# HELP topdown_overhead_percent topdown's BPF run time over the last refresh, percent of all CPUs
+# TYPE topdown_overhead_percent gauge
+topdown_overhead_percent 0.5
+# HELP topdown_probe_reattachments_total Re-attachments of the function probes (replaced binaries, SIGHUP, overhead guard)
+# TYPE topdown_probe_reattachments_total counter
+topdown_probe_reattachments_total 2
+# HELP topdown_probes_detached_total Function probes the overhead guard (--max-overhead) detached
+# TYPE topdown_probes_detached_total counter
+topdown_probes_detached_total{function="leaf",target="/usr/bin/app"} 1
+# HELP topdown_process_events_total Counts of the -e events, per process name
+# TYPE topdown_process_events_total counter
+topdown_process_events_total{comm="a\"b",event="cache-misses"} 0
+topdown_process_events_total{comm="nginx",event="cache-misses"} 12
+# HELP topdown_process_slots_total Pipeline slots per TopDown category, per process name
+# TYPE topdown_process_slots_total counter
+topdown_process_slots_total{category="retiring",comm="nginx",model="intel-icl"} 250
+topdown_process_slots_total{category="total",comm="a\"b",model="intel-icl"} 7
+topdown_process_slots_total{category="total",comm="nginx",model="intel-icl"} 1000
+# HELP topdown_refresh_duration_seconds How long the last refresh took
+# TYPE topdown_refresh_duration_seconds gauge
+topdown_refresh_duration_seconds 0.25
+# HELP topdown_refreshes_total Map readings turned into series
+# TYPE topdown_refreshes_total counter
+topdown_refreshes_total 1
+# HELP topdown_series Series exported now
+# TYPE topdown_series gauge
+topdown_series 6
+# HELP topdown_series_expired_total Series dropped after --series-ttl without counts
+# TYPE topdown_series_expired_total counter
+topdown_series_expired_total 0
+# HELP topdown_series_overflow_total Entity updates folded into an other series because of --max-series
+# TYPE topdown_series_overflow_total counter
+topdown_series_overflow_total 1
+"##;
 
     #[test]
     fn deltas_accumulate_into_monotonic_category_counters() {

@@ -13,11 +13,48 @@ use tokio::{
     sync::watch,
 };
 
+use super::exporter::Exporter;
+
 /// What `/metrics` serves: the last encoded text, and whether the exporter is healthy.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub metrics: Arc<String>,
     pub healthy: bool,
+}
+
+impl Snapshot {
+    /// What is served before the first refresh: the exporter's own series (build info, no
+    /// refresh yet), and not healthy until a refresh has read the counters, as `/healthz` says.
+    pub fn starting(exporter: &Exporter) -> Self {
+        let metrics = exporter.encode().unwrap_or_else(|err| {
+            log::warn!("encoding metrics: {err}");
+            String::new()
+        });
+        Self {
+            metrics: Arc::new(metrics),
+            healthy: false,
+        }
+    }
+}
+
+/// `topdown_up` in the text exposition format 0.0.4
+/// (<https://prometheus.io/docs/instrumenting/exposition_formats/>): 1 exactly when `/healthz`
+/// answers 200. It is written from the same flag `/healthz` reads, so the two never disagree,
+/// and a failed refresh (which keeps the last series) shows as 0 without re-encoding them.
+fn up_series(healthy: bool) -> &'static str {
+    if healthy {
+        concat!(
+            "# HELP topdown_up Whether the last refresh read the counters (1) or failed or has not run yet (0)\n",
+            "# TYPE topdown_up gauge\n",
+            "topdown_up 1\n"
+        )
+    } else {
+        concat!(
+            "# HELP topdown_up Whether the last refresh read the counters (1) or failed or has not run yet (0)\n",
+            "# TYPE topdown_up gauge\n",
+            "topdown_up 0\n"
+        )
+    }
 }
 
 const MAX_REQUEST: usize = 8 * 1024;
@@ -43,7 +80,11 @@ pub fn respond(
     snapshot: &Snapshot,
 ) -> (&'static str, &'static str, String) {
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", EXPOSITION, snapshot.metrics.to_string()),
+        ("GET" | "HEAD", "/metrics") => (
+            "200 OK",
+            EXPOSITION,
+            format!("{}{}", snapshot.metrics, up_series(snapshot.healthy)),
+        ),
         ("GET" | "HEAD", "/healthz") if snapshot.healthy => {
             ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned())
         }
@@ -135,7 +176,10 @@ mod tests {
             healthy: true,
         };
         assert_eq!(respond("GET", "/metrics", &snapshot).0, "200 OK");
-        assert_eq!(respond("GET", "/metrics", &snapshot).2, "# EOF\n");
+        assert_eq!(
+            respond("GET", "/metrics", &snapshot).2,
+            "# EOF\n# HELP topdown_up Whether the last refresh read the counters (1) or failed or has not run yet (0)\n# TYPE topdown_up gauge\ntopdown_up 1\n"
+        );
         assert_eq!(respond("GET", "/healthz", &snapshot).0, "200 OK");
         assert_eq!(respond("GET", "/", &snapshot).0, "404 Not Found");
         assert_eq!(
@@ -152,5 +196,42 @@ mod tests {
             Some(("GET", "/metrics"))
         );
         assert_eq!(request_target(b"\xff\xfe"), None);
+    }
+
+    /// Before the first refresh `/metrics` already describes the exporter, and says down
+    /// exactly while `/healthz` says unavailable.
+    #[test]
+    fn the_starting_snapshot_serves_the_exporters_own_series_and_down() {
+        let exporter = Exporter::new(
+            "intel-icl".into(),
+            true,
+            crate::serve::exporter::Limits {
+                max_series: 10,
+                ttl: Duration::from_secs(60),
+            },
+        );
+        let starting = Snapshot::starting(&exporter);
+        assert_eq!(
+            respond("GET", "/healthz", &starting).0,
+            "503 Service Unavailable"
+        );
+        let (status, content_type, body) = respond("GET", "/metrics", &starting);
+        assert_eq!((status, content_type), ("200 OK", EXPOSITION));
+        let lines: Vec<&str> = body.lines().collect();
+        let info = format!(
+            r#"topdown_build_info{{model="intel-icl",synthetic="true",version="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(lines.contains(&info.as_str()), "{body}");
+        assert!(lines.contains(&"topdown_refreshes_total 0"), "{body}");
+        assert!(lines.contains(&"topdown_up 0"), "{body}");
+        assert!(!lines.contains(&"topdown_up 1"), "{body}");
+        let healthy = Snapshot {
+            healthy: true,
+            ..starting
+        };
+        let body = respond("GET", "/metrics", &healthy).2;
+        assert!(body.lines().any(|line| line == "topdown_up 1"), "{body}");
+        assert_eq!(respond("GET", "/healthz", &healthy).0, "200 OK");
     }
 }
