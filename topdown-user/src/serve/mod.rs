@@ -62,7 +62,7 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
             ttl: Duration::from_secs(args.series_ttl_s),
         },
     );
-    let (publish, snapshots) = watch::channel(http::Snapshot::default());
+    let (publish, snapshots) = watch::channel(http::Snapshot::starting(&exporter));
     let mut server = tokio::spawn(http::serve(listener, snapshots));
     eprintln!(
         "topdown: serving http://{}/metrics with model {} ({} counters x {} CPUs), refreshing every {} ms",
