@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    aggregate::{ReportContext, build_report},
+    aggregate::{Aggregate, ReportContext, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
     cli::CountingArgs,
@@ -237,9 +237,20 @@ impl CountingSession {
         duration_s: f64,
         interval: Option<IntervalInfo>,
     ) -> Report {
+        let aggregate = Aggregate::since(snapshot, previous);
+        self.report_of(&aggregate, duration_s, interval)
+    }
+
+    /// Names and evaluates `aggregate` (made from this session's snapshots) into a report.
+    pub fn report_of(
+        &mut self,
+        aggregate: &Aggregate,
+        duration_s: f64,
+        interval: Option<IntervalInfo>,
+    ) -> Report {
         let mut cgroup_paths = HashMap::new();
         if let Some(tree) = &mut self.cgroups {
-            for (id, _) in &snapshot.cgroups {
+            for (id, _) in &aggregate.cgroups {
                 if let Some(path) = tree.path_of(*id) {
                     cgroup_paths.insert(*id, path);
                 }
@@ -265,7 +276,7 @@ impl CountingSession {
             cgroup_depth: self.cgroup_depth,
             functions,
         };
-        build_report(&ctx, snapshot, previous)
+        report_of(&ctx, aggregate)
     }
 
     /// Frees the map entries of cgroups removed since they were named, and drops them from

@@ -17,6 +17,7 @@ use tokio::{
 };
 
 use crate::{
+    aggregate::Aggregate,
     bpf::Snapshot,
     cli::ServeArgs,
     counting::{self, CountingSession, Targets, parse_probe_specs},
@@ -83,9 +84,9 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
             _ = ticker.tick() => {
                 let started = Instant::now();
                 match refresh(&mut session, &mut exporter, &mut previous) {
-                    Ok(report) => {
+                    Ok(aggregate) => {
                         if let Some(probes) = &mut session.probes {
-                            if let Err(err) = keep_probes(&mut session.bpf, probes, &mut guard, &report, &mut exporter) {
+                            if let Err(err) = keep_probes(&mut session.bpf, probes, &mut guard, &aggregate, &mut exporter) {
                                 log::warn!("function probes: {err:#}");
                             }
                             exporter.reattachments = probes.reattachments;
@@ -207,7 +208,7 @@ fn keep_probes(
     session: &mut crate::bpf::Session,
     probes: &mut Probes,
     guard: &mut Guard,
-    report: &crate::report::Report,
+    counted: &Aggregate,
     exporter: &mut exporter::Exporter,
 ) -> Result<()> {
     let replaced = probes.replaced_targets();
@@ -231,18 +232,22 @@ fn keep_probes(
         return Ok(());
     }
     let attached: Vec<u32> = probes.attached_ids().collect();
-    let busiest = report
-        .functions
-        .iter()
-        .filter_map(|function| {
-            let id = probes.functions().iter().position(|(target, symbol)| {
-                *target == function.target && *symbol == function.symbol
-            })? as u32;
-            attached
-                .contains(&id)
-                .then_some((id, function.calls, function.symbol.clone()))
-        })
-        .max_by_key(|(_, calls, _)| *calls);
+    // Calls per function id this refresh (summed over callers and processes).
+    let mut calls: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for call in &counted.calls {
+        *calls.entry(call.key.function).or_default() += call.calls;
+    }
+    let busiest = calls
+        .into_iter()
+        .filter(|(id, _)| attached.contains(id))
+        .max_by_key(|(_, calls)| *calls)
+        .map(|(id, calls)| {
+            let symbol = probes
+                .functions()
+                .get(id as usize)
+                .map_or_else(|| format!("function #{id}"), |(_, symbol)| symbol.clone());
+            (id, calls, symbol)
+        });
     match busiest {
         Some((id, calls, symbol)) => {
             eprintln!(
@@ -260,23 +265,19 @@ fn keep_probes(
 }
 
 /// Reads the maps, turns the deltas since the last refresh into series, and forgets exited
-/// tasks and removed cgroups so a daemon's memory stays bounded. Returns the refresh's report.
+/// tasks and removed cgroups so a daemon's memory stays bounded. Returns the refresh's counts.
 fn refresh(
     session: &mut CountingSession,
     exporter: &mut exporter::Exporter,
     previous: &mut Option<(Snapshot, Instant)>,
-) -> Result<crate::report::Report> {
+) -> Result<Aggregate> {
     let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
     let elapsed = previous
         .as_ref()
         .map_or(0.0, |(_, at)| now.duration_since(*at).as_secs_f64());
-    let report = session.report(
-        &snapshot,
-        previous.as_ref().map(|(snapshot, _)| snapshot),
-        elapsed,
-        None,
-    );
+    let aggregate = Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
+    let report = session.report_of(&aggregate, elapsed, None);
     exporter.update(&report, now);
     exporter.map_entries = [
         ("tasks", snapshot.live.len()),
@@ -287,7 +288,7 @@ fn refresh(
     session.bpf.forget_exited();
     snapshot.exited.clear();
     *previous = Some((snapshot, now));
-    Ok(report)
+    Ok(aggregate)
 }
 
 fn refresh_ticker(refresh_ms: u64) -> tokio::time::Interval {
