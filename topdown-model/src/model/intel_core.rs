@@ -15,7 +15,7 @@
 //! counter 1, where the kernel would otherwise put it.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-use crate::schedule::LEVEL_TWO_GROUP;
+use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Generation {
