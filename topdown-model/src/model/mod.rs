@@ -13,6 +13,8 @@ use anyhow::{Result, bail};
 
 pub mod amd_zen;
 pub mod arm_neoverse;
+#[cfg(test)]
+mod encodings;
 pub mod evaluate;
 #[cfg(test)]
 mod golden;
