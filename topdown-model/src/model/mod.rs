@@ -3,9 +3,9 @@
 //!
 //! A model is pure: it never touches the kernel. The counter layer (topdown's `counters`) opens
 //! what [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and the
-//! report layer calls [`Model::metrics`] on whatever sums it has (a task, a process, a function, the
-//! totals). `topdown report -i` rebuilds the model from its name alone, so a recording made on a
-//! production host can be re-analysed elsewhere.
+//! report layer calls [`Model::metrics`] on whatever sums it has (a task, a process, a function,
+//! the totals). `topdown report -i` rebuilds the model from its name alone, so a recording made on
+//! a production host can be re-analysed elsewhere.
 
 use std::collections::BTreeMap;
 
