@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use topdown::events::catalog::Format;
+use topdown_model::events::catalog::Format;
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 8 {

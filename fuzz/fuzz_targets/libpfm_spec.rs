@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use topdown::events::{PmuCatalog, libpfm};
+use topdown_model::events::{PmuCatalog, libpfm};
 
 static CATALOG: LazyLock<PmuCatalog> = LazyLock::new(|| {
     PmuCatalog::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/events"))

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use topdown::events::{PmuCatalog, parse_event};
+use topdown_model::events::{PmuCatalog, parse_event};
 
 /// The fixture machine of the unit tests: an Intel `cpu` PMU and an `armv8_pmuv3_0`.
 static CATALOG: LazyLock<PmuCatalog> = LazyLock::new(|| {

@@ -1,8 +1,9 @@
 //! topdown: exact TopDown (Intel TMA and its AMD/Arm equivalents) per thread, per function and
 //! per container, counted with per-CPU perf counter groups read by eBPF at context switches.
 //!
-//! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`], open its
-//! counters, attribute deltas in BPF, aggregate, and render a [`report`].
+//! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`] (the
+//! `topdown-model` crate), open its counters, attribute deltas in BPF, aggregate, and render a
+//! [`report`].
 
 pub mod aggregate;
 pub mod bpf;
@@ -12,15 +13,16 @@ pub mod cli;
 pub mod counters;
 pub mod counting;
 pub mod error;
-pub mod events;
 pub mod list;
-pub mod model;
 pub mod pmu;
 pub mod probes;
 pub mod report;
-pub mod schedule;
 pub mod serve;
 pub mod stat;
 pub mod symbols;
 pub mod target;
 pub mod tracefs;
+
+// The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
+// re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.
+pub use topdown_model::{events, groups, model, schedule};

@@ -9,7 +9,7 @@
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-use crate::schedule::LEVEL_TWO_GROUP;
+use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Core {

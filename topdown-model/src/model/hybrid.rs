@@ -10,7 +10,7 @@
 //! a slot add up again).
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model};
-use crate::schedule::GROUP_BLOCK;
+use crate::groups::GROUP_BLOCK;
 
 pub const CORE_PMU: &str = "cpu_core";
 pub const ATOM_PMU: &str = "cpu_atom";

@@ -8,7 +8,7 @@
 //! product with a level-1 bucket is an estimate.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-use crate::schedule::LEVEL_TWO_GROUP;
+use crate::groups::LEVEL_TWO_GROUP;
 
 /// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
 /// event select bits 0-7 and 32-35, unit mask 8-15, counter mask 24-31.

@@ -1,11 +1,11 @@
 //! TopDown models: which counters a microarchitecture needs and how raw counter deltas become
 //! level-1/level-2 fractions.
 //!
-//! A model is pure: it never touches the kernel. The counter layer (`crate::counters`) opens what
-//! [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and the report
-//! layer calls [`Model::metrics`] on whatever sums it has (a task, a process, a function, the
-//! totals). `topdown report -i` rebuilds the model from its name alone, so a recording made on a
-//! production host can be re-analysed elsewhere.
+//! A model is pure: it never touches the kernel. The counter layer (topdown's `counters`) opens
+//! what [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and the
+//! report layer calls [`Model::metrics`] on whatever sums it has (a task, a process, a function,
+//! the totals). `topdown report -i` rebuilds the model from its name alone, so a recording made on
+//! a production host can be re-analysed elsewhere.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +13,8 @@ use anyhow::{Result, bail};
 
 pub mod amd_zen;
 pub mod arm_neoverse;
+#[cfg(test)]
+mod encodings;
 pub mod evaluate;
 #[cfg(test)]
 mod golden;
@@ -65,7 +67,7 @@ pub enum CounterSource {
     Event(crate::events::EventAttr),
 }
 
-/// Which hardware counter an event occupies, for the counter budget (`crate::budget`).
+/// Which hardware counter an event occupies, for the counter budget (`crate::schedule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CounterUse {
     /// A general-purpose (programmable) counter.
@@ -87,7 +89,7 @@ pub struct CounterSpec {
     pub name: String,
     pub source: CounterSource,
     /// Scheduling group. Groups 0-7 hold what level 1 needs (group 0 alone unless level 1 itself
-    /// exceeds the PMU), groups 8-15 the level-2 extras (`crate::schedule::LEVEL_TWO_GROUP`).
+    /// exceeds the PMU), groups 8-15 the level-2 extras (`crate::groups::LEVEL_TWO_GROUP`).
     /// The counter budget merges groups into one
     /// pinned group when everything fits, and otherwise lets them rotate and scales them by
     /// enabled/running time, marking what they feed as estimated. Events whose ratio a formula

@@ -11,40 +11,18 @@
 //!
 //! A flexible group's counts cover only the time it was scheduled, so its leader's enabled and
 //! running times get BPF slots of their own (`groupN.enabled_ns`, `groupN.running_ns`); they are
-//! attributed to tasks like any counter, and [`crate::model::evaluate`] scales that task's counts
-//! by enabled/running and marks the metrics they feed as estimated. TopDown is never multiplexed
-//! silently: the plan says what rotates in [`Plan::notes`].
+//! attributed to tasks like any counter, and [`crate::model::evaluate()`] scales that task's
+//! counts by enabled/running and marks the metrics they feed as estimated. TopDown is never
+//! multiplexed silently: the plan says what rotates in [`Plan::notes`].
 
 use anyhow::{Result, bail};
 use topdown_common::{MAX_COUNTERS, slot_source};
 
 use crate::model::{CounterSpec, CounterUse, Model};
-
-/// Scheduling groups are numbered per PMU in blocks of this size: a hybrid model puts its
-/// E-core model's groups at 16, 17, ... Within a block, groups 0-7 serve level 1 (a model whose
-/// level 1 alone exceeds the PMU splits it, e.g. Skylake with SMT) and 8-15 level 2.
-pub const GROUP_BLOCK: u8 = 16;
-
-/// The first level-2 group of a block: `CounterSpec::in_group(LEVEL_TWO_GROUP)`.
-pub const LEVEL_TWO_GROUP: u8 = 8;
-
-/// The TopDown level a scheduling group serves.
-pub fn group_level(group: u8) -> u8 {
-    if group % GROUP_BLOCK < LEVEL_TWO_GROUP {
-        1
-    } else {
-        2
-    }
-}
-
-/// The slot names of a flexible group's leader times.
-pub fn enabled_slot_name(group: u8) -> String {
-    format!("group{group}.enabled_ns")
-}
-
-pub fn running_slot_name(group: u8) -> String {
-    format!("group{group}.running_ns")
-}
+// Re-exported so `schedule::LEVEL_TWO_GROUP` and friends keep working for the counter layer.
+pub use crate::groups::{
+    GROUP_BLOCK, LEVEL_TWO_GROUP, enabled_slot_name, group_level, running_slot_name,
+};
 
 /// The PMU a hybrid model's counter belongs to, from perf's `pmu/event` naming; `None` for the
 /// CPU's one core PMU.
@@ -380,14 +358,5 @@ mod tests {
         );
         assert_eq!(counter_pmu("slots"), None);
         assert_eq!(counter_pmu("armv8_pmuv3_0/stall_slot/"), None);
-    }
-
-    #[test]
-    fn group_levels() {
-        assert_eq!(group_level(0), 1);
-        assert_eq!(group_level(1), 1);
-        assert_eq!(group_level(8), 2);
-        assert_eq!(group_level(16), 1);
-        assert_eq!(group_level(24), 2);
     }
 }

@@ -15,7 +15,7 @@
 //! counter 1, where the kernel would otherwise put it.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-use crate::schedule::LEVEL_TWO_GROUP;
+use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Generation {
@@ -57,11 +57,14 @@ const MACHINE_CLEARS: (&str, u64) = ("MACHINE_CLEARS.COUNT", 0x0104_01c3);
 const MACRO_FUSED: (&str, u64) = ("UOPS_RETIRED.MACRO_FUSED", 0x04c2);
 const INST_RETIRED: (&str, u64) = ("INST_RETIRED.ANY", 0x00c0);
 const MS_UOPS: (&str, u64) = ("IDQ.MS_UOPS", 0x3079);
-// Memory_Bound inputs with the encodings of §1.5's table (CYCLE_ACTIVITY 0xA3, EXE_ACTIVITY
-// 0xA6, the same event codes on Skylake; not cross-checked against skylake_core.json here).
+// Memory_Bound inputs, as perf's tools/perf/pmu-events/arch/x86/skylake/pipeline.json encodes
+// them (checked in `encodings::tests`).
 const STALLS_MEM_ANY: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_MEM_ANY", 0x1400_14a3);
 const STALLS_TOTAL: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_TOTAL", 0x0400_04a3);
-const BOUND_ON_STORES: (&str, u64) = ("EXE_ACTIVITY.BOUND_ON_STORES", 0x0200_40a6);
+/// Skylake: event 0xa6, umask 0x40, no counter mask. §1.5's `cmask=2` form (0x020040a6) is the
+/// Ice Lake-and-later encoding; Skylake's event is a per-cycle condition, which a counter mask
+/// of 2 would most likely never see, leaving Memory_Bound understated.
+const BOUND_ON_STORES: (&str, u64) = ("EXE_ACTIVITY.BOUND_ON_STORES", 0x40a6);
 const ONE_PORT_UTIL: (&str, u64) = ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6);
 const TWO_PORTS_UTIL: (&str, u64) = ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6);
 

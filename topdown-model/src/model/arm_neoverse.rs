@@ -12,7 +12,7 @@
 //! Neoverse cores have no SMT.
 
 use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
-use crate::schedule::LEVEL_TWO_GROUP;
+use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

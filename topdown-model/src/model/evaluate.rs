@@ -6,7 +6,7 @@
 //! metrics fed by scaled counts are estimates and are reported as such.
 
 use super::{Counts, L1_METRICS, L2_METRICS, Metrics, Model};
-use crate::schedule::{enabled_slot_name, group_level, running_slot_name};
+use crate::groups::{enabled_slot_name, group_level, running_slot_name};
 
 /// A model's metrics for one entity.
 #[derive(Clone, Debug, Default, PartialEq)]
