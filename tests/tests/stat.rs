@@ -544,3 +544,52 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
     assert_eq!(output.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("needs root"), "{stderr}");
 }
+
+/// A bad or impossible `-e` names the event and the model, not only the model: on a VM without
+/// a PMU, `--pmu software -e cycles` used to say "model software needs a hardware PMU".
+#[test]
+fn an_impossible_extra_event_is_named_with_the_model() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let run = |event: &str| {
+        topdown()
+            .args(["stat", "-a", "-d", "0.1", "--pmu", "software", "-e", event])
+            .output()
+            .unwrap()
+    };
+    let unknown = run("no_such_event");
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains("-e no_such_event (with model software)"),
+        "{stderr}"
+    );
+    let twice = run("cpu-clock");
+    assert_eq!(twice.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&twice.stderr);
+    assert!(
+        stderr.contains("-e cpu-clock: model software already counts this event"),
+        "{stderr}"
+    );
+    // A hardware event: only impossible where there is no core PMU (these VMs).
+    let has_core_pmu = ["cpu", "cpu_core", "armv8_pmuv3_0"].iter().any(|pmu| {
+        std::path::Path::new("/sys/bus/event_source/devices")
+            .join(pmu)
+            .exists()
+    });
+    if has_core_pmu {
+        skipped("a core PMU is present: -e cycles can be counted here");
+        return;
+    }
+    let hardware = run("cycles");
+    assert_eq!(hardware.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&hardware.stderr);
+    assert!(
+        stderr.contains(
+            "-e cycles (a hardware event, counted beside model software) needs a hardware PMU"
+        ),
+        "{stderr}"
+    );
+}

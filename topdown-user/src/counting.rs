@@ -517,8 +517,12 @@ fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn 
     let catalog = crate::events::PmuCatalog::load(std::path::Path::new("/"));
     let mut events = Vec::with_capacity(specs.len());
     for spec in specs {
-        let event = crate::events::parse_event(spec, &catalog)
-            .map_err(|err| fail(Failure::Usage, format!("-e: {err:#}")))?;
+        let event = crate::events::parse_event(spec, &catalog).map_err(|err| {
+            fail(
+                Failure::Usage,
+                format!("-e {spec} (with model {}): {err:#}", model.name()),
+            )
+        })?;
         if model
             .counters()
             .iter()
@@ -529,7 +533,10 @@ fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn 
         {
             return Err(fail(
                 Failure::Usage,
-                format!("-e {spec}: this event is already counted"),
+                format!(
+                    "-e {spec}: model {} already counts this event; leave it out",
+                    model.name()
+                ),
             ));
         }
         events.push(event);
@@ -579,13 +586,7 @@ fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
     match crate::pmu::detect(std::path::Path::new("/")) {
         Ok(detection) if detection.hypervisor && !detection.core_pmu => fail(
             Failure::PmuUnavailable,
-            format!(
-                "model {} needs a hardware PMU, but this is a VM without a virtual PMU (hypervisor \
-                 flag set, no core PMU in /sys/bus/event_source/devices): use --pmu software, or \
-                 --pmu synthetic:{} to exercise the pipeline",
-                model.name(),
-                model.recorded_name()
-            ),
+            crate::model::with_events::missing_pmu_message(model),
         ),
         _ => err,
     }
