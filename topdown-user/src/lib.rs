@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod list;
 pub mod model;
+pub mod output;
 pub mod pmu;
 pub mod report;
 pub mod schedule;
