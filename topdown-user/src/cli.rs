@@ -301,15 +301,53 @@ fn parse_percent(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The longest `-d`: about 31 years, far below what a `Duration` or a timer can hold.
+const MAX_SECONDS: f64 = 1e9;
+
 fn parse_seconds(text: &str) -> Result<f64, String> {
     let seconds: f64 = text
         .parse()
         .map_err(|_| format!("'{text}' is not a number of seconds"))?;
-    if seconds.is_finite() && seconds > 0.0 && seconds <= 1e9 {
-        Ok(seconds)
-    } else {
+    if seconds.is_nan() || seconds <= 0.0 {
         Err(format!(
             "'{text}': the duration must be a positive number of seconds"
         ))
+    } else if seconds > MAX_SECONDS {
+        Err(format!(
+            "'{text}' seconds is too long: the most -d takes is {MAX_SECONDS:.0} seconds (about 31 years)"
+        ))
+    } else {
+        Ok(seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_name_what_is_wrong() {
+        assert_eq!(parse_seconds("2.5"), Ok(2.5));
+        assert_eq!(parse_seconds("1e9"), Ok(1e9));
+        assert_eq!(
+            parse_seconds("1e300"),
+            Err("'1e300' seconds is too long: the most -d takes is 1000000000 seconds (about 31 years)".to_owned())
+        );
+        assert_eq!(
+            parse_seconds("inf"),
+            Err("'inf' seconds is too long: the most -d takes is 1000000000 seconds (about 31 years)".to_owned())
+        );
+        for bad in ["0", "-1", "NaN"] {
+            assert_eq!(
+                parse_seconds(bad),
+                Err(format!(
+                    "'{bad}': the duration must be a positive number of seconds"
+                ))
+            );
+        }
+        assert_eq!(
+            parse_seconds("soon"),
+            Err("'soon' is not a number of seconds".to_owned())
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod counters;
 pub mod counting;
 pub mod error;
 pub mod list;
+pub mod output;
 pub mod pmu;
 pub mod probes;
 pub mod report;

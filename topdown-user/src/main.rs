@@ -32,15 +32,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             runtime.block_on(stat::run(*args, cli.verbose > 0))
         }
         Command::Report(args) => {
-            let mut output: Box<dyn std::io::Write> = match &args.output {
-                Some(path) => Box::new(std::fs::File::create(path).map_err(|err| {
-                    topdown::error::fail(
-                        topdown::error::Failure::Usage,
-                        format!("cannot write {}: {err}", path.display()),
-                    )
-                })?),
-                None => Box::new(std::io::stdout()),
-            };
+            // FILE is replaced only once the report is complete: a bad input keeps it.
+            let mut output = topdown::output::Output::open(args.output.as_deref())?;
             report::report_command(
                 &args.input,
                 args.level,
@@ -48,7 +41,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 &args.by,
                 output.as_mut(),
             )?;
-            output.flush()?;
+            output.commit()?;
             Ok(0)
         }
         Command::List(args) => {

@@ -63,7 +63,10 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_depth: Option<usize>,
     /// Per probed function (`-u`), per process too with `--by function,task`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ///
+    /// Always written, even empty: a `-u` run in which no probed call completed must still say
+    /// "no functions" rather than look like a run without `-u` (that is what `overflows` tells).
+    #[serde(default)]
     pub functions: Vec<FunctionEntry>,
     /// Caller -> callee edges among the probed functions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -236,6 +239,18 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
         .processes
         .iter_mut()
         .for_each(|process| fix(&mut process.entity));
+    report
+        .cgroups
+        .iter_mut()
+        .for_each(|cgroup| fix(&mut cgroup.entity));
+    for function in &mut report.functions {
+        fix(&mut function.inclusive);
+        fix(&mut function.exclusive);
+    }
+    report
+        .call_tree
+        .iter_mut()
+        .for_each(|edge| fix(&mut edge.inclusive));
 }
 
 /// Reads a JSON result: one object, or one object per line (`-I` mode).
@@ -324,4 +339,275 @@ pub fn report_command(
         render(&report, format, by, out)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cgroup::container::ContainerInfo;
+    use crate::model::Model;
+
+    /// Counts for every counter of `model`, different per `seed` so rows can be told apart.
+    fn counts(model: &dyn Model, seed: u64) -> Counts {
+        model
+            .counters()
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let value = match index {
+                    0 => 10_000 * seed,
+                    _ => (700 + 311 * index as u64) * seed + index as u64,
+                };
+                (spec.name.clone(), value)
+            })
+            .collect()
+    }
+
+    /// An entity with counters and the metrics `model` gives them at `level`.
+    fn entity(model: &dyn Model, level: u8, seed: u64) -> Entity {
+        let counters = counts(model, seed);
+        let evaluation = crate::model::evaluate(model, &counters, level);
+        Entity {
+            counters,
+            metrics: evaluation.metrics,
+            estimated: evaluation.estimated,
+        }
+    }
+
+    /// A report of `model_name` at `level` with every kind of entity: totals, idle, untracked,
+    /// dropped, two tasks, a process, two functions (one per process), an edge and a cgroup.
+    pub(crate) fn report_of(model_name: &str, level: u8) -> Report {
+        let model = crate::model::base_model(model_name).unwrap();
+        let model = model.as_ref();
+        Report {
+            topdown_version: "0".into(),
+            model: model_name.into(),
+            synthetic: false,
+            synthetic_map: BTreeMap::new(),
+            level,
+            counter_names: model.counters().into_iter().map(|spec| spec.name).collect(),
+            extra_events: Vec::new(),
+            weight_counter: model.weight_counter().into(),
+            duration_s: 1.5,
+            interval: Some(IntervalInfo {
+                index: 3,
+                end_s: 4.5,
+            }),
+            scope: "system-wide".into(),
+            totals: entity(model, level, 20),
+            idle: entity(model, level, 1),
+            untracked: entity(model, level, 2),
+            dropped: entity(model, level, 3),
+            tasks: vec![
+                TaskEntry {
+                    tid: 101,
+                    tgid: 100,
+                    comm: "worker, \"one\"".into(),
+                    exited: false,
+                    entity: entity(model, level, 4),
+                },
+                TaskEntry {
+                    tid: 102,
+                    tgid: 100,
+                    comm: "worker2".into(),
+                    exited: true,
+                    entity: entity(model, level, 5),
+                },
+            ],
+            processes: vec![ProcessEntry {
+                pid: 100,
+                comm: "server".into(),
+                threads: 2,
+                entity: entity(model, level, 9),
+            }],
+            cgroups: vec![CgroupEntry {
+                id: 77,
+                path: Some("/system.slice/a, \"b\".service".into()),
+                container: Some(ContainerInfo {
+                    runtime: Some("docker".into()),
+                    id: Some("0123456789ab".into()),
+                    ..ContainerInfo::default()
+                }),
+                entity: entity(model, level, 11),
+            }],
+            cgroup_depth: None,
+            functions: vec![
+                FunctionEntry {
+                    target: "/usr/bin/server".into(),
+                    symbol: "parse<i32>".into(),
+                    pid: Some(100),
+                    calls: 42,
+                    inclusive: entity(model, level, 7),
+                    exclusive: entity(model, level, 6),
+                },
+                FunctionEntry {
+                    target: "/lib/libc.so.6".into(),
+                    symbol: "malloc".into(),
+                    pid: None,
+                    calls: 9,
+                    inclusive: entity(model, level, 8),
+                    exclusive: entity(model, level, 8),
+                },
+            ],
+            call_tree: vec![CallEdge {
+                caller: Some("parse<i32>".into()),
+                callee: "malloc".into(),
+                pid: Some(100),
+                calls: 9,
+                inclusive: entity(model, level, 8),
+            }],
+            overflows: Some(0),
+            missed_returns: Some(0),
+            cpus: Vec::new(),
+            diagnostics: Diagnostics::default(),
+        }
+    }
+
+    pub(crate) fn full_report(level: u8) -> Report {
+        report_of("intel-icl", level)
+    }
+
+    /// Every entity of a report, named, in a fixed order.
+    fn entities(report: &Report) -> Vec<(String, &Entity)> {
+        let mut all = vec![
+            ("totals".to_owned(), &report.totals),
+            ("idle".to_owned(), &report.idle),
+            ("untracked".to_owned(), &report.untracked),
+            ("dropped".to_owned(), &report.dropped),
+        ];
+        all.extend(
+            report
+                .tasks
+                .iter()
+                .map(|t| (format!("task {}", t.tid), &t.entity)),
+        );
+        all.extend(
+            report
+                .processes
+                .iter()
+                .map(|p| (format!("process {}", p.pid), &p.entity)),
+        );
+        all.extend(
+            report
+                .cgroups
+                .iter()
+                .map(|c| (format!("cgroup {}", c.id), &c.entity)),
+        );
+        for function in &report.functions {
+            all.push((
+                format!("{} inclusive", function.symbol),
+                &function.inclusive,
+            ));
+            all.push((
+                format!("{} exclusive", function.symbol),
+                &function.exclusive,
+            ));
+        }
+        all.extend(
+            report
+                .call_tree
+                .iter()
+                .map(|e| (format!("edge -> {}", e.callee), &e.inclusive)),
+        );
+        all
+    }
+
+    /// Recomputing a level-1 recording at level 2 (and back) must reach every entity: a
+    /// level-2 header over level-1 function or cgroup metrics would show nothing for them.
+    #[test]
+    fn recompute_reaches_every_entity() {
+        for model_name in ["intel-icl", "intel-spr"] {
+            let model = crate::model::base_model(model_name).unwrap();
+            let mut report = report_of(model_name, 1);
+            recompute(&mut report, model.as_ref(), 2);
+            assert_eq!(report.level, 2);
+            let level_two = report_of(model_name, 2);
+            assert_eq!(report, level_two, "{model_name}");
+            for (name, entity) in entities(&report) {
+                assert_eq!(entity.metrics.len(), 12, "{model_name} {name}");
+                let expected = crate::model::evaluate(model.as_ref(), &entity.counters, 2);
+                assert_eq!(entity.metrics, expected.metrics, "{model_name} {name}");
+            }
+            // intel-spr computes level 2 from PERF_METRICS: real values, not just keys.
+            if model_name == "intel-spr" {
+                let memory = report.functions[0].inclusive.metrics["memory_bound"];
+                assert!(memory.is_some_and(|v| v > 0.0), "{memory:?}");
+            }
+            recompute(&mut report, model.as_ref(), 1);
+            assert_eq!(report, report_of(model_name, 1), "{model_name}");
+            for (name, entity) in entities(&report) {
+                assert_eq!(entity.metrics.len(), 4, "{model_name} {name}");
+            }
+        }
+    }
+
+    /// `report -l 2` over a level-1 recording renders in all three formats, with the level-2
+    /// columns for every breakdown.
+    #[test]
+    fn recomputed_reports_render_in_every_format() {
+        let by = [By::Task, By::Process, By::Cgroup, By::Function];
+        let model = crate::model::base_model("intel-spr").unwrap();
+        let mut report = report_of("intel-spr", 1);
+        recompute(&mut report, model.as_ref(), 2);
+
+        let mut json = Vec::new();
+        render(&report, Format::Json, &by, &mut json).unwrap();
+        // serde_json parses floats to within an ULP (no `float_roundtrip`): compare counters
+        // exactly and metrics by key and value to 1e-12.
+        let back: Report = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back.level, 2);
+        for ((name, read), (_, written)) in entities(&back).into_iter().zip(entities(&report)) {
+            assert_eq!(read.counters, written.counters, "{name}");
+            assert!(
+                read.metrics.keys().eq(written.metrics.keys()),
+                "{name}: {:?}",
+                read.metrics
+            );
+            for (key, value) in &read.metrics {
+                let expected = written.metrics[key];
+                assert_eq!(value.is_some(), expected.is_some(), "{name} {key}");
+                let difference = (value.unwrap_or(0.0) - expected.unwrap_or(0.0)).abs();
+                assert!(difference < 1e-12, "{name} {key}: {value:?} {expected:?}");
+            }
+        }
+
+        let mut csv = Vec::new();
+        render(&report, Format::Csv, &by, &mut csv).unwrap();
+        let mut reader = ::csv::Reader::from_reader(csv.as_slice());
+        let header = reader.headers().unwrap().clone();
+        let memory = header.iter().position(|h| h == "memory_bound").unwrap();
+        let kind = header.iter().position(|h| h == "kind").unwrap();
+        let rows: Vec<::csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        let function = rows.iter().find(|row| &row[kind] == "function").unwrap();
+        assert_eq!(
+            function[memory].parse::<f64>().ok(),
+            report.functions[0].inclusive.metrics["memory_bound"]
+        );
+        let cgroup = rows.iter().find(|row| &row[kind] == "cgroup").unwrap();
+        assert_eq!(
+            cgroup[memory].parse::<f64>().ok(),
+            report.cgroups[0].entity.metrics["memory_bound"]
+        );
+
+        let mut table = Vec::new();
+        render(&report, Format::Table, &by, &mut table).unwrap();
+        let table = String::from_utf8(table).unwrap();
+        assert!(table.contains("parse<i32>"), "{table}");
+        assert!(table.contains("system.slice"), "{table}");
+    }
+
+    /// A `-u` run with no completed call still says so: `"functions": []`, not no key.
+    #[test]
+    fn json_has_functions_even_when_none_completed() {
+        let mut report = full_report(1);
+        report.functions.clear();
+        report.call_tree.clear();
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["functions"], serde_json::json!([]));
+        // Files written before the key was always present still read.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("functions");
+        let back: Report = serde_json::from_value(old).unwrap();
+        assert_eq!(back, report);
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use crate::error::{Failure, fail};
@@ -237,7 +237,13 @@ pub fn crc32(data: &[u8]) -> u32 {
 pub fn check_file(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_file() => Ok(()),
-        Ok(_) => bail!("{} is not a regular file", path.display()),
+        Ok(_) => Err(fail(
+            Failure::Usage,
+            format!(
+                "probe target {} is not a regular file: give an executable or shared object",
+                path.display()
+            ),
+        )),
         Err(err) => Err(fail(
             Failure::Usage,
             format!("probe target {}: {err}", path.display()),
@@ -259,6 +265,15 @@ mod tests {
         ];
         let exits = x86_64_exits(&code, 0x1000);
         assert_eq!(exits, vec![0x1007, 0x1008]);
+    }
+
+    /// README: a bad probe target is a usage error (exit 2), a directory included.
+    #[test]
+    fn a_directory_target_is_a_usage_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = check_file(dir.path()).unwrap_err();
+        assert_eq!(crate::error::failure_of(&err), Some(Failure::Usage));
+        assert!(err.to_string().contains("is not a regular file"), "{err}");
     }
 
     #[test]

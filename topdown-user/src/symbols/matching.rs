@@ -9,6 +9,8 @@ pub struct Names {
     pub display: String,
     /// Further accepted spellings (Rust with hash, C++ without parameters).
     pub aliases: Vec<String>,
+    /// Rust: the name with its hash, which tells instantiations of one generic function apart.
+    pub with_hash: Option<String>,
 }
 
 pub fn names(raw: &str) -> Names {
@@ -18,7 +20,8 @@ pub fn names(raw: &str) -> Names {
         return Names {
             raw: raw.to_owned(),
             display: without_hash,
-            aliases: vec![with_hash],
+            aliases: vec![with_hash.clone()],
+            with_hash: Some(with_hash),
         };
     }
     let cpp = raw
@@ -36,12 +39,14 @@ pub fn names(raw: &str) -> Names {
             raw: raw.to_owned(),
             display: full,
             aliases: vec![without_params],
+            with_hash: None,
         };
     }
     Names {
         raw: raw.to_owned(),
         display: raw.to_owned(),
         aliases: Vec::new(),
+        with_hash: None,
     }
 }
 

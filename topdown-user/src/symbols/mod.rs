@@ -78,7 +78,7 @@ pub struct ResolvedFunction {
 /// a target that cannot be found. Functions reached twice are listed once.
 pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction>> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
-    let mut resolved: Vec<ResolvedFunction> = Vec::new();
+    let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
@@ -117,10 +117,11 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
         }
         if matching::is_glob(&spec.function) {
             eprintln!(
-                "topdown: -u {}:{} matched {} functions",
+                "topdown: -u {}:{} matched {} function{}",
                 spec.target,
                 spec.function,
-                matched.len()
+                matched.len(),
+                if matched.len() == 1 { "" } else { "s" }
             );
         }
         for (function, names) in matched {
@@ -133,13 +134,43 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
             };
             if !resolved
                 .iter()
-                .any(|known| known.target == entry.target && known.offset == entry.offset)
+                .any(|(known, _)| known.target == entry.target && known.offset == entry.offset)
             {
-                resolved.push(entry);
+                resolved.push((entry, names.clone()));
             }
         }
     }
-    Ok(resolved)
+    disambiguate(&mut resolved);
+    Ok(resolved.into_iter().map(|(function, _)| function).collect())
+}
+
+/// Gives functions of one file that would print the same name distinct names: reports key
+/// functions by name, so two instantiations of a generic Rust function (legacy mangling keeps
+/// only a hash apart; `{:#}` drops it) or two C `static` functions must not share one.
+/// Rust names get their hash back; names still shared get their file offset.
+fn disambiguate(functions: &mut [(ResolvedFunction, matching::Names)]) {
+    let shared = |functions: &[(ResolvedFunction, matching::Names)], index: usize| {
+        let (function, _) = &functions[index];
+        functions.iter().enumerate().any(|(other, (known, _))| {
+            other != index && known.target == function.target && known.display == function.display
+        })
+    };
+    let clashing: Vec<usize> = (0..functions.len())
+        .filter(|&index| shared(functions, index))
+        .collect();
+    for &index in &clashing {
+        let (function, names) = &mut functions[index];
+        if let Some(with_hash) = &names.with_hash {
+            function.display = with_hash.clone();
+        }
+    }
+    let clashing: Vec<usize> = (0..functions.len())
+        .filter(|&index| shared(functions, index))
+        .collect();
+    for index in clashing {
+        let function = &mut functions[index].0;
+        function.display = format!("{}@{:#x}", function.display, function.offset);
+    }
 }
 
 /// Up to three names that end like (or contain) what was typed.
@@ -160,6 +191,46 @@ fn close_matches(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn functions_printing_the_same_name_are_told_apart() {
+        let function = |raw: &str, offset: u64| {
+            let names = matching::names(raw);
+            let function = ResolvedFunction {
+                target: PathBuf::from("/bin/app"),
+                offset,
+                raw_name: raw.to_owned(),
+                display: names.display.clone(),
+                exits: None,
+            };
+            (function, names)
+        };
+        let mut functions = vec![
+            // Two instantiations of a generic function: legacy mangling differs only in hash.
+            function("_ZN3app5parse17h0123456789abcdefE", 0x1000),
+            function("_ZN3app5parse17hfedcba9876543210E", 0x2000),
+            function("_ZN3app4main17h00000000000000ffE", 0x3000),
+            // Two C `static` functions of the same name in different translation units.
+            function("helper", 0x4000),
+            function("helper", 0x5000),
+        ];
+        let mut other_file = function("helper", 0x6000);
+        other_file.0.target = PathBuf::from("/lib/libother.so");
+        functions.push(other_file);
+        disambiguate(&mut functions);
+        let displays: Vec<&str> = functions.iter().map(|(f, _)| f.display.as_str()).collect();
+        assert_eq!(
+            displays,
+            [
+                "app::parse::h0123456789abcdef",
+                "app::parse::hfedcba9876543210",
+                "app::main",
+                "helper@0x4000",
+                "helper@0x5000",
+                "helper",
+            ]
+        );
+    }
 
     #[test]
     fn specs_split_at_the_first_single_colon() {

@@ -122,17 +122,66 @@ fn from_maps(pid: u32, target: &str) -> Vec<PathBuf> {
     };
     let mut paths: Vec<PathBuf> = maps
         .lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
-        .filter(|path| path.starts_with('/'))
-        .filter(|path| {
-            Path::new(path)
+        .filter_map(MapsLine::parse)
+        .filter(|mapping| mapping.path.starts_with('/'))
+        .filter(|mapping| {
+            Path::new(mapping.path)
                 .file_name()
                 .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
         })
-        .map(|path| PathBuf::from(format!("/proc/{pid}/root{path}")))
+        .map(|mapping| {
+            if mapping.deleted {
+                // The file at that path now is another one (an upgraded library) or none; the
+                // mapped one is still reachable through its map_files link.
+                PathBuf::from(format!("/proc/{pid}/map_files/{}", mapping.range))
+            } else {
+                PathBuf::from(format!("/proc/{pid}/root{}", mapping.path))
+            }
+        })
         .collect();
     paths.dedup();
     paths
+}
+
+/// One line of `/proc/PID/maps`: `ADDRESS-RANGE PERMS OFFSET DEV INODE   PATHNAME`
+/// (proc_pid_maps(5)). The pathname is everything after the fifth field and its padding, and
+/// may hold spaces; the kernel appends ` (deleted)` when the mapped file was unlinked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsLine<'a> {
+    /// `start-end` in hex, as `/proc/PID/map_files/` names the mapping.
+    pub range: &'a str,
+    /// The pathname (without ` (deleted)`), `[heap]`-style pseudo-paths, or empty (anonymous).
+    pub path: &'a str,
+    pub deleted: bool,
+}
+
+impl<'a> MapsLine<'a> {
+    pub fn parse(line: &'a str) -> Option<Self> {
+        let mut rest = line;
+        let mut range = "";
+        for index in 0..5 {
+            rest = rest.trim_start_matches([' ', '\t']);
+            if rest.is_empty() {
+                return None;
+            }
+            let end = rest.find([' ', '\t']).unwrap_or(rest.len());
+            if index == 0 {
+                range = &rest[..end];
+            }
+            rest = &rest[end..];
+        }
+        // Only the padding before the path goes: a path's own spaces, even trailing ones, stay.
+        let path = rest.trim_start_matches([' ', '\t']);
+        let (path, deleted) = match path.strip_suffix(" (deleted)") {
+            Some(path) => (path, true),
+            None => (path, false),
+        };
+        Some(Self {
+            range,
+            path,
+            deleted,
+        })
+    }
 }
 
 /// `(soname, path)` entries of a glibc `ld.so.cache` (format `glibc-ld.so.cache1.1`, possibly
@@ -195,6 +244,89 @@ mod tests {
         assert!(library_matches("libstdc++", "libstdc++.so.6.0.30"));
         assert!(!library_matches("libc", "libcrypt.so.1"));
         assert!(!library_matches("libc", "libc_nonshared.a"));
+    }
+
+    #[test]
+    fn maps_lines_keep_spaces_and_mark_deleted_files() {
+        let parse = |line| MapsLine::parse(line).unwrap();
+        assert_eq!(
+            parse(
+                "7f1c2a000000-7f1c2a028000 r--p 00000000 08:01 1234567                    /usr/lib/x86_64-linux-gnu/libc.so.6"
+            ),
+            MapsLine {
+                range: "7f1c2a000000-7f1c2a028000",
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                deleted: false
+            }
+        );
+        assert_eq!(
+            parse(
+                "55d0c0a00000-55d0c0a21000 r-xp 00001000 fd:00 42  /opt/My App/lib/libfoo  bar.so.1"
+            ),
+            MapsLine {
+                range: "55d0c0a00000-55d0c0a21000",
+                path: "/opt/My App/lib/libfoo  bar.so.1",
+                deleted: false
+            }
+        );
+        assert_eq!(
+            parse("7f00-7f10 r-xp 00000000 08:01 99 /usr/lib/libssl.so.3 (deleted)"),
+            MapsLine {
+                range: "7f00-7f10",
+                path: "/usr/lib/libssl.so.3",
+                deleted: true
+            }
+        );
+        // A file whose name really ends in spaces keeps them.
+        assert_eq!(parse("1-2 r--p 0 0:0 5 /tmp/x.so  ").path, "/tmp/x.so  ");
+        assert_eq!(parse("1-2 rw-p 00000000 00:00 0 ").path, "");
+        assert_eq!(parse("1-2 rw-p 00000000 00:00 0").path, "");
+        assert_eq!(parse("1-2 rw-p 00000000 00:00 0    [heap]").path, "[heap]");
+        assert_eq!(MapsLine::parse("1-2 rw-p 0"), None);
+        assert_eq!(MapsLine::parse(""), None);
+    }
+
+    /// A library mapped from a directory with a space in its name, then deleted, still resolves
+    /// from the process's mappings (to the mapped file, not to whatever now has its path).
+    #[test]
+    fn mapped_libraries_with_spaces_and_deleted_ones_resolve() {
+        let dir = tempfile::tempdir().unwrap();
+        let spaced = dir.path().join("my libs");
+        std::fs::create_dir(&spaced).unwrap();
+        let library = spaced.join("libtdspace.so.1");
+        std::fs::write(&library, vec![0u8; 8192]).unwrap();
+        let file = std::fs::File::open(&library).unwrap();
+        // SAFETY: a fresh private read-only mapping of a file we own; unmapped below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(address, libc::MAP_FAILED);
+        let me = std::process::id();
+        let found = from_maps(me, "libtdspace");
+        assert_eq!(
+            found,
+            [PathBuf::from(format!(
+                "/proc/{me}/root{}",
+                library.display()
+            ))]
+        );
+        std::fs::remove_file(&library).unwrap();
+        let found = from_maps(me, "libtdspace");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with(format!("/proc/{me}/map_files/")),
+            "{found:?}"
+        );
+        assert_eq!(std::fs::read(&found[0]).unwrap().len(), 8192);
+        // SAFETY: the mapping made above, of that length.
+        unsafe { libc::munmap(address, 4096) };
     }
 
     #[test]
