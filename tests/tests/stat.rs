@@ -593,3 +593,50 @@ fn an_impossible_extra_event_is_named_with_the_model() {
         "{stderr}"
     );
 }
+
+/// `-o FILE` replaces FILE only with a complete report: a run that fails before counting (a
+/// typo) leaves the last result, and no temporary file, behind.
+#[test]
+fn a_failed_run_keeps_the_last_result_in_its_output_file() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("topdown-stat-o-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("last.json");
+    std::fs::write(&file, "the last result\n").unwrap();
+    let failed = topdown()
+        .args([
+            "stat",
+            "-a",
+            "-d",
+            "0.2",
+            "--pmu",
+            "synthetic:no-such-model",
+            "-o",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "the last result\n");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("last.json")]);
+    // A run that completes replaces it.
+    run_ok(
+        topdown()
+            .args([
+                "stat", "-a", "-d", "0.2", "--pmu", "software", "--format", "json", "-o",
+            ])
+            .arg(&file),
+    )
+    .unwrap();
+    let report = parse_json(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(report["model"], "software");
+    let _ = std::fs::remove_dir_all(dir);
+}

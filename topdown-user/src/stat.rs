@@ -3,7 +3,6 @@
 //! final report.
 
 use std::{
-    fs::File,
     io::Write,
     os::fd::RawFd,
     time::{Duration, Instant},
@@ -19,7 +18,7 @@ use crate::{
     bpf::Snapshot,
     cli::StatArgs,
     counting::{self, CountingSession, Targets},
-    error::{Failure, fail},
+    output::Output,
     report::{By, IntervalInfo, render},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
 };
@@ -40,16 +39,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
     };
     let scope = scope_of(&args);
-    // Fail on bad output paths before touching the kernel.
-    let mut output: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(File::create(path).map_err(|err| {
-            fail(
-                Failure::Usage,
-                format!("cannot write {}: {err}", path.display()),
-            )
-        })?),
-        None => Box::new(std::io::stdout()),
-    };
+    // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
+    // a report is complete: a run that fails before counting leaves the last result in place.
+    let mut output = Output::open(args.output.as_deref())?;
     let prepared = counting::prepare(&args.counting, &args.by)?;
 
     let (tracked_tgids, watched_pids, pending) = match &scope {
@@ -119,7 +111,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         &mut watches,
         &mut interval_state,
         started,
-        output.as_mut(),
+        &mut output,
     )
     .await?;
 
@@ -153,7 +145,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             render(&report, args.format, session.by(), output.as_mut())?;
         }
     }
-    output.flush().context("writing the report")?;
+    output.commit()?;
     drop(session);
 
     let status = match command_pid {
@@ -186,7 +178,7 @@ async fn event_loop(
     watches: &mut Vec<ProcessWatch>,
     interval_state: &mut Option<IntervalState>,
     started: Instant,
-    output: &mut dyn Write,
+    output: &mut Output,
 ) -> Result<Stop> {
     let deadline = args
         .duration
@@ -235,7 +227,8 @@ async fn event_loop(
                 if let Some(state) = interval_state.as_mut() {
                     let snapshot = session.snapshot(false)?;
                     write_interval(state, &snapshot, started.elapsed(), session, args.format, output)?;
-                    output.flush().context("writing the report")?;
+                    // Each complete interval goes out at once (`tail -f FILE` follows it).
+                    output.commit()?;
                 }
             }
         }
