@@ -101,32 +101,29 @@ fn cgroup<'a>(report: &'a Value, path: &str) -> Option<&'a Value> {
 
 /// Runs topdown in the background with `args`, runs `during`, waits for it, returns the report.
 fn traced(name: &str, args: &[&str], during: impl FnOnce()) -> Value {
+    traced_with("synthetic:intel-icl", name, args, during).0
+}
+
+/// `traced` with another `--pmu`; also returns what topdown printed on stderr before counting.
+fn traced_with(pmu: &str, name: &str, args: &[&str], during: impl FnOnce()) -> (Value, String) {
     let out =
         std::env::temp_dir().join(format!("topdown-cgroup-{name}-{}.json", std::process::id()));
     let mut tracer = topdown()
         .args([
-            "stat",
-            "-a",
-            "-d",
-            "3",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
+            "stat", "-a", "-d", "3", "--pmu", pmu, "--format", "json", "-o",
         ])
         .arg(&out)
         .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let stderr = wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
     during();
     let status = tracer.wait().unwrap();
     assert!(status.success());
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let _ = std::fs::remove_file(out);
-    report
+    (report, stderr)
 }
 
 #[test]
@@ -278,4 +275,147 @@ fn a_missing_cgroup_is_a_clear_error() {
         stderr.contains("-G /no/such/cgroup-xyz: no such cgroup"),
         "{stderr}"
     );
+}
+
+/// What topdown says when neither the fentry nor the kprobe on `cgroup_attach_task` attaches
+/// (kernels without BPF trampolines and kprobes, or where a security policy forbids them).
+const NO_MIGRATION_HOOK: &str = "cannot hook cgroup migrations";
+
+fn slots_of(report: &Value, path: &str) -> u64 {
+    cgroup(report, path).map_or(0, |entry| counter(entry, "slots"))
+}
+
+const TRIGGERS: [(&str, &[&str]); 2] = [
+    ("cgroup-switch", &["--by", "cgroup"]),
+    (
+        "sched-switch",
+        &["--by", "cgroup", "--trigger", "sched-switch"],
+    ),
+];
+
+/// A process that moves itself while running (`echo $$ > cgroup.procs`, from a thread other
+/// than its main one) has the calls before the move in the cgroup it left, those after in the
+/// new one.
+#[test]
+fn a_process_moving_itself_splits_exactly_at_the_move() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    for (trigger, args) in TRIGGERS {
+        let name = format!("self-move-{trigger}");
+        let tree = Tree::new(&name);
+        let a = tree.create("a");
+        let b = tree.create("b");
+        let (report, stderr) = traced_with("synthetic:intel-icl", &name, args, || {
+            let child = Command::new(WORKLOAD)
+                .arg("--wait-stdin")
+                .arg("--cgroup")
+                .arg(tree.dir("b"))
+                .arg("getppid=1000,move=0,getppid=2000")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
+            go(child);
+        });
+        let (in_a, in_b) = (slots_of(&report, &a), slots_of(&report, &b));
+        if stderr.contains(NO_MIGRATION_HOOK) {
+            // The documented limit: without the hook the split happens at the last reading
+            // before the move, but nothing is lost or counted twice.
+            eprintln!("{trigger}: no migration hook on this kernel, exact split not checked");
+            assert_eq!(in_a + in_b, 3000, "{trigger}");
+            assert!(in_b >= 2000, "{trigger}: {in_a} {in_b}");
+        } else {
+            assert_eq!((in_a, in_b), (1000, 2000), "{trigger}: {stderr}");
+        }
+    }
+}
+
+/// Moved by someone else while asleep: its counts were credited at its switch-out, so the split
+/// is exact with or without the migration hook.
+#[test]
+fn a_process_moved_while_asleep_splits_exactly() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    for (trigger, args) in TRIGGERS {
+        let name = format!("asleep-move-{trigger}");
+        let tree = Tree::new(&name);
+        let a = tree.create("a");
+        let b = tree.create("b");
+        let report = traced(&name, args, || {
+            let mut child = Command::new(WORKLOAD)
+                .args(["--wait-stdin", "getppid=1000,pause=0,getppid=2000"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"go\n").unwrap();
+            let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+            assert!(line.starts_with("paused"), "{line}");
+            std::fs::write(tree.dir("b").join("cgroup.procs"), child.id().to_string()).unwrap();
+            stdin.write_all(b"go\n").unwrap();
+            assert!(child.wait().unwrap().success());
+        });
+        assert_eq!(
+            (slots_of(&report, &a), slots_of(&report, &b)),
+            (1000, 2000),
+            "{trigger}"
+        );
+    }
+}
+
+/// On-CPU time (the `software` model's cpu-clock) of a CPU-bound process that moves itself: the
+/// cgroup it moves to shows what the kernel's own accounting (`cpu.stat` usage_usec) says it
+/// ran there, within 1%.
+#[test]
+fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    for (trigger, args) in TRIGGERS {
+        let name = format!("cpu-move-{trigger}");
+        let tree = Tree::new(&name);
+        tree.create("a");
+        let b = tree.create("b");
+        let (report, stderr) = traced_with("software", &name, args, || {
+            let child = Command::new(WORKLOAD)
+                .arg("--wait-stdin")
+                .arg("--cgroup")
+                .arg(tree.dir("b"))
+                .arg("spin=700,move=0,spin=700")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
+            go(child);
+        });
+        if stderr.contains(NO_MIGRATION_HOOK) {
+            eprintln!("{trigger}: no migration hook on this kernel, on-CPU split not checked");
+            continue;
+        }
+        let stat = std::fs::read_to_string(tree.dir("b").join("cpu.stat")).unwrap();
+        let usage_ns = stat
+            .lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1000;
+        let counted = counter(cgroup(&report, &b).unwrap(), "cpu-clock");
+        let error = counted.abs_diff(usage_ns) as f64 / usage_ns as f64;
+        assert!(
+            error < 0.01,
+            "{trigger}: cpu-clock {counted} ns vs cpu.stat {usage_ns} ns"
+        );
+    }
 }

@@ -503,6 +503,52 @@ fn the_overhead_guard_detaches_the_busiest_function() {
 
 #[test]
 fn kill_9_leaves_no_probe_or_program_behind() {
+    /// The programs a process holds (through program or link fds): `(id, name)`, from
+    /// /proc/PID/fdinfo's `prog_id` and the kernel's name for each id.
+    fn held_programs(pid: u32) -> Vec<(u32, String)> {
+        let mut held = Vec::new();
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap() {
+            let info = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+            let id = info
+                .lines()
+                .find_map(|line| line.strip_prefix("prog_id:"))
+                .map(|id| id.trim().parse::<u32>().unwrap());
+            if let Some(id) = id
+                && !held.iter().any(|(known, _)| *known == id)
+            {
+                held.push((id, program_name(id).expect("a held program is loaded")));
+            }
+        }
+        held.sort();
+        held
+    }
+    /// The kernel's name of program `id`, or `None` once no such program is loaded.
+    fn program_name(id: u32) -> Option<String> {
+        // BPF_PROG_GET_FD_BY_ID (13): prog_id first in union bpf_attr.
+        let mut get_fd = [0u32; 4];
+        get_fd[0] = id;
+        // SAFETY: a valid attr buffer of the size passed.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
+        if fd < 0 {
+            return None;
+        }
+        // BPF_OBJ_GET_INFO_BY_FD (15); struct bpf_prog_info's name is at offset 64, 16 bytes.
+        let mut info = [0u8; 256];
+        let attr = [
+            (fd as u64) | ((info.len() as u64) << 32),
+            info.as_mut_ptr() as u64,
+        ];
+        // SAFETY: info is writable for info.len() bytes.
+        let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), 16) };
+        // SAFETY: closing the fd we got.
+        unsafe { libc::close(fd as i32) };
+        (rc == 0).then(|| {
+            let name = &info[64..80];
+            let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+            String::from_utf8_lossy(&name[..len]).into_owned()
+        })
+    }
+
     let _serial = serial();
     if !privileged() {
         return;
@@ -513,35 +559,44 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     let uprobe_events =
         || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
     let events_before = uprobe_events();
-    assert!(
-        loaded_bpf_program_names()
-            .unwrap()
-            .iter()
-            .any(|name| name == "sched_switch")
-    );
+    // The kernel keeps 15 bytes of a program's name (BPF_OBJ_NAME_LEN 16 with the NUL).
+    let kernel_name = |name: &str| name[..name.len().min(15)].to_owned();
+    let ours: Vec<String> = topdown_common::names::PROGRAMS
+        .iter()
+        .map(|name| kernel_name(name))
+        .collect();
+    let held = held_programs(exporter.0.id());
+    let held_names: Vec<&str> = held.iter().map(|(_, name)| name.as_str()).collect();
+    for name in &held_names {
+        assert!(
+            ours.contains(&name.to_string()),
+            "{name} is not topdown's: {held:?}"
+        );
+    }
+    // This configuration loads the switch, the flush and both function-probe sides (as
+    // uprobe.multi links where the kernel has them).
+    let multi = held_names.contains(&kernel_name("func_entry_multi").as_str());
+    let (entry, exit) = if multi {
+        ("func_entry_multi", "func_exit_multi")
+    } else {
+        ("func_entry", "func_exit")
+    };
+    for name in ["sched_switch", "flush", entry, exit] {
+        assert!(
+            held_names.contains(&kernel_name(name).as_str()),
+            "{name} not loaded: {held:?}"
+        );
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGKILL) };
     let _ = exporter.0.wait();
-    let gone = wait_for(Duration::from_secs(10), || {
-        let programs = loaded_bpf_program_names().ok()?;
-        (!programs.iter().any(|name| {
-            [
-                "sched_switch",
-                "flush",
-                "func_entry",
-                "func_exit",
-                "func_entry_multi",
-                "func_exit_multi",
-            ]
-            .contains(&name.as_str())
-        }))
-        .then_some(())
-    });
-    assert!(
-        gone.is_some(),
-        "left loaded: {:?}",
-        loaded_bpf_program_names()
-    );
+    let left = || -> Vec<(u32, String)> {
+        held.iter()
+            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
+            .collect()
+    };
+    let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
+    assert!(gone.is_some(), "left loaded: {:?}", left());
     // Probes are perf-event links owned by file descriptors, never tracefs uprobe_events entries
     // that could outlive the process.
     assert_eq!(uprobe_events(), events_before);

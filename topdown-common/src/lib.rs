@@ -78,17 +78,48 @@ pub mod names {
     pub const GLOBAL_BY_CGROUP: &str = "BY_CGROUP";
     pub const GLOBAL_BY_TASK: &str = "BY_TASK";
     pub const PROG_CGROUP_SWITCH: &str = "cgroup_switch";
+    pub const PROG_MIGRATE_FENTRY: &str = "migrate_fentry";
+    pub const PROG_MIGRATE_KPROBE: &str = "migrate_kprobe";
+    /// The kernel function both migration programs hook.
+    pub const MIGRATE_FUNCTION: &str = "cgroup_attach_task";
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
-    pub const ZERO_STACK: &str = "ZERO_STACK";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
+
+    /// Every program of the object, for checks that must cover them all (the kernel keeps the
+    /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
+    pub const PROGRAMS: [&str; 13] = [
+        PROG_SCHED_SWITCH,
+        PROG_FLUSH,
+        PROG_FORK,
+        PROG_EXIT,
+        PROG_CGROUP_SWITCH,
+        PROG_MIGRATE_FENTRY,
+        PROG_MIGRATE_KPROBE,
+        PROG_FUNC_ENTRY,
+        PROG_FUNC_RETURN,
+        PROG_FUNC_ENTRY_MULTI,
+        PROG_FUNC_RETURN_MULTI,
+        PROG_FUNC_EXIT,
+        PROG_FUNC_EXIT_MULTI,
+    ];
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
     pub const GLOBAL_SLOT_SOURCES: &str = "SLOT_SOURCES";
     pub const GLOBAL_FILTER_TGIDS: &str = "FILTER_TGIDS";
     pub const GLOBAL_FOLLOW_FORKS: &str = "FOLLOW_FORKS";
     pub const GLOBAL_FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";
-    pub const GLOBAL_EXIT_PID_OFFSET: &str = "EXIT_PID_OFFSET";
     pub const GLOBAL_EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
+}
+
+/// What the `flush` program returns.
+pub mod flush_result {
+    pub const DONE: u32 = 0;
+    /// The per-CPU state map has no entry (cannot happen with a loaded object).
+    pub const NO_STATE: u32 = 1;
+    /// The CPU's counters could not be read: nothing was attributed.
+    pub const UNREADABLE: u32 = 2;
+    /// It interrupted the cgroup-migration hook on that CPU; nothing was done: run it again.
+    pub const BUSY: u32 = 3;
 }
 
 /// What the `flush` program does when user space runs it on a CPU.
@@ -149,7 +180,14 @@ pub struct CpuState {
     /// The `GENERATIONS` value this CPU's baseline was taken under: user space bumps it when it
     /// re-opens the CPU's counters (CPU hotplug), and a new value means "re-baseline".
     pub generation: u32,
-    pub _pad: u32,
+    /// Nonzero while the cgroup-migration hook attributes on this CPU. That hook is the one
+    /// attribution point that runs with interrupts on (and, on preemptible kernels, can be
+    /// preempted), so a flush IPI or a context switch can land in the middle of it: they find
+    /// this set and leave the state alone instead of interleaving with it.
+    pub migrating: u32,
+    /// Attributions skipped because they landed inside a migration hook's (see `migrating`):
+    /// their delta goes to the next reading. A flush retries instead and is not counted here.
+    pub deferred: u64,
 }
 
 impl CpuState {
@@ -173,7 +211,8 @@ impl CpuState {
         initialized: 0,
         frozen: 0,
         generation: 0,
-        _pad: 0,
+        migrating: 0,
+        deferred: 0,
     };
 }
 

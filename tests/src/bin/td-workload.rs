@@ -12,6 +12,12 @@
 //! - `--spin-ms MS`: after its syscalls, each thread spins in user space for MS milliseconds.
 //! - `--ready-file PATH`: after all threads have made their syscalls (spin still running),
 //!   create PATH.
+//! - `--cgroup DIR` (repeatable): a cgroup v2 directory the spec item `move=K` names by index.
+//!
+//! Spec items besides syscalls and `cpu=N`: `move=K` writes this process's pid to the K-th
+//! `--cgroup`'s `cgroup.procs` (the thread moves its own process, as container runtimes do);
+//! `pause=0` prints `paused <tid>` and waits for a line on stdin; `spin=MS` spins in user space
+//! for MS milliseconds.
 
 use std::{
     io::{BufRead as _, Write as _},
@@ -141,7 +147,7 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
                 .parse()
                 .map_err(|_| format!("bad count in '{part}'"))?;
             // Validated by name, not by calling it: every call counts.
-            if name != "cpu" && !KNOWN.contains(&name) {
+            if !["cpu", "move", "pause", "spin"].contains(&name) && !KNOWN.contains(&name) {
                 return Err(format!("unknown syscall '{name}'"));
             }
             Ok((name.to_owned(), count))
@@ -149,8 +155,50 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
         .collect()
 }
 
+fn spin_for(duration: Duration) {
+    let start = Instant::now();
+    let mut x: u64 = 1;
+    while start.elapsed() < duration {
+        for _ in 0..10_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+    std::hint::black_box(x);
+}
+
+/// The spec items that are not syscalls.
+fn special(name: &str, value: u64, cgroups: &[String]) -> Result<bool, String> {
+    match name {
+        "cpu" => pin_to(value)?,
+        "move" => {
+            let dir = cgroups
+                .get(value as usize)
+                .ok_or_else(|| format!("move={value}: no such --cgroup"))?;
+            let procs = std::path::Path::new(dir).join("cgroup.procs");
+            std::fs::write(&procs, std::process::id().to_string())
+                .map_err(|err| format!("writing {}: {err}", procs.display()))?;
+        }
+        "pause" => {
+            // SAFETY: no preconditions.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+            println!("paused {tid}");
+            let _ = std::io::stdout().flush();
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        }
+        "spin" => spin_for(Duration::from_millis(value)),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 /// Runs every spec in its own thread; returns when all are done.
-fn run_threads(specs: &[Vec<(String, u64)>], spin: Duration, ready_file: Option<&str>) {
+fn run_threads(
+    specs: &[Vec<(String, u64)>],
+    spin: Duration,
+    ready_file: Option<&str>,
+    cgroups: &[String],
+) {
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(specs.len() + 1));
     let handles: Vec<_> = specs
         .iter()
@@ -158,14 +206,16 @@ fn run_threads(specs: &[Vec<(String, u64)>], spin: Duration, ready_file: Option<
         .enumerate()
         .map(|(index, spec)| {
             let barrier = barrier.clone();
+            let cgroups = cgroups.to_vec();
             std::thread::spawn(move || {
                 for (name, count) in &spec {
-                    if name == "cpu" {
-                        if let Err(err) = pin_to(*count) {
+                    match special(name, *count, &cgroups) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(err) => {
                             eprintln!("td-workload: {err}");
                             std::process::exit(2);
                         }
-                        continue;
                     }
                     for _ in 0..*count {
                         if let Err(err) = call(name) {
@@ -179,16 +229,7 @@ fn run_threads(specs: &[Vec<(String, u64)>], spin: Duration, ready_file: Option<
                 println!("thread {index} pid={pid} tid={tid}");
                 let _ = std::io::stdout().flush();
                 barrier.wait();
-                let start = Instant::now();
-                let mut x: u64 = 1;
-                while start.elapsed() < spin {
-                    for _ in 0..10_000 {
-                        x = std::hint::black_box(
-                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
-                        );
-                    }
-                }
-                std::hint::black_box(x);
+                spin_for(spin);
             })
         })
         .collect();
@@ -208,6 +249,7 @@ fn main() {
     let mut spin = Duration::ZERO;
     let mut ready_file = None;
     let mut specs = Vec::new();
+    let mut cgroups = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--wait-stdin" => wait_stdin = true,
@@ -216,6 +258,7 @@ fn main() {
                 spin = Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
             }
             "--ready-file" => ready_file = args.next(),
+            "--cgroup" => cgroups.extend(args.next()),
             spec => match parse_spec(spec) {
                 Ok(spec) => specs.push(spec),
                 Err(err) => {
@@ -235,12 +278,12 @@ fn main() {
         // are spawned in it.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            run_threads(&specs, spin, None);
+            run_threads(&specs, spin, None, &cgroups);
             std::process::exit(0);
         }
         pids.push(pid);
     }
-    run_threads(&specs, spin, ready_file.as_deref());
+    run_threads(&specs, spin, ready_file.as_deref(), &cgroups);
     for pid in pids {
         let mut status = 0;
         // SAFETY: reaping our own children.

@@ -20,7 +20,7 @@ use aya::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters,
-    flush_mode, names,
+    flush_mode, flush_result, names,
 };
 
 use crate::{
@@ -28,6 +28,9 @@ use crate::{
     error::{Failure, fail},
     tracefs::Tracefs,
 };
+
+/// How often a flush is tried on a CPU whose migration hook keeps it out (1 ms apart).
+const FLUSH_ATTEMPTS: u32 = 1000;
 
 /// The eBPF object, built by build.rs with the pinned nightly and bpf-linker.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topdown"));
@@ -141,7 +144,6 @@ impl Session {
         let filter = u32::from(config.tracked_tgids.is_some());
         let follow = u32::from(config.follow_forks);
         let fork_child = field_offset(tracefs, "sched_process_fork", "child_pid")?;
-        let exit_pid = field_offset(tracefs, "sched_process_exit", "pid")?;
         let exit_group_dead = field_offset(tracefs, "sched_process_exit", "group_dead")?;
         let counter_slots = possible_cpus * MAX_COUNTERS as u32;
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
@@ -157,7 +159,6 @@ impl Session {
             .override_global(names::GLOBAL_FILTER_TGIDS, &filter, true)
             .override_global(names::GLOBAL_FOLLOW_FORKS, &follow, true)
             .override_global(names::GLOBAL_FORK_CHILD_PID_OFFSET, &fork_child, true)
-            .override_global(names::GLOBAL_EXIT_PID_OFFSET, &exit_pid, true)
             .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
             .override_global(names::GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS, &split, true)
             .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
@@ -222,6 +223,9 @@ impl Session {
             attach_cgroup_switch(&mut ebpf, &groups)?;
         } else {
             attach_sched_switch(&mut ebpf)?;
+        }
+        if config.by_cgroup || config.cgroup_filter.is_some() {
+            attach_migration(&mut ebpf);
         }
         let mut session = Self {
             ebpf,
@@ -384,14 +388,31 @@ impl Session {
         };
         // An offline CPU cannot run the flush; it has nothing running to attribute either.
         for cpu in self.groups.cpus().filter(|cpu| self.online.contains(cpu)) {
-            let mut options = RawTracePointRunOptions::new();
-            options.args[0] = mode;
-            options.cpu = Some(cpu);
-            let result = program
-                .test_run(options)
-                .with_context(|| format!("flushing counters on CPU {cpu}"))?;
-            if result.return_value == 2 {
-                log::warn!("CPU {cpu}: counters could not be read at flush (group not running)");
+            let mut attempts = 0;
+            let result = loop {
+                let mut options = RawTracePointRunOptions::new();
+                options.args[0] = mode;
+                options.cpu = Some(cpu);
+                let result = program
+                    .test_run(options)
+                    .with_context(|| format!("flushing counters on CPU {cpu}"))?;
+                attempts += 1;
+                // BUSY: the IPI landed inside the migration hook, which ends when the IPI
+                // returns; a hook preempted on a preemptible kernel may take a time slice.
+                if result.return_value != flush_result::BUSY || attempts == FLUSH_ATTEMPTS {
+                    break result;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            match result.return_value {
+                flush_result::UNREADABLE => {
+                    log::warn!("CPU {cpu}: counters could not be read at flush (group not running)")
+                }
+                flush_result::BUSY => log::warn!(
+                    "CPU {cpu}: a cgroup migration kept the flush out for {FLUSH_ATTEMPTS} tries; \
+                     its counts since the last reading are not in this report"
+                ),
+                _ => {}
             }
         }
         Ok(())
@@ -625,6 +646,17 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         .load()
         .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
     loaded.push(names::PROG_CGROUP_SWITCH);
+    // Optional (topdown counts without it): listed if either form loads.
+    let fentry = program_mut::<aya::programs::FEntry>(&mut ebpf, names::PROG_MIGRATE_FENTRY)?
+        .load(names::MIGRATE_FUNCTION, &btf);
+    if fentry.is_ok() {
+        loaded.push(names::PROG_MIGRATE_FENTRY);
+    } else if program_mut::<aya::programs::KProbe>(&mut ebpf, names::PROG_MIGRATE_KPROBE)?
+        .load()
+        .is_ok()
+    {
+        loaded.push(names::PROG_MIGRATE_KPROBE);
+    }
     for name in [
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
@@ -678,6 +710,40 @@ fn attach_sched_switch(ebpf: &mut Ebpf) -> Result<()> {
     program
         .attach()
         .context("attaching to tp_btf/sched_switch")?;
+    Ok(())
+}
+
+/// Reads the counters just before a task changes cgroup, so that a task moving itself has what
+/// it ran in its old cgroup credited there (eBPF `process` module). fentry where the kernel has
+/// BPF trampolines, else a kprobe; without either topdown still counts, with that one
+/// imprecision, and says so.
+fn attach_migration(ebpf: &mut Ebpf) {
+    let fentry = attach_migration_fentry(ebpf);
+    let Err(fentry_error) = fentry else {
+        return;
+    };
+    if let Err(kprobe_error) = attach_migration_kprobe(ebpf) {
+        log::warn!(
+            "cannot hook cgroup migrations ({}: fentry: {fentry_error:#}; kprobe: \
+             {kprobe_error:#}): a process that moves itself to another cgroup has its counts \
+             since its last context switch credited to the cgroup it moves to",
+            names::MIGRATE_FUNCTION
+        );
+    }
+}
+
+fn attach_migration_fentry(ebpf: &mut Ebpf) -> Result<()> {
+    let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+    let program: &mut aya::programs::FEntry = program_mut(ebpf, names::PROG_MIGRATE_FENTRY)?;
+    program.load(names::MIGRATE_FUNCTION, &btf)?;
+    program.attach()?;
+    Ok(())
+}
+
+fn attach_migration_kprobe(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut aya::programs::KProbe = program_mut(ebpf, names::PROG_MIGRATE_KPROBE)?;
+    program.load()?;
+    program.attach(names::MIGRATE_FUNCTION, 0)?;
     Ok(())
 }
 

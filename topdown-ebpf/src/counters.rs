@@ -1,0 +1,405 @@
+//! Counter reading and attribution: each reading hands the delta since the previous one to the
+//! task that ran in between (and its cgroup), at context switches, cgroup switches, flushes and
+//! cgroup migrations.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_comm,
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+    },
+    macros::{btf_tracepoint, perf_event, raw_tracepoint},
+    programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext},
+};
+use aya_log_ebpf::warn;
+use topdown_common::{
+    CpuState, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
+    flush_result, slot_source,
+};
+
+use crate::maps::{
+    BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
+    FILTER_TGIDS, NUM_COUNTERS, PROBE_STATS, SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP,
+    ZERO_TASK, atomic_add, generation, global,
+};
+
+/// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
+/// the other type's slots read as zero there, always, so their deltas are zero too.
+const ENOENT: i32 = -2;
+
+/// Reads every counter slot of this CPU into `out`; returns the enabled and running times of the
+/// first counter present on this CPU, or `None` if any read failed.
+#[inline(always)]
+pub(crate) fn read_slots(out: &mut [u64; MAX_COUNTERS]) -> Option<(u64, u64)> {
+    let used = global(&NUM_COUNTERS) as usize;
+    // SAFETY: a helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let base = cpu.wrapping_mul(MAX_COUNTERS as u32);
+    let mut times: Option<(u64, u64)> = None;
+    let mut value = (0u64, 0u64, 0u64);
+    let mut last_fd = u32::MAX;
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: `slot < MAX_COUNTERS`; volatile so the loader's values are read, not the default.
+        let source = unsafe { core::ptr::read_volatile(SLOT_SOURCES.as_ptr().add(slot)) };
+        let fd_slot = slot_source::fd_slot(source) % MAX_COUNTERS as u32;
+        // Timing slots follow their counter's slot: one helper call serves all three.
+        if fd_slot != last_fd {
+            value = match COUNTERS.read_value(base + fd_slot) {
+                Ok(read) => {
+                    if times.is_none() {
+                        times = Some((read.enabled_nanos, read.running_nanos));
+                    }
+                    (read.counter, read.enabled_nanos, read.running_nanos)
+                }
+                Err(ENOENT) => (0, 0, 0),
+                Err(_) => return None,
+            };
+            last_fd = fd_slot;
+        }
+        out[slot] = match slot_source::field(source) {
+            slot_source::FIELD_ENABLED => value.1,
+            slot_source::FIELD_RUNNING => value.2,
+            _ => value.0,
+        };
+        slot += 1;
+    }
+    Some(times.unwrap_or((0, 0)))
+}
+
+/// Reads every counter slot of this CPU into `state.now`. False if any read failed.
+#[inline(always)]
+pub(crate) fn read_counters(state: &mut CpuState) -> bool {
+    // Seqlock against user space replacing this CPU's fds: an odd generation, or one that
+    // changed while we read, means the reading may mix old and new counters.
+    let before = generation();
+    if before & 1 != 0 {
+        return false;
+    }
+    let Some((enabled, running)) = read_slots(&mut state.now) else {
+        state.read_errors += 1;
+        return false;
+    };
+    if generation() != before {
+        return false;
+    }
+    if state.initialized != 0 && state.generation != before {
+        // New counters: this reading is the new baseline (nothing was counted in between: the
+        // CPU was offline).
+        state.initialized = 0;
+    }
+    state.generation = before;
+    let enabled_delta = enabled.wrapping_sub(state.last_enabled_ns);
+    let running_delta = running.wrapping_sub(state.last_running_ns);
+    if state.initialized != 0 && running_delta < enabled_delta {
+        state.not_running += 1;
+    }
+    state.last_enabled_ns = enabled;
+    state.last_running_ns = running;
+    state.readings += 1;
+    true
+}
+
+#[inline(always)]
+pub(crate) fn add(bucket: &mut [u64; MAX_COUNTERS], delta: &[u64; MAX_COUNTERS], used: usize) {
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        bucket[slot] = bucket[slot].wrapping_add(delta[slot]);
+        slot += 1;
+    }
+}
+
+#[inline(always)]
+pub(crate) fn is_tracked(tgid: u32) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { TRACKED.get(&tgid).is_some() }
+}
+
+/// Reads this CPU's counters and gives the delta since the last reading to `tid`, from a
+/// program that runs with interrupts off (context and cgroup switches) or from an IPI (flush).
+///
+/// `dying`: the task will never run again (its last switch-out): hand its totals to user space
+/// and free its entry.
+#[inline(always)]
+pub(crate) fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
+    // SAFETY: a per-CPU map value, only touched by programs on this CPU. These ones cannot nest
+    // in each other (sched_switch and cgroup_switch run with interrupts off, the flush runs from
+    // an IPI or with preemption off); the migration hook can be interrupted by them, which
+    // `migrating` guards.
+    let state = unsafe { &mut *ctx_state };
+    // SAFETY: volatile: the flag belongs to a program this one may have interrupted.
+    if unsafe { core::ptr::read_volatile(&state.migrating) } != 0 {
+        // A switch that preempted the migration hook: its delta goes to the next reading. (With
+        // `dying`, the task's entry stays: user space reads it as a live task's.)
+        state.deferred += 1;
+        return;
+    }
+    credit(state, tid, tgid, dying);
+}
+
+/// `attribute` for the cgroup-migration hook, which runs with interrupts on and, on preemptible
+/// kernels, preemptibly: `migrating` makes whatever lands in the middle leave the state alone.
+/// Migrations are serialised by the kernel's `cgroup_mutex`, so no two hooks share a CPU's state.
+#[inline(always)]
+pub(crate) fn attribute_interruptible(tid: u32, tgid: u32) {
+    use core::sync::atomic::{Ordering, compiler_fence};
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a per-CPU map value (see `attribute`); volatile and fenced so the flag brackets
+    // every access `credit` makes.
+    unsafe { core::ptr::write_volatile(&raw mut (*state).migrating, 1) };
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: as above.
+    credit(unsafe { &mut *state }, tid, tgid, false);
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(&raw mut (*state).migrating, 0) };
+}
+
+#[inline(always)]
+fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool) {
+    if state.frozen != 0 || !read_counters(state) {
+        return;
+    }
+    let used = global(&NUM_COUNTERS) as usize;
+    state.seq = state.seq.wrapping_add(1);
+    if state.initialized == 0 {
+        // Baseline: nothing before this instant belongs to the run.
+        state.last = state.now;
+        state.initialized = 1;
+        return;
+    }
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        let slot_delta = state.now[slot].wrapping_sub(state.last[slot]);
+        state.last[slot] = state.now[slot];
+        state.now[slot] = slot_delta;
+        slot += 1;
+    }
+    // The deltas stay in `state.now` (no copy: 24 counters would not fit the 512-byte stack).
+    let delta = &state.now;
+    add(&mut state.total, delta, used);
+
+    if tid == 0 {
+        add(&mut state.idle, delta, used);
+        return;
+    }
+    if global(&FILTER_CGROUPS) != 0 && !in_chosen_cgroup() {
+        add(&mut state.untracked, delta, used);
+        return;
+    }
+    let existing = TASKS.get_ptr_mut(&tid);
+    if existing.is_none() && global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
+        add(&mut state.untracked, delta, used);
+        return;
+    }
+    if global(&BY_CGROUP) != 0 {
+        add_to_cgroup(
+            &mut state.cgroup_map_full,
+            &mut state.cgroup_dropped,
+            delta,
+            used,
+        );
+    }
+    if global(&BY_TASK) == 0 {
+        return;
+    }
+    let task = match existing {
+        Some(task) => task,
+        None => {
+            let Some(zero) = ZERO_TASK.get_ptr(0) else {
+                add(&mut state.dropped, delta, used);
+                return;
+            };
+            // SAFETY: a per-CPU map value nobody writes: all zeroes.
+            if TASKS
+                .insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64)
+                .is_err()
+            {
+                state.task_map_full += 1;
+                add(&mut state.dropped, delta, used);
+                return;
+            }
+            match TASKS.get_ptr_mut(&tid) {
+                Some(task) => task,
+                None => {
+                    add(&mut state.dropped, delta, used);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: a map value pointer; only the CPU the task runs on writes it.
+    let task = unsafe { &mut *task };
+    add(&mut task.counters, delta, used);
+    task.switches += 1;
+    task.tgid = tgid;
+    if let Ok(comm) = bpf_get_current_comm() {
+        task.comm = comm;
+    }
+    if dying {
+        retire(state, tid, tgid, task);
+    }
+}
+
+/// Adds to `current`'s cgroup: the task the delta belongs to, still in the cgroup it ran in (a
+/// switch runs before the next task is current; the migration hook before the move).
+#[inline(always)]
+pub(crate) fn add_to_cgroup(
+    cgroup_map_full: &mut u64,
+    cgroup_dropped: &mut [u64; MAX_COUNTERS],
+    delta: &[u64; MAX_COUNTERS],
+    used: usize,
+) {
+    // SAFETY: a helper without preconditions.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    let entry = match CGROUPS.get_ptr_mut(&cgroup) {
+        Some(entry) => entry,
+        None => {
+            let Some(zero) = ZERO_CGROUP.get_ptr(0) else {
+                add(cgroup_dropped, delta, used);
+                return;
+            };
+            // SAFETY: a per-CPU map value nobody writes: all zeroes.
+            if CGROUPS
+                .insert(&cgroup, unsafe { &*zero }, BPF_NOEXIST as u64)
+                .is_err()
+            {
+                *cgroup_map_full += 1;
+                add(cgroup_dropped, delta, used);
+                return;
+            }
+            match CGROUPS.get_ptr_mut(&cgroup) {
+                Some(entry) => entry,
+                None => {
+                    add(cgroup_dropped, delta, used);
+                    return;
+                }
+            }
+        }
+    };
+    // Several CPUs can add to one cgroup at once.
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: naturally aligned u64s of a live map value.
+        unsafe { atomic_add(&raw mut (*entry).counters[slot], delta[slot]) };
+        slot += 1;
+    }
+}
+
+/// True if the current task's cgroup or one of its ancestors was chosen with `-G`.
+#[inline(always)]
+pub(crate) fn in_chosen_cgroup() -> bool {
+    let mut level = 0;
+    while level <= MAX_CGROUP_LEVEL {
+        // SAFETY: a helper without preconditions; 0 means "no ancestor at this level".
+        let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
+        if ancestor == 0 {
+            return false;
+        }
+        // SAFETY: tested for presence only.
+        if unsafe { CGROUP_FILTER.get(&ancestor) }.is_some() {
+            return true;
+        }
+        level += 1;
+    }
+    false
+}
+
+/// Sends a dead task's totals to user space and frees its entry.
+#[inline(always)]
+pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskCounters) {
+    match EXITS.reserve::<TaskExit>(0) {
+        Some(mut record) => {
+            record.write(TaskExit {
+                tid,
+                _pad: 0,
+                task: *task,
+            });
+            record.submit(0);
+            let _ = TASKS.remove(&tid);
+        }
+        None => {
+            // User space collects entries marked exited when it scans the map.
+            task.exited = 1;
+            state.exit_records_lost += 1;
+        }
+    }
+    if tid != tgid {
+        // A thread's tid may have been added by the fork hook; the process stays tracked by tgid.
+        let _ = TRACKED.remove(&tid);
+    }
+    // Calls still open on a dead thread's shadow stack will never return.
+    // SAFETY: only this thread's probes and its last switch touch its stack.
+    if let Some(stack) = unsafe { STACKS.get(&tid) } {
+        let open = u64::from(stack.depth);
+        if let Some(stats) = PROBE_STATS.get_ptr_mut(0) {
+            // SAFETY: a per-CPU map value.
+            unsafe { (*stats).missed_returns += open };
+        }
+        let _ = STACKS.remove(&tid);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn current_ids() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    (pid_tgid as u32, (pid_tgid >> 32) as u32)
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)`: `current` is still `prev`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return 0;
+    };
+    let prev_state: u64 = ctx.arg(3);
+    let (tid, tgid) = current_ids();
+    attribute(state, tid, tgid, prev_state as u32 & TASK_DEAD != 0);
+    0
+}
+
+/// `--by cgroup` alone: run only when the CPU switches between cgroups (the
+/// `cgroup-switches` software event with period 1, as perf's bperf_cgroup does) instead of at
+/// every context switch. The event fires before the switch, so `current` is still the task
+/// leaving, and the delta covers everything its cgroup ran since the last cgroup switch. Idle
+/// runs in the root cgroup and is not told apart from it in this mode.
+#[perf_event]
+pub fn cgroup_switch(_ctx: PerfEventContext) -> u32 {
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return 0;
+    };
+    let (tid, tgid) = current_ids();
+    attribute(state, tid, tgid, false);
+    0
+}
+
+/// Run by user space on each CPU (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU), never attached:
+/// gives the running task its counts up to now, so reports are complete even for a task that
+/// never leaves its CPU. arg 0 is a `flush_mode`.
+#[raw_tracepoint(tracepoint = "topdown_flush")]
+pub fn flush(ctx: RawTracePointContext) -> i32 {
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return flush_result::NO_STATE as i32;
+    };
+    let mode: u64 = ctx.arg(0);
+    // SAFETY: as in `attribute`.
+    if unsafe { core::ptr::read_volatile(&(*state).migrating) } != 0 {
+        // Interrupted the migration hook, which finishes as soon as this IPI returns.
+        return flush_result::BUSY as i32;
+    }
+    let (tid, tgid) = current_ids();
+    attribute(state, tid, tgid, false);
+    // SAFETY: as in `attribute`.
+    let state = unsafe { &mut *state };
+    if mode == flush_mode::FINAL {
+        state.frozen = 1;
+    }
+    if state.initialized == 0 {
+        warn!(&ctx, "topdown: counters unreadable on this CPU at flush");
+        return flush_result::UNREADABLE as i32;
+    }
+    flush_result::DONE as i32
+}

@@ -1,0 +1,132 @@
+//! Maps and globals: the ABI with user space, whose layouts are in `topdown_common`.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::bpf_get_smp_processor_id,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
+};
+use topdown_common::{
+    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_COUNTERS, ProbeStats,
+    ShadowStack, TaskCounters, slot_source,
+};
+
+/// Counter slots in use per CPU (1..=MAX_COUNTERS).
+#[unsafe(no_mangle)]
+pub(crate) static NUM_COUNTERS: u32 = 0;
+/// Per slot: which fd and which value to read (`topdown_common::slot_source`).
+#[unsafe(no_mangle)]
+pub(crate) static SLOT_SOURCES: [u32; MAX_COUNTERS] = slot_source::identity();
+/// Nonzero: only tasks whose tgid is in `TRACKED` get their own entry (`-p`, `-- CMD`).
+#[unsafe(no_mangle)]
+pub(crate) static FILTER_TGIDS: u32 = 0;
+/// Nonzero: children forked by a tracked process are tracked too (`-- CMD`).
+#[unsafe(no_mangle)]
+pub(crate) static FOLLOW_FORKS: u32 = 0;
+/// Offsets of fields in the classic `sched_process_fork`/`sched_process_exit` records, read by
+/// user space from tracefs (their layout changes between kernels).
+#[unsafe(no_mangle)]
+pub(crate) static FORK_CHILD_PID_OFFSET: u32 = FIELD_ABSENT;
+#[unsafe(no_mangle)]
+pub(crate) static EXIT_GROUP_DEAD_OFFSET: u32 = FIELD_ABSENT;
+/// Nonzero: deltas are also added per cgroup v2 (`--by cgroup`).
+#[unsafe(no_mangle)]
+pub(crate) static BY_CGROUP: u32 = 0;
+/// Zero: no per-task entries (cgroup-only runs triggered on cgroup switches).
+#[unsafe(no_mangle)]
+pub(crate) static BY_TASK: u32 = 1;
+/// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
+#[unsafe(no_mangle)]
+pub(crate) static FILTER_CGROUPS: u32 = 0;
+/// Nonzero: function totals are kept per process (`--by function,task`).
+#[unsafe(no_mangle)]
+pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
+
+#[inline(always)]
+pub(crate) fn global(value: &'static u32) -> u32 {
+    // SAFETY: reading a static the loader patched; volatile keeps the load.
+    unsafe { core::ptr::read_volatile(value) }
+}
+
+/// Counter fds: index `cpu * MAX_COUNTERS + slot`. Sized by user space to possible CPUs.
+#[map]
+pub(crate) static COUNTERS: PerfEventArray<u32> = PerfEventArray::new(0);
+
+/// Per CPU: the generation of its counter fds. User space makes it odd while it replaces a
+/// CPU's fds (after CPU hotplug) and even again when done; readings taken across a change are
+/// discarded and the next one is a new baseline. Sized by user space to possible CPUs.
+#[map]
+pub(crate) static GENERATIONS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// This CPU's counter generation (0 if the map has no entry for it).
+#[inline(always)]
+pub(crate) fn generation() -> u32 {
+    // SAFETY: a helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    match GENERATIONS.get_ptr(cpu) {
+        // SAFETY: a map value pointer; volatile because user space writes it concurrently.
+        Some(value) => unsafe { core::ptr::read_volatile(value) },
+        None => 0,
+    }
+}
+
+#[map]
+pub(crate) static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-thread totals, keyed by tid. Sized by user space (`--max-tasks`).
+#[map]
+pub(crate) static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(32768, 0);
+
+/// Tracked tgids (and the tids of tracked threads created by fork, until they die).
+#[map]
+pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
+/// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
+#[map]
+pub(crate) static CGROUPS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(4096, 0);
+
+/// `-G`: the chosen cgroups; a task counts if any of its ancestors (or its own cgroup) is here,
+/// so cgroups created during the run are covered without user space noticing them.
+#[map]
+pub(crate) static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+
+/// Final totals of tasks that died, so their map entries can be freed at once.
+#[map]
+pub(crate) static EXITS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Per-thread shadow stacks of probed calls. Allocated on demand: a stack is ~13 KiB.
+#[map]
+pub(crate) static STACKS: HashMap<u32, ShadowStack> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Never written: the zeroed values new task and cgroup entries are copied from (with 24
+/// counters they no longer fit the 512-byte BPF stack).
+#[map]
+pub(crate) static ZERO_TASK: PerCpuArray<TaskCounters> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub(crate) static ZERO_CGROUP: PerCpuArray<CgroupCounters> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+pub(crate) static ZERO_CALL: PerCpuArray<CallStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Never written: the zeroed value new shadow stacks are copied from. A hash-map insert copies
+/// its value from a pointer, and a ~13 KiB stack fits neither the 512-byte BPF stack nor any
+/// other map value, so it needs a zeroed source of its own (`BPF_F_NO_PREALLOC` only defers the
+/// allocation; it does not let an insert go without a value).
+#[map]
+pub(crate) static ZERO_STACK: PerCpuArray<ShadowStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Function totals per caller -> callee edge (and per process if asked).
+#[map]
+pub(crate) static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_add(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
+}
