@@ -640,3 +640,39 @@ fn a_failed_run_keeps_the_last_result_in_its_output_file() {
     assert_eq!(report["model"], "software");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `-- CMD` where CMD is single-threaded and short: its only switch-out comes after its exit,
+/// when the exit hook had already stopped tracking it, so every count went to `untracked`.
+#[test]
+fn a_short_single_threaded_command_is_its_own_process() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let output = run_ok(topdown().args([
+        "stat",
+        "--pmu",
+        "synthetic:intel-icl",
+        "--format",
+        "json",
+        "--",
+        WORKLOAD,
+        "--main-thread",
+        "getppid=321,getpgid=123",
+    ]))
+    .unwrap();
+    let report = parse_json(&output.stdout).unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let pid = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|process| process["comm"] == "td-workload")
+        .map(|process| process["pid"].as_u64().unwrap())
+        .unwrap_or_else(|| panic!("no td-workload process: {stdout}"));
+    let process = process(&report, pid).unwrap();
+    assert_eq!(counter(process, "slots"), 321);
+    assert_eq!(counter(process, "topdown-retiring"), 123);
+    assert_eq!(counter(&report["untracked"], "slots"), 0, "{stdout}");
+    assert_conserved(&report);
+}

@@ -78,10 +78,9 @@ pub mod names {
     pub const GLOBAL_BY_CGROUP: &str = "BY_CGROUP";
     pub const GLOBAL_BY_TASK: &str = "BY_TASK";
     pub const PROG_CGROUP_SWITCH: &str = "cgroup_switch";
-    pub const PROG_MIGRATE_FENTRY: &str = "migrate_fentry";
-    pub const PROG_MIGRATE_KPROBE: &str = "migrate_kprobe";
-    /// The kernel function both migration programs hook.
-    pub const MIGRATE_FUNCTION: &str = "cgroup_attach_task";
+    pub const PROG_CGROUP_ATTACH: &str = "cgroup_attach";
+    pub const PROG_CPU_IDLE: &str = "cpu_idle";
+    pub const PROCESS_CGROUPS: &str = "PROCESS_CGROUPS";
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
 
@@ -93,8 +92,8 @@ pub mod names {
         PROG_FORK,
         PROG_EXIT,
         PROG_CGROUP_SWITCH,
-        PROG_MIGRATE_FENTRY,
-        PROG_MIGRATE_KPROBE,
+        PROG_CGROUP_ATTACH,
+        PROG_CPU_IDLE,
         PROG_FUNC_ENTRY,
         PROG_FUNC_RETURN,
         PROG_FUNC_ENTRY_MULTI,
@@ -109,6 +108,10 @@ pub mod names {
     pub const GLOBAL_FOLLOW_FORKS: &str = "FOLLOW_FORKS";
     pub const GLOBAL_FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";
     pub const GLOBAL_EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
+    pub const GLOBAL_ATTACH_DST_ROOT_OFFSET: &str = "ATTACH_DST_ROOT_OFFSET";
+    pub const GLOBAL_ATTACH_DST_ID_OFFSET: &str = "ATTACH_DST_ID_OFFSET";
+    pub const GLOBAL_ATTACH_PID_OFFSET: &str = "ATTACH_PID_OFFSET";
+    pub const GLOBAL_IDLE_STATE_OFFSET: &str = "IDLE_STATE_OFFSET";
 }
 
 /// What the `flush` program returns.
@@ -118,8 +121,6 @@ pub mod flush_result {
     pub const NO_STATE: u32 = 1;
     /// The CPU's counters could not be read: nothing was attributed.
     pub const UNREADABLE: u32 = 2;
-    /// It interrupted the cgroup-migration hook on that CPU; nothing was done: run it again.
-    pub const BUSY: u32 = 3;
 }
 
 /// What the `flush` program does when user space runs it on a CPU.
@@ -180,14 +181,11 @@ pub struct CpuState {
     /// The `GENERATIONS` value this CPU's baseline was taken under: user space bumps it when it
     /// re-opens the CPU's counters (CPU hotplug), and a new value means "re-baseline".
     pub generation: u32,
-    /// Nonzero while the cgroup-migration hook attributes on this CPU. That hook is the one
-    /// attribution point that runs with interrupts on (and, on preemptible kernels, can be
-    /// preempted), so a flush IPI or a context switch can land in the middle of it: they find
-    /// this set and leave the state alone instead of interleaving with it.
-    pub migrating: u32,
-    /// Attributions skipped because they landed inside a migration hook's (see `migrating`):
-    /// their delta goes to the next reading. A flush retries instead and is not counted here.
-    pub deferred: u64,
+    pub _pad: u32,
+    /// Processes that moved themselves to another cgroup while the cgroup they left was not
+    /// known (`PROCESS_CGROUPS` had no entry): their counts since the CPU's last reading went
+    /// to the cgroup they moved to.
+    pub unsplit_migrations: u64,
 }
 
 impl CpuState {
@@ -211,8 +209,8 @@ impl CpuState {
         initialized: 0,
         frozen: 0,
         generation: 0,
-        migrating: 0,
-        deferred: 0,
+        _pad: 0,
+        unsplit_migrations: 0,
     };
 }
 

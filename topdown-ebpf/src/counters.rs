@@ -1,6 +1,6 @@
 //! Counter reading and attribution: each reading hands the delta since the previous one to the
 //! task that ran in between (and its cgroup), at context switches, cgroup switches, flushes and
-//! cgroup migrations.
+//! when a process moves itself to another cgroup.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -8,19 +8,19 @@ use aya_ebpf::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_comm,
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
     },
-    macros::{btf_tracepoint, perf_event, raw_tracepoint},
-    programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext},
+    macros::{btf_tracepoint, perf_event, raw_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CpuState, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit, flush_mode,
-    flush_result, slot_source,
+    CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
+    flush_mode, flush_result, slot_source,
 };
 
 use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
-    FILTER_TGIDS, NUM_COUNTERS, PROBE_STATS, SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP,
-    ZERO_TASK, atomic_add, generation, global,
+    FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SLOT_SOURCES,
+    STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, generation, global,
 };
 
 /// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
@@ -115,50 +115,42 @@ pub(crate) fn is_tracked(tgid: u32) -> bool {
     unsafe { TRACKED.get(&tgid).is_some() }
 }
 
-/// Reads this CPU's counters and gives the delta since the last reading to `tid`, from a
-/// program that runs with interrupts off (context and cgroup switches) or from an IPI (flush).
+/// Reads this CPU's counters and gives the delta since the last reading to `tid` (and, with
+/// `--by cgroup`, to the cgroup it is in now). Every caller runs with interrupts off
+/// (context and cgroup switches, the cgroup-attach tracepoint) or from an IPI (flush), so no
+/// two attributions on a CPU interleave.
 ///
 /// `dying`: the task will never run again (its last switch-out): hand its totals to user space
 /// and free its entry.
 #[inline(always)]
 pub(crate) fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bool) {
-    // SAFETY: a per-CPU map value, only touched by programs on this CPU. These ones cannot nest
-    // in each other (sched_switch and cgroup_switch run with interrupts off, the flush runs from
-    // an IPI or with preemption off); the migration hook can be interrupted by them, which
-    // `migrating` guards.
+    // SAFETY: a per-CPU map value, only touched by programs on this CPU, which do not nest (see
+    // above).
     let state = unsafe { &mut *ctx_state };
-    // SAFETY: volatile: the flag belongs to a program this one may have interrupted.
-    if unsafe { core::ptr::read_volatile(&state.migrating) } != 0 {
-        // A switch that preempted the migration hook: its delta goes to the next reading. (With
-        // `dying`, the task's entry stays: user space reads it as a live task's.)
-        state.deferred += 1;
-        return;
-    }
-    credit(state, tid, tgid, dying);
-}
-
-/// `attribute` for the cgroup-migration hook, which runs with interrupts on and, on preemptible
-/// kernels, preemptibly: `migrating` makes whatever lands in the middle leave the state alone.
-/// Migrations are serialised by the kernel's `cgroup_mutex`, so no two hooks share a CPU's state.
-#[inline(always)]
-pub(crate) fn attribute_interruptible(tid: u32, tgid: u32) {
-    use core::sync::atomic::{Ordering, compiler_fence};
-    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
-        return;
+    let cgroup = if global(&BY_CGROUP) != 0 && tid != 0 {
+        // SAFETY: a helper without preconditions.
+        let cgroup = unsafe { bpf_get_current_cgroup_id() };
+        remember_cgroup(tgid, cgroup);
+        cgroup
+    } else {
+        0
     };
-    // SAFETY: a per-CPU map value (see `attribute`); volatile and fenced so the flag brackets
-    // every access `credit` makes.
-    unsafe { core::ptr::write_volatile(&raw mut (*state).migrating, 1) };
-    compiler_fence(Ordering::SeqCst);
-    // SAFETY: as above.
-    credit(unsafe { &mut *state }, tid, tgid, false);
-    compiler_fence(Ordering::SeqCst);
-    // SAFETY: as above.
-    unsafe { core::ptr::write_volatile(&raw mut (*state).migrating, 0) };
+    credit(state, tid, tgid, dying, cgroup);
 }
 
+/// Records the cgroup `tgid` is in (see `PROCESS_CGROUPS`), writing only when it changed: a
+/// lookup costs less than an update on every switch.
 #[inline(always)]
-fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool) {
+pub(crate) fn remember_cgroup(tgid: u32, cgroup: u64) {
+    // SAFETY: the value is copied out at once.
+    if unsafe { PROCESS_CGROUPS.get(&tgid) }.copied() != Some(cgroup) {
+        let _ = PROCESS_CGROUPS.insert(&tgid, &cgroup, 0);
+    }
+}
+
+/// Hands the delta since the last reading to `tid` and, with `--by cgroup`, to `cgroup`.
+#[inline(always)]
+pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgroup: u64) {
     if state.frozen != 0 || !read_counters(state) {
         return;
     }
@@ -196,6 +188,7 @@ fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool) {
     }
     if global(&BY_CGROUP) != 0 {
         add_to_cgroup(
+            cgroup,
             &mut state.cgroup_map_full,
             &mut state.cgroup_dropped,
             delta,
@@ -243,17 +236,16 @@ fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool) {
     }
 }
 
-/// Adds to `current`'s cgroup: the task the delta belongs to, still in the cgroup it ran in (a
-/// switch runs before the next task is current; the migration hook before the move).
+/// Adds the delta to `cgroup`: the one the task it belongs to ran in (a switch runs before the
+/// next task is current; a self-move is credited to the cgroup it leaves).
 #[inline(always)]
 pub(crate) fn add_to_cgroup(
+    cgroup: u64,
     cgroup_map_full: &mut u64,
     cgroup_dropped: &mut [u64; MAX_COUNTERS],
     delta: &[u64; MAX_COUNTERS],
     used: usize,
 ) {
-    // SAFETY: a helper without preconditions.
-    let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let entry = match CGROUPS.get_ptr_mut(&cgroup) {
         Some(entry) => entry,
         None => {
@@ -376,6 +368,45 @@ pub fn cgroup_switch(_ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// `power:cpu_idle`, with the cgroup-switch trigger only: the `cgroup-switches` event never
+/// runs its program for a switch away from the idle task (measured on Linux 6.18: `perf record
+/// -e cgroup-switches` has no sample whose task is the idle task), so without this the time a
+/// CPU idles would go to the cgroup of the next task that leaves it. The CPU is read when it
+/// enters idle (what ran since the last reading was the root cgroup's: a switch from any other
+/// cgroup to idle is a cgroup switch, read then) and when it leaves idle (that was idle).
+/// Both run on an idle CPU, where the reading costs nothing anyone waits for but the wake-up.
+#[tracepoint(category = "power", name = "cpu_idle")]
+pub fn cpu_idle(ctx: TracePointContext) -> i32 {
+    let offset = global(&IDLE_STATE_OFFSET);
+    if offset == FIELD_ABSENT {
+        return 0;
+    }
+    // SAFETY: the offset comes from this kernel's tracefs format file.
+    let Ok(idle_state) = (unsafe { ctx.read_at::<u32>(offset as usize) }) else {
+        return 0;
+    };
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: as in `attribute`: this runs with interrupts off in the idle loop.
+    let state = unsafe { &mut *state };
+    if idle_state == PWR_EVENT_EXIT {
+        credit(state, 0, 0, false, 0);
+    } else {
+        // SAFETY: a helper without preconditions; the idle task is in the root cgroup.
+        let root = unsafe { bpf_get_current_cgroup_id() };
+        credit(state, UNKNOWN_TASK, UNKNOWN_TASK, false, root);
+    }
+    0
+}
+
+/// `state` of `power:cpu_idle` when the CPU leaves idle (`PWR_EVENT_EXIT`, `(u32)-1`).
+const PWR_EVENT_EXIT: u32 = u32::MAX;
+
+/// A task id no task has: deltas of root-cgroup tasks whose ids are not known (`cpu_idle`). Not
+/// tracked under `-p`, and never given an entry (the cgroup-switch trigger keeps none).
+const UNKNOWN_TASK: u32 = u32::MAX;
+
 /// Run by user space on each CPU (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU), never attached:
 /// gives the running task its counts up to now, so reports are complete even for a task that
 /// never leaves its CPU. arg 0 is a `flush_mode`.
@@ -385,11 +416,6 @@ pub fn flush(ctx: RawTracePointContext) -> i32 {
         return flush_result::NO_STATE as i32;
     };
     let mode: u64 = ctx.arg(0);
-    // SAFETY: as in `attribute`.
-    if unsafe { core::ptr::read_volatile(&(*state).migrating) } != 0 {
-        // Interrupted the migration hook, which finishes as soon as this IPI returns.
-        return flush_result::BUSY as i32;
-    }
     let (tid, tgid) = current_ids();
     attribute(state, tid, tgid, false);
     // SAFETY: as in `attribute`.

@@ -4,7 +4,7 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::bpf_get_smp_processor_id,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerfEventArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_COUNTERS, ProbeStats,
@@ -29,6 +29,16 @@ pub(crate) static FOLLOW_FORKS: u32 = 0;
 pub(crate) static FORK_CHILD_PID_OFFSET: u32 = FIELD_ABSENT;
 #[unsafe(no_mangle)]
 pub(crate) static EXIT_GROUP_DEAD_OFFSET: u32 = FIELD_ABSENT;
+/// Offsets of `dst_root`, `dst_id` and `pid` in the classic `cgroup:cgroup_attach_task` record.
+#[unsafe(no_mangle)]
+pub(crate) static ATTACH_DST_ROOT_OFFSET: u32 = FIELD_ABSENT;
+#[unsafe(no_mangle)]
+pub(crate) static ATTACH_DST_ID_OFFSET: u32 = FIELD_ABSENT;
+#[unsafe(no_mangle)]
+pub(crate) static ATTACH_PID_OFFSET: u32 = FIELD_ABSENT;
+/// Offset of `state` in the classic `power:cpu_idle` record.
+#[unsafe(no_mangle)]
+pub(crate) static IDLE_STATE_OFFSET: u32 = FIELD_ABSENT;
 /// Nonzero: deltas are also added per cgroup v2 (`--by cgroup`).
 #[unsafe(no_mangle)]
 pub(crate) static BY_CGROUP: u32 = 0;
@@ -84,6 +94,13 @@ pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0)
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
 pub(crate) static CGROUPS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(4096, 0);
+
+/// The cgroup v2 id each process was in at its last reading (or that user space found it in
+/// at start, or its parent's at fork, or the one it was moved to), keyed by tgid: the cgroup a
+/// process leaves when it moves itself, whose counts up to the move belong there. LRU: an
+/// evicted or missing entry only costs that split (`CpuState::unsplit_migrations`).
+#[map]
+pub(crate) static PROCESS_CGROUPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(32768, 0);
 
 /// `-G`: the chosen cgroups; a task counts if any of its ancestors (or its own cgroup) is here,
 /// so cgroups created during the run are covered without user space noticing them.

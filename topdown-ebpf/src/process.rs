@@ -1,35 +1,45 @@
 //! Process hooks: following forks and exits of tracked processes, and cgroup migrations.
 
 use aya_ebpf::{
-    macros::{fentry, kprobe, tracepoint},
-    programs::{FEntryContext, ProbeContext, TracePointContext},
+    bindings::BPF_NOEXIST, helpers::bpf_get_current_cgroup_id, macros::tracepoint,
+    programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
 use topdown_common::FIELD_ABSENT;
 
 use crate::{
-    counters::{attribute_interruptible, current_ids, is_tracked},
+    counters::{credit, current_ids, is_tracked, remember_cgroup},
     maps::{
-        EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET, TRACKED, global,
+        ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
+        CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
+        PROCESS_CGROUPS, TASKS, TRACKED, ZERO_TASK, global,
     },
 };
 
-/// Classic `sched:sched_process_fork`: track children of tracked processes (`-- CMD`). Fires
-/// before the child can run, so none of its counts are missed.
+/// Classic `sched:sched_process_fork`: track children of tracked processes (`-- CMD`), and
+/// record a new process's cgroup (its parent's) for `cgroup_attach`. Fires before the child can
+/// run, so none of its counts are missed.
 #[tracepoint(category = "sched", name = "sched_process_fork")]
 pub fn process_fork(ctx: TracePointContext) -> i32 {
     let offset = global(&FORK_CHILD_PID_OFFSET);
-    if global(&FOLLOW_FORKS) == 0 || offset == FIELD_ABSENT {
-        return 0;
-    }
-    let (_, tgid) = current_ids();
-    if !is_tracked(tgid) {
+    if offset == FIELD_ABSENT {
         return 0;
     }
     // SAFETY: the offset comes from this kernel's tracefs format file.
-    if let Ok(child) = unsafe { ctx.read_at::<i32>(offset as usize) }
-        && TRACKED.insert(&(child as u32), &1, 0).is_err()
-    {
+    let Ok(child) = (unsafe { ctx.read_at::<i32>(offset as usize) }) else {
+        return 0;
+    };
+    let child = child as u32;
+    if global(&BY_CGROUP) != 0 {
+        // A new thread's entry is never read (entries are per process) and ages out of the LRU.
+        // SAFETY: a helper without preconditions.
+        remember_cgroup(child, unsafe { bpf_get_current_cgroup_id() });
+    }
+    if global(&FOLLOW_FORKS) == 0 {
+        return 0;
+    }
+    let (_, tgid) = current_ids();
+    if is_tracked(tgid) && TRACKED.insert(&child, &1, 0).is_err() {
         warn!(
             &ctx,
             "topdown: tracked-process map full, child {} not followed", child
@@ -39,7 +49,9 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
 }
 
 /// Classic `sched:sched_process_exit`: forget a tracked process once its last thread exits, so a
-/// recycled pid is not tracked by mistake. Tasks that already have entries keep being attributed.
+/// recycled pid is not tracked by mistake. That thread's last switch-out comes after this, so it
+/// gets its task entry here: tasks with entries keep being attributed, and a single-threaded
+/// command that never switched out before exiting would otherwise count as untracked.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn process_exit(ctx: TracePointContext) -> i32 {
     let group_dead_offset = global(&EXIT_GROUP_DEAD_OFFSET);
@@ -48,43 +60,88 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
     }
     // SAFETY: the offset comes from this kernel's tracefs format file.
     let group_dead = unsafe { ctx.read_at::<u8>(group_dead_offset as usize) }.unwrap_or(0);
-    if group_dead != 0 {
-        let (_, tgid) = current_ids();
-        let _ = TRACKED.remove(&tgid);
+    if group_dead == 0 {
+        return 0;
     }
+    let (tid, tgid) = current_ids();
+    if !is_tracked(tgid) {
+        return 0;
+    }
+    if global(&BY_TASK) != 0
+        && let Some(zero) = ZERO_TASK.get_ptr(0)
+    {
+        // SAFETY: a per-CPU map value nobody writes: all zeroes. An existing entry stays.
+        let _ = TASKS.insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64);
+    }
+    let _ = TRACKED.remove(&tgid);
     0
 }
 
 // ---- Cgroup migrations -----------------------------------------------------------------------
 //
-// A reading credits its delta to the cgroup `current` is in at that moment. A task that moves
+// A reading credits its delta to the cgroup `current` is in at that moment. A process that moves
 // itself (`echo $$ > cgroup.procs; exec ...`, as container runtimes and systemd do) would have
-// everything since its CPU's last reading credited to the cgroup it moves to; so the counters
-// are read just before the move, for the task doing it, which is still in the cgroup it leaves.
+// everything since its CPU's last reading (with the cgroup-switch trigger: since the CPU's last
+// cgroup switch, other tasks and idle included) credited to the cgroup it moves to. So when it
+// moves, the counters are read and the delta goes to the cgroup it left.
 //
-// `cgroup_attach_task(struct cgroup *dst_cgrp, struct task_struct *leader, bool threadgroup)`
-// (kernel/cgroup/cgroup.c) runs before any task of the move changes cgroup; the
-// `cgroup:cgroup_attach_task` tracepoint fires after `cgroup_migrate`, too late. The hook reads
-// for the writer whoever it moves: a reading for the running task is exact at any instant, and it
-// covers a thread that moves its whole process (`leader` is then another thread) without reading
-// `task_struct` fields. A task moved while asleep needs nothing: its counts were credited at its
-// switch-out (with the cgroup-switches trigger too: the event fires when the cgroups of the tasks
-// switching differ). Limit: a task moved by another process while it runs on another CPU is not
-// split, since a CPU's counters can only be read on that CPU: its counts between its last reading
-// and the move go to the cgroup it is in at its next one, the new one.
+// The classic `cgroup:cgroup_attach_task` tracepoint fires in the mover's context right after
+// the move (kernel/cgroup/cgroup.c, `cgroup_attach_task` -> TRACE_CGROUP_PATH, with interrupts
+// off under `trace_cgroup_path_lock`), so `current` is already in the new cgroup; the one it
+// left is the process's entry in `PROCESS_CGROUPS`. The tracepoint is used instead of a kprobe
+// or fentry before the move because it exists on every kernel with tracepoints: kprobes and
+// BPF trampolines are compiled out or forbidden on some (these test VMs among them).
+//
+// Limit: a process moved by another process while it runs on another CPU is not split, since a
+// CPU's counters can only be read on that CPU: its counts between its last reading and the move
+// go to the cgroup it is in at its next reading, the new one. A process moved while asleep needs
+// nothing: its counts were credited at its switch-out.
 
-/// fentry (BPF trampoline): the cheaper hook, where the kernel has it.
-#[fentry(function = "cgroup_attach_task")]
-pub fn migrate_fentry(_ctx: FEntryContext) -> i32 {
+/// Classic `cgroup:cgroup_attach_task`, only attached when cgroups are counted.
+#[tracepoint(category = "cgroup", name = "cgroup_attach_task")]
+pub fn cgroup_attach(ctx: TracePointContext) -> i32 {
+    let root_offset = global(&ATTACH_DST_ROOT_OFFSET);
+    let id_offset = global(&ATTACH_DST_ID_OFFSET);
+    let pid_offset = global(&ATTACH_PID_OFFSET);
+    if root_offset == FIELD_ABSENT || id_offset == FIELD_ABSENT || pid_offset == FIELD_ABSENT {
+        return 0;
+    }
+    // SAFETY: the offsets come from this kernel's tracefs format file.
+    let fields = unsafe {
+        (
+            ctx.read_at::<i32>(root_offset as usize),
+            ctx.read_at::<u64>(id_offset as usize),
+            ctx.read_at::<i32>(pid_offset as usize),
+        )
+    };
+    let (Ok(root), Ok(destination), Ok(moved)) = fields else {
+        return 0;
+    };
+    // Hierarchy 0 is cgroup v2; the others are v1 hierarchies, whose moves do not change the
+    // v2 cgroup.
+    if root != 0 {
+        return 0;
+    }
+    let moved = moved as u32;
     let (tid, tgid) = current_ids();
-    attribute_interruptible(tid, tgid);
-    0
-}
-
-/// kprobe fallback on the same function (kernels without BPF trampolines).
-#[kprobe]
-pub fn migrate_kprobe(_ctx: ProbeContext) -> u32 {
-    let (tid, tgid) = current_ids();
-    attribute_interruptible(tid, tgid);
+    // `pid` is the moved thread group's leader (cgroup.procs) or the moved thread
+    // (cgroup.threads).
+    if moved != tgid && moved != tid {
+        // Moved by someone else: from now on it is in `destination`.
+        remember_cgroup(moved, destination);
+        return 0;
+    }
+    let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
+    let state = unsafe { &mut *state };
+    // SAFETY: the value is copied out at once.
+    match unsafe { PROCESS_CGROUPS.get(&tgid) }.copied() {
+        Some(left) if left != destination => credit(state, tid, tgid, false, left),
+        Some(_) => {}
+        None => state.unsplit_migrations += 1,
+    }
+    remember_cgroup(tgid, destination);
     0
 }

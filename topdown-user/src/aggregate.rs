@@ -117,6 +117,9 @@ impl Sub for Diagnostics {
                 .probe_read_failures
                 .saturating_sub(earlier.probe_read_failures),
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
+            unsplit_migrations: self
+                .unsplit_migrations
+                .saturating_sub(earlier.unsplit_migrations),
         }
     }
 }
@@ -511,6 +514,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         sum.task_map_full += state.task_map_full;
         sum.exit_records_lost += state.exit_records_lost;
         sum.cgroup_map_full += state.cgroup_map_full;
+        sum.unsplit_migrations += state.unsplit_migrations;
         sum
     })
 }

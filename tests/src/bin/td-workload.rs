@@ -13,6 +13,8 @@
 //! - `--ready-file PATH`: after all threads have made their syscalls (spin still running),
 //!   create PATH.
 //! - `--cgroup DIR` (repeatable): a cgroup v2 directory the spec item `move=K` names by index.
+//! - `--main-thread`: run the specs one after another in the main thread instead, so the
+//!   process stays single-threaded (a short command that exits without ever switching out).
 //!
 //! Spec items besides syscalls and `cpu=N`: `move=K` writes this process's pid to the K-th
 //! `--cgroup`'s `cgroup.procs` (the thread moves its own process, as container runtimes do);
@@ -192,6 +194,26 @@ fn special(name: &str, value: u64, cgroups: &[String]) -> Result<bool, String> {
     Ok(true)
 }
 
+/// Makes one spec's syscalls (and special items) in the calling thread.
+fn run_spec(spec: &[(String, u64)], cgroups: &[String]) {
+    for (name, count) in spec {
+        match special(name, *count, cgroups) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(err) => {
+                eprintln!("td-workload: {err}");
+                std::process::exit(2);
+            }
+        }
+        for _ in 0..*count {
+            if let Err(err) = call(name) {
+                eprintln!("td-workload: {err}");
+                std::process::exit(2);
+            }
+        }
+    }
+}
+
 /// Runs every spec in its own thread; returns when all are done.
 fn run_threads(
     specs: &[Vec<(String, u64)>],
@@ -208,22 +230,7 @@ fn run_threads(
             let barrier = barrier.clone();
             let cgroups = cgroups.to_vec();
             std::thread::spawn(move || {
-                for (name, count) in &spec {
-                    match special(name, *count, &cgroups) {
-                        Ok(true) => continue,
-                        Ok(false) => {}
-                        Err(err) => {
-                            eprintln!("td-workload: {err}");
-                            std::process::exit(2);
-                        }
-                    }
-                    for _ in 0..*count {
-                        if let Err(err) = call(name) {
-                            eprintln!("td-workload: {err}");
-                            std::process::exit(2);
-                        }
-                    }
-                }
+                run_spec(&spec, &cgroups);
                 // SAFETY: no preconditions.
                 let (pid, tid) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid)) };
                 println!("thread {index} pid={pid} tid={tid}");
@@ -250,9 +257,11 @@ fn main() {
     let mut ready_file = None;
     let mut specs = Vec::new();
     let mut cgroups = Vec::new();
+    let mut main_thread = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--wait-stdin" => wait_stdin = true,
+            "--main-thread" => main_thread = true,
             "--children" => children = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             "--spin-ms" => {
                 spin = Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
@@ -271,6 +280,15 @@ fn main() {
     if wait_stdin {
         let mut line = String::new();
         let _ = std::io::stdin().lock().read_line(&mut line);
+    }
+    if main_thread {
+        for spec in &specs {
+            run_spec(spec, &cgroups);
+        }
+        // SAFETY: no preconditions.
+        let pid = unsafe { libc::getpid() };
+        println!("thread 0 pid={pid} tid={pid}");
+        return;
     }
     let mut pids = Vec::new();
     for _ in 0..children {

@@ -29,9 +29,6 @@ use crate::{
     tracefs::Tracefs,
 };
 
-/// How often a flush is tried on a CPU whose migration hook keeps it out (1 ms apart).
-const FLUSH_ATTEMPTS: u32 = 1000;
-
 /// The eBPF object, built by build.rs with the pinned nightly and bpf-linker.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topdown"));
 
@@ -143,8 +140,14 @@ impl Session {
             .get();
         let filter = u32::from(config.tracked_tgids.is_some());
         let follow = u32::from(config.follow_forks);
-        let fork_child = field_offset(tracefs, "sched_process_fork", "child_pid")?;
-        let exit_group_dead = field_offset(tracefs, "sched_process_exit", "group_dead")?;
+        let fork_child = field_offset(tracefs, "sched", "sched_process_fork", "child_pid")?;
+        let exit_group_dead = field_offset(tracefs, "sched", "sched_process_exit", "group_dead")?;
+        let attach_dst_root =
+            optional_field_offset(tracefs, "cgroup", "cgroup_attach_task", "dst_root");
+        let attach_dst_id =
+            optional_field_offset(tracefs, "cgroup", "cgroup_attach_task", "dst_id");
+        let attach_pid = optional_field_offset(tracefs, "cgroup", "cgroup_attach_task", "pid");
+        let idle_state = optional_field_offset(tracefs, "power", "cpu_idle", "state");
         let counter_slots = possible_cpus * MAX_COUNTERS as u32;
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
         let split = u32::from(config.split_functions_by_process);
@@ -160,6 +163,10 @@ impl Session {
             .override_global(names::GLOBAL_FOLLOW_FORKS, &follow, true)
             .override_global(names::GLOBAL_FORK_CHILD_PID_OFFSET, &fork_child, true)
             .override_global(names::GLOBAL_EXIT_GROUP_DEAD_OFFSET, &exit_group_dead, true)
+            .override_global(names::GLOBAL_ATTACH_DST_ROOT_OFFSET, &attach_dst_root, true)
+            .override_global(names::GLOBAL_ATTACH_DST_ID_OFFSET, &attach_dst_id, true)
+            .override_global(names::GLOBAL_ATTACH_PID_OFFSET, &attach_pid, true)
+            .override_global(names::GLOBAL_IDLE_STATE_OFFSET, &idle_state, true)
             .override_global(names::GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS, &split, true)
             .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
             .override_global(names::GLOBAL_BY_TASK, &by_task, true)
@@ -171,6 +178,7 @@ impl Session {
             .map_max_entries(names::COUNTERS, counter_slots)
             .map_max_entries(names::GENERATIONS, possible_cpus)
             .map_max_entries(names::TASKS, config.max_tasks)
+            .map_max_entries(names::PROCESS_CGROUPS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
             fail(
@@ -218,14 +226,27 @@ impl Session {
             .try_into()
             .context("opening the exit ring buffer")?;
 
-        load_programs(&mut ebpf, follow != 0 || filter != 0)?;
+        load_programs(&mut ebpf, follow != 0 || filter != 0 || config.by_cgroup)?;
+        if config.by_cgroup {
+            // The fork hook is attached first, so no process is missed between the two.
+            match attach_cgroup_attach(&mut ebpf) {
+                Ok(()) => record_process_cgroups(&mut ebpf)?,
+                Err(err) => log::warn!(
+                    "{err:#}: a process that moves itself to another cgroup has its counts since \
+                     its CPU's last reading credited to the cgroup it moves to"
+                ),
+            }
+        }
         if config.trigger == Trigger::CgroupSwitch {
+            if let Err(err) = attach_cpu_idle(&mut ebpf) {
+                log::warn!(
+                    "{err:#}: with the cgroup-switch trigger, idle time goes to the cgroup of \
+                     the next task that leaves the CPU; --trigger sched-switch avoids it"
+                );
+            }
             attach_cgroup_switch(&mut ebpf, &groups)?;
         } else {
             attach_sched_switch(&mut ebpf)?;
-        }
-        if config.by_cgroup || config.cgroup_filter.is_some() {
-            attach_migration(&mut ebpf);
         }
         let mut session = Self {
             ebpf,
@@ -388,31 +409,14 @@ impl Session {
         };
         // An offline CPU cannot run the flush; it has nothing running to attribute either.
         for cpu in self.groups.cpus().filter(|cpu| self.online.contains(cpu)) {
-            let mut attempts = 0;
-            let result = loop {
-                let mut options = RawTracePointRunOptions::new();
-                options.args[0] = mode;
-                options.cpu = Some(cpu);
-                let result = program
-                    .test_run(options)
-                    .with_context(|| format!("flushing counters on CPU {cpu}"))?;
-                attempts += 1;
-                // BUSY: the IPI landed inside the migration hook, which ends when the IPI
-                // returns; a hook preempted on a preemptible kernel may take a time slice.
-                if result.return_value != flush_result::BUSY || attempts == FLUSH_ATTEMPTS {
-                    break result;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
-            match result.return_value {
-                flush_result::UNREADABLE => {
-                    log::warn!("CPU {cpu}: counters could not be read at flush (group not running)")
-                }
-                flush_result::BUSY => log::warn!(
-                    "CPU {cpu}: a cgroup migration kept the flush out for {FLUSH_ATTEMPTS} tries; \
-                     its counts since the last reading are not in this report"
-                ),
-                _ => {}
+            let mut options = RawTracePointRunOptions::new();
+            options.args[0] = mode;
+            options.cpu = Some(cpu);
+            let result = program
+                .test_run(options)
+                .with_context(|| format!("flushing counters on CPU {cpu}"))?;
+            if result.return_value == flush_result::UNREADABLE {
+                log::warn!("CPU {cpu}: counters could not be read at flush (group not running)");
             }
         }
         Ok(())
@@ -636,7 +640,11 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         .load()
         .map_err(load_error(names::PROG_FLUSH))?;
     loaded.push(names::PROG_FLUSH);
-    for name in [names::PROG_FORK, names::PROG_EXIT] {
+    for name in [
+        names::PROG_FORK,
+        names::PROG_EXIT,
+        names::PROG_CGROUP_ATTACH,
+    ] {
         program_mut::<TracePoint>(&mut ebpf, name)?
             .load()
             .map_err(load_error(name))?;
@@ -646,17 +654,6 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         .load()
         .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
     loaded.push(names::PROG_CGROUP_SWITCH);
-    // Optional (topdown counts without it): listed if either form loads.
-    let fentry = program_mut::<aya::programs::FEntry>(&mut ebpf, names::PROG_MIGRATE_FENTRY)?
-        .load(names::MIGRATE_FUNCTION, &btf);
-    if fentry.is_ok() {
-        loaded.push(names::PROG_MIGRATE_FENTRY);
-    } else if program_mut::<aya::programs::KProbe>(&mut ebpf, names::PROG_MIGRATE_KPROBE)?
-        .load()
-        .is_ok()
-    {
-        loaded.push(names::PROG_MIGRATE_KPROBE);
-    }
     for name in [
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
@@ -713,37 +710,48 @@ fn attach_sched_switch(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-/// Reads the counters just before a task changes cgroup, so that a task moving itself has what
-/// it ran in its old cgroup credited there (eBPF `process` module). fentry where the kernel has
-/// BPF trampolines, else a kprobe; without either topdown still counts, with that one
-/// imprecision, and says so.
-fn attach_migration(ebpf: &mut Ebpf) {
-    let fentry = attach_migration_fentry(ebpf);
-    let Err(fentry_error) = fentry else {
-        return;
-    };
-    if let Err(kprobe_error) = attach_migration_kprobe(ebpf) {
-        log::warn!(
-            "cannot hook cgroup migrations ({}: fentry: {fentry_error:#}; kprobe: \
-             {kprobe_error:#}): a process that moves itself to another cgroup has its counts \
-             since its last context switch credited to the cgroup it moves to",
-            names::MIGRATE_FUNCTION
-        );
-    }
-}
-
-fn attach_migration_fentry(ebpf: &mut Ebpf) -> Result<()> {
-    let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
-    let program: &mut aya::programs::FEntry = program_mut(ebpf, names::PROG_MIGRATE_FENTRY)?;
-    program.load(names::MIGRATE_FUNCTION, &btf)?;
-    program.attach()?;
+/// `cgroup:cgroup_attach_task`: a process moving itself to another cgroup has its counts up to
+/// the move credited to the cgroup it leaves (eBPF `process` module).
+fn attach_cgroup_attach(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut TracePoint = program_mut(ebpf, names::PROG_CGROUP_ATTACH)?;
+    program
+        .load()
+        .map_err(load_error(names::PROG_CGROUP_ATTACH))?;
+    program
+        .attach("cgroup", "cgroup_attach_task")
+        .context("attaching to cgroup:cgroup_attach_task")?;
     Ok(())
 }
 
-fn attach_migration_kprobe(ebpf: &mut Ebpf) -> Result<()> {
-    let program: &mut aya::programs::KProbe = program_mut(ebpf, names::PROG_MIGRATE_KPROBE)?;
-    program.load()?;
-    program.attach(names::MIGRATE_FUNCTION, 0)?;
+/// Fills `PROCESS_CGROUPS` with every process's cgroup v2 id as the run starts: a process that
+/// moves itself before its first reading still has the cgroup it leaves known. Processes that
+/// exit or move while this runs are corrected by the fork and attach hooks, already attached.
+fn record_process_cgroups(ebpf: &mut Ebpf) -> Result<()> {
+    let Some(mount) = crate::cgroup::CgroupTree::open()
+        .ok()
+        .map(|tree| tree.mount().to_path_buf())
+    else {
+        return Ok(());
+    };
+    // aya's HashMap also opens LRU hash maps.
+    let mut map: BpfHashMap<&mut MapData, u32, u64> = map_mut(ebpf, names::PROCESS_CGROUPS)?;
+    // linux/bpf.h
+    const BPF_NOEXIST: u64 = 1;
+    for (pid, cgroup) in crate::cgroup::process_cgroup_ids(std::path::Path::new("/proc"), &mount) {
+        // BPF_NOEXIST: an entry the hooks wrote meanwhile is newer than what /proc said.
+        let _ = map.insert(&pid, &cgroup, BPF_NOEXIST);
+    }
+    Ok(())
+}
+
+/// `power:cpu_idle` for the cgroup-switch trigger (eBPF `counters::cpu_idle`: the switches into
+/// and out of idle that `cgroup-switches` does not report).
+fn attach_cpu_idle(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut TracePoint = program_mut(ebpf, names::PROG_CPU_IDLE)?;
+    program.load().map_err(load_error(names::PROG_CPU_IDLE))?;
+    program
+        .attach("power", "cpu_idle")
+        .context("attaching to power:cpu_idle")?;
     Ok(())
 }
 
@@ -808,10 +816,19 @@ where
     T::try_from(map).with_context(|| format!("opening map {name}"))
 }
 
-fn field_offset(tracefs: &Tracefs, event: &str, field: &str) -> Result<u32> {
+fn field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &str) -> Result<u32> {
     Ok(tracefs
-        .field_offset("sched", event, field)?
+        .field_offset(group, event, field)?
         .unwrap_or(topdown_common::FIELD_ABSENT))
+}
+
+/// Like `field_offset`, for events a kernel may lack (their programs then do nothing).
+fn optional_field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &str) -> u32 {
+    tracefs
+        .field_offset(group, event, field)
+        .ok()
+        .flatten()
+        .unwrap_or(topdown_common::FIELD_ABSENT)
 }
 
 /// tp_btf programs need the kernel's BTF.

@@ -34,6 +34,36 @@ pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
+/// Every process under `proc_root` (`/proc`) with the id of its cgroup v2 (the inode of its
+/// directory under `mount`). Processes that exit while this reads, or whose cgroup is gone,
+/// are left out.
+pub fn process_cgroup_ids(proc_root: &Path, mount: &Path) -> Vec<(u32, u64)> {
+    let Ok(entries) = fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
+    let mut ids = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(text) = fs::read_to_string(entry.path().join("cgroup")) else {
+            continue;
+        };
+        // cgroup(7): the v2 line is "0::PATH"; v1 lines name their controllers.
+        let Some(path) = text.lines().find_map(|line| line.strip_prefix("0::")) else {
+            continue;
+        };
+        if let Ok(meta) = fs::metadata(mount.join(path.trim_start_matches('/'))) {
+            ids.push((pid, meta.ino()));
+        }
+    }
+    ids
+}
+
 /// Maps cgroup ids to paths (relative to the v2 root, `/` for the root itself).
 #[derive(Debug)]
 pub struct CgroupTree {
@@ -208,5 +238,36 @@ mod tests {
         fs::remove_dir(dir.path().join("a/b")).unwrap();
         tree.rescan();
         assert_eq!(tree.path_of(id).as_deref(), Some("/a/b"));
+    }
+
+    #[test]
+    fn each_process_gets_the_inode_of_its_v2_cgroup() {
+        let root =
+            std::env::temp_dir().join(format!("topdown-proc-cgroups-{}", std::process::id()));
+        let proc_root = root.join("proc");
+        let mount = root.join("unified");
+        fs::create_dir_all(mount.join("system.slice/app.service")).unwrap();
+        for (pid, cgroup) in [
+            ("10", "12:cpu:/x\n0::/system.slice/app.service\n"),
+            ("11", "0::/\n"),
+            // A cgroup removed meanwhile, and a v1-only process: left out.
+            ("12", "0::/gone\n"),
+            ("13", "3:memory:/\n"),
+            ("self", "0::/\n"),
+        ] {
+            fs::create_dir_all(proc_root.join(pid)).unwrap();
+            fs::write(proc_root.join(pid).join("cgroup"), cgroup).unwrap();
+        }
+        let ino = |path: &Path| fs::metadata(path).unwrap().ino();
+        let mut ids = process_cgroup_ids(&proc_root, &mount);
+        ids.sort();
+        assert_eq!(
+            ids,
+            vec![
+                (10, ino(&mount.join("system.slice/app.service"))),
+                (11, ino(&mount)),
+            ]
+        );
+        let _ = fs::remove_dir_all(root);
     }
 }

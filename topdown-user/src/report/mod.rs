@@ -199,6 +199,10 @@ pub struct Diagnostics {
     /// Shadow stacks or function entries that did not fit their maps.
     #[serde(default)]
     pub probe_map_full: u64,
+    /// Processes that moved themselves to another cgroup while the one they left was unknown:
+    /// their counts since their CPU's last reading went to the cgroup they moved to.
+    #[serde(default)]
+    pub unsplit_migrations: u64,
 }
 
 /// Output formats.

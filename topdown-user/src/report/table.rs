@@ -272,6 +272,13 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.cgroup_map_full
         );
     }
+    if d.unsplit_migrations > 0 {
+        text += &format!(
+            "note: {} processes moved themselves to another cgroup from one topdown had not seen: \
+             their counts since the last reading on their CPU went to the cgroup they moved to\n",
+            d.unsplit_migrations
+        );
+    }
     if d.not_running_readings > 0 {
         text += &format!(
             "\nnote: {} of {} readings found the counter group not running the whole time (multiplexed): those deltas cover less time\n",
