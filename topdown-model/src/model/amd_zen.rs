@@ -299,4 +299,18 @@ mod tests {
         assert!(metrics.values().all(Option::is_none));
         assert_eq!(metrics.len(), 13);
     }
+
+    #[test]
+    fn positions_name_the_counters_on_both_generations() {
+        for generation in [Zen::Zen4, Zen::Zen5] {
+            let model = AmdZen::new(generation);
+            let counters = model.counters();
+            let name = |position: usize| counters[position].name.as_str();
+            assert_eq!(name(at::CYCLES), CYCLES);
+            assert_eq!(name(at::SMT), SMT);
+            assert_eq!(name(at::FRONTEND_CMASK), model.frontend_cmask_name());
+            assert_eq!(name(at::RESTARTS), model.restarts().0);
+            assert_eq!(name(at::UCODE), UCODE);
+        }
+    }
 }

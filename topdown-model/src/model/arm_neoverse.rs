@@ -495,4 +495,30 @@ mod tests {
             assert_eq!(counters[0].name, "cpu_cycles");
         }
     }
+
+    #[test]
+    fn each_core_reads_its_inputs_from_its_own_counters() {
+        for core in Core::ALL {
+            let model = ArmNeoverse::new(core);
+            let counters = model.counters();
+            assert_eq!(counters.len(), ArmNeoverse::inputs(core).len());
+            for (input, (name, _)) in EVENTS.iter().enumerate() {
+                let position = model.at.of(input);
+                assert_eq!(
+                    position.map(|position| counters[position].name.as_str()),
+                    counters
+                        .iter()
+                        .any(|spec| spec.name == *name)
+                        .then_some(*name),
+                    "{core:?} {name}"
+                );
+            }
+        }
+        // V3: STALL_FRONTEND_FLUSH where N2 has BR_MIS_PRED, then the level-2 group.
+        let v3 = ArmNeoverse::new(Core::V3);
+        assert_eq!(v3.at.of(input::STALL_FRONTEND_FLUSH), Some(6));
+        assert_eq!(v3.at.of(input::STALL_BACKEND_CPUBOUND), Some(9));
+        assert_eq!(v3.counters()[9].group, LEVEL_TWO_GROUP);
+        assert_eq!(ArmNeoverse::new(Core::N1).counters()[2].group, 0);
+    }
 }

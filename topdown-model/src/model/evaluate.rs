@@ -315,4 +315,88 @@ mod tests {
         assert_eq!(result.metrics["retiring"], Some(0.5));
         assert_eq!(result.estimated, ["retiring"]);
     }
+
+    #[test]
+    fn counters_resolve_by_name_whatever_the_slot_order() {
+        // A level-1 plan: b and c (group 8) have no slot, so level 2 is unknown.
+        let evaluator = Evaluator::new(&Pair, &["a", "cycles"]);
+        let result = evaluator.evaluate(&[250, 1000], 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], None);
+        assert_eq!(result.metrics["heavy_operations"], None);
+        assert!(result.estimated.is_empty());
+        // A slot past the end of the values is missing too: no `a`, no level 1.
+        let short = evaluator.evaluate(&[250], 1);
+        assert_eq!(short.metrics["retiring"], None);
+    }
+
+    #[test]
+    fn a_rotated_group_is_scaled_on_the_slot_array() {
+        // As the BPF side fills it: the plan's slots, then zeros to MAX_COUNTERS. Group 8 ran
+        // a quarter of the time: b = 10 * 4 = 40, heavy = 40/1000.
+        let evaluator = Evaluator::new(
+            &Pair,
+            &[
+                "cycles",
+                "a",
+                "b",
+                "c",
+                "group8.enabled_ns",
+                "group8.running_ns",
+            ],
+        );
+        let mut slots = [0u64; 24];
+        slots[..6].copy_from_slice(&[1000, 250, 10, 40, 800, 200]);
+        let result = evaluator.evaluate(&slots, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], Some(0.0625));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.04));
+        assert_eq!(result.estimated, ["heavy_operations", "light_operations"]);
+        // The group never ran: level 2 unknown, level 1 exact.
+        slots[..6].copy_from_slice(&[1000, 250, 0, 0, 800, 0]);
+        let never = evaluator.evaluate(&slots, 2);
+        assert_eq!(never.metrics["retiring"], Some(0.25));
+        assert_eq!(never.metrics["heavy_operations"], None);
+        assert!(never.estimated.is_empty());
+    }
+
+    #[test]
+    fn named_counts_missing_a_slot_leave_its_level_unknown() {
+        // `report -i`: the recording's counter names, each entity's counts by name.
+        let evaluator = Evaluator::new(&Pair, &["cycles", "a", "b", "c"]);
+        let all = counts(&[("cycles", 1000), ("a", 250), ("b", 10), ("c", 40)]);
+        let result = evaluator.evaluate_named(&all, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.01));
+        let without_c = counts(&[("cycles", 1000), ("a", 250), ("b", 10)]);
+        let result = evaluator.evaluate_named(&without_c, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], None);
+        assert_eq!(result.metrics["heavy_operations"], None);
+        let without_a = counts(&[("cycles", 1000), ("b", 10), ("c", 40)]);
+        let result = evaluator.evaluate_named(&without_a, 2);
+        assert!(result.metrics.values().all(Option::is_none));
+    }
+
+    #[test]
+    fn an_event_named_like_a_model_counter_keeps_its_own_slot() {
+        // `-e a` beside the model's own `a`: the plan has two slots named `a`, the model's
+        // first. The model reads 250 (retiring 0.25), not the event's 999.
+        let event = crate::events::EventAttr {
+            name: "a".to_owned(),
+            pmu: None,
+            kind: crate::events::EventKind::Perf {
+                perf_type: crate::events::PERF_TYPE_SOFTWARE,
+                config: 2,
+                config1: 0,
+                config2: 0,
+            },
+            exclude: None,
+        };
+        let model = crate::model::with_events::WithEvents::new(Box::new(Pair), vec![event]);
+        let evaluator = Evaluator::new(&model, &["cycles", "a", "b", "c", "a"]);
+        let result = evaluator.evaluate(&[1000, 250, 10, 40, 999], 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.01));
+    }
 }

@@ -284,4 +284,23 @@ mod tests {
             assert!(metrics.values().all(Option::is_none), "{}", model.name());
         }
     }
+
+    #[test]
+    fn gracemont_reads_level_two_one_position_earlier() {
+        // No bad-speculation counter on Gracemont: its level-2 inputs sit one position before
+        // Crestmont's, and its bad speculation is derived.
+        let grt = IntelAtom::new(Core::Gracemont);
+        let cmt = IntelAtom::new(Core::Crestmont);
+        assert_eq!(grt.at.of(input::BAD_SPECULATION), None);
+        assert_eq!(grt.at.of(input::FRONTEND_LATENCY), Some(4));
+        assert_eq!(cmt.at.of(input::FRONTEND_LATENCY), Some(5));
+        // CLOCKS 100 (S = 500 on GRT, 600 on CMT); FE 50, BE 100, RET 200, CMT bad-spec 60;
+        // FRONTEND_LATENCY 20 on both.
+        let grt_metrics = grt.metrics(&[100, 50, 100, 200, 20, 0, 0, 0, 0], 2);
+        assert_eq!(grt_metrics["fetch_latency"], Some(20.0 / 500.0));
+        assert_eq!(grt_metrics["bad_speculation"], Some(150.0 / 500.0));
+        let cmt_metrics = cmt.metrics(&[100, 50, 100, 200, 60, 20, 0, 0, 0, 0], 2);
+        assert_eq!(cmt_metrics["fetch_latency"], Some(20.0 / 600.0));
+        assert_eq!(cmt_metrics["bad_speculation"], Some(60.0 / 600.0));
+    }
 }

@@ -501,4 +501,38 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn each_input_is_read_from_its_own_counter() {
+        // With SMT the level-2 events move back by the two clock-ratio events.
+        let name_at = |model: &IntelCore, input: usize| {
+            model
+                .at
+                .of(input)
+                .map(|position| model.counters()[position].name.clone())
+        };
+        let skl = IntelCore::new(Generation::Skylake, false);
+        let skl_smt = IntelCore::new(Generation::Skylake, true);
+        let snb = IntelCore::new(Generation::SandyBridge, false);
+        assert_eq!(skl.at.of(input::CYCLES_0_UOPS), Some(5));
+        assert_eq!(skl_smt.at.of(input::CYCLES_0_UOPS), Some(7));
+        assert_eq!(skl.at.of(input::REF_XCLK), None);
+        assert_eq!(snb.at.of(input::MACRO_FUSED), None);
+        for model in [&skl, &skl_smt, &snb] {
+            assert_eq!(
+                name_at(model, input::RECOVERY),
+                Some(model.recovery().0.to_owned())
+            );
+            assert_eq!(name_at(model, input::BR_MISP), Some(BR_MISP.0.to_owned()));
+        }
+        assert_eq!(
+            name_at(&skl_smt, input::REF_XCLK),
+            Some(REF_XCLK.0.to_owned())
+        );
+        assert_eq!(
+            name_at(&skl, input::TWO_PORTS_UTIL),
+            Some(TWO_PORTS_UTIL.0.to_owned())
+        );
+        assert_eq!(name_at(&snb, input::MS_UOPS), Some(MS_UOPS.0.to_owned()));
+    }
 }
