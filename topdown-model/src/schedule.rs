@@ -11,7 +11,7 @@
 //!
 //! A flexible group's counts cover only the time it was scheduled, so its leader's enabled and
 //! running times get BPF slots of their own (`groupN.enabled_ns`, `groupN.running_ns`); they are
-//! attributed to tasks like any counter, and [`crate::model::evaluate()`] scales that task's
+//! attributed to tasks like any counter, and [`crate::model::Evaluator`] scales that task's
 //! counts by enabled/running and marks the metrics they feed as estimated. TopDown is never
 //! multiplexed silently: the plan says what rotates in [`Plan::notes`].
 

@@ -30,7 +30,8 @@ struct Input {
 }
 
 /// Counter values kept on the stack for models with up to this many counters (every built-in
-/// model, hybrids and `-e` events included); larger ones take one allocation per entity.
+/// model and hybrid pairing has at most 32); larger ones (many `-e` events) take one
+/// allocation per entity.
 const INLINE_VALUES: usize = 32;
 
 /// A model resolved against a set of slot names (the counter plan's `slot_names`, a recording's
