@@ -1,7 +1,9 @@
 //! topdown's TopDown models, kept apart from the kernel side: which counters each
 //! microarchitecture needs and how they are encoded ([`model`]), how those counters are grouped
 //! and planned onto a PMU's counters ([`groups`], [`schedule`]), how raw counts become level-1/
-//! level-2 fractions ([`model::evaluate()`]), and the `-e` event specs users add ([`events`]).
+//! level-2 fractions ([`model::Evaluator`], resolved once per report against the plan's slots;
+//! [`model::evaluate()`] for one set of named counts), and the `-e` event specs users add
+//! ([`events`]).
 //!
 //! Nothing here opens a counter or touches BPF: the `topdown` binary does that with what
 //! [`model::Model::counters`] and [`schedule::plan`] say. Imports run one way:

@@ -11,7 +11,7 @@
 //!
 //! A flexible group's counts cover only the time it was scheduled, so its leader's enabled and
 //! running times get BPF slots of their own (`groupN.enabled_ns`, `groupN.running_ns`); they are
-//! attributed to tasks like any counter, and [`crate::model::evaluate()`] scales that task's
+//! attributed to tasks like any counter, and [`crate::model::Evaluator`] scales that task's
 //! counts by enabled/running and marks the metrics they feed as estimated. TopDown is never
 //! multiplexed silently: the plan says what rotates in [`Plan::notes`].
 
@@ -236,7 +236,7 @@ fn describe_group(group: u8) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counts, Metrics};
+    use crate::model::Metrics;
 
     /// Six level-1 events, a fixed counter, and two level-2 groups of four: 14 general in all.
     struct Toy;
@@ -271,8 +271,11 @@ mod tests {
         fn max_level(&self) -> u8 {
             2
         }
-        fn metrics(&self, _counts: &Counts, _level: u8) -> Metrics {
+        fn metrics(&self, _values: &[u64], _level: u8) -> Metrics {
             Metrics::new()
+        }
+        fn slots(&self, _values: &[u64]) -> Option<f64> {
+            None
         }
         fn weight_counter(&self) -> &'static str {
             "l1_0"

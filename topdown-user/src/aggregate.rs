@@ -16,7 +16,7 @@ use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, 
 
 use crate::{
     bpf::Snapshot,
-    model::{Counts, Model, evaluate},
+    model::{Counts, Evaluator, Model},
     report::{
         CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
         ProcessEntry, Report, TaskEntry,
@@ -310,9 +310,10 @@ pub fn build_report(
 /// Names, evaluates and sorts an aggregate into the report format.
 pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
     let names = &ctx.slot_names;
+    let evaluator = Evaluator::new(ctx.model, names);
     let entity = |counts: &SlotCounts| -> Entity {
         let counters = counts.named(names);
-        let evaluation = evaluate(ctx.model, &counters, ctx.level);
+        let evaluation = evaluator.evaluate(&counts.0, ctx.level);
         Entity {
             counters,
             metrics: evaluation.metrics,

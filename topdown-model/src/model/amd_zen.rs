@@ -7,7 +7,7 @@
 //! of each level-2 ratio share that group, so the ratios are exact even while rotating; only their
 //! product with a level-1 bucket is an estimate.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
@@ -68,6 +68,22 @@ const MISPREDICTS: &str = "ex_ret_brn_misp";
 const LOAD_NOT_COMPLETE: &str = "ex_no_retire.load_not_complete";
 const NOT_COMPLETE: &str = "ex_no_retire.not_complete";
 const UCODE: &str = "ex_ret_ucode_ops";
+
+/// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
+mod at {
+    pub const CYCLES: usize = 0;
+    pub const FRONTEND: usize = 1;
+    pub const DISPATCHED: usize = 2;
+    pub const RETIRED: usize = 3;
+    pub const BACKEND: usize = 4;
+    pub const SMT: usize = 5;
+    pub const FRONTEND_CMASK: usize = 6;
+    pub const MISPREDICTS: usize = 7;
+    pub const RESTARTS: usize = 8;
+    pub const LOAD_NOT_COMPLETE: usize = 9;
+    pub const NOT_COMPLETE: usize = 10;
+    pub const UCODE: usize = 11;
+}
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
@@ -141,20 +157,20 @@ impl Model for AmdZen {
         &["smt_contention"]
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |index: usize| value(values, index);
         let width = self.width() as f64;
         // total_dispatch_slots = W * ls_not_halted_cyc (§4.2).
-        let slots = width * get(CYCLES);
+        let slots = width * get(at::CYCLES);
 
         // Level 1, each divided by total_dispatch_slots (§4.2, amdzen4/5 pipeline.json,
         // group PipelineL1). perf uses d_ratio (0 for a zero denominator); here no slots
         // means no data (None).
-        let frontend = ratio(get(FRONTEND), slots);
-        let bad_speculation = ratio(get(DISPATCHED) - get(RETIRED), slots);
-        let backend = ratio(get(BACKEND), slots);
-        let smt_contention = ratio(get(SMT), slots);
-        let retiring = ratio(get(RETIRED), slots);
+        let frontend = ratio(get(at::FRONTEND), slots);
+        let bad_speculation = ratio(get(at::DISPATCHED) - get(at::RETIRED), slots);
+        let backend = ratio(get(at::BACKEND), slots);
+        let smt_contention = ratio(get(at::SMT), slots);
+        let retiring = ratio(get(at::RETIRED), slots);
 
         let mut metrics: Metrics = [
             ("retiring", retiring),
@@ -172,14 +188,14 @@ impl Model for AmdZen {
         }
 
         // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets.
-        let (restarts, _) = self.restarts();
-        let frontend_cmask = get(self.frontend_cmask_name());
+        let restarts = at::RESTARTS;
+        let frontend_cmask = get(at::FRONTEND_CMASK);
         // frontend_bound_latency [frontend_bound_by_latency] = W * no_ops_from_frontend{cmask=W} / slots
         let fetch_latency = ratio(width * frontend_cmask, slots);
         // frontend_bound_bandwidth [frontend_bound_by_bandwidth]
         //   = (no_ops_from_frontend - W * no_ops_from_frontend{cmask=W}) / slots
-        let fetch_bandwidth = ratio(get(FRONTEND) - width * frontend_cmask, slots);
-        let misprediction_share = ratio(get(MISPREDICTS), get(MISPREDICTS) + get(restarts));
+        let fetch_bandwidth = ratio(get(at::FRONTEND) - width * frontend_cmask, slots);
+        let misprediction_share = ratio(get(at::MISPREDICTS), get(at::MISPREDICTS) + get(restarts));
         // bad_speculation_mispredicts [bad_speculation_from_mispredicts]
         //   = bad_speculation * ex_ret_brn_misp / (ex_ret_brn_misp + R)
         let branch_mispredicts = bad_speculation
@@ -190,7 +206,7 @@ impl Model for AmdZen {
         let machine_clears = bad_speculation
             .zip(misprediction_share)
             .map(|(bad, share)| bad * (1.0 - share));
-        let memory_share = ratio(get(LOAD_NOT_COMPLETE), get(NOT_COMPLETE));
+        let memory_share = ratio(get(at::LOAD_NOT_COMPLETE), get(at::NOT_COMPLETE));
         // backend_bound_memory [backend_bound_by_memory]
         //   = backend_bound * ex_no_retire.load_not_complete / ex_no_retire.not_complete
         let memory_bound = backend.zip(memory_share).map(|(be, share)| be * share);
@@ -198,7 +214,7 @@ impl Model for AmdZen {
         let core_bound = backend
             .zip(memory_share)
             .map(|(be, share)| be * (1.0 - share));
-        let microcode_share = ratio(get(UCODE), get(RETIRED));
+        let microcode_share = ratio(get(at::UCODE), get(at::RETIRED));
         // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
         let light_operations = retiring
             .zip(microcode_share)
@@ -231,10 +247,8 @@ impl Model for AmdZen {
         CYCLES
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        counts
-            .get(CYCLES)
-            .map(|cycles| *cycles as f64 * self.width() as f64)
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(value(values, at::CYCLES) * self.width() as f64)
     }
 }
 
@@ -281,8 +295,22 @@ mod tests {
 
     #[test]
     fn no_cycles_means_no_data() {
-        let metrics = AmdZen::new(Zen::Zen4).metrics(&Counts::new(), 2);
+        let metrics = AmdZen::new(Zen::Zen4).metrics(&[], 2);
         assert!(metrics.values().all(Option::is_none));
         assert_eq!(metrics.len(), 13);
+    }
+
+    #[test]
+    fn positions_name_the_counters_on_both_generations() {
+        for generation in [Zen::Zen4, Zen::Zen5] {
+            let model = AmdZen::new(generation);
+            let counters = model.counters();
+            let name = |position: usize| counters[position].name.as_str();
+            assert_eq!(name(at::CYCLES), CYCLES);
+            assert_eq!(name(at::SMT), SMT);
+            assert_eq!(name(at::FRONTEND_CMASK), model.frontend_cmask_name());
+            assert_eq!(name(at::RESTARTS), model.restarts().0);
+            assert_eq!(name(at::UCODE), UCODE);
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
 //! Neoverse cores have no SMT.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
@@ -77,31 +77,50 @@ impl Core {
     }
 }
 
-// Architected PMUv3 event numbers (topdown-formulas.md §5.1), named as Linux's sysfs does.
-const CPU_CYCLES: (&str, u64) = ("cpu_cycles", 0x11);
-const BR_MIS_PRED: (&str, u64) = ("br_mis_pred", 0x10);
-const STALL_FRONTEND: (&str, u64) = ("stall_frontend", 0x23);
-const STALL_BACKEND: (&str, u64) = ("stall_backend", 0x24);
-const OP_RETIRED: (&str, u64) = ("op_retired", 0x3a);
-const OP_SPEC: (&str, u64) = ("op_spec", 0x3b);
-const STALL_SLOT_BACKEND: (&str, u64) = ("stall_slot_backend", 0x3d);
-const STALL_SLOT_FRONTEND: (&str, u64) = ("stall_slot_frontend", 0x3e);
-const STALL_SLOT: (&str, u64) = ("stall_slot", 0x3f);
-const STALL_FRONTEND_FLUSH: (&str, u64) = ("stall_frontend_flush", 0x8162);
-const STALL_BACKEND_MEMBOUND: (&str, u64) = ("stall_backend_membound", 0x8164);
-const STALL_BACKEND_CPUBOUND: (&str, u64) = ("stall_backend_cpubound", 0x816a);
+/// The formulas' inputs: ids into [`EVENTS`] and `ArmNeoverse::at` (each core counts a
+/// different subset, so positions are resolved per core).
+mod input {
+    pub const CPU_CYCLES: usize = 0;
+    pub const BR_MIS_PRED: usize = 1;
+    pub const STALL_FRONTEND: usize = 2;
+    pub const STALL_BACKEND: usize = 3;
+    pub const OP_RETIRED: usize = 4;
+    pub const OP_SPEC: usize = 5;
+    pub const STALL_SLOT_BACKEND: usize = 6;
+    pub const STALL_SLOT_FRONTEND: usize = 7;
+    pub const STALL_SLOT: usize = 8;
+    pub const STALL_FRONTEND_FLUSH: usize = 9;
+    pub const STALL_BACKEND_MEMBOUND: usize = 10;
+    pub const STALL_BACKEND_CPUBOUND: usize = 11;
+}
+const INPUTS: usize = 12;
+
+/// Architected PMUv3 event numbers (topdown-formulas.md §5.1), named as Linux's sysfs does, by
+/// input id.
+const EVENTS: [(&str, u64); INPUTS] = [
+    ("cpu_cycles", 0x11),
+    ("br_mis_pred", 0x10),
+    ("stall_frontend", 0x23),
+    ("stall_backend", 0x24),
+    ("op_retired", 0x3a),
+    ("op_spec", 0x3b),
+    ("stall_slot_backend", 0x3d),
+    ("stall_slot_frontend", 0x3e),
+    ("stall_slot", 0x3f),
+    ("stall_frontend_flush", 0x8162),
+    ("stall_backend_membound", 0x8164),
+    ("stall_backend_cpubound", 0x816a),
+];
 
 pub struct ArmNeoverse {
     core: Core,
     slots: u32,
+    at: Positions<INPUTS>,
 }
 
 impl ArmNeoverse {
     pub fn new(core: Core) -> Self {
-        Self {
-            core,
-            slots: core.table_slots(),
-        }
+        Self::with_slots(core, 0)
     }
 
     /// With the slots per cycle the PMU reports (`caps/slots`); 0 keeps the table's.
@@ -113,6 +132,37 @@ impl ArmNeoverse {
             } else {
                 slots
             },
+            at: Positions::new(Self::inputs(core).iter().copied()),
+        }
+    }
+
+    /// The inputs `core` counts, in counter order: CPU_CYCLES on its own counter, the level-1
+    /// set on the six programmable ones, then V3/N3's level-2 group.
+    fn inputs(core: Core) -> &'static [usize] {
+        use input::*;
+        match core {
+            Core::N1 => &[CPU_CYCLES, STALL_FRONTEND, STALL_BACKEND],
+            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => &[
+                CPU_CYCLES,
+                STALL_SLOT_FRONTEND,
+                STALL_SLOT_BACKEND,
+                STALL_SLOT,
+                OP_SPEC,
+                OP_RETIRED,
+                BR_MIS_PRED,
+            ],
+            Core::V3 | Core::N3 => &[
+                CPU_CYCLES,
+                STALL_SLOT_FRONTEND,
+                STALL_SLOT_BACKEND,
+                STALL_SLOT,
+                OP_SPEC,
+                OP_RETIRED,
+                STALL_FRONTEND_FLUSH,
+                STALL_BACKEND,
+                STALL_BACKEND_MEMBOUND,
+                STALL_BACKEND_CPUBOUND,
+            ],
         }
     }
 }
@@ -179,37 +229,25 @@ impl Model for ArmNeoverse {
     }
 
     fn counters(&self) -> Vec<CounterSpec> {
-        let spec = |(name, config): (&str, u64)| CounterSpec::raw(name, config);
-        let mut specs = vec![spec(CPU_CYCLES).fixed()];
-        match self.core {
-            Core::N1 => {
-                specs.extend([spec(STALL_FRONTEND), spec(STALL_BACKEND)]);
-            }
-            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => {
-                specs.extend([
-                    spec(STALL_SLOT_FRONTEND),
-                    spec(STALL_SLOT_BACKEND),
-                    spec(STALL_SLOT),
-                    spec(OP_SPEC),
-                    spec(OP_RETIRED),
-                    spec(BR_MIS_PRED),
-                ]);
-            }
-            Core::V3 | Core::N3 => {
-                specs.extend([
-                    spec(STALL_SLOT_FRONTEND),
-                    spec(STALL_SLOT_BACKEND),
-                    spec(STALL_SLOT),
-                    spec(OP_SPEC),
-                    spec(OP_RETIRED),
-                    spec(STALL_FRONTEND_FLUSH),
-                    spec(STALL_BACKEND).in_group(LEVEL_TWO_GROUP),
-                    spec(STALL_BACKEND_MEMBOUND).in_group(LEVEL_TWO_GROUP),
-                    spec(STALL_BACKEND_CPUBOUND).in_group(LEVEL_TWO_GROUP),
-                ]);
-            }
-        }
-        specs
+        Self::inputs(self.core)
+            .iter()
+            .map(|&input| {
+                let (name, config) = EVENTS[input];
+                let spec = CounterSpec::raw(name, config);
+                match input {
+                    input::CPU_CYCLES => spec.fixed(),
+                    // V3/N3's backend split: the only level-2 inputs.
+                    input::STALL_BACKEND
+                    | input::STALL_BACKEND_MEMBOUND
+                    | input::STALL_BACKEND_CPUBOUND
+                        if matches!(self.core, Core::V3 | Core::N3) =>
+                    {
+                        spec.in_group(LEVEL_TWO_GROUP)
+                    }
+                    _ => spec,
+                }
+            })
+            .collect()
     }
 
     fn max_level(&self) -> u8 {
@@ -219,21 +257,21 @@ impl Model for ArmNeoverse {
         }
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
-        let cycles = get(CPU_CYCLES);
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |input: usize| self.at.read(values, input);
+        let cycles = get(input::CPU_CYCLES);
         let slots = self.slots as f64;
         let total_slots = slots * cycles;
         // r = OP_RETIRED / OP_SPEC: the share of issued operations that retired.
-        let retired_share = ratio(get(OP_RETIRED), get(OP_SPEC));
+        let retired_share = ratio(get(input::OP_RETIRED), get(input::OP_SPEC));
 
         let (frontend, backend, bad_speculation, retiring) = match self.core {
             // Arm's N1 methodology stage 1, Cycle_Accounting (§5.3 N1 row):
             // frontend_stalled_cycles = STALL_FRONTEND/CPU_CYCLES,
             // backend_stalled_cycles = STALL_BACKEND/CPU_CYCLES.
             Core::N1 => (
-                ratio(get(STALL_FRONTEND), cycles),
-                ratio(get(STALL_BACKEND), cycles),
+                ratio(get(input::STALL_FRONTEND), cycles),
+                ratio(get(input::STALL_BACKEND), cycles),
                 None,
                 None,
             ),
@@ -241,13 +279,16 @@ impl Model for ArmNeoverse {
                 let (ssf, ss) = if self.core == Core::N2Erratum {
                     // §5.3 N2 r0p0-r0p2 row and the Yitian 710 seed ("real stall_slot_frontend
                     // = stall_slot_frontend - cpu_cycles", same for stall_slot; not backend).
-                    (get(STALL_SLOT_FRONTEND) - cycles, get(STALL_SLOT) - cycles)
+                    (
+                        get(input::STALL_SLOT_FRONTEND) - cycles,
+                        get(input::STALL_SLOT) - cycles,
+                    )
                 } else {
-                    (get(STALL_SLOT_FRONTEND), get(STALL_SLOT))
+                    (get(input::STALL_SLOT_FRONTEND), get(input::STALL_SLOT))
                 };
-                let ssb = get(STALL_SLOT_BACKEND);
-                let mispredicts = get(BR_MIS_PRED);
-                let flush = get(STALL_FRONTEND_FLUSH);
+                let ssb = get(input::STALL_SLOT_BACKEND);
+                let mispredicts = get(input::BR_MIS_PRED);
+                let flush = get(input::STALL_FRONTEND_FLUSH);
                 // 1 - SS/(S*c): the slots that were not stalled.
                 let issued = ratio(ss, total_slots).map(|stalled| 1.0 - stalled);
                 let per_cycle = |value: f64| ratio(value, cycles);
@@ -305,9 +346,9 @@ impl Model for ArmNeoverse {
                 // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
                 // level-1 backend slots by those cycle shares is our composition, not Arm's.
                 // Arm publishes no slot-based level 2 for N1/N2/V1/V2 at all.
-                let stalled = get(STALL_BACKEND);
-                let memory_share = ratio(get(STALL_BACKEND_MEMBOUND), stalled);
-                let core_share = ratio(get(STALL_BACKEND_CPUBOUND), stalled);
+                let stalled = get(input::STALL_BACKEND);
+                let memory_share = ratio(get(input::STALL_BACKEND_MEMBOUND), stalled);
+                let core_share = ratio(get(input::STALL_BACKEND_CPUBOUND), stalled);
                 metrics.insert(
                     "memory_bound".to_owned(),
                     backend.zip(memory_share).map(|(be, share)| be * share),
@@ -322,34 +363,26 @@ impl Model for ArmNeoverse {
     }
 
     fn weight_counter(&self) -> &'static str {
-        CPU_CYCLES.0
+        EVENTS[input::CPU_CYCLES].0
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        counts
-            .get(CPU_CYCLES.0)
-            .map(|cycles| *cycles as f64 * self.slots as f64)
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(self.at.read(values, input::CPU_CYCLES) * self.slots as f64)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn counts(pairs: &[(&str, u64)]) -> Counts {
-        pairs
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), *value))
-            .collect()
-    }
+    use crate::model::values_of;
 
     /// The Yitian 710 (Neoverse N2) `perf stat` run of the seed: 4.4% retiring, 0.0% bad
     /// speculation, 23.3% frontend, 73.0% backend. Its formulas have no BR_MIS_PRED term (and
     /// the run did not count it): with BR_MIS_PRED = 0, Linux's per-core formulas are the
     /// seed's. perf multiplexed three groups there, each with its own cpu_cycles reading; one
     /// value (the retiring group's) serves all four here.
-    fn yitian() -> Counts {
-        counts(&[
+    fn yitian() -> [(&'static str, u64); 7] {
+        [
             ("cpu_cycles", 3_922_334_305),
             ("stall_slot", 22_679_591_134),
             ("op_spec", 854_404_256),
@@ -357,7 +390,7 @@ mod tests {
             ("stall_slot_frontend", 8_492_337_939),
             ("stall_slot_backend", 14_317_243_430),
             ("br_mis_pred", 0),
-        ])
+        ]
     }
 
     fn percent(value: Option<f64>) -> f64 {
@@ -366,7 +399,8 @@ mod tests {
 
     #[test]
     fn yitian_710_published_numbers_with_the_erratum_correction() {
-        let metrics = ArmNeoverse::new(Core::N2Erratum).metrics(&yitian(), 1);
+        let model = ArmNeoverse::new(Core::N2Erratum);
+        let metrics = model.metrics(&values_of(&model, &yitian()), 1);
         assert_eq!(percent(metrics["retiring"]), 4.4);
         assert_eq!(percent(metrics["bad_speculation"]), 0.0);
         assert_eq!(percent(metrics["frontend_bound"]), 23.3);
@@ -389,7 +423,8 @@ mod tests {
         // FE = 8,492,337,939/19,611,671,525 = 0.4330247...: the extra slot per cycle of the
         // erratum lands in frontend, and retiring goes negative-ish small:
         // issued = 1 - 22,679,591,134/19,611,671,525 < 0.
-        let metrics = ArmNeoverse::new(Core::N2).metrics(&yitian(), 1);
+        let model = ArmNeoverse::new(Core::N2);
+        let metrics = model.metrics(&values_of(&model, &yitian()), 1);
         assert_eq!(percent(metrics["frontend_bound"]), 43.3);
         assert!(metrics["retiring"].unwrap() < 0.0);
     }
@@ -443,7 +478,7 @@ mod tests {
     #[test]
     fn zero_counts_mean_no_data() {
         for model in models() {
-            let metrics = model.metrics(&Counts::new(), 2);
+            let metrics = model.metrics(&[], 2);
             assert!(metrics.values().all(Option::is_none), "{}", model.name());
         }
     }
@@ -459,5 +494,31 @@ mod tests {
             assert!(general <= 6, "{}", model.name());
             assert_eq!(counters[0].name, "cpu_cycles");
         }
+    }
+
+    #[test]
+    fn each_core_reads_its_inputs_from_its_own_counters() {
+        for core in Core::ALL {
+            let model = ArmNeoverse::new(core);
+            let counters = model.counters();
+            assert_eq!(counters.len(), ArmNeoverse::inputs(core).len());
+            for (input, (name, _)) in EVENTS.iter().enumerate() {
+                let position = model.at.of(input);
+                assert_eq!(
+                    position.map(|position| counters[position].name.as_str()),
+                    counters
+                        .iter()
+                        .any(|spec| spec.name == *name)
+                        .then_some(*name),
+                    "{core:?} {name}"
+                );
+            }
+        }
+        // V3: STALL_FRONTEND_FLUSH where N2 has BR_MIS_PRED, then the level-2 group.
+        let v3 = ArmNeoverse::new(Core::V3);
+        assert_eq!(v3.at.of(input::STALL_FRONTEND_FLUSH), Some(6));
+        assert_eq!(v3.at.of(input::STALL_BACKEND_CPUBOUND), Some(9));
+        assert_eq!(v3.counters()[9].group, LEVEL_TWO_GROUP);
+        assert_eq!(ArmNeoverse::new(Core::N1).counters()[2].group, 0);
     }
 }

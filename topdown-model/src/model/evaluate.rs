@@ -16,70 +16,170 @@ pub struct Evaluation {
     pub estimated: Vec<String>,
 }
 
-/// Evaluates `model` at `level` on `counts`.
-///
-/// Level 1 is computed from the level-1 group(s) alone and level 2 needs every group, so:
-/// a counter missing from `counts` (a recording made at a lower level) or a group that never
-/// ran for this entity leaves the metrics of its level unknown (`None`) instead of computing
-/// them from a zero.
-pub fn evaluate(model: &dyn Model, counts: &Counts, level: u8) -> Evaluation {
-    let mut scaled = counts.clone();
-    let mut unknown = [false; 3];
-    let mut rotated = [false; 3];
-    for spec in model.counters() {
-        let spec_level = usize::from(group_level(spec.group));
-        let Some(&raw) = counts.get(&spec.name) else {
-            unknown[spec_level] = true;
-            continue;
-        };
-        let enabled = counts.get(&enabled_slot_name(spec.group));
-        let running = counts.get(&running_slot_name(spec.group));
-        if let (Some(&enabled), Some(&running)) = (enabled, running) {
-            rotated[spec_level] = true;
-            if running == 0 {
-                unknown[spec_level] = raw != 0 || enabled != 0;
-                continue;
-            }
-            // The count over the time the group was enabled, extrapolated from the time it
-            // was counting (perf's own scaling, `perf stat`'s "(xx.xx%)" column).
-            let estimate = raw as f64 * enabled as f64 / running as f64;
-            scaled.insert(spec.name.clone(), estimate.round() as u64);
+/// Where one of the model's counters is among the slots, resolved once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Input {
+    /// The counter's slot; `None` when the slots do not have it (a recording made at a lower
+    /// level leaves out the level-2 counters).
+    slot: Option<usize>,
+    /// 1 or 2: the TopDown level its scheduling group serves.
+    level: usize,
+    /// Its group's enabled and running time slots, when the group rotated.
+    enabled: Option<usize>,
+    running: Option<usize>,
+}
+
+/// Counter values kept on the stack for models with up to this many counters (every built-in
+/// model and hybrid pairing has at most 32); larger ones (many `-e` events) take one
+/// allocation per entity.
+const INLINE_VALUES: usize = 32;
+
+/// A model resolved against a set of slot names (the counter plan's `slot_names`, a recording's
+/// `counter_names`): which slot holds each of [`Model::counters`] and each rotating group's
+/// enabled/running times. Built once per report; evaluating an entity then reads its slot
+/// values by index, with no name lookup.
+pub struct Evaluator<'a> {
+    model: &'a dyn Model,
+    inputs: Vec<Input>,
+    slot_names: Vec<String>,
+    level_one: Vec<&'static str>,
+}
+
+impl<'a> Evaluator<'a> {
+    /// Resolves `model`'s counters against `slot_names`. Two counters of the same name (a `-e`
+    /// event spelled like a model counter) take one slot of that name each while there are
+    /// enough, and otherwise share the first.
+    pub fn new<S: AsRef<str>>(model: &'a dyn Model, slot_names: &[S]) -> Self {
+        let slot_names: Vec<String> = slot_names
+            .iter()
+            .map(|name| name.as_ref().to_owned())
+            .collect();
+        let mut taken = vec![false; slot_names.len()];
+        let position = |name: &str| slot_names.iter().position(|slot| slot == name);
+        let inputs = model
+            .counters()
+            .iter()
+            .map(|spec| {
+                let slot = slot_names
+                    .iter()
+                    .enumerate()
+                    .position(|(slot, name)| !taken[slot] && *name == spec.name)
+                    .or_else(|| position(&spec.name));
+                if let Some(slot) = slot {
+                    taken[slot] = true;
+                }
+                Input {
+                    slot,
+                    level: usize::from(group_level(spec.group)),
+                    enabled: position(&enabled_slot_name(spec.group)),
+                    running: position(&running_slot_name(spec.group)),
+                }
+            })
+            .collect();
+        let level_one = L1_METRICS
+            .iter()
+            .copied()
+            .chain(model.extra_l1_metrics().iter().copied())
+            .collect();
+        Self {
+            model,
+            inputs,
+            slot_names,
+            level_one,
         }
     }
-    let mut metrics = model.metrics(&scaled, level);
-    let level_one: Vec<&str> = L1_METRICS
-        .iter()
-        .copied()
-        .chain(model.extra_l1_metrics().iter().copied())
-        .collect();
-    if unknown[1] {
-        metrics.values_mut().for_each(|value| *value = None);
-    } else if unknown[2] {
-        for name in L2_METRICS {
-            if let Some(value) = metrics.get_mut(name) {
-                *value = None;
-            }
-        }
+
+    /// Evaluates at `level` one entity's slot values, in the order of the slot names this
+    /// evaluator was built with (a slot past the end of `slots` counts as missing).
+    pub fn evaluate(&self, slots: &[u64], level: u8) -> Evaluation {
+        self.evaluate_with(|slot| slots.get(slot).copied(), level)
     }
-    let mut estimated = Vec::new();
-    for (name, value) in &metrics {
-        let is_level_one = level_one.contains(&name.as_str());
-        let scaled_input = if is_level_one {
-            rotated[1]
+
+    /// Evaluates at `level` one entity whose counts are named (a recording's entity): each
+    /// slot's value is looked up by its name, and a slot name absent from `counts` counts as
+    /// missing.
+    pub fn evaluate_named(&self, counts: &Counts, level: u8) -> Evaluation {
+        let values: Vec<Option<u64>> = self
+            .slot_names
+            .iter()
+            .map(|name| counts.get(name).copied())
+            .collect();
+        self.evaluate_with(|slot| values.get(slot).copied().flatten(), level)
+    }
+
+    /// Level 1 is computed from the level-1 group(s) alone and level 2 needs every group, so: a
+    /// counter missing from the slots (a recording made at a lower level) or a group that never
+    /// ran for this entity leaves the metrics of its level unknown (`None`) instead of
+    /// computing them from a zero.
+    fn evaluate_with(&self, slot: impl Fn(usize) -> Option<u64>, level: u8) -> Evaluation {
+        let mut inline = [0u64; INLINE_VALUES];
+        let mut heap = Vec::new();
+        let values: &mut [u64] = if self.inputs.len() <= INLINE_VALUES {
+            &mut inline[..self.inputs.len()]
         } else {
-            rotated[1] || rotated[2]
+            heap.resize(self.inputs.len(), 0);
+            &mut heap
         };
-        if scaled_input && value.is_some() {
-            estimated.push(name.clone());
+        let mut unknown = [false; 3];
+        let mut rotated = [false; 3];
+        for (value, input) in values.iter_mut().zip(&self.inputs) {
+            let Some(raw) = input.slot.and_then(&slot) else {
+                unknown[input.level] = true;
+                continue;
+            };
+            *value = raw;
+            let enabled = input.enabled.and_then(&slot);
+            let running = input.running.and_then(&slot);
+            if let (Some(enabled), Some(running)) = (enabled, running) {
+                rotated[input.level] = true;
+                if running == 0 {
+                    unknown[input.level] = raw != 0 || enabled != 0;
+                    continue;
+                }
+                // The count over the time the group was enabled, extrapolated from the time it
+                // was counting (perf's own scaling, `perf stat`'s "(xx.xx%)" column).
+                let estimate = raw as f64 * enabled as f64 / running as f64;
+                *value = estimate.round() as u64;
+            }
         }
+        let mut metrics = self.model.metrics(values, level);
+        if unknown[1] {
+            metrics.values_mut().for_each(|value| *value = None);
+        } else if unknown[2] {
+            for name in L2_METRICS {
+                if let Some(value) = metrics.get_mut(name) {
+                    *value = None;
+                }
+            }
+        }
+        let mut estimated = Vec::new();
+        for (name, value) in &metrics {
+            let is_level_one = self.level_one.contains(&name.as_str());
+            let scaled_input = if is_level_one {
+                rotated[1]
+            } else {
+                rotated[1] || rotated[2]
+            };
+            if scaled_input && value.is_some() {
+                estimated.push(name.clone());
+            }
+        }
+        Evaluation { metrics, estimated }
     }
-    Evaluation { metrics, estimated }
+}
+
+/// Evaluates `model` at `level` on named `counts`: [`Evaluator`] for a single entity, for
+/// callers that have no slot list (a check, a test). Reports build one [`Evaluator`] instead.
+pub fn evaluate(model: &dyn Model, counts: &Counts, level: u8) -> Evaluation {
+    let names: Vec<&str> = counts.keys().map(String::as_str).collect();
+    let values: Vec<u64> = counts.values().copied().collect();
+    Evaluator::new(model, &names).evaluate(&values, level)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{CounterSpec, ratio};
+    use crate::model::{CounterSpec, ratio, value};
 
     /// retiring = a / cycles (group 0); light_operations = retiring * b / c (group 8).
     struct Pair;
@@ -105,9 +205,10 @@ mod tests {
         fn max_level(&self) -> u8 {
             2
         }
-        fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-            let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
-            let retiring = ratio(get("a"), get("cycles"));
+        fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+            let get = |index: usize| value(values, index);
+            let (cycles, a, b, c) = (get(0), get(1), get(2), get(3));
+            let retiring = ratio(a, cycles);
             let mut metrics: Metrics = L1_METRICS
                 .iter()
                 .map(|name| ((*name).to_owned(), None))
@@ -115,15 +216,15 @@ mod tests {
             metrics.insert("retiring".to_owned(), retiring);
             if level >= 2 {
                 metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
-                let light = retiring.zip(ratio(get("b"), get("c"))).map(|(r, f)| r * f);
+                let light = retiring.zip(ratio(b, c)).map(|(r, f)| r * f);
                 metrics.insert("light_operations".to_owned(), light);
                 // cycles-scaled: needs the *scaled* b.
-                metrics.insert(
-                    "heavy_operations".to_owned(),
-                    ratio(get("b"), get("cycles")),
-                );
+                metrics.insert("heavy_operations".to_owned(), ratio(b, cycles));
             }
             metrics
+        }
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            Some(value(values, 0))
         }
         fn weight_counter(&self) -> &'static str {
             "cycles"
@@ -214,5 +315,89 @@ mod tests {
         // Both scaled by 2: the ratio stays 0.5.
         assert_eq!(result.metrics["retiring"], Some(0.5));
         assert_eq!(result.estimated, ["retiring"]);
+    }
+
+    #[test]
+    fn counters_resolve_by_name_whatever_the_slot_order() {
+        // A level-1 plan: b and c (group 8) have no slot, so level 2 is unknown.
+        let evaluator = Evaluator::new(&Pair, &["a", "cycles"]);
+        let result = evaluator.evaluate(&[250, 1000], 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], None);
+        assert_eq!(result.metrics["heavy_operations"], None);
+        assert!(result.estimated.is_empty());
+        // A slot past the end of the values is missing too: no `a`, no level 1.
+        let short = evaluator.evaluate(&[250], 1);
+        assert_eq!(short.metrics["retiring"], None);
+    }
+
+    #[test]
+    fn a_rotated_group_is_scaled_on_the_slot_array() {
+        // As the BPF side fills it: the plan's slots, then zeros to MAX_COUNTERS. Group 8 ran
+        // a quarter of the time: b = 10 * 4 = 40, heavy = 40/1000.
+        let evaluator = Evaluator::new(
+            &Pair,
+            &[
+                "cycles",
+                "a",
+                "b",
+                "c",
+                "group8.enabled_ns",
+                "group8.running_ns",
+            ],
+        );
+        let mut slots = [0u64; 24];
+        slots[..6].copy_from_slice(&[1000, 250, 10, 40, 800, 200]);
+        let result = evaluator.evaluate(&slots, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], Some(0.0625));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.04));
+        assert_eq!(result.estimated, ["heavy_operations", "light_operations"]);
+        // The group never ran: level 2 unknown, level 1 exact.
+        slots[..6].copy_from_slice(&[1000, 250, 0, 0, 800, 0]);
+        let never = evaluator.evaluate(&slots, 2);
+        assert_eq!(never.metrics["retiring"], Some(0.25));
+        assert_eq!(never.metrics["heavy_operations"], None);
+        assert!(never.estimated.is_empty());
+    }
+
+    #[test]
+    fn named_counts_missing_a_slot_leave_its_level_unknown() {
+        // `report -i`: the recording's counter names, each entity's counts by name.
+        let evaluator = Evaluator::new(&Pair, &["cycles", "a", "b", "c"]);
+        let all = counts(&[("cycles", 1000), ("a", 250), ("b", 10), ("c", 40)]);
+        let result = evaluator.evaluate_named(&all, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.01));
+        let without_c = counts(&[("cycles", 1000), ("a", 250), ("b", 10)]);
+        let result = evaluator.evaluate_named(&without_c, 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["light_operations"], None);
+        assert_eq!(result.metrics["heavy_operations"], None);
+        let without_a = counts(&[("cycles", 1000), ("b", 10), ("c", 40)]);
+        let result = evaluator.evaluate_named(&without_a, 2);
+        assert!(result.metrics.values().all(Option::is_none));
+    }
+
+    #[test]
+    fn an_event_named_like_a_model_counter_keeps_its_own_slot() {
+        // `-e a` beside the model's own `a`: the plan has two slots named `a`, the model's
+        // first. The model reads 250 (retiring 0.25), not the event's 999.
+        let event = crate::events::EventAttr {
+            name: "a".to_owned(),
+            pmu: None,
+            kind: crate::events::EventKind::Perf {
+                perf_type: crate::events::PERF_TYPE_SOFTWARE,
+                config: 2,
+                config1: 0,
+                config2: 0,
+            },
+            exclude: None,
+        };
+        let model = crate::model::with_events::WithEvents::new(Box::new(Pair), vec![event]);
+        let evaluator = Evaluator::new(&model, &["cycles", "a", "b", "c", "a"]);
+        let result = evaluator.evaluate(&[1000, 250, 10, 40, 999], 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["heavy_operations"], Some(0.01));
     }
 }

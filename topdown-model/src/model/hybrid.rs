@@ -9,7 +9,7 @@
 //! each PMU's metrics on that PMU's CPUs only; merging by slots is what makes the fractions of
 //! a slot add up again).
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model};
 use crate::groups::GROUP_BLOCK;
 
 pub const CORE_PMU: &str = "cpu_core";
@@ -18,20 +18,25 @@ pub const ATOM_PMU: &str = "cpu_atom";
 pub struct Hybrid {
     core: Box<dyn Model>,
     atom: Box<dyn Model>,
+    /// How many counters the P-core model has: its values come first, the E-core model's
+    /// after them, as in [`Model::counters`]. The two models' counters may share names
+    /// (`hybrid:intel-grt+intel-grt`); positions keep them apart.
+    core_counters: usize,
 }
 
 impl Hybrid {
     pub fn new(core: Box<dyn Model>, atom: Box<dyn Model>) -> Self {
-        Self { core, atom }
+        let core_counters = core.counters().len();
+        Self {
+            core,
+            atom,
+            core_counters,
+        }
     }
 
-    /// The counts of one PMU, with its prefix taken off.
-    fn part(counts: &Counts, pmu: &str) -> Counts {
-        let prefix = format!("{pmu}/");
-        counts
-            .iter()
-            .filter_map(|(name, value)| Some((name.strip_prefix(&prefix)?.to_owned(), *value)))
-            .collect()
+    /// `values` split into the P-core model's and the E-core model's.
+    fn parts<'v>(&self, values: &'v [u64]) -> (&'v [u64], &'v [u64]) {
+        values.split_at(self.core_counters.min(values.len()))
     }
 
     fn prefixed(model: &dyn Model, pmu: &str, group_offset: u8) -> Vec<CounterSpec> {
@@ -78,19 +83,18 @@ impl Model for Hybrid {
         self.core.max_level().max(self.atom.max_level())
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let core_counts = Self::part(counts, CORE_PMU);
-        let atom_counts = Self::part(counts, ATOM_PMU);
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let (core_values, atom_values) = self.parts(values);
         let parts = [
             (
                 CORE_PMU,
-                self.core.metrics(&core_counts, level),
-                self.core.slots(&core_counts),
+                self.core.metrics(core_values, level),
+                self.core.slots(core_values),
             ),
             (
                 ATOM_PMU,
-                self.atom.metrics(&atom_counts, level),
-                self.atom.slots(&atom_counts),
+                self.atom.metrics(atom_values, level),
+                self.atom.slots(atom_values),
             ),
         ];
         let mut names: Vec<&str> = L1_METRICS.to_vec();
@@ -128,9 +132,10 @@ impl Model for Hybrid {
         }
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        let core = self.core.slots(&Self::part(counts, CORE_PMU));
-        let atom = self.atom.slots(&Self::part(counts, ATOM_PMU));
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        let (core_values, atom_values) = self.parts(values);
+        let core = self.core.slots(core_values);
+        let atom = self.atom.slots(atom_values);
         match (core, atom) {
             (None, None) => None,
             (core, atom) => Some(core.unwrap_or(0.0) + atom.unwrap_or(0.0)),
@@ -141,7 +146,7 @@ impl Model for Hybrid {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ratio;
+    use crate::model::{Counts, Evaluator, evaluate, ratio, value};
 
     /// A width-`width` model: slots = width * cycles; retiring = ret / slots.
     struct Simple {
@@ -169,9 +174,9 @@ mod tests {
         fn max_level(&self) -> u8 {
             1
         }
-        fn metrics(&self, counts: &Counts, _level: u8) -> Metrics {
-            let slots = self.slots(counts).unwrap_or(0.0);
-            let ret = counts.get("ret").copied().unwrap_or(0) as f64;
+        fn metrics(&self, values: &[u64], _level: u8) -> Metrics {
+            let slots = self.slots(values).unwrap_or(0.0);
+            let ret = value(values, 1);
             let mut metrics: Metrics = L1_METRICS
                 .iter()
                 .map(|name| ((*name).to_owned(), None))
@@ -182,10 +187,8 @@ mod tests {
         fn weight_counter(&self) -> &'static str {
             "cycles"
         }
-        fn slots(&self, counts: &Counts) -> Option<f64> {
-            counts
-                .get("cycles")
-                .map(|cycles| *cycles as f64 * self.width)
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            Some(value(values, 0) * self.width)
         }
     }
 
@@ -230,36 +233,56 @@ mod tests {
         // P: 100 cycles * 6 = 600 slots, 300 retired -> 0.5.
         // E: 80 cycles * 5 = 400 slots, 100 retired -> 0.25.
         // Merged: (600 * 0.5 + 400 * 0.25) / 1000 = 0.4.
-        let counts: Counts = [
-            ("cpu_core/cycles", 100),
-            ("cpu_core/ret", 300),
-            ("cpu_atom/cycles", 80),
-            ("cpu_atom/ret", 100),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        let metrics = hybrid().metrics(&counts, 1);
+        // cpu_core/cycles, ret, extra; cpu_atom/cycles, ret, extra.
+        let values = [100, 300, 0, 80, 100, 0];
+        let metrics = hybrid().metrics(&values, 1);
         assert_eq!(metrics["retiring"], Some(0.4));
         assert_eq!(metrics["cpu_core.retiring"], Some(0.5));
         assert_eq!(metrics["cpu_atom.retiring"], Some(0.25));
         assert_eq!(metrics["frontend_bound"], None);
-        assert_eq!(hybrid().slots(&counts), Some(1000.0));
+        assert_eq!(hybrid().slots(&values), Some(1000.0));
     }
 
     #[test]
     fn a_task_that_only_ran_on_one_core_type_gets_that_type_alone() {
-        let counts: Counts = [
-            ("cpu_core/cycles", 0),
-            ("cpu_core/ret", 0),
-            ("cpu_atom/cycles", 80),
-            ("cpu_atom/ret", 100),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        let metrics = hybrid().metrics(&counts, 1);
+        let metrics = hybrid().metrics(&[0, 0, 0, 80, 100, 0], 1);
         assert_eq!(metrics["retiring"], Some(0.25));
         assert_eq!(metrics["cpu_core.retiring"], None);
+    }
+
+    #[test]
+    fn counters_of_the_same_name_in_both_core_types_resolve_to_their_own_slots() {
+        // Both core types' models call their counters `cycles` and `ret`; the plan's slots
+        // carry the PMU, in any order. The E-core level-1 group (16) rotated at half duty:
+        // cpu_atom/cycles 80 -> 160 and ret 100 -> 200 (E retiring stays 200/800 = 0.25), the
+        // P-core counts stay as counted (600 slots, retiring 0.5). Merged by slots:
+        // (600 * 0.5 + 800 * 0.25) / 1400 = 500/1400; scaling the P-core too would give 0.4.
+        let model = hybrid();
+        let slot_names = [
+            "cpu_atom/cycles",
+            "cpu_atom/ret",
+            "cpu_core/ret",
+            "cpu_core/cycles",
+            "group16.enabled_ns",
+            "group16.running_ns",
+        ];
+        let slots = [80, 100, 300, 100, 1000, 500];
+        let evaluator = Evaluator::new(&model, &slot_names);
+        let result = evaluator.evaluate(&slots, 1);
+        assert_eq!(result.metrics["cpu_core.retiring"], Some(0.5));
+        assert_eq!(result.metrics["cpu_atom.retiring"], Some(0.25));
+        assert_eq!(result.metrics["retiring"], Some(500.0 / 1400.0));
+        // A level-1 group rotated: every known metric is an estimate.
+        assert_eq!(
+            result.estimated,
+            ["cpu_atom.retiring", "cpu_core.retiring", "retiring"]
+        );
+        // The name-keyed convenience agrees.
+        let counts: Counts = slot_names
+            .iter()
+            .zip(slots)
+            .map(|(name, value)| ((*name).to_owned(), value))
+            .collect();
+        assert_eq!(evaluate(&model, &counts, 1), result);
     }
 }

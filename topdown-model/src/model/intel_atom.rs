@@ -8,7 +8,7 @@
 //! backend); topdown reports Resource_Bound in the `memory_bound` column and says so. E-cores
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,7 @@ enum Core {
 
 pub struct IntelAtom {
     core: Core,
+    at: Positions<INPUTS>,
 }
 
 const CLOCKS: &str = "CPU_CLK_UNHALTED.CORE";
@@ -33,11 +34,27 @@ const MISPREDICT: &str = "TOPDOWN_BAD_SPECULATION.MISPREDICT";
 const MACHINE_CLEARS: &str = "TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS";
 const ALLOC_RESTRICTIONS: &str = "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS";
 
+/// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
+/// so the positions differ per core.
+mod input {
+    pub const CLOCKS: usize = 0;
+    pub const FRONTEND: usize = 1;
+    pub const BACKEND: usize = 2;
+    pub const RETIRING: usize = 3;
+    pub const BAD_SPECULATION: usize = 4;
+    pub const FRONTEND_LATENCY: usize = 5;
+    pub const FRONTEND_BANDWIDTH: usize = 6;
+    pub const MISPREDICT: usize = 7;
+    pub const MACHINE_CLEARS: usize = 8;
+    pub const ALLOC_RESTRICTIONS: usize = 9;
+}
+const INPUTS: usize = 10;
+
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
     [Core::Gracemont, Core::Crestmont, Core::Skymont]
         .into_iter()
-        .map(|core| Box::new(IntelAtom { core }) as Box<dyn Model>)
+        .map(|core| Box::new(IntelAtom::new(core)) as Box<dyn Model>)
         .collect()
 }
 
@@ -47,6 +64,73 @@ pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
 }
 
 impl IntelAtom {
+    fn new(core: Core) -> Self {
+        Self {
+            core,
+            at: Positions::new(Self::layout(core).into_iter().map(|(input, _)| input)),
+        }
+    }
+
+    /// The counters of `core`, each with the input it feeds, in counter order.
+    fn layout(core: Core) -> Vec<(usize, CounterSpec)> {
+        let level_two = LEVEL_TWO_GROUP;
+        match core {
+            // §3.2: GRT TOPDOWN_RETIRING.ALL is 0xC2/0x00 (the UOPS_RETIRED.ALL code); BadSpec
+            // is derived, so its counter is not needed.
+            Core::Gracemont | Core::Crestmont => {
+                let mut specs = vec![
+                    (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
+                    (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x0071)),
+                    (input::BACKEND, CounterSpec::raw(BACKEND, 0x0074)),
+                ];
+                if core == Core::Gracemont {
+                    specs.push((input::RETIRING, CounterSpec::raw(RETIRING, 0x00c2)));
+                } else {
+                    specs.push((input::RETIRING, CounterSpec::raw(RETIRING, 0x0072)));
+                    specs.push((
+                        input::BAD_SPECULATION,
+                        CounterSpec::raw(BAD_SPECULATION, 0x0073),
+                    ));
+                }
+                specs.extend([
+                    (
+                        input::FRONTEND_LATENCY,
+                        CounterSpec::raw(FRONTEND_LATENCY, 0x7271).in_group(level_two),
+                    ),
+                    (
+                        input::FRONTEND_BANDWIDTH,
+                        CounterSpec::raw(FRONTEND_BANDWIDTH, 0x8d71).in_group(level_two),
+                    ),
+                    (
+                        input::MISPREDICT,
+                        CounterSpec::raw(MISPREDICT, 0x0473).in_group(level_two),
+                    ),
+                    (
+                        input::MACHINE_CLEARS,
+                        CounterSpec::raw(MACHINE_CLEARS, 0x0373).in_group(level_two),
+                    ),
+                    (
+                        input::ALLOC_RESTRICTIONS,
+                        CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
+                    ),
+                ]);
+                specs
+            }
+            // §3.4 ARL-H atom (Skymont) encodings: retiring 0xc2/0x02, bad-spec 0x73/0x0,
+            // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
+            Core::Skymont => vec![
+                (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
+                (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x019c)),
+                (input::BACKEND, CounterSpec::raw(BACKEND, 0x02a4)),
+                (input::RETIRING, CounterSpec::raw(RETIRING, 0x02c2)),
+                (
+                    input::BAD_SPECULATION,
+                    CounterSpec::raw(BAD_SPECULATION, 0x0073),
+                ),
+            ],
+        }
+    }
+
     /// Pipeline width (§3.1: E-core TMA `#Pipeline_Width`, perf adl/mtl/arl-metrics.json).
     fn width(&self) -> f64 {
         match self.core {
@@ -83,41 +167,10 @@ impl Model for IntelAtom {
     }
 
     fn counters(&self) -> Vec<CounterSpec> {
-        let level_two = LEVEL_TWO_GROUP;
-        match self.core {
-            // §3.2: GRT TOPDOWN_RETIRING.ALL is 0xC2/0x00 (the UOPS_RETIRED.ALL code); BadSpec
-            // is derived, so its counter is not needed.
-            Core::Gracemont | Core::Crestmont => {
-                let mut specs = vec![
-                    CounterSpec::raw(CLOCKS, 0x003c),
-                    CounterSpec::raw(FRONTEND, 0x0071),
-                    CounterSpec::raw(BACKEND, 0x0074),
-                ];
-                if self.core == Core::Gracemont {
-                    specs.push(CounterSpec::raw(RETIRING, 0x00c2));
-                } else {
-                    specs.push(CounterSpec::raw(RETIRING, 0x0072));
-                    specs.push(CounterSpec::raw(BAD_SPECULATION, 0x0073));
-                }
-                specs.extend([
-                    CounterSpec::raw(FRONTEND_LATENCY, 0x7271).in_group(level_two),
-                    CounterSpec::raw(FRONTEND_BANDWIDTH, 0x8d71).in_group(level_two),
-                    CounterSpec::raw(MISPREDICT, 0x0473).in_group(level_two),
-                    CounterSpec::raw(MACHINE_CLEARS, 0x0373).in_group(level_two),
-                    CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
-                ]);
-                specs
-            }
-            // §3.4 ARL-H atom (Skymont) encodings: retiring 0xc2/0x02, bad-spec 0x73/0x0,
-            // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
-            Core::Skymont => vec![
-                CounterSpec::raw(CLOCKS, 0x003c),
-                CounterSpec::raw(FRONTEND, 0x019c),
-                CounterSpec::raw(BACKEND, 0x02a4),
-                CounterSpec::raw(RETIRING, 0x02c2),
-                CounterSpec::raw(BAD_SPECULATION, 0x0073),
-            ],
-        }
+        Self::layout(self.core)
+            .into_iter()
+            .map(|(_, spec)| spec)
+            .collect()
     }
 
     fn max_level(&self) -> u8 {
@@ -128,22 +181,22 @@ impl Model for IntelAtom {
         }
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |input: usize| self.at.read(values, input);
         // §3.3: S = width * CPU_CLK_UNHALTED.CORE.
-        let slots = self.width() * get(CLOCKS);
-        let per_slot = |name: &str| ratio(get(name), slots);
-        let frontend = per_slot(FRONTEND);
-        let backend = per_slot(BACKEND);
-        let retiring = per_slot(RETIRING);
+        let slots = self.width() * get(input::CLOCKS);
+        let per_slot = |input: usize| ratio(get(input), slots);
+        let frontend = per_slot(input::FRONTEND);
+        let backend = per_slot(input::BACKEND);
+        let retiring = per_slot(input::RETIRING);
         let bad_speculation = match self.core {
             // GRT: derived, (S - (FE_cnt + BE_cnt + RET_cnt))/S.
             Core::Gracemont => ratio(
-                slots - (get(FRONTEND) + get(BACKEND) + get(RETIRING)),
+                slots - (get(input::FRONTEND) + get(input::BACKEND) + get(input::RETIRING)),
                 slots,
             ),
             // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
-            Core::Crestmont | Core::Skymont => per_slot(BAD_SPECULATION),
+            Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
         };
         let mut metrics: Metrics = [
             ("retiring", retiring),
@@ -165,13 +218,13 @@ impl Model for IntelAtom {
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
-        let core_bound = per_slot(ALLOC_RESTRICTIONS);
+        let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
         let resource_bound = backend.zip(core_bound).map(|(be, core)| be - core);
         for (name, value) in [
-            ("fetch_latency", per_slot(FRONTEND_LATENCY)),
-            ("fetch_bandwidth", per_slot(FRONTEND_BANDWIDTH)),
-            ("branch_mispredicts", per_slot(MISPREDICT)),
-            ("machine_clears", per_slot(MACHINE_CLEARS)),
+            ("fetch_latency", per_slot(input::FRONTEND_LATENCY)),
+            ("fetch_bandwidth", per_slot(input::FRONTEND_BANDWIDTH)),
+            ("branch_mispredicts", per_slot(input::MISPREDICT)),
+            ("machine_clears", per_slot(input::MACHINE_CLEARS)),
             ("core_bound", core_bound),
             ("memory_bound", resource_bound),
         ] {
@@ -184,10 +237,8 @@ impl Model for IntelAtom {
         CLOCKS
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        counts
-            .get(CLOCKS)
-            .map(|clocks| *clocks as f64 * self.width())
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(self.at.read(values, input::CLOCKS) * self.width())
     }
 }
 
@@ -221,17 +272,35 @@ mod tests {
 
     #[test]
     fn slots_are_width_times_clocks() {
-        let counts: Counts = [(CLOCKS.to_owned(), 200)].into_iter().collect();
-        assert_eq!(by_name("intel-grt").unwrap().slots(&counts), Some(1000.0));
-        assert_eq!(by_name("intel-cmt").unwrap().slots(&counts), Some(1200.0));
-        assert_eq!(by_name("intel-skt").unwrap().slots(&counts), Some(1600.0));
+        assert_eq!(by_name("intel-grt").unwrap().slots(&[200]), Some(1000.0));
+        assert_eq!(by_name("intel-cmt").unwrap().slots(&[200]), Some(1200.0));
+        assert_eq!(by_name("intel-skt").unwrap().slots(&[200]), Some(1600.0));
     }
 
     #[test]
     fn zero_counts_mean_no_data() {
         for model in models() {
-            let metrics = model.metrics(&Counts::new(), 2);
+            let metrics = model.metrics(&[], 2);
             assert!(metrics.values().all(Option::is_none), "{}", model.name());
         }
+    }
+
+    #[test]
+    fn gracemont_reads_level_two_one_position_earlier() {
+        // No bad-speculation counter on Gracemont: its level-2 inputs sit one position before
+        // Crestmont's, and its bad speculation is derived.
+        let grt = IntelAtom::new(Core::Gracemont);
+        let cmt = IntelAtom::new(Core::Crestmont);
+        assert_eq!(grt.at.of(input::BAD_SPECULATION), None);
+        assert_eq!(grt.at.of(input::FRONTEND_LATENCY), Some(4));
+        assert_eq!(cmt.at.of(input::FRONTEND_LATENCY), Some(5));
+        // CLOCKS 100 (S = 500 on GRT, 600 on CMT); FE 50, BE 100, RET 200, CMT bad-spec 60;
+        // FRONTEND_LATENCY 20 on both.
+        let grt_metrics = grt.metrics(&[100, 50, 100, 200, 20, 0, 0, 0, 0], 2);
+        assert_eq!(grt_metrics["fetch_latency"], Some(20.0 / 500.0));
+        assert_eq!(grt_metrics["bad_speculation"], Some(150.0 / 500.0));
+        let cmt_metrics = cmt.metrics(&[100, 50, 100, 200, 60, 20, 0, 0, 0, 0], 2);
+        assert_eq!(cmt_metrics["fetch_latency"], Some(20.0 / 600.0));
+        assert_eq!(cmt_metrics["bad_speculation"], Some(60.0 / 600.0));
     }
 }

@@ -14,7 +14,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
 //! counter 1, where the kernel would otherwise put it.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,7 @@ enum Generation {
 pub struct IntelCore {
     generation: Generation,
     smt: bool,
+    at: Positions<INPUTS>,
 }
 
 /// Pipeline width of these cores (TMA `#Pipeline_Width`, §6.1 table: 4).
@@ -68,6 +69,31 @@ const BOUND_ON_STORES: (&str, u64) = ("EXE_ACTIVITY.BOUND_ON_STORES", 0x40a6);
 const ONE_PORT_UTIL: (&str, u64) = ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6);
 const TWO_PORTS_UTIL: (&str, u64) = ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6);
 
+/// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
+/// generation its own level-2 events, so the positions differ per model.
+mod input {
+    pub const THREAD: usize = 0;
+    pub const ISSUED: usize = 1;
+    pub const RETIRE_SLOTS: usize = 2;
+    pub const FETCH_BUBBLES: usize = 3;
+    /// INT_MISC.RECOVERY_CYCLES, or its AnyThread form with SMT.
+    pub const RECOVERY: usize = 4;
+    pub const ONE_THREAD_ACTIVE: usize = 5;
+    pub const REF_XCLK: usize = 6;
+    pub const CYCLES_0_UOPS: usize = 7;
+    pub const BR_MISP: usize = 8;
+    pub const MACHINE_CLEARS: usize = 9;
+    pub const MS_UOPS: usize = 10;
+    pub const MACRO_FUSED: usize = 11;
+    pub const INST_RETIRED: usize = 12;
+    pub const STALLS_MEM_ANY: usize = 13;
+    pub const STALLS_TOTAL: usize = 14;
+    pub const BOUND_ON_STORES: usize = 15;
+    pub const ONE_PORT_UTIL: usize = 16;
+    pub const TWO_PORTS_UTIL: usize = 17;
+}
+const INPUTS: usize = 18;
+
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
     [
@@ -77,7 +103,7 @@ pub fn models() -> Vec<Box<dyn Model>> {
         (Generation::Skylake, true),
     ]
     .into_iter()
-    .map(|(generation, smt)| Box::new(IntelCore { generation, smt }) as Box<dyn Model>)
+    .map(|(generation, smt)| Box::new(IntelCore::new(generation, smt)) as Box<dyn Model>)
     .collect()
 }
 
@@ -87,13 +113,73 @@ pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
 }
 
 impl IntelCore {
+    fn new(generation: Generation, smt: bool) -> Self {
+        let mut model = Self {
+            generation,
+            smt,
+            at: Positions::new([]),
+        };
+        model.at = Positions::new(model.layout().into_iter().map(|(input, _)| input));
+        model
+    }
+
+    /// The counters, each with the input it feeds, in counter order.
+    fn layout(&self) -> Vec<(usize, CounterSpec)> {
+        let spec =
+            |input: usize, (name, config): (&str, u64)| (input, CounterSpec::raw(name, config));
+        let level_two = LEVEL_TWO_GROUP;
+        let in_group =
+            |(input, spec): (usize, CounterSpec), group: u8| (input, spec.in_group(group));
+        let mut specs = vec![
+            spec(input::THREAD, THREAD),
+            spec(input::ISSUED, ISSUED),
+            spec(input::RETIRE_SLOTS, RETIRE_SLOTS),
+            spec(input::FETCH_BUBBLES, FETCH_BUBBLES),
+        ];
+        if self.smt {
+            // Seven level-1 events on four counters per thread: the clock ratio and the
+            // per-core recovery cycles form a second level-1 group.
+            specs.extend([
+                in_group(spec(input::RECOVERY, self.recovery()), 1),
+                in_group(spec(input::ONE_THREAD_ACTIVE, ONE_THREAD_ACTIVE), 1),
+                in_group(spec(input::REF_XCLK, REF_XCLK), 1),
+            ]);
+        } else {
+            specs.push(spec(input::RECOVERY, self.recovery()));
+        }
+        specs.extend([
+            in_group(spec(input::CYCLES_0_UOPS, CYCLES_0_UOPS), level_two),
+            in_group(spec(input::BR_MISP, BR_MISP), level_two),
+            in_group(spec(input::MACHINE_CLEARS, MACHINE_CLEARS), level_two),
+        ]);
+        match self.generation {
+            Generation::SandyBridge => {
+                specs.push(in_group(spec(input::MS_UOPS, MS_UOPS), level_two))
+            }
+            Generation::Skylake => {
+                let (inst_input, inst_spec) = spec(input::INST_RETIRED, INST_RETIRED);
+                specs.extend([
+                    in_group(spec(input::MACRO_FUSED, MACRO_FUSED), level_two),
+                    // Fixed counter 0 counts INST_RETIRED.ANY.
+                    (inst_input, inst_spec.in_group(level_two).fixed()),
+                    in_group(spec(input::STALLS_MEM_ANY, STALLS_MEM_ANY), level_two + 1),
+                    in_group(spec(input::STALLS_TOTAL, STALLS_TOTAL), level_two + 1),
+                    in_group(spec(input::BOUND_ON_STORES, BOUND_ON_STORES), level_two + 1),
+                    in_group(spec(input::ONE_PORT_UTIL, ONE_PORT_UTIL), level_two + 1),
+                    in_group(spec(input::TWO_PORTS_UTIL, TWO_PORTS_UTIL), level_two + 1),
+                ]);
+            }
+        }
+        specs
+    }
+
     /// §2.2 CORE_CLKS: per-thread counting uses the EBS form with SMT on
     /// (THREAD/2 * (1 + ONE_THREAD_ACTIVE/REF_XCLK)), CLKS without.
-    fn core_clks(&self, counts: &Counts) -> Option<f64> {
-        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
-        let clks = get(THREAD);
+    fn core_clks(&self, values: &[u64]) -> Option<f64> {
+        let get = |input: usize| self.at.read(values, input);
+        let clks = get(input::THREAD);
         if self.smt {
-            ratio(get(ONE_THREAD_ACTIVE), get(REF_XCLK))
+            ratio(get(input::ONE_THREAD_ACTIVE), get(input::REF_XCLK))
                 .map(|one_thread_share| clks / 2.0 * (1.0 + one_thread_share))
         } else {
             Some(clks)
@@ -142,72 +228,33 @@ impl Model for IntelCore {
     }
 
     fn counters(&self) -> Vec<CounterSpec> {
-        let spec = |(name, config): (&str, u64)| CounterSpec::raw(name, config);
-        let level_two = LEVEL_TWO_GROUP;
-        let mut specs = vec![
-            spec(THREAD),
-            spec(ISSUED),
-            spec(RETIRE_SLOTS),
-            spec(FETCH_BUBBLES),
-        ];
-        if self.smt {
-            // Seven level-1 events on four counters per thread: the clock ratio and the
-            // per-core recovery cycles form a second level-1 group.
-            specs.extend([
-                spec(self.recovery()).in_group(1),
-                spec(ONE_THREAD_ACTIVE).in_group(1),
-                spec(REF_XCLK).in_group(1),
-            ]);
-        } else {
-            specs.push(spec(self.recovery()));
-        }
-        specs.extend([
-            spec(CYCLES_0_UOPS).in_group(level_two),
-            spec(BR_MISP).in_group(level_two),
-            spec(MACHINE_CLEARS).in_group(level_two),
-        ]);
-        match self.generation {
-            Generation::SandyBridge => specs.push(spec(MS_UOPS).in_group(level_two)),
-            Generation::Skylake => {
-                specs.extend([
-                    spec(MACRO_FUSED).in_group(level_two),
-                    // Fixed counter 0 counts INST_RETIRED.ANY.
-                    spec(INST_RETIRED).in_group(level_two).fixed(),
-                    spec(STALLS_MEM_ANY).in_group(level_two + 1),
-                    spec(STALLS_TOTAL).in_group(level_two + 1),
-                    spec(BOUND_ON_STORES).in_group(level_two + 1),
-                    spec(ONE_PORT_UTIL).in_group(level_two + 1),
-                    spec(TWO_PORTS_UTIL).in_group(level_two + 1),
-                ]);
-            }
-        }
-        specs
+        self.layout().into_iter().map(|(_, spec)| spec).collect()
     }
 
     fn max_level(&self) -> u8 {
         2
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |(name, _): (&str, u64)| counts.get(name).copied().unwrap_or(0) as f64;
-        let clks = get(THREAD);
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |input: usize| self.at.read(values, input);
+        let clks = get(input::THREAD);
         // SLOTS = 4 * CORE_CLKS
         let slots = self
-            .core_clks(counts)
+            .core_clks(values)
             .map(|core_clks| WIDTH * core_clks)
             .unwrap_or(0.0);
         // Recovery_Cycles = INT_MISC.RECOVERY_CYCLES_ANY/2 if SMT_on else INT_MISC.RECOVERY_CYCLES
         let recovery = if self.smt {
-            get(self.recovery()) / 2.0
+            get(input::RECOVERY) / 2.0
         } else {
-            get(self.recovery())
+            get(input::RECOVERY)
         };
-        let issued = get(ISSUED);
-        let retire_slots = get(RETIRE_SLOTS);
+        let issued = get(input::ISSUED);
+        let retire_slots = get(input::RETIRE_SLOTS);
 
         // §2.2 level 1 (TMA 5.2; perf JSON identical):
         // Frontend_Bound = IDQ_UOPS_NOT_DELIVERED.CORE / SLOTS
-        let frontend = ratio(get(FETCH_BUBBLES), slots);
+        let frontend = ratio(get(input::FETCH_BUBBLES), slots);
         // Bad_Speculation = (UOPS_ISSUED.ANY - UOPS_RETIRED.RETIRE_SLOTS + 4*Recovery_Cycles) / SLOTS
         let bad_speculation = ratio(issued - retire_slots + WIDTH * recovery, slots);
         // Retiring = UOPS_RETIRED.RETIRE_SLOTS / SLOTS
@@ -239,7 +286,7 @@ impl Model for IntelCore {
         }
 
         let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-        let cycles_0_uops = get(CYCLES_0_UOPS);
+        let cycles_0_uops = get(input::CYCLES_0_UOPS);
         let fetch_latency = match self.generation {
             // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
             Generation::SandyBridge => ratio(WIDTH * clks.min(cycles_0_uops), slots),
@@ -250,9 +297,12 @@ impl Model for IntelCore {
         let fetch_bandwidth = minus(frontend, fetch_latency);
         // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
         //                      MACHINE_CLEARS.COUNT) * BadSpec
-        let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
-            .zip(bad_speculation)
-            .map(|(share, bad)| share * bad);
+        let branch_mispredicts = ratio(
+            get(input::BR_MISP),
+            get(input::BR_MISP) + get(input::MACHINE_CLEARS),
+        )
+        .zip(bad_speculation)
+        .map(|(share, bad)| share * bad);
         // Machine_Clears = BadSpec - Branch_Mispredicts
         let machine_clears = minus(bad_speculation, branch_mispredicts);
         let (memory_bound, core_bound, heavy_operations) = match self.generation {
@@ -260,7 +310,7 @@ impl Model for IntelCore {
                 // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
                 //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
                 let heavy = ratio(retire_slots, issued)
-                    .zip(ratio(get(MS_UOPS), slots))
+                    .zip(ratio(get(input::MS_UOPS), slots))
                     .map(|(retired_share, ms)| retired_share * ms);
                 // Memory_Bound needs per-generation stall events (§2.2: see snb/ivb/hsw/bdw
                 // metrics.json); the reference does not give them, so no memory/core split.
@@ -270,11 +320,14 @@ impl Model for IntelCore {
                 // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
                 //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
                 //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
-                let stores = get(BOUND_ON_STORES);
+                let stores = get(input::BOUND_ON_STORES);
                 let memory = retiring.and_then(|ret| {
                     ratio(
-                        get(STALLS_MEM_ANY) + stores,
-                        get(STALLS_TOTAL) + get(ONE_PORT_UTIL) + ret * get(TWO_PORTS_UTIL) + stores,
+                        get(input::STALLS_MEM_ANY) + stores,
+                        get(input::STALLS_TOTAL)
+                            + get(input::ONE_PORT_UTIL)
+                            + ret * get(input::TWO_PORTS_UTIL)
+                            + stores,
                     )
                 });
                 let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
@@ -282,7 +335,10 @@ impl Model for IntelCore {
                 let core_bound = minus(backend, memory_bound);
                 // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
                 //   - INST_RETIRED.ANY)/SLOTS
-                let heavy = ratio(retire_slots + get(MACRO_FUSED) - get(INST_RETIRED), slots);
+                let heavy = ratio(
+                    retire_slots + get(input::MACRO_FUSED) - get(input::INST_RETIRED),
+                    slots,
+                );
                 (memory_bound, core_bound, heavy)
             }
         };
@@ -310,49 +366,51 @@ impl Model for IntelCore {
         THREAD.0
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        counts.get(THREAD.0)?;
-        self.core_clks(counts).map(|core_clks| WIDTH * core_clks)
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        self.core_clks(values).map(|core_clks| WIDTH * core_clks)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::values_of;
 
-    fn counts(pairs: &[((&str, u64), u64)]) -> Counts {
-        pairs
+    /// `pairs` by event in `model`'s counter order.
+    fn counts(model: &dyn Model, pairs: &[((&str, u64), u64)]) -> Vec<u64> {
+        let named: Vec<(&str, u64)> = pairs
             .iter()
-            .map(|((name, _), value)| ((*name).to_owned(), *value))
-            .collect()
+            .map(|((name, _), value)| (*name, *value))
+            .collect();
+        values_of(model, &named)
     }
 
     #[test]
     fn both_backend_forms_agree() {
         // THREAD 1000 -> SLOTS 4000; FE = 0.2, BadSpec = (2200-2000+200)/4000 = 0.1,
         // RET = 0.5; SNB form 1 - 0.8 = 0.2; SKL form 1 - 0.2 - (2200+200)/4000 = 0.2.
-        let snb = IntelCore {
-            generation: Generation::SandyBridge,
-            smt: false,
-        };
-        let skl = IntelCore {
-            generation: Generation::Skylake,
-            smt: false,
-        };
-        let snb_counts = counts(&[
-            (THREAD, 1000),
-            (ISSUED, 2200),
-            (RETIRE_SLOTS, 2000),
-            (FETCH_BUBBLES, 800),
-            (RECOVERY_SNB, 50),
-        ]);
-        let skl_counts = counts(&[
-            (THREAD, 1000),
-            (ISSUED, 2200),
-            (RETIRE_SLOTS, 2000),
-            (FETCH_BUBBLES, 800),
-            (RECOVERY_SKL, 50),
-        ]);
+        let snb = IntelCore::new(Generation::SandyBridge, false);
+        let skl = IntelCore::new(Generation::Skylake, false);
+        let snb_counts = counts(
+            &snb,
+            &[
+                (THREAD, 1000),
+                (ISSUED, 2200),
+                (RETIRE_SLOTS, 2000),
+                (FETCH_BUBBLES, 800),
+                (RECOVERY_SNB, 50),
+            ],
+        );
+        let skl_counts = counts(
+            &skl,
+            &[
+                (THREAD, 1000),
+                (ISSUED, 2200),
+                (RETIRE_SLOTS, 2000),
+                (FETCH_BUBBLES, 800),
+                (RECOVERY_SKL, 50),
+            ],
+        );
         let a = snb.metrics(&snb_counts, 1)["backend_bound"].unwrap();
         let b = skl.metrics(&skl_counts, 1)["backend_bound"].unwrap();
         assert!(
@@ -367,17 +425,23 @@ mod tests {
         // SLOTS = 3000; FETCH 600 -> FE = 0.2.
         let model = by_name("intel-skl-smt").unwrap();
         let metrics = model.metrics(
-            &counts(&[
-                (THREAD, 1000),
-                (ONE_THREAD_ACTIVE, 250),
-                (REF_XCLK, 500),
-                (FETCH_BUBBLES, 600),
-            ]),
+            &counts(
+                model.as_ref(),
+                &[
+                    (THREAD, 1000),
+                    (ONE_THREAD_ACTIVE, 250),
+                    (REF_XCLK, 500),
+                    (FETCH_BUBBLES, 600),
+                ],
+            ),
             1,
         );
         assert_eq!(metrics["frontend_bound"], Some(0.2));
         // No REF_XCLK: the core clock cannot be estimated.
-        let none = model.metrics(&counts(&[(THREAD, 1000), (FETCH_BUBBLES, 600)]), 1);
+        let none = model.metrics(
+            &counts(model.as_ref(), &[(THREAD, 1000), (FETCH_BUBBLES, 600)]),
+            1,
+        );
         assert_eq!(none["frontend_bound"], None);
     }
 
@@ -422,7 +486,7 @@ mod tests {
     #[test]
     fn zero_counts_mean_no_data() {
         for model in models() {
-            let metrics = model.metrics(&Counts::new(), 2);
+            let metrics = model.metrics(&[], 2);
             assert!(
                 [
                     "retiring",
@@ -436,5 +500,39 @@ mod tests {
                 model.name()
             );
         }
+    }
+
+    #[test]
+    fn each_input_is_read_from_its_own_counter() {
+        // With SMT the level-2 events move back by the two clock-ratio events.
+        let name_at = |model: &IntelCore, input: usize| {
+            model
+                .at
+                .of(input)
+                .map(|position| model.counters()[position].name.clone())
+        };
+        let skl = IntelCore::new(Generation::Skylake, false);
+        let skl_smt = IntelCore::new(Generation::Skylake, true);
+        let snb = IntelCore::new(Generation::SandyBridge, false);
+        assert_eq!(skl.at.of(input::CYCLES_0_UOPS), Some(5));
+        assert_eq!(skl_smt.at.of(input::CYCLES_0_UOPS), Some(7));
+        assert_eq!(skl.at.of(input::REF_XCLK), None);
+        assert_eq!(snb.at.of(input::MACRO_FUSED), None);
+        for model in [&skl, &skl_smt, &snb] {
+            assert_eq!(
+                name_at(model, input::RECOVERY),
+                Some(model.recovery().0.to_owned())
+            );
+            assert_eq!(name_at(model, input::BR_MISP), Some(BR_MISP.0.to_owned()));
+        }
+        assert_eq!(
+            name_at(&skl_smt, input::REF_XCLK),
+            Some(REF_XCLK.0.to_owned())
+        );
+        assert_eq!(
+            name_at(&skl, input::TWO_PORTS_UTIL),
+            Some(TWO_PORTS_UTIL.0.to_owned())
+        );
+        assert_eq!(name_at(&snb, input::MS_UOPS), Some(MS_UOPS.0.to_owned()));
     }
 }

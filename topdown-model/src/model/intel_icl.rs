@@ -5,7 +5,7 @@
 //! generic events perf's current L1 formulas use. These parts have no L2 metric bytes; their L2
 //! needs ~15 generic events that do not fit one group, so this model is level 1 only.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
 
 /// (name, raw config) in group order; encodings from topdown-formulas.md §1.1 and §1.5.
 const COUNTERS: [(&str, u64); 7] = [
@@ -17,6 +17,15 @@ const COUNTERS: [(&str, u64); 7] = [
     ("INT_MISC.UOP_DROPPING", 0x100d),
     ("INT_MISC.CLEARS_COUNT", 0x0104_010d),
 ];
+
+// Positions in `COUNTERS`: what the formulas read.
+const SLOTS: usize = 0;
+const RETIRING: usize = 1;
+const BAD_SPEC: usize = 2;
+const FE_BOUND: usize = 3;
+const BE_BOUND: usize = 4;
+const UOP_DROPPING: usize = 5;
+const CLEARS_COUNT: usize = 6;
 
 pub struct IntelIcl;
 
@@ -59,24 +68,24 @@ impl Model for IntelIcl {
         1
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
-        let slots = get("slots");
-        let retiring_slots = get("topdown-retiring");
-        let frontend_slots = get("topdown-fe-bound");
-        let backend_slots = get("topdown-be-bound");
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |index: usize| value(values, index);
+        let slots = get(SLOTS);
+        let retiring_slots = get(RETIRING);
+        let frontend_slots = get(FE_BOUND);
+        let backend_slots = get(BE_BOUND);
         // The four metric counts are each floored by the kernel, so they sum to <= slots;
         // perf divides by their sum (topdown-formulas.md §1.2 conclusion, §1.4 "SUM").
-        let sum = retiring_slots + get("topdown-bad-spec") + frontend_slots + backend_slots;
+        let sum = retiring_slots + get(BAD_SPEC) + frontend_slots + backend_slots;
 
         // topdown-formulas.md §1.4, ICL/ICX/TGL/RKL column (P-json-x86 icl-metrics.json):
         // Frontend_Bound = fe/SUM - INT_MISC.UOP_DROPPING/SLOTS
         let frontend = ratio(frontend_slots, sum)
-            .zip(ratio(get("INT_MISC.UOP_DROPPING"), slots))
+            .zip(ratio(get(UOP_DROPPING), slots))
             .map(|(fe, dropping)| fe - dropping);
         // Backend_Bound = be/SUM + 5 * INT_MISC.CLEARS_COUNT/SLOTS
         let backend = ratio(backend_slots, sum)
-            .zip(ratio(get("INT_MISC.CLEARS_COUNT"), slots))
+            .zip(ratio(get(CLEARS_COUNT), slots))
             .map(|(be, clears)| be + 5.0 * clears);
         // Retiring = ret/SUM
         let retiring = ratio(retiring_slots, sum);
@@ -104,7 +113,11 @@ impl Model for IntelIcl {
     }
 
     fn weight_counter(&self) -> &'static str {
-        "slots"
+        COUNTERS[SLOTS].0
+    }
+
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(value(values, SLOTS))
     }
 }
 
@@ -112,14 +125,6 @@ impl Model for IntelIcl {
 mod tests {
     use super::*;
     use crate::model::CounterSource;
-
-    fn counts(values: [u64; 7]) -> Counts {
-        COUNTERS
-            .iter()
-            .zip(values)
-            .map(|((name, _), value)| ((*name).to_owned(), value))
-            .collect()
-    }
 
     fn close(value: Option<f64>, expected: f64) -> bool {
         value.is_some_and(|value| (value - expected).abs() < 1e-12)
@@ -129,7 +134,7 @@ mod tests {
     fn level_one_as_perf_computes_it() {
         // SUM = 400+100+200+300 = 1000. FE = 200/1000 - 50/1000 = 0.15;
         // BE = 300/1000 + 5*10/1000 = 0.35; RET = 0.4; BadSpec = 1 - 0.9 = 0.1.
-        let metrics = IntelIcl.metrics(&counts([1000, 400, 100, 200, 300, 50, 10]), 1);
+        let metrics = IntelIcl.metrics(&[1000, 400, 100, 200, 300, 50, 10], 1);
         assert!(close(metrics["frontend_bound"], 0.15));
         assert!(close(metrics["backend_bound"], 0.35));
         assert!(close(metrics["retiring"], 0.4));
@@ -141,14 +146,14 @@ mod tests {
     fn bad_speculation_is_clamped_at_zero() {
         // SUM = 2000 (slots 1000 is smaller only in this constructed case). FE = 0.25 - 0;
         // BE = 0.5 + 5*200/1000 = 1.5; RET = 0.25: 1 - 2.0 < 0 -> 0.
-        let metrics = IntelIcl.metrics(&counts([1000, 500, 0, 500, 1000, 0, 200]), 1);
+        let metrics = IntelIcl.metrics(&[1000, 500, 0, 500, 1000, 0, 200], 1);
         assert!(close(metrics["backend_bound"], 1.5));
         assert_eq!(metrics["bad_speculation"], Some(0.0));
     }
 
     #[test]
     fn no_counts_means_no_metrics_and_level_two_is_null() {
-        let metrics = IntelIcl.metrics(&counts([0; 7]), 2);
+        let metrics = IntelIcl.metrics(&[0; 7], 2);
         assert!(metrics.values().all(Option::is_none));
         for name in L1_METRICS.iter().chain(L2_METRICS.iter()) {
             assert!(metrics.contains_key(*name), "{name}");

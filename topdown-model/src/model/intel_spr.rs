@@ -7,7 +7,7 @@
 //! counter. The kernel reports each metric event as slot-scaled, floored counts (§1.2), so perf
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
-use super::{CounterSpec, Counts, L1_METRICS, L2_METRICS, Metrics, Model, ratio};
+use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
 
 /// Which P-core generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,20 @@ const METRIC_EVENTS: [(&str, u64); 9] = [
 ];
 
 /// INT_MISC.UOP_DROPPING on Golden Cove (§1.5, SPR column: 0xAD/0x10).
-const UOP_DROPPING: (&str, u64) = ("INT_MISC.UOP_DROPPING", 0x10ad);
+const UOP_DROPPING_EVENT: (&str, u64) = ("INT_MISC.UOP_DROPPING", 0x10ad);
+
+// Positions in `counters()`: `METRIC_EVENTS`, then UOP_DROPPING on Golden Cove only (Lion Cove's
+// values end before it, and `value` reads 0 there).
+const SLOTS: usize = 0;
+const RETIRING: usize = 1;
+const BAD_SPEC: usize = 2;
+const FE_BOUND: usize = 3;
+const BE_BOUND: usize = 4;
+const HEAVY_OPS: usize = 5;
+const BR_MISPREDICT: usize = 6;
+const FETCH_LAT: usize = 7;
+const MEM_BOUND: usize = 8;
+const UOP_DROPPING: usize = 9;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
@@ -82,7 +95,7 @@ impl Model for IntelPerfMetricsL2 {
             .map(|(name, config)| CounterSpec::raw(name, *config).fixed())
             .collect();
         if self.generation == Generation::GoldenCove {
-            specs.push(CounterSpec::raw(UOP_DROPPING.0, UOP_DROPPING.1));
+            specs.push(CounterSpec::raw(UOP_DROPPING_EVENT.0, UOP_DROPPING_EVENT.1));
         }
         specs
     }
@@ -91,18 +104,15 @@ impl Model for IntelPerfMetricsL2 {
         2
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        let get = |name: &str| counts.get(name).copied().unwrap_or(0) as f64;
-        let slots = get("slots");
-        let sum = get("topdown-retiring")
-            + get("topdown-bad-spec")
-            + get("topdown-fe-bound")
-            + get("topdown-be-bound");
-        let of_sum = |name: &str| ratio(get(name), sum);
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        let get = |index: usize| value(values, index);
+        let slots = get(SLOTS);
+        let sum = get(RETIRING) + get(BAD_SPEC) + get(FE_BOUND) + get(BE_BOUND);
+        let of_sum = |index: usize| ratio(get(index), sum);
         // Golden Cove subtracts the uops dropped by the frontend from the frontend buckets;
         // Lion Cove has no such term (TMA 5.2 note under §1.4).
         let dropping = match self.generation {
-            Generation::GoldenCove => ratio(get(UOP_DROPPING.0), slots),
+            Generation::GoldenCove => ratio(get(UOP_DROPPING), slots),
             Generation::LionCove => Some(0.0),
         };
         let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
@@ -112,9 +122,9 @@ impl Model for IntelPerfMetricsL2 {
         // §1.4, SPR/EMR/GNR column (P-json-x86 spr-metrics.json):
         // Frontend_Bound = fe/SUM - INT_MISC.UOP_DROPPING/SLOTS; Backend_Bound = be/SUM;
         // Retiring = ret/SUM.
-        let frontend = minus(of_sum("topdown-fe-bound"), dropping);
-        let backend = of_sum("topdown-be-bound");
-        let retiring = of_sum("topdown-retiring");
+        let frontend = minus(of_sum(FE_BOUND), dropping);
+        let backend = of_sum(BE_BOUND);
+        let retiring = of_sum(RETIRING);
         let bad_speculation = match self.generation {
             // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
             Generation::GoldenCove => match (frontend, backend, retiring) {
@@ -122,7 +132,7 @@ impl Model for IntelPerfMetricsL2 {
                 _ => None,
             },
             // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
-            Generation::LionCove => of_sum("topdown-bad-spec"),
+            Generation::LionCove => of_sum(BAD_SPEC),
         };
 
         let mut metrics: Metrics = [
@@ -142,18 +152,18 @@ impl Model for IntelPerfMetricsL2 {
         // §1.4 level 2, SPR column; Lion Cove the same without the UOP_DROPPING term (the
         // reference gives no other difference for these eight).
         // Fetch_Latency = fetch_lat/SUM - INT_MISC.UOP_DROPPING/SLOTS
-        let fetch_latency = minus(of_sum("topdown-fetch-lat"), dropping);
+        let fetch_latency = minus(of_sum(FETCH_LAT), dropping);
         // Fetch_Bandwidth = max(0, FE - Fetch_Latency)
         let fetch_bandwidth = clamp_difference(frontend, fetch_latency);
         // Branch_Mispredicts = br_mispredict/SUM
-        let branch_mispredicts = of_sum("topdown-br-mispredict");
+        let branch_mispredicts = of_sum(BR_MISPREDICT);
         // Machine_Clears = max(0, BadSpec - Branch_Mispredicts)
         let machine_clears = clamp_difference(bad_speculation, branch_mispredicts);
         // Memory_Bound = mem_bound/SUM; Core_Bound = max(0, BE - Memory_Bound)
-        let memory_bound = of_sum("topdown-mem-bound");
+        let memory_bound = of_sum(MEM_BOUND);
         let core_bound = clamp_difference(backend, memory_bound);
         // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
-        let heavy_operations = of_sum("topdown-heavy-ops");
+        let heavy_operations = of_sum(HEAVY_OPS);
         let light_operations = clamp_difference(retiring, heavy_operations);
         metrics.extend(
             [
@@ -174,7 +184,11 @@ impl Model for IntelPerfMetricsL2 {
     }
 
     fn weight_counter(&self) -> &'static str {
-        "slots"
+        METRIC_EVENTS[SLOTS].0
+    }
+
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(value(values, SLOTS))
     }
 }
 
@@ -208,22 +222,10 @@ mod tests {
     #[test]
     fn clamps_bite_when_a_child_exceeds_its_parent() {
         // SUM = 1000: RET 0.1 but heavy 0.2 -> Light = max(0, -0.1) = 0.
-        let counts: Counts = [
-            ("slots", 1000),
-            ("topdown-retiring", 100),
-            ("topdown-bad-spec", 100),
-            ("topdown-fe-bound", 300),
-            ("topdown-be-bound", 500),
-            ("topdown-heavy-ops", 200),
-            ("topdown-br-mispredict", 150),
-            ("topdown-fetch-lat", 400),
-            ("topdown-mem-bound", 100),
-            ("INT_MISC.UOP_DROPPING", 0),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        let metrics = by_name("intel-spr").unwrap().metrics(&counts, 2);
+        // slots, retiring, bad-spec, fe, be, heavy-ops, br-mispredict, fetch-lat, mem-bound,
+        // UOP_DROPPING.
+        let values = [1000, 100, 100, 300, 500, 200, 150, 400, 100, 0];
+        let metrics = by_name("intel-spr").unwrap().metrics(&values, 2);
         assert_eq!(metrics["light_operations"], Some(0.0));
         // BadSpec = 1 - (0.3 + 0.5 + 0.1) = 0.1 (derived); BrMisp 0.15 > 0.1 -> clears 0.
         assert_eq!(metrics["machine_clears"], Some(0.0));

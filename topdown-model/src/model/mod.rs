@@ -3,8 +3,10 @@
 //!
 //! A model is pure: it never touches the kernel. The counter layer (topdown's `counters`) opens
 //! what [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and the
-//! report layer calls [`Model::metrics`] on whatever sums it has (a task, a process, a function,
-//! the totals). `topdown report -i` rebuilds the model from its name alone, so a recording made on
+//! report layer evaluates [`Model::metrics`] on whatever sums it has (a task, a process, a
+//! function, the totals) through an [`Evaluator`], which resolves the model's counters to those
+//! slots once per report. Formulas read their inputs by position in [`Model::counters`], never
+//! by name. `topdown report -i` rebuilds the model from its name alone, so a recording made on
 //! a production host can be re-analysed elsewhere.
 
 use std::collections::BTreeMap;
@@ -27,7 +29,7 @@ pub mod software;
 pub mod synthetic;
 pub mod with_events;
 
-pub use evaluate::{Evaluation, evaluate};
+pub use evaluate::{Evaluation, Evaluator, evaluate};
 
 /// Raw counter values by counter name (the Linux perf event name, e.g. `slots`).
 pub type Counts = BTreeMap<String, u64>;
@@ -154,10 +156,12 @@ pub trait Model: Send + Sync {
     /// Highest TopDown level this model computes (0: no TopDown at all, e.g. `software`).
     fn max_level(&self) -> u8;
 
-    /// Metrics at `level` (1 or 2) from raw counts. Level 2 includes the level-1 metrics. Every
-    /// name of [`L1_METRICS`] (and [`L2_METRICS`] at level 2) is present; `None` where this model
-    /// cannot compute one or a denominator is zero.
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics;
+    /// Metrics at `level` (1 or 2) from `values`, one per counter of [`Model::counters`] in that
+    /// order (a counter past the end of `values` reads as 0; [`Evaluator`] decides what a missing
+    /// counter makes unknown). Level 2 includes the level-1 metrics. Every name of
+    /// [`L1_METRICS`] (and [`L2_METRICS`] at level 2) is present; `None` where this model cannot
+    /// compute one or a denominator is zero.
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics;
 
     /// The counter that measures "how much" (slots, or cpu-clock nanoseconds): reports sort by
     /// it and show each entity's share of it.
@@ -169,12 +173,10 @@ pub trait Model: Send + Sync {
         &[]
     }
 
-    /// Pipeline slots the counts cover, for weighing this model against another (a hybrid
-    /// part's two core types). Default: the weight counter, right for models whose weight
-    /// counter is `slots`; cycle-weighted models multiply by their width.
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        counts.get(self.weight_counter()).map(|value| *value as f64)
-    }
+    /// Pipeline slots `values` (as for [`Model::metrics`]) cover, for weighing this model
+    /// against another (a hybrid part's two core types): the `slots` count, or cycles times the
+    /// width for cycle-weighted models; `None` where there is no such notion.
+    fn slots(&self, values: &[u64]) -> Option<f64>;
 
     /// True when the counters are syscall tracepoints standing in for hardware events.
     fn is_synthetic(&self) -> bool {
@@ -254,6 +256,56 @@ pub fn model_by_name(
         bail!("--synthetic only applies to a synthetic model: use --pmu synthetic:{name}");
     }
     base_model(name)
+}
+
+/// The value at `index` of a model's counter values (see [`Model::metrics`]) as a float; 0 past
+/// the end, so a model variant without that counter reads nothing.
+pub fn value(values: &[u64], index: usize) -> f64 {
+    values.get(index).copied().unwrap_or(0) as f64
+}
+
+/// Where each input of a model sits in its [`Model::counters`] list, for models whose variants
+/// list different counters (an input id is a file's own `const`, 0..N). Built once with the
+/// model, so formulas index values instead of matching names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Positions<const N: usize>([usize; N]);
+
+impl<const N: usize> Positions<N> {
+    /// `inputs[k]` is the input id of counter `k`; inputs that no counter has read as 0.
+    pub fn new(inputs: impl IntoIterator<Item = usize>) -> Self {
+        let mut positions = [usize::MAX; N];
+        for (position, input) in inputs.into_iter().enumerate() {
+            positions[input] = position;
+        }
+        Self(positions)
+    }
+
+    /// The value of `input` among `values` (see [`Model::metrics`]); 0 where this variant has no
+    /// counter for it.
+    pub fn read(&self, values: &[u64], input: usize) -> f64 {
+        value(values, self.0[input])
+    }
+
+    /// The position of `input`, if this variant counts it.
+    pub fn of(&self, input: usize) -> Option<usize> {
+        (self.0[input] != usize::MAX).then_some(self.0[input])
+    }
+}
+
+/// `counts` by name in `model`'s counter order (0 where absent), for tests that state their
+/// inputs by name.
+#[cfg(test)]
+pub(crate) fn values_of(model: &dyn Model, counts: &[(&str, u64)]) -> Vec<u64> {
+    model
+        .counters()
+        .iter()
+        .map(|spec| {
+            counts
+                .iter()
+                .find(|(name, _)| *name == spec.name)
+                .map_or(0, |(_, value)| *value)
+        })
+        .collect()
 }
 
 /// `num / den`, or `None` when `den` is zero (perf's `d_ratio` gives 0 there; a report is

@@ -2,13 +2,15 @@
 //! TopDown PMU exists (a VM without a virtual PMU), announced by the caller.
 
 use super::{
-    CounterSource, CounterSpec, CounterUse, Counts, L1_METRICS, L2_METRICS, Metrics, Model,
+    CounterSource, CounterSpec, CounterUse, L1_METRICS, L2_METRICS, Metrics, Model, value,
 };
 
 /// `PERF_COUNT_SW_CPU_CLOCK` (include/uapi/linux/perf_event.h).
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 /// `PERF_TYPE_SOFTWARE`.
 const PERF_TYPE_SOFTWARE: u32 = 1;
+/// Position of `cpu-clock`, the one counter.
+const CPU_CLOCK: usize = 0;
 
 pub struct Software;
 
@@ -41,7 +43,7 @@ impl Model for Software {
         0
     }
 
-    fn metrics(&self, _counts: &Counts, level: u8) -> Metrics {
+    fn metrics(&self, _values: &[u64], level: u8) -> Metrics {
         let names = L1_METRICS
             .iter()
             .chain(if level >= 2 { &L2_METRICS[..] } else { &[] });
@@ -50,5 +52,10 @@ impl Model for Software {
 
     fn weight_counter(&self) -> &'static str {
         "cpu-clock"
+    }
+
+    /// cpu-clock nanoseconds stand in for slots: the only measure of how much ran.
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        Some(value(values, CPU_CLOCK))
     }
 }

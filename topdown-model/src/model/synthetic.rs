@@ -7,7 +7,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{CounterSource, CounterSpec, CounterUse, Counts, Metrics, Model};
+use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
 
 /// Syscalls standing in for a model's counters, slot 1 first. Chosen because they are cheap,
 /// have no side effects, and neither Rust's std runtime nor glibc's start-up calls them, so a
@@ -168,8 +168,8 @@ impl Model for Synthetic {
         self.inner.max_level()
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        self.inner.metrics(counts, level)
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        self.inner.metrics(values, level)
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -184,8 +184,8 @@ impl Model for Synthetic {
         self.inner.extra_l1_metrics()
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        self.inner.slots(counts)
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        self.inner.slots(values)
     }
 
     fn is_synthetic(&self) -> bool {

@@ -1,7 +1,7 @@
 //! A model plus the user's `-e` events: counted and attributed with the model's counters,
 //! reported as raw counts beside its metrics, never part of its formulas.
 
-use super::{CounterSource, CounterSpec, CounterUse, Counts, Metrics, Model};
+use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
 use crate::events::{EventAttr, EventKind, PERF_TYPE_SOFTWARE};
 
 /// `PERF_TYPE_TRACEPOINT` (include/uapi/linux/perf_event.h).
@@ -139,8 +139,9 @@ impl Model for WithEvents {
         self.inner.max_level()
     }
 
-    fn metrics(&self, counts: &Counts, level: u8) -> Metrics {
-        self.inner.metrics(counts, level)
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        // The events follow the model's counters, so `values` begins with the model's own.
+        self.inner.metrics(values, level)
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -151,8 +152,8 @@ impl Model for WithEvents {
         self.inner.extra_l1_metrics()
     }
 
-    fn slots(&self, counts: &Counts) -> Option<f64> {
-        self.inner.slots(counts)
+    fn slots(&self, values: &[u64]) -> Option<f64> {
+        self.inner.slots(values)
     }
 
     fn is_synthetic(&self) -> bool {

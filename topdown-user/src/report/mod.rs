@@ -226,8 +226,9 @@ pub enum By {
 /// never trusted: they may come from another version or have been edited).
 pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8) {
     report.level = level;
+    let evaluator = crate::model::Evaluator::new(model, &report.counter_names);
     let fix = |entity: &mut Entity| {
-        let evaluation = crate::model::evaluate(model, &entity.counters, level);
+        let evaluation = evaluator.evaluate_named(&entity.counters, level);
         entity.metrics = evaluation.metrics;
         entity.estimated = evaluation.estimated;
     };
