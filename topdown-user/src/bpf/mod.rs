@@ -644,6 +644,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FORK,
         names::PROG_EXIT,
         names::PROG_CGROUP_ATTACH,
+        names::PROG_CPU_IDLE,
     ] {
         program_mut::<TracePoint>(&mut ebpf, name)?
             .load()
