@@ -2,9 +2,59 @@
 
 use std::{ffi::OsString, path::PathBuf};
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{
+    ArgAction, Args, Parser, Subcommand,
+    builder::{PossibleValuesParser, TypedValueParser},
+};
 
-use crate::report::{By, Format};
+use crate::{
+    bpf::Trigger,
+    report::{By, Format},
+};
+
+/// The command-line names of a domain enum. The enums themselves stay free of clap: the names
+/// are the CLI's business.
+pub trait Named: Sized + Copy + Send + Sync + 'static {
+    const NAMES: &'static [(&'static str, Self)];
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|(_, value)| *value)
+    }
+}
+
+impl Named for By {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("task", By::Task),
+        ("process", By::Process),
+        ("cgroup", By::Cgroup),
+        ("function", By::Function),
+    ];
+}
+
+impl Named for Format {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("table", Format::Table),
+        ("json", Format::Json),
+        ("csv", Format::Csv),
+    ];
+}
+
+impl Named for Trigger {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("sched-switch", Trigger::SchedSwitch),
+        ("cgroup-switch", Trigger::CgroupSwitch),
+    ];
+}
+
+/// A parser that accepts exactly `T`'s names (clap lists them in `--help` and in errors).
+pub fn named<T: Named>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::NAMES.iter().map(|(name, _)| *name)).try_map(|name: String| {
+        T::from_name(&name).ok_or_else(|| format!("unknown value '{name}'"))
+    })
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,14 +135,14 @@ pub struct StatArgs {
     /// Breakdowns to show.
     #[arg(
         long = "by",
-        value_enum,
+        value_parser = named::<By>(),
         value_delimiter = ',',
         default_value = "task,process"
     )]
     pub by: Vec<By>,
 
     /// Output format.
-    #[arg(long = "format", value_enum, default_value = "table")]
+    #[arg(long = "format", value_parser = named::<Format>(), default_value = "table")]
     pub format: Format,
 
     /// Write the report to FILE instead of stdout.
@@ -121,14 +171,14 @@ pub struct ReportArgs {
     /// Breakdowns to show.
     #[arg(
         long = "by",
-        value_enum,
+        value_parser = named::<By>(),
         value_delimiter = ',',
         default_value = "task,process"
     )]
     pub by: Vec<By>,
 
     /// Output format.
-    #[arg(long = "format", value_enum, default_value = "table")]
+    #[arg(long = "format", value_parser = named::<Format>(), default_value = "table")]
     pub format: Format,
 
     /// Write to FILE instead of stdout.
@@ -198,8 +248,8 @@ pub struct CountingArgs {
     /// What reads and attributes the counters: every context switch, or only switches between
     /// cgroups (cheaper; only for `--by cgroup` alone). Default: cgroup-switch when the only
     /// breakdown is `--by cgroup`, else sched-switch.
-    #[arg(long = "trigger", value_enum, value_name = "TRIGGER")]
-    pub trigger: Option<crate::bpf::Trigger>,
+    #[arg(long = "trigger", value_parser = named::<Trigger>(), value_name = "TRIGGER")]
+    pub trigger: Option<Trigger>,
 
     /// Capacity of the BPF cgroup map; cgroups beyond it are counted as dropped.
     #[arg(long = "max-cgroups", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
@@ -262,7 +312,7 @@ pub struct ServeArgs {
     /// Breakdowns to export.
     #[arg(
         long = "by",
-        value_enum,
+        value_parser = named::<By>(),
         value_delimiter = ',',
         default_value = "cgroup,process"
     )]
@@ -348,6 +398,43 @@ mod tests {
         assert_eq!(
             parse_seconds("soon"),
             Err("'soon' is not a number of seconds".to_owned())
+        );
+    }
+
+    #[test]
+    fn breakdowns_formats_and_triggers_parse_by_their_names() {
+        let cli = Cli::try_parse_from([
+            "topdown",
+            "stat",
+            "--by",
+            "cgroup,function",
+            "--format",
+            "csv",
+            "--trigger",
+            "cgroup-switch",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Command::Stat(args) = cli.command else {
+            panic!("not stat");
+        };
+        assert_eq!(args.by, vec![By::Cgroup, By::Function]);
+        assert_eq!(args.format, Format::Csv);
+        assert_eq!(args.counting.trigger, Some(Trigger::CgroupSwitch));
+        let defaults = Cli::try_parse_from(["topdown", "stat", "-a"]).unwrap();
+        let Command::Stat(args) = defaults.command else {
+            panic!("not stat");
+        };
+        assert_eq!(args.by, vec![By::Task, By::Process]);
+        assert_eq!(args.format, Format::Table);
+        let wrong = Cli::try_parse_from(["topdown", "stat", "--by", "thread"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            wrong.contains("invalid value 'thread' for '--by <BY>'")
+                && wrong.contains("[possible values: task, process, cgroup, function]"),
+            "{wrong}"
         );
     }
 }

@@ -66,7 +66,7 @@ pub struct SessionConfig {
 }
 
 /// When counters are read and attributed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
     /// `tp_btf/sched_switch`: every context switch; needed for per-task and per-function counts.
     SchedSwitch,

@@ -206,7 +206,7 @@ pub struct Diagnostics {
 }
 
 /// Output formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Table,
     Json,
@@ -214,7 +214,7 @@ pub enum Format {
 }
 
 /// Breakdowns a report shows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum By {
     Task,
     Process,
