@@ -129,17 +129,16 @@ pub(crate) fn attribute(ctx_state: *mut CpuState, tid: u32, tgid: u32, dying: bo
     let state = unsafe { &mut *ctx_state };
     let cgroup = if global(&BY_CGROUP) != 0 && tid != 0 {
         // SAFETY: a helper without preconditions.
-        let cgroup = unsafe { bpf_get_current_cgroup_id() };
-        remember_cgroup(tgid, cgroup);
-        cgroup
+        unsafe { bpf_get_current_cgroup_id() }
     } else {
         0
     };
     credit(state, tid, tgid, dying, cgroup);
 }
 
-/// Records the cgroup `tgid` is in (see `PROCESS_CGROUPS`), writing only when it changed: a
-/// lookup costs less than an update on every switch.
+/// Records the cgroup `tgid` is in (see `PROCESS_CGROUPS`), writing only when it changed. Not
+/// called on every reading (the record is kept by the start-up scan, forks and moves), only
+/// where it costs nothing that matters: moves, forks and a thread's first reading.
 #[inline(always)]
 pub(crate) fn remember_cgroup(tgid: u32, cgroup: u64) {
     // SAFETY: the value is copied out at once.
@@ -213,6 +212,12 @@ pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgr
                 state.task_map_full += 1;
                 add(&mut state.dropped, delta, used);
                 return;
+            }
+            if global(&BY_CGROUP) != 0 {
+                // A new thread: also what corrects a process started straight into another
+                // cgroup (clone3 CLONE_INTO_CGROUP), which the fork hook recorded in its
+                // parent's.
+                remember_cgroup(tgid, cgroup);
             }
             match TASKS.get_ptr_mut(&tid) {
                 Some(task) => task,

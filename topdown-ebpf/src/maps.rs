@@ -95,10 +95,11 @@ pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0)
 #[map]
 pub(crate) static CGROUPS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(4096, 0);
 
-/// The cgroup v2 id each process was in at its last reading (or that user space found it in
-/// at start, or its parent's at fork, or the one it was moved to), keyed by tgid: the cgroup a
-/// process leaves when it moves itself, whose counts up to the move belong there. LRU: an
-/// evicted or missing entry only costs that split (`CpuState::unsplit_migrations`).
+/// The cgroup v2 id each process is in, keyed by tgid: found by user space at start, its
+/// parent's at fork (corrected at its first reading with the sched-switch trigger), and the
+/// destination of every move. It is the cgroup a process leaves when it moves itself, whose
+/// counts up to the move belong there. LRU: an evicted or missing entry only costs that split
+/// (`CpuState::unsplit_migrations`).
 #[map]
 pub(crate) static PROCESS_CGROUPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(32768, 0);
 

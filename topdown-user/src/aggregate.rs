@@ -280,6 +280,133 @@ impl Aggregate {
     }
 }
 
+/// One probed function's counts, summed over its callers (a `CallCounts` per caller edge).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FunctionCounts {
+    pub calls: u64,
+    pub inclusive: SlotCounts,
+    pub exclusive: SlotCounts,
+}
+
+impl Aggregate {
+    /// Per `(function id, tgid)` (tgid 0 unless functions are split by process), summed over
+    /// callers.
+    pub fn function_totals(&self) -> BTreeMap<(u32, u32), FunctionCounts> {
+        let mut totals: BTreeMap<(u32, u32), FunctionCounts> = BTreeMap::new();
+        for call in &self.calls {
+            let total = totals
+                .entry((call.key.function, call.key.tgid))
+                .or_default();
+            total.calls += call.calls;
+            total.inclusive += call.inclusive;
+            total.exclusive += call.exclusive;
+        }
+        totals
+    }
+
+    /// Each cgroup's counts with its path (from `paths`; unnamed ids keep `None`): flat, each
+    /// cgroup's own counts, which add up to the non-idle total; or with `depth` one row per
+    /// cgroup down to that depth holding its whole subtree (ids of ancestors unnamed in
+    /// `paths` are 0).
+    pub fn cgroup_rows(
+        &self,
+        paths: &HashMap<u64, String>,
+        depth: Option<usize>,
+    ) -> Vec<(u64, Option<String>, SlotCounts)> {
+        use crate::cgroup::{ancestor_at, depth as depth_of};
+        let own = self
+            .cgroups
+            .iter()
+            .map(|(id, counts)| (*id, paths.get(id).cloned(), *counts));
+        let Some(max_depth) = depth else {
+            return own.collect();
+        };
+        let id_of: HashMap<&str, u64> = paths
+            .iter()
+            .map(|(id, path)| (path.as_str(), *id))
+            .collect();
+        let mut rolled: BTreeMap<String, (u64, SlotCounts)> = BTreeMap::new();
+        for (_, path, counts) in own {
+            let Some(path) = path else { continue };
+            for level in 0..=depth_of(&path).min(max_depth) {
+                let ancestor = ancestor_at(&path, level);
+                let id = id_of.get(ancestor.as_str()).copied().unwrap_or(0);
+                rolled.entry(ancestor).or_insert((id, SlotCounts::ZERO)).1 += counts;
+            }
+        }
+        rolled
+            .into_iter()
+            .map(|(path, (id, counts))| (id, Some(path), counts))
+            .collect()
+    }
+}
+
+/// What an aggregate's slots and ids mean: the model and its evaluator (counters resolved to
+/// slots once), the slot names, cgroup paths and probed functions. The exporter reads
+/// aggregates through it; the report through [`ReportContext`], which adds what a report is
+/// about.
+pub struct Naming<'a> {
+    pub model: &'a dyn Model,
+    pub slot_names: &'a [String],
+    pub level: u8,
+    pub evaluator: Evaluator<'a>,
+    /// cgroup id -> path (ids missing here have none).
+    pub cgroup_paths: &'a HashMap<u64, String>,
+    /// `--cgroup-depth`: cgroups roll up into their ancestors down to this depth.
+    pub cgroup_depth: Option<usize>,
+    /// Probed functions by id (the attach cookie): `(target, demangled symbol)`.
+    pub functions: &'a [(String, String)],
+    /// The `-e` events and their slots.
+    pub events: Vec<(String, usize)>,
+}
+
+impl<'a> Naming<'a> {
+    pub fn new(
+        model: &'a dyn Model,
+        slot_names: &'a [String],
+        level: u8,
+        cgroup_paths: &'a HashMap<u64, String>,
+        cgroup_depth: Option<usize>,
+        functions: &'a [(String, String)],
+    ) -> Self {
+        let events = model
+            .counters()
+            .into_iter()
+            .filter(|spec| matches!(spec.source, crate::model::CounterSource::Event(_)))
+            .filter_map(|spec| {
+                let slot = slot_names.iter().position(|name| *name == spec.name)?;
+                Some((spec.name, slot))
+            })
+            .collect();
+        Self {
+            model,
+            slot_names,
+            level,
+            evaluator: Evaluator::new(model, slot_names),
+            cgroup_paths,
+            cgroup_depth,
+            functions,
+            events,
+        }
+    }
+
+    /// The slot of the counter entities are weighed by (`slots`, `cpu-clock`).
+    pub fn weight_slot(&self) -> usize {
+        self.slot_names
+            .iter()
+            .position(|name| name == self.model.weight_counter())
+            .unwrap_or(0)
+    }
+
+    /// `(target, symbol)` of a function id (`function #ID` if unknown).
+    pub fn function(&self, id: u32) -> (String, String) {
+        self.functions
+            .get(id as usize)
+            .cloned()
+            .unwrap_or_else(|| (String::new(), format!("function #{id}")))
+    }
+}
+
 /// What a report is about, besides the numbers.
 pub struct ReportContext<'a> {
     pub model: &'a dyn Model,
@@ -534,29 +661,19 @@ fn function_entries(
             .unwrap_or_else(|| (String::new(), format!("function #{id}")))
     };
     let pid = |key: &CallKey| (key.tgid != 0).then_some(key.tgid);
-    #[derive(Default)]
-    struct FunctionTotal {
-        calls: u64,
-        inclusive: SlotCounts,
-        exclusive: SlotCounts,
-    }
-    let mut totals: BTreeMap<(u32, u32), FunctionTotal> = BTreeMap::new();
-    let mut edges = Vec::new();
-    for call in &aggregate.calls {
+    let edges = aggregate.calls.iter().map(|call| {
         let key = &call.key;
-        let total = totals.entry((key.function, key.tgid)).or_default();
-        total.calls += call.calls;
-        total.inclusive += call.inclusive;
-        total.exclusive += call.exclusive;
-        edges.push(CallEdge {
+        CallEdge {
             caller: (key.parent != ROOT_FUNCTION).then(|| name(key.parent).1),
             callee: name(key.function).1,
             pid: pid(key),
             calls: call.calls,
             inclusive: entity(&call.inclusive),
-        });
-    }
-    let mut totals: Vec<((u32, u32), FunctionTotal)> = totals.into_iter().collect();
+        }
+    });
+    let mut edges: Vec<CallEdge> = edges.collect();
+    let mut totals: Vec<((u32, u32), FunctionCounts)> =
+        aggregate.function_totals().into_iter().collect();
     totals.sort_by(|(a_key, a), (b_key, b)| {
         b.inclusive
             .get(weight_slot)
@@ -594,35 +711,8 @@ fn cgroup_entries(
     weight_slot: usize,
     entity: &dyn Fn(&SlotCounts) -> Entity,
 ) -> Vec<CgroupEntry> {
-    use crate::cgroup::{ancestor_at, container::describe, depth};
-    let own = aggregate
-        .cgroups
-        .iter()
-        .map(|(id, counts)| (*id, ctx.cgroup_paths.get(id).cloned(), *counts));
-    let entries: Vec<(u64, Option<String>, SlotCounts)> = match ctx.cgroup_depth {
-        None => own.collect(),
-        Some(max_depth) => {
-            // Every cgroup down to max_depth gets the sum of its subtree.
-            let id_of: HashMap<&str, u64> = ctx
-                .cgroup_paths
-                .iter()
-                .map(|(id, path)| (path.as_str(), *id))
-                .collect();
-            let mut rolled: BTreeMap<String, (u64, SlotCounts)> = BTreeMap::new();
-            for (_, path, counts) in own {
-                let Some(path) = path else { continue };
-                for level in 0..=depth(&path).min(max_depth) {
-                    let ancestor = ancestor_at(&path, level);
-                    let id = id_of.get(ancestor.as_str()).copied().unwrap_or(0);
-                    rolled.entry(ancestor).or_insert((id, SlotCounts::ZERO)).1 += counts;
-                }
-            }
-            rolled
-                .into_iter()
-                .map(|(path, (id, counts))| (id, Some(path), counts))
-                .collect()
-        }
-    };
+    use crate::cgroup::container::describe;
+    let entries = aggregate.cgroup_rows(ctx.cgroup_paths, ctx.cgroup_depth);
     let mut entries = entries;
     entries.sort_by(|(_, a_path, a), (_, b_path, b)| {
         b.get(weight_slot)

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    aggregate::{Aggregate, ReportContext, report_of},
+    aggregate::{Aggregate, Naming, ReportContext, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
     cgroup::CgroupTree,
     cli::CountingArgs,
@@ -248,23 +248,7 @@ impl CountingSession {
         duration_s: f64,
         interval: Option<IntervalInfo>,
     ) -> Report {
-        let mut cgroup_paths = HashMap::new();
-        if let Some(tree) = &mut self.cgroups {
-            for (id, _) in &aggregate.cgroups {
-                if let Some(path) = tree.path_of(*id) {
-                    cgroup_paths.insert(*id, path);
-                }
-            }
-            // Ancestors are named too, for --cgroup-depth roll-ups.
-            if self.cgroup_depth.is_some() {
-                cgroup_paths.extend(tree.known_paths());
-            }
-        }
-        let functions = self
-            .probes
-            .as_ref()
-            .map(|probes| probes.functions())
-            .unwrap_or_default();
+        let cgroup_paths = self.cgroup_paths(aggregate);
         let ctx = ReportContext {
             model: self.model.as_ref(),
             slot_names: self.slot_names.clone(),
@@ -274,9 +258,46 @@ impl CountingSession {
             interval,
             cgroup_paths: &cgroup_paths,
             cgroup_depth: self.cgroup_depth,
-            functions,
+            functions: self.functions(),
         };
         report_of(&ctx, aggregate)
+    }
+
+    /// The paths of `aggregate`'s cgroups (and, for `--cgroup-depth` roll-ups, of every cgroup
+    /// seen), rescanning the hierarchy for ids not seen yet.
+    pub fn cgroup_paths(&mut self, aggregate: &Aggregate) -> HashMap<u64, String> {
+        let mut paths = HashMap::new();
+        if let Some(tree) = &mut self.cgroups {
+            for (id, _) in &aggregate.cgroups {
+                if let Some(path) = tree.path_of(*id) {
+                    paths.insert(*id, path);
+                }
+            }
+            if self.cgroup_depth.is_some() {
+                paths.extend(tree.known_paths());
+            }
+        }
+        paths
+    }
+
+    /// What this session's aggregates mean (the exporter's reading of them).
+    pub fn naming<'a>(&'a self, cgroup_paths: &'a HashMap<u64, String>) -> Naming<'a> {
+        Naming::new(
+            self.model.as_ref(),
+            &self.slot_names,
+            self.level,
+            cgroup_paths,
+            self.cgroup_depth,
+            self.functions(),
+        )
+    }
+
+    /// Probed functions by id: `(target, symbol)`.
+    fn functions(&self) -> &[(String, String)] {
+        self.probes
+            .as_ref()
+            .map(|probes| probes.functions())
+            .unwrap_or_default()
     }
 
     /// Frees the map entries of cgroups removed since they were named, and drops them from

@@ -21,8 +21,16 @@ const ROUNDS: usize = 5;
 const ROUND_TRIPS: &str = "200000";
 
 struct Config {
-    name: &'static str,
+    name: String,
     tracer: Option<Vec<String>>,
+}
+
+/// `TOPDOWN_BENCH_BASELINE=PATH`: an earlier build of topdown, measured in the same rounds as
+/// this one (`baseline:` rows), so a change is judged side by side on one noisy machine.
+fn baseline_build() -> Option<String> {
+    std::env::var("TOPDOWN_BENCH_BASELINE")
+        .ok()
+        .filter(|path| !path.is_empty())
 }
 
 pub fn bench() -> Result<()> {
@@ -38,13 +46,13 @@ pub fn bench() -> Result<()> {
     ]))?;
     let pingpong = topdown.with_file_name("pingpong");
     let td = topdown.display().to_string();
-    let configs = [
+    let mut configs = vec![
         Config {
-            name: "no tracing",
+            name: "no tracing".to_owned(),
             tracer: None,
         },
         Config {
-            name: "topdown stat -a --pmu software",
+            name: "topdown stat -a --pmu software".to_owned(),
             tracer: Some(vec![
                 td.clone(),
                 "stat".into(),
@@ -58,7 +66,7 @@ pub fn bench() -> Result<()> {
             ]),
         },
         Config {
-            name: "topdown stat -a --pmu synthetic:intel-icl",
+            name: "topdown stat -a --pmu synthetic:intel-icl".to_owned(),
             tracer: Some(vec![
                 td,
                 "stat".into(),
@@ -72,7 +80,7 @@ pub fn bench() -> Result<()> {
             ]),
         },
         Config {
-            name: "bpftrace 'tracepoint:sched:sched_switch {}' (floor)",
+            name: "bpftrace 'tracepoint:sched:sched_switch {}' (floor)".to_owned(),
             tracer: Some(vec![
                 "bpftrace".into(),
                 "-e".into(),
@@ -80,6 +88,28 @@ pub fn bench() -> Result<()> {
             ]),
         },
     ];
+    if let Some(old) = baseline_build() {
+        for pmu in ["software", "synthetic:intel-icl"] {
+            configs.push(Config {
+                name: format!("baseline: topdown stat -a --pmu {pmu}"),
+                tracer: Some(
+                    [
+                        &old,
+                        "stat",
+                        "-a",
+                        "--pmu",
+                        pmu,
+                        "--format",
+                        "json",
+                        "-o",
+                        "/dev/null",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
+                ),
+            });
+        }
+    }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
         for (index, config) in configs.iter().enumerate() {
@@ -262,10 +292,10 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let td = topdown.display().to_string();
-    let tracer = |trigger: &str| {
+    let tracer = |topdown: &str, trigger: &str| {
         Some(
             [
-                td.as_str(),
+                topdown,
                 "stat",
                 "-a",
                 "--by",
@@ -284,20 +314,28 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
             .collect::<Vec<_>>(),
         )
     };
-    let configs = [
+    let mut configs = vec![
         Config {
-            name: "no tracing",
+            name: "no tracing".to_owned(),
             tracer: None,
         },
         Config {
-            name: "--by cgroup --trigger sched-switch",
-            tracer: tracer("sched-switch"),
+            name: "--by cgroup --trigger sched-switch".to_owned(),
+            tracer: tracer(&td, "sched-switch"),
         },
         Config {
-            name: "--by cgroup --trigger cgroup-switch",
-            tracer: tracer("cgroup-switch"),
+            name: "--by cgroup --trigger cgroup-switch".to_owned(),
+            tracer: tracer(&td, "cgroup-switch"),
         },
     ];
+    if let Some(old) = baseline_build() {
+        for trigger in ["sched-switch", "cgroup-switch"] {
+            configs.push(Config {
+                name: format!("baseline: --by cgroup --trigger {trigger}"),
+                tracer: tracer(&old, trigger),
+            });
+        }
+    }
     let pingpong_args = [
         "--round-trips".to_owned(),
         ROUND_TRIPS.to_owned(),
@@ -498,8 +536,12 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
          model stands in for TopDown counters; hardware counter reads are not measured here).\n\n",
         kernel.trim()
     );
+    let command = match baseline_build() {
+        Some(_) => "TOPDOWN_BENCH_BASELINE=<an earlier build's topdown> cargo xtask bench",
+        None => "cargo xtask bench",
+    };
     section += &format!(
-        "Command: `cargo xtask bench`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
+        "Command: `{command}`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
          trips, two context switches each), {ROUNDS} alternating rounds per configuration, median.\n\n"
     );
     section +=
@@ -517,6 +559,14 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
         medians[1] - baseline - floor,
         medians[2] - baseline - floor
     );
+    if medians.len() >= 6 {
+        section += &format!(
+            "\nThis build against the baseline build (`TOPDOWN_BENCH_BASELINE`), same rounds: \
+             software {:+.1} ns, synthetic {:+.1} ns per switch.\n",
+            medians[1] - medians[4],
+            medians[2] - medians[5]
+        );
+    }
     let path = cmd::workspace_root().join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".to_owned());
     let updated = replace_section(&existing, "## Context-switch cost", &section);

@@ -15,8 +15,9 @@ use prometheus::{
 };
 
 use crate::{
+    aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
+    cgroup::container::describe,
     model::{L1_METRICS, L2_METRICS},
-    report::{Entity, Report},
 };
 
 /// A series' identifying labels: `(name, value)` in `FamilyKind::labels` order.
@@ -184,9 +185,13 @@ impl Exporter {
         self.last_refresh_seconds = took.as_secs_f64();
     }
 
-    pub fn update(&mut self, report: &Report, now: Instant) {
-        let weight = report.weight_counter.clone();
-        let categories: Vec<&str> = match report.level {
+    /// Adds one refresh's counts (what was counted since the last refresh) to the series. The
+    /// counts stay typed until here: metrics are evaluated on slot arrays, and functions are
+    /// summed by id and named only for their labels.
+    pub fn update(&mut self, counts: &Aggregate, naming: &Naming<'_>, now: Instant) {
+        let level = naming.level;
+        let weight = naming.weight_slot();
+        let categories: Vec<&str> = match level {
             0 => Vec::new(),
             1 => L1_METRICS.to_vec(),
             _ => L1_METRICS
@@ -195,26 +200,29 @@ impl Exporter {
                 .copied()
                 .collect(),
         };
-        let extra: Vec<String> = report
-            .totals
+        // Level-1 buckets some models add (AMD's smt_contention); not the hybrid per-core-type
+        // `cpu_core.*` names.
+        let extra: Vec<String> = naming
+            .evaluator
+            .evaluate(&counts.totals.0, level)
             .metrics
-            .keys()
+            .into_keys()
             .filter(|name| {
                 !name.contains('.')
                     && !L1_METRICS.contains(&name.as_str())
                     && !L2_METRICS.contains(&name.as_str())
             })
-            .cloned()
             .collect();
-        let category_slots = |entity: &Entity| -> Vec<(String, f64)> {
-            let total = entity.counters.get(&weight).copied().unwrap_or(0) as f64;
+        let category_slots = |slots: &SlotCounts| -> Vec<(String, f64)> {
+            let total = slots.get(weight) as f64;
+            let metrics = naming.evaluator.evaluate(&slots.0, level).metrics;
             let mut values = vec![("total".to_owned(), total)];
             for name in categories
                 .iter()
                 .map(|name| name.to_string())
                 .chain(extra.iter().cloned())
             {
-                if let Some(Some(fraction)) = entity.metrics.get(&name) {
+                if let Some(Some(fraction)) = metrics.get(&name) {
                     // A refresh's fraction can dip below 0 by the formulas' own rounding
                     // (e.g. Intel's dropped-uop correction); a counter never goes down.
                     values.push((name, (total * fraction).max(0.0)));
@@ -222,84 +230,106 @@ impl Exporter {
             }
             values
         };
-        let event_counts = |entity: &Entity| -> Vec<(String, u64)> {
-            report
-                .extra_events
+        let event_counts = |slots: &SlotCounts| -> Vec<(String, u64)> {
+            naming
+                .events
                 .iter()
-                .map(|event| {
-                    (
-                        event.clone(),
-                        entity.counters.get(event).copied().unwrap_or(0),
-                    )
-                })
+                .map(|(event, slot)| (event.clone(), slots.get(*slot)))
                 .collect()
         };
-        for cgroup in &report.cgroups {
-            let mut labels: Labels = vec![(
-                "cgroup".to_owned(),
-                cgroup
-                    .path
-                    .clone()
-                    .unwrap_or_else(|| format!("id:{}", cgroup.id)),
-            )];
-            let container = cgroup.container.as_ref();
-            labels.push((
-                "container".to_owned(),
-                container.and_then(|c| c.id.clone()).unwrap_or_default(),
-            ));
-            labels.push((
-                "pod_uid".to_owned(),
-                container
-                    .and_then(|c| c.pod_uid.clone())
-                    .unwrap_or_default(),
-            ));
-            labels.push((
-                "unit".to_owned(),
-                container.and_then(|c| c.unit.clone()).unwrap_or_default(),
-            ));
+        // Heaviest first in every family: with --max-series they keep their own series and the
+        // rest fold into `other`.
+        let mut cgroups = counts.cgroup_rows(naming.cgroup_paths, naming.cgroup_depth);
+        cgroups.sort_by(|(_, a_path, a), (_, b_path, b)| {
+            b.get(weight).cmp(&a.get(weight)).then(a_path.cmp(b_path))
+        });
+        for (id, path, slots) in &cgroups {
+            let container = path
+                .as_deref()
+                .map(describe)
+                .filter(|info| !info.is_empty());
+            let container = container.as_ref();
+            let labels: Labels = vec![
+                (
+                    "cgroup".to_owned(),
+                    path.clone().unwrap_or_else(|| format!("id:{id}")),
+                ),
+                (
+                    "container".to_owned(),
+                    container.and_then(|c| c.id.clone()).unwrap_or_default(),
+                ),
+                (
+                    "pod_uid".to_owned(),
+                    container
+                        .and_then(|c| c.pod_uid.clone())
+                        .unwrap_or_default(),
+                ),
+                (
+                    "unit".to_owned(),
+                    container.and_then(|c| c.unit.clone()).unwrap_or_default(),
+                ),
+            ];
             self.add(
                 FamilyKind::Cgroup,
                 labels,
-                category_slots(&cgroup.entity),
-                event_counts(&cgroup.entity),
+                category_slots(slots),
+                event_counts(slots),
                 0,
                 now,
             );
         }
-        for process in &report.processes {
+        let mut processes: Vec<&ProcessCounts> = counts.processes.iter().collect();
+        processes.sort_by(|a, b| {
+            b.counts
+                .get(weight)
+                .cmp(&a.counts.get(weight))
+                .then(a.pid.cmp(&b.pid))
+        });
+        for process in processes {
             let labels = vec![("comm".to_owned(), process.comm.clone())];
             self.add(
                 FamilyKind::Process,
                 labels,
-                category_slots(&process.entity),
-                event_counts(&process.entity),
+                category_slots(&process.counts),
+                event_counts(&process.counts),
                 0,
                 now,
             );
         }
-        for function in &report.functions {
+        let mut functions: Vec<_> = counts
+            .function_totals()
+            .into_iter()
+            .map(|((id, _), total)| (naming.function(id), total))
+            .collect();
+        functions.sort_by(|((_, a_symbol), a), ((_, b_symbol), b)| {
+            b.inclusive
+                .get(weight)
+                .cmp(&a.inclusive.get(weight))
+                .then(a_symbol.cmp(b_symbol))
+        });
+        for ((target, symbol), total) in functions {
             let labels = vec![
-                ("function".to_owned(), function.symbol.clone()),
-                ("target".to_owned(), function.target.clone()),
+                ("function".to_owned(), symbol),
+                ("target".to_owned(), target),
             ];
             self.add(
                 FamilyKind::FunctionInclusive,
                 labels.clone(),
-                category_slots(&function.inclusive),
-                event_counts(&function.inclusive),
-                function.calls,
+                category_slots(&total.inclusive),
+                event_counts(&total.inclusive),
+                total.calls,
                 now,
             );
             self.add(
                 FamilyKind::FunctionExclusive,
                 labels,
-                category_slots(&function.exclusive),
-                event_counts(&function.exclusive),
+                category_slots(&total.exclusive),
+                event_counts(&total.exclusive),
                 0,
                 now,
             );
         }
-        let d = &report.diagnostics;
+        let d = &counts.diagnostics;
         for (name, value) in [
             ("readings", d.readings),
             ("read_errors", d.read_errors),
@@ -673,32 +703,110 @@ impl Collector for Exporter {
 mod tests {
     use super::*;
 
-    /// A refresh's report with processes `(comm, slots, retiring fraction)`.
-    fn report(processes: &[(&str, u64, Option<f64>)]) -> Report {
-        let processes: Vec<serde_json::Value> = processes
-            .iter()
-            .enumerate()
-            .map(|(index, (comm, slots, retiring))| {
-                serde_json::json!({
-                    "pid": index + 1, "comm": comm, "threads": 1,
-                    "counters": { "slots": slots },
-                    "metrics": { "retiring": retiring, "bad_speculation": null,
-                                 "frontend_bound": null, "backend_bound": null },
+    use crate::{
+        aggregate::{CallCounts, Naming, ProcessCounts, SlotCounts},
+        model::{CounterSpec, Metrics, Model, ratio},
+        report::Diagnostics,
+    };
+    use topdown_common::{CallKey, ROOT_FUNCTION};
+
+    /// A model for these tests: counters `slots`, `retired` and `dropped`; retiring =
+    /// (retired - dropped) / slots, which a refresh's rounding can make negative, and unknown
+    /// where `retired` exceeds `slots` (an inconsistent reading).
+    struct Retiring;
+
+    impl Model for Retiring {
+        fn name(&self) -> String {
+            "test-retiring".to_owned()
+        }
+        fn base_name(&self) -> &'static str {
+            "test-retiring"
+        }
+        fn description(&self) -> &'static str {
+            "exporter tests"
+        }
+        fn counters(&self) -> Vec<CounterSpec> {
+            ["slots", "retired", "dropped"]
+                .iter()
+                .map(|name| CounterSpec::raw(name, 0))
+                .collect()
+        }
+        fn max_level(&self) -> u8 {
+            1
+        }
+        fn metrics(&self, values: &[u64], _level: u8) -> Metrics {
+            let (slots, retired, dropped) = (values[0], values[1], values[2]);
+            let retiring = (retired <= slots)
+                .then(|| ratio(retired as f64 - dropped as f64, slots as f64))
+                .flatten();
+            L1_METRICS
+                .iter()
+                .map(|name| {
+                    (
+                        name.to_string(),
+                        (*name == "retiring").then_some(retiring).flatten(),
+                    )
                 })
-            })
-            .collect();
-        let empty = serde_json::json!({ "counters": {}, "metrics": {} });
-        serde_json::from_value(serde_json::json!({
-            "topdown_version": "0", "model": "intel-icl", "synthetic": false, "level": 1,
-            "counter_names": ["slots"], "weight_counter": "slots", "duration_s": 1.0,
-            "scope": "system-wide",
-            "totals": { "counters": {}, "metrics": { "retiring": null } },
-            "idle": empty, "untracked": empty, "dropped": empty,
-            "processes": processes,
-            "diagnostics": { "readings": 3, "not_running_readings": 0, "read_errors": 0,
-                             "task_map_full": 0, "exit_records_lost": 0 }
-        }))
-        .expect("a report")
+                .collect()
+        }
+        fn weight_counter(&self) -> &'static str {
+            "slots"
+        }
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            values.first().map(|slots| *slots as f64)
+        }
+    }
+
+    /// The slots: the model's counters, then the `-e` event `cache-misses`.
+    static SLOT_NAMES: LazyLock<Vec<String>> = LazyLock::new(|| {
+        ["slots", "retired", "dropped", "cache-misses"]
+            .map(str::to_owned)
+            .to_vec()
+    });
+    static NO_PATHS: LazyLock<HashMap<u64, String>> = LazyLock::new(HashMap::new);
+
+    /// `[slots, retired, dropped, cache-misses]`.
+    fn slots(values: [u64; 4]) -> SlotCounts {
+        let mut counts = SlotCounts::ZERO;
+        counts.0[..4].copy_from_slice(&values);
+        counts
+    }
+
+    fn naming<'a>(
+        paths: &'a HashMap<u64, String>,
+        functions: &'a [(String, String)],
+        events: bool,
+    ) -> Naming<'a> {
+        let mut naming = Naming::new(&Retiring, &SLOT_NAMES, 1, paths, None, functions);
+        if events {
+            naming.events = vec![("cache-misses".to_owned(), 3)];
+        }
+        naming
+    }
+
+    /// A refresh's counts with processes `(comm, [slots, retired, dropped, cache-misses])`.
+    fn refresh(processes: &[(&str, [u64; 4])]) -> Aggregate {
+        Aggregate {
+            processes: processes
+                .iter()
+                .enumerate()
+                .map(|(index, (comm, values))| ProcessCounts {
+                    pid: index as u32 + 1,
+                    comm: (*comm).to_owned(),
+                    threads: 1,
+                    counts: slots(*values),
+                })
+                .collect(),
+            diagnostics: Diagnostics {
+                readings: 3,
+                ..Diagnostics::default()
+            },
+            ..Aggregate::default()
+        }
+    }
+
+    fn update(exporter: &mut Exporter, counts: &Aggregate, now: Instant) {
+        exporter.update(counts, &naming(&NO_PATHS, &[], false), now);
     }
 
     fn limits(max_series: usize, ttl_s: u64) -> Limits {
@@ -714,36 +822,29 @@ mod tests {
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
     }
 
+    const DOCKER_ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
     /// An exporter holding one series of every family and every self-describing series.
     fn every_family() -> Exporter {
-        let mut report = report(&[("nginx", 1000, Some(0.25)), ("a\"b", 7, None)]);
-        report.extra_events = vec!["cache-misses".to_owned()];
-        report.processes[0]
-            .entity
-            .counters
-            .insert("cache-misses".to_owned(), 12);
-        let entity = |slots: u64, retiring: f64, misses: u64| {
-            serde_json::json!({
-                "counters": { "slots": slots, "cache-misses": misses },
-                "metrics": { "retiring": retiring },
-            })
-        };
-        let mut cgroup = entity(600, 0.5, 3);
-        cgroup["id"] = serde_json::json!(42);
-        cgroup["path"] = serde_json::json!("/system.slice/docker-abc.scope");
-        cgroup["container"] = serde_json::json!({ "id": "abc", "unit": "docker-abc.scope" });
-        let mut unnamed = entity(5, 0.0, 0);
-        unnamed["id"] = serde_json::json!(7);
-        report.cgroups = serde_json::from_value(serde_json::json!([cgroup, unnamed])).unwrap();
-        report.functions = serde_json::from_value(serde_json::json!([{
-            "target": "/usr/bin/app", "symbol": "leaf", "calls": 3,
-            "inclusive": entity(90, 1.0, 2), "exclusive": entity(30, 1.0, 1),
-        }]))
-        .unwrap();
-        report.diagnostics.read_errors = 2;
-        report.diagnostics.missed_returns = 1;
+        let mut counts = refresh(&[("nginx", [1000, 250, 0, 12]), ("a\"b", [7, 8, 0, 0])]);
+        counts.cgroups = vec![(42, slots([600, 300, 0, 3])), (7, slots([5, 0, 0, 0]))];
+        counts.calls = vec![CallCounts {
+            key: CallKey {
+                function: 0,
+                parent: ROOT_FUNCTION,
+                tgid: 0,
+                _pad: 0,
+            },
+            calls: 3,
+            inclusive: slots([90, 90, 0, 2]),
+            exclusive: slots([30, 30, 0, 1]),
+        }];
+        counts.diagnostics.read_errors = 2;
+        counts.diagnostics.missed_returns = 1;
+        let paths = HashMap::from([(42, format!("/system.slice/docker-{DOCKER_ID}.scope"))]);
+        let functions = [("/usr/bin/app".to_owned(), "leaf".to_owned())];
         let mut exporter = Exporter::new("intel-icl".into(), true, limits(5, 300));
-        exporter.update(&report, Instant::now());
+        exporter.update(&counts, &naming(&paths, &functions, true), Instant::now());
         exporter.set_refresh_duration(Duration::from_millis(250));
         exporter.overhead_percent = Some(0.5);
         exporter.detached_functions = vec![("leaf".to_owned(), "/usr/bin/app".to_owned())];
@@ -760,7 +861,9 @@ mod tests {
     /// by label values, label pairs by name, escaped label values).
     #[test]
     fn the_exposition_is_byte_exact() {
-        let expected = EVERY_FAMILY.replace("VERSION", env!("CARGO_PKG_VERSION"));
+        let expected = EVERY_FAMILY
+            .replace("VERSION", env!("CARGO_PKG_VERSION"))
+            .replace("DOCKER_ID", DOCKER_ID);
         assert_eq!(every_family().encode().unwrap(), expected);
     }
 
@@ -820,13 +923,13 @@ topdown_bpf_map_entries{map="tasks"} 9
 topdown_build_info{model="intel-icl",synthetic="true",version="VERSION"} 1
 # HELP topdown_cgroup_events_total Counts of the -e events, per cgroup v2
 # TYPE topdown_cgroup_events_total counter
-topdown_cgroup_events_total{cgroup="/system.slice/docker-abc.scope",container="abc",event="cache-misses",pod_uid="",unit="docker-abc.scope"} 3
+topdown_cgroup_events_total{cgroup="/system.slice/docker-DOCKER_ID.scope",container="0123456789ab",event="cache-misses",pod_uid="",unit="docker-DOCKER_ID.scope"} 3
 topdown_cgroup_events_total{cgroup="id:7",container="",event="cache-misses",pod_uid="",unit=""} 0
 # HELP topdown_cgroup_slots_total Pipeline slots per TopDown category, per cgroup v2
 # TYPE topdown_cgroup_slots_total counter
-topdown_cgroup_slots_total{category="retiring",cgroup="/system.slice/docker-abc.scope",container="abc",model="intel-icl",pod_uid="",unit="docker-abc.scope"} 300
+topdown_cgroup_slots_total{category="retiring",cgroup="/system.slice/docker-DOCKER_ID.scope",container="0123456789ab",model="intel-icl",pod_uid="",unit="docker-DOCKER_ID.scope"} 300
 topdown_cgroup_slots_total{category="retiring",cgroup="id:7",container="",model="intel-icl",pod_uid="",unit=""} 0
-topdown_cgroup_slots_total{category="total",cgroup="/system.slice/docker-abc.scope",container="abc",model="intel-icl",pod_uid="",unit="docker-abc.scope"} 600
+topdown_cgroup_slots_total{category="total",cgroup="/system.slice/docker-DOCKER_ID.scope",container="0123456789ab",model="intel-icl",pod_uid="",unit="docker-DOCKER_ID.scope"} 600
 topdown_cgroup_slots_total{category="total",cgroup="id:7",container="",model="intel-icl",pod_uid="",unit=""} 5
 # HELP topdown_config_reloads_total --config reloads on SIGHUP, by result (failed: the running configuration stayed)
 # TYPE topdown_config_reloads_total counter
@@ -888,9 +991,13 @@ topdown_series_overflow_total 1
     fn deltas_accumulate_into_monotonic_category_counters() {
         let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 300));
         let start = Instant::now();
-        exporter.update(&report(&[("nginx", 1000, Some(0.25))]), start);
+        update(
+            &mut exporter,
+            &refresh(&[("nginx", [1000, 250, 0, 0])]),
+            start,
+        );
         // A refresh whose fraction is negative (rounding in a formula) adds 0, never subtracts.
-        exporter.update(&report(&[("nginx", 500, Some(-0.01))]), start);
+        update(&mut exporter, &refresh(&[("nginx", [500, 0, 5, 0])]), start);
         let text = exporter.encode().unwrap();
         let total =
             r#"topdown_process_slots_total{category="total",comm="nginx",model="intel-icl"}"#;
@@ -906,27 +1013,25 @@ topdown_series_overflow_total 1
 
     #[test]
     fn extra_events_accumulate_per_entity_beside_the_slots() {
-        let with_event = |slots: u64, misses: u64| {
-            let mut report = report(&[("nginx", slots, None)]);
-            report.extra_events = vec!["cache-misses".to_owned()];
-            report.processes[0]
-                .entity
-                .counters
-                .insert("cache-misses".to_owned(), misses);
-            report
-        };
         let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 300));
         let now = Instant::now();
         // Without -e, no event family at all.
-        exporter.update(&report(&[("nginx", 10, None)]), now);
+        update(&mut exporter, &refresh(&[("nginx", [10, 0, 0, 0])]), now);
         assert!(
             !exporter
                 .encode()
                 .unwrap()
                 .contains("topdown_process_events_total")
         );
-        exporter.update(&with_event(10, 7), now);
-        exporter.update(&with_event(10, 5), now);
+        let with_event = |exporter: &mut Exporter, slots_count: u64, misses: u64| {
+            exporter.update(
+                &refresh(&[("nginx", [slots_count, 0, 0, misses])]),
+                &naming(&NO_PATHS, &[], true),
+                now,
+            );
+        };
+        with_event(&mut exporter, 10, 7);
+        with_event(&mut exporter, 10, 5);
         let text = exporter.encode().unwrap();
         assert_eq!(
             value(
@@ -950,26 +1055,29 @@ topdown_series_overflow_total 1
     fn series_beyond_the_limit_fold_into_other() {
         let mut exporter = Exporter::new("intel-icl".into(), false, limits(2, 300));
         let now = Instant::now();
-        exporter.update(
-            &report(&[
-                ("a", 10, None),
-                ("b", 20, None),
-                ("c", 30, None),
-                ("d", 40, None),
+        update(
+            &mut exporter,
+            &refresh(&[
+                ("a", [10, 0, 0, 0]),
+                ("b", [20, 0, 0, 0]),
+                ("c", [30, 0, 0, 0]),
+                ("d", [40, 0, 0, 0]),
             ]),
             now,
         );
         let text = exporter.encode().unwrap();
-        // Two series plus `other` holding c and d.
+        // The two heaviest keep their series; `other` holds a and b.
         assert_eq!(exporter.series_count(), 3);
-        assert_eq!(
-            value(
-                &text,
-                r#"topdown_process_slots_total{category="total",comm="other""#
-            ),
-            Some(70.0),
-            "{text}"
-        );
+        for (comm, slots) in [("d", 40.0), ("c", 30.0), ("other", 30.0)] {
+            assert_eq!(
+                value(
+                    &text,
+                    &format!(r#"topdown_process_slots_total{{category="total",comm="{comm}""#)
+                ),
+                Some(slots),
+                "{text}"
+            );
+        }
         assert_eq!(value(&text, "topdown_series_overflow_total"), Some(2.0));
     }
 
@@ -977,9 +1085,14 @@ topdown_series_overflow_total 1
     fn idle_series_expire_after_the_ttl() {
         let mut exporter = Exporter::new("intel-icl".into(), false, limits(100, 60));
         let start = Instant::now();
-        exporter.update(&report(&[("gone", 10, None), ("busy", 10, None)]), start);
-        exporter.update(
-            &report(&[("busy", 10, None)]),
+        update(
+            &mut exporter,
+            &refresh(&[("gone", [10, 0, 0, 0]), ("busy", [10, 0, 0, 0])]),
+            start,
+        );
+        update(
+            &mut exporter,
+            &refresh(&[("busy", [10, 0, 0, 0])]),
             start + Duration::from_secs(61),
         );
         assert_eq!(exporter.series_count(), 1);
@@ -987,8 +1100,9 @@ topdown_series_overflow_total 1
         assert!(!text.contains(r#"comm="gone""#), "{text}");
         assert_eq!(value(&text, "topdown_series_expired_total"), Some(1.0));
         // An entity that never counted gets no series at all.
-        exporter.update(
-            &report(&[("quiet", 0, None)]),
+        update(
+            &mut exporter,
+            &refresh(&[("quiet", [0, 0, 0, 0])]),
             start + Duration::from_secs(62),
         );
         assert_eq!(exporter.series_count(), 1);

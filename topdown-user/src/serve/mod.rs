@@ -273,12 +273,9 @@ fn refresh(
 ) -> Result<Aggregate> {
     let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
-    let elapsed = previous
-        .as_ref()
-        .map_or(0.0, |(_, at)| now.duration_since(*at).as_secs_f64());
     let aggregate = Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
-    let report = session.report_of(&aggregate, elapsed, None);
-    exporter.update(&report, now);
+    let cgroup_paths = session.cgroup_paths(&aggregate);
+    exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
     exporter.map_entries = [
         ("tasks", snapshot.live.len()),
         ("cgroups", snapshot.cgroups.len()),
