@@ -289,6 +289,22 @@ const TRIGGERS: [(&str, &[&str]); 2] = [
     ),
 ];
 
+/// Runs a workload that starts in the tree's `a` and moves itself to `b` where `spec` says
+/// `move=0`.
+fn run_moving_itself(tree: &Tree, spec: &str) {
+    let child = Command::new(WORKLOAD)
+        .arg("--wait-stdin")
+        .arg("--cgroup")
+        .arg(tree.dir("b"))
+        .arg(spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
+    go(child);
+}
+
 /// A process that moves itself while running (`echo $$ > cgroup.procs`, from a thread other
 /// than its main one) has the calls before the move in the cgroup it left, those after in the
 /// new one.
@@ -304,17 +320,7 @@ fn a_process_moving_itself_splits_exactly_at_the_move() {
         let a = tree.create("a");
         let b = tree.create("b");
         let (report, stderr) = traced_with("synthetic:intel-icl", &name, args, || {
-            let child = Command::new(WORKLOAD)
-                .arg("--wait-stdin")
-                .arg("--cgroup")
-                .arg(tree.dir("b"))
-                .arg("getppid=1000,move=0,getppid=2000")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap();
-            std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
-            go(child);
+            run_moving_itself(&tree, "getppid=1000,move=0,getppid=2000")
         });
         let (in_a, in_b) = (slots_of(&report, &a), slots_of(&report, &b));
         assert_eq!((in_a, in_b), (1000, 2000), "{trigger}: {stderr}");
@@ -376,17 +382,7 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
         let a = tree.create("a");
         let b = tree.create("b");
         let (report, stderr) = traced_with("software", &name, args, || {
-            let child = Command::new(WORKLOAD)
-                .arg("--wait-stdin")
-                .arg("--cgroup")
-                .arg(tree.dir("b"))
-                .arg("spin=700,move=0,spin=700")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap();
-            std::fs::write(tree.dir("a").join("cgroup.procs"), child.id().to_string()).unwrap();
-            go(child);
+            run_moving_itself(&tree, "spin=700,move=0,spin=700")
         });
         assert!(!stderr.contains("error"), "{trigger}: {stderr}");
         // Both the cgroup left and the one moved to: before the fix the first kept nothing of

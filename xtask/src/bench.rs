@@ -397,7 +397,9 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path) -> Result<()> {
                 With the two ping-pong sides in one cgroup no switch crosses cgroups (the common case); \
                 with one side per cgroup every context switch is also a cgroup switch (the worst case \
                 for the cgroup-switch trigger); the last scenario adds 198 cgroups, each with a process \
-                waking every 10 ms.\n\n";
+                waking every 10 ms. The cgroup-switch trigger also reads the counters when a CPU \
+                enters and leaves idle (`power:cpu_idle`), which the many wake-ups of the last \
+                scenario exercise.\n\n";
     section += "| active cgroups | configuration | ns per context switch | added over no tracing |\n|---:|---|---:|---:|\n";
     for (active, medians) in &rows {
         for (config, value) in configs.iter().zip(medians) {
