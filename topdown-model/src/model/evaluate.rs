@@ -133,7 +133,12 @@ impl<'a> Evaluator<'a> {
             if let (Some(enabled), Some(running)) = (enabled, running) {
                 rotated[input.level] = true;
                 if running == 0 {
-                    unknown[input.level] = raw != 0 || enabled != 0;
+                    // Never on the PMU while this entity ran: its zero is not a count. (All
+                    // zeroes: the entity never ran while the group was enabled, a true zero.)
+                    // Never clears what an earlier counter of the level found unknown.
+                    if raw != 0 || enabled != 0 {
+                        unknown[input.level] = true;
+                    }
                     continue;
                 }
                 // The count over the time the group was enabled, extrapolated from the time it
@@ -289,6 +294,26 @@ mod tests {
         assert_eq!(result.metrics["retiring"], Some(0.25));
         assert_eq!(result.metrics["light_operations"], None);
         assert_eq!(result.estimated, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_later_idle_group_does_not_clear_an_unknown_level() {
+        // `b` is missing (its level is unknown); `c`'s rotated group never ran for this entity
+        // and was never enabled either: that must not make level 2 known again.
+        let result = evaluate(
+            &Pair,
+            &counts(&[
+                ("cycles", 1000),
+                ("a", 250),
+                ("c", 0),
+                ("group8.enabled_ns", 0),
+                ("group8.running_ns", 0),
+            ]),
+            2,
+        );
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        assert_eq!(result.metrics["heavy_operations"], None);
+        assert_eq!(result.metrics["light_operations"], None);
     }
 
     #[test]
