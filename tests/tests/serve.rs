@@ -815,3 +815,182 @@ fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
         );
     }
 }
+
+/// `text` for a URL's query string: everything but unreserved characters percent-encoded
+/// (RFC 3986, section 2.3).
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
+/// Every target `expr` of the dashboard's panels (repeated rows included), in panel order.
+fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().cloned().unwrap_or_default())
+        .map(|target| target["expr"].as_str().expect("expr").to_owned())
+        .collect()
+}
+
+/// The dashboard's template variables replaced as Grafana would with one choice made:
+/// concrete values where the test knows them, `.*` (Grafana's "All" here) for containers,
+/// which a host without containers does not label.
+fn substitute(expr: &str, instance: &str) -> String {
+    expr.replace("$__rate_interval", "20s")
+        .replace("$job", "topdown")
+        .replace("$instance", instance)
+        .replace("$container", ".*")
+        .replace("$function", "mid|leaf")
+        .replace("$topn", "10")
+}
+
+#[test]
+fn every_query_of_the_grafana_dashboard_returns_data() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/grafana-dashboard.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // A Grafana model: a schema version, a Prometheus data source variable the panels use,
+    // and every panel placed on the grid.
+    assert!(dashboard["schemaVersion"].as_u64().unwrap() >= 36);
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let names: Vec<&str> = variables
+        .iter()
+        .map(|variable| variable["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "datasource",
+            "job",
+            "instance",
+            "container",
+            "function",
+            "topn"
+        ]
+    );
+    assert_eq!(variables[0]["query"], "prometheus");
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for key in ["h", "w", "x", "y"] {
+            assert!(panel["gridPos"][key].is_u64(), "{panel}");
+        }
+        if panel["type"] != "row" {
+            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        }
+    }
+    let exprs = dashboard_exprs(&dashboard);
+    assert_eq!(exprs.len(), 16);
+
+    let binary = funcs_binary("serve-dashboard");
+    let port = free_port();
+    let _exporter = start_serve(
+        port,
+        &[
+            "--by",
+            "cgroup,process",
+            // Measured (and exported) only with a budget; this one is never exceeded.
+            "--max-overhead",
+            "100",
+            "-u",
+            &format!("{}:mid", binary.display()),
+            "-u",
+            &format!("{}:leaf", binary.display()),
+        ],
+    );
+
+    let prometheus_port = free_port();
+    let storage = std::env::temp_dir().join(format!("topdown-dashboard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&storage);
+    std::fs::create_dir_all(&storage).unwrap();
+    let config = storage.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: topdown\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    let prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            storage.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus (Debian's package)");
+    let _prometheus = Reaped(prometheus);
+
+    // Work that never stops while the queries run, so every rate() has increases to divide:
+    // mid calls leaf 20 x 50 getppid (slots) and makes 10 getpgid; td-workload adds a process.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let working = {
+        let stop = stop.clone();
+        let binary = binary.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                run_ok(Command::new(&binary).args(["leafmid", "20", "50", "10"])).unwrap();
+                run_ok(Command::new(WORKLOAD).arg("getppid=2000,getpgid=500")).unwrap();
+            }
+        })
+    };
+
+    let instance = format!("127.0.0.1:{port}");
+    let mut answers = Vec::new();
+    for expr in &exprs {
+        let query = substitute(expr, &instance);
+        assert!(!query.contains('$'), "a variable left in {query}");
+        let result = wait_for(Duration::from_secs(60), || {
+            let (status, body) = http_get(
+                prometheus_port,
+                &format!("/api/v1/query?query={}", url_encode(&query)),
+            )?;
+            let json: Value = serde_json::from_str(&body).ok()?;
+            let result = json["data"]["result"].as_array()?.clone();
+            // Every sample a number (no 0/0 from a rate without increases).
+            let finite = result.iter().all(|sample| {
+                sample["value"][1]
+                    .as_str()
+                    .and_then(|value| value.parse::<f64>().ok())
+                    .is_some_and(f64::is_finite)
+            });
+            (status == 200 && !result.is_empty() && finite).then_some(result)
+        });
+        answers.push((query, result));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    working.join().unwrap();
+    let empty: Vec<&String> = answers
+        .iter()
+        .filter(|(_, result)| result.is_none())
+        .map(|(query, _)| query)
+        .collect();
+    assert!(empty.is_empty(), "queries without data: {empty:#?}");
+    // The fractions of mid's four level-1 categories add up to 1 (leaf makes only getppid,
+    // the synthetic slots, so its categories have no value to divide).
+    let per_function = answers[5].1.as_ref().unwrap();
+    let mid: Vec<f64> = per_function
+        .iter()
+        .filter(|sample| sample["metric"]["function"] == "mid")
+        .map(|sample| sample["value"][1].as_str().unwrap().parse::<f64>().unwrap())
+        .collect();
+    assert_eq!(mid.len(), 4, "{per_function:#?}");
+    assert!(
+        (mid.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+        "{per_function:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&storage);
+}

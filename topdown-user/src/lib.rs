@@ -17,6 +17,7 @@ pub mod list;
 pub mod output;
 pub mod pmu;
 pub mod probes;
+pub mod progress;
 pub mod report;
 pub mod serve;
 pub mod stat;

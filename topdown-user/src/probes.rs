@@ -16,8 +16,16 @@ use anyhow::Result;
 
 use crate::{
     bpf::{AttachMode, ProbePoint, Session},
+    progress::Progress,
     symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
 };
+
+/// Functions from which attaching shows progress on a terminal.
+const ATTACH_PROGRESS_FROM: usize = 200;
+/// Functions attached per call while progress is shown. Each call keeps the session's
+/// exit-before-entry order for its own functions, and links accumulate in the session, so
+/// detaching is unchanged.
+const ATTACH_BATCH: usize = 100;
 
 /// `(dev, inode)` of a file, or `None` while it is missing (mid-replacement).
 fn identity(path: &Path) -> Option<(u64, u64)> {
@@ -115,7 +123,22 @@ impl Probes {
         let mode = if points.is_empty() {
             None
         } else {
-            Some(session.attach_functions(&points, &self.processes)?)
+            // Shown only for many functions (a glob over a large binary), where attaching takes
+            // seconds; without a terminal it is one call, as before.
+            let progress = (points.len() >= ATTACH_PROGRESS_FROM)
+                .then(|| Progress::counting("attaching probes", points.len() as u64, "functions"));
+            let batch = match &progress {
+                Some(progress) if progress.is_visible() => ATTACH_BATCH,
+                _ => points.len(),
+            };
+            let mut mode = None;
+            for chunk in points.chunks(batch) {
+                mode = Some(session.attach_functions(chunk, &self.processes)?);
+                if let Some(progress) = &progress {
+                    progress.inc(chunk.len() as u64);
+                }
+            }
+            mode
         };
         eprintln!(
             "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",

@@ -19,6 +19,7 @@ use crate::{
     cli::StatArgs,
     counting::{self, CountingSession, Targets},
     output::Output,
+    progress::Progress,
     report::{By, IntervalInfo, render},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
 };
@@ -196,6 +197,17 @@ async fn event_loop(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker
     });
+    // `-d`: elapsed over total on a terminal's stderr, redrawn each second; cleared when the
+    // loop ends, before the report is written.
+    let waiting = args
+        .duration
+        .map(|seconds| Progress::waiting("counting", Duration::from_secs_f64(seconds)))
+        .filter(Progress::is_visible);
+    let mut redraw = waiting.as_ref().map(|_| {
+        let mut redraw = tokio::time::interval(Duration::from_secs(1));
+        redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        redraw
+    });
     let tracking_targets = !watches.is_empty();
     let mut hotplug = tokio::time::interval(Duration::from_secs(1));
     hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -203,6 +215,11 @@ async fn event_loop(
     loop {
         tokio::select! {
             _ = hotplug.tick() => session.check_cpus(),
+            _ = tick(redraw.as_mut()) => {
+                if let Some(waiting) = &waiting {
+                    waiting.elapsed(started.elapsed());
+                }
+            }
             _ = signals.interrupt.recv() => return Ok(Stop::Signal(libc::SIGINT)),
             _ = signals.terminate.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
             _ = sleep_until(deadline) => return Ok(Stop::Duration),

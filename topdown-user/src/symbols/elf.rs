@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use crate::error::{Failure, fail};
+use crate::{
+    error::{Failure, fail},
+    progress::Progress,
+};
 
 /// A function defined in a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +94,17 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
     });
     functions.dedup_by_key(|function| function.address);
     if x86_64 {
+        let progress = (functions.len() >= super::PROGRESS_FROM).then(|| {
+            Progress::counting(
+                &format!("decoding {}", path.display()),
+                functions.len() as u64,
+                "functions",
+            )
+        });
         for function in &mut functions {
+            if let Some(progress) = &progress {
+                progress.inc(1);
+            }
             let start = function.offset as usize;
             let code = data.get(start..start.saturating_add(function.size as usize));
             if let Some(code) = code.filter(|_| function.size > 0) {

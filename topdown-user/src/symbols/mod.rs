@@ -9,7 +9,15 @@ use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::Result;
 
-use crate::error::{Failure, fail};
+use crate::{
+    error::{Failure, fail},
+    progress::Progress,
+};
+
+/// Functions in a file from which reading it shows progress on a terminal: a large binary
+/// (a browser, a database server) has hundreds of thousands and takes seconds; a small one
+/// would only flash a bar.
+const PROGRESS_FROM: usize = 20_000;
 
 pub mod elf;
 pub mod matching;
@@ -84,9 +92,19 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
         elf::check_file(&path)?;
         if !files.contains_key(&path) {
             let functions = elf::functions(&path)?;
+            let progress = (functions.len() >= PROGRESS_FROM).then(|| {
+                Progress::counting(
+                    &format!("demangling {}", path.display()),
+                    functions.len() as u64,
+                    "symbols",
+                )
+            });
             let named = functions
                 .into_iter()
                 .map(|function| {
+                    if let Some(progress) = &progress {
+                        progress.inc(1);
+                    }
                     let names = matching::names(&function.name);
                     (function, names)
                 })
