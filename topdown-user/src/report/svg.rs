@@ -621,3 +621,337 @@ pub fn write_svg(
     out.write_all(svg.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::failure_of;
+    use crate::report::tests::report_of;
+
+    /// An entity with `slots` and the four level-1 fractions given.
+    fn entity(slots: u64, [retiring, bad, frontend, backend]: [f64; 4]) -> Entity {
+        Entity {
+            counters: [("slots".to_owned(), slots)].into_iter().collect(),
+            metrics: [
+                ("retiring", retiring),
+                ("bad_speculation", bad),
+                ("frontend_bound", frontend),
+                ("backend_bound", backend),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), Some(value)))
+            .collect(),
+            estimated: Vec::new(),
+        }
+    }
+
+    fn edge(caller: Option<&str>, callee: &str, calls: u64, inclusive: Entity) -> CallEdge {
+        CallEdge {
+            caller: caller.map(str::to_owned),
+            callee: callee.to_owned(),
+            pid: Some(100),
+            calls,
+            inclusive,
+        }
+    }
+
+    fn function(symbol: &str, calls: u64, exclusive: Entity) -> FunctionEntry {
+        FunctionEntry {
+            target: "/bin/app".into(),
+            symbol: symbol.into(),
+            pid: Some(100),
+            calls,
+            inclusive: exclusive.clone(),
+            exclusive,
+        }
+    }
+
+    const RETIRING: [f64; 4] = [0.6, 0.1, 0.1, 0.2];
+    const BAD: [f64; 4] = [0.2, 0.5, 0.1, 0.2];
+    const FRONTEND: [f64; 4] = [0.1, 0.1, 0.7, 0.1];
+    const BACKEND: [f64; 4] = [0.1, 0.1, 0.1, 0.7];
+
+    /// main-less program: a (600 slots) calls c (300) and d (100), c calls e (150); b<&"T">
+    /// (200) has no probed caller either.
+    fn tree_report() -> Report {
+        let mut report = report_of("intel-icl", 1);
+        report.interval = None;
+        report.functions = vec![
+            function("a", 2, entity(200, BACKEND)),
+            function("b<&\"T'>", 4, entity(200, FRONTEND)),
+            function("c", 3, entity(150, RETIRING)),
+            function("d", 1, entity(100, BAD)),
+            function("e", 5, entity(150, RETIRING)),
+        ];
+        report.call_tree = vec![
+            edge(None, "a", 2, entity(600, BACKEND)),
+            edge(None, "b<&\"T'>", 4, entity(200, FRONTEND)),
+            edge(Some("a"), "c", 3, entity(300, RETIRING)),
+            edge(Some("a"), "d", 1, entity(100, BAD)),
+            edge(Some("c"), "e", 5, entity(150, RETIRING)),
+        ];
+        report
+    }
+
+    fn svg_of(report: &Report, weight: Weight) -> String {
+        let mut out = Vec::new();
+        write_svg(report, weight, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// `(callee, caller, depth, x, width)` of every frame, in drawing order.
+    fn frames(report: &Report, weight: Weight) -> Vec<(String, Option<String>, usize, f64, f64)> {
+        layout(report, weight)
+            .frames
+            .iter()
+            .map(|frame| {
+                (
+                    frame.edge.callee.clone(),
+                    frame.edge.caller.clone(),
+                    frame.depth,
+                    frame.x,
+                    frame.width,
+                )
+            })
+            .collect()
+    }
+
+    fn row(
+        callee: &str,
+        caller: Option<&str>,
+        depth: usize,
+        x: f64,
+        width: f64,
+    ) -> (String, Option<String>, usize, f64, f64) {
+        (
+            callee.to_owned(),
+            caller.map(str::to_owned),
+            depth,
+            x,
+            width,
+        )
+    }
+
+    /// The `<g class="frame">` element drawn for `symbol` called from `caller`.
+    fn frame_element<'s>(svg: &'s str, symbol: &str, caller: &str) -> &'s str {
+        let start = format!(
+            r#"<g class="frame" data-symbol="{}" data-caller="{}">"#,
+            escape(symbol),
+            escape(caller)
+        );
+        let begin = svg
+            .find(&start)
+            .unwrap_or_else(|| panic!("{start} not in {svg}"));
+        let end = begin + svg[begin..].find("</g>").unwrap();
+        &svg[begin..end]
+    }
+
+    #[test]
+    fn widths_are_inclusive_slots_heaviest_first() {
+        let report = tree_report();
+        assert_eq!(
+            frames(&report, Weight::Slots),
+            vec![
+                row("a", None, 0, 0.0, 600.0),
+                row("c", Some("a"), 1, 0.0, 300.0),
+                row("e", Some("c"), 2, 0.0, 150.0),
+                row("d", Some("a"), 1, 300.0, 100.0),
+                row("b<&\"T'>", None, 0, 600.0, 200.0),
+            ]
+        );
+        // 800 slots over 1180 pixels: 1.475 pixels a slot, from the left margin of 10.
+        let svg = svg_of(&report, Weight::Slots);
+        for (symbol, caller, x, y, width) in [
+            ("a", "", 10.0, 72.0, 885.0),
+            ("c", "a", 10.0, 90.0, 442.5),
+            ("e", "c", 10.0, 108.0, 221.25),
+            ("d", "a", 452.5, 90.0, 147.5),
+            ("b<&\"T'>", "", 895.0, 72.0, 295.0),
+        ] {
+            let rect = format!(r#"<rect x="{x:.3}" y="{y}" width="{width:.3}" height="17""#);
+            let element = frame_element(&svg, symbol, caller);
+            assert!(element.contains(&rect), "{rect} not in {element}");
+        }
+        assert_eq!(svg.matches(r#"<g class="frame""#).count(), 5);
+    }
+
+    #[test]
+    fn calls_weight_nests_callees_calls_inside() {
+        // a: its 2 calls + c's 3 + e's 5 + d's 1 = 11; b: 4.
+        assert_eq!(
+            frames(&tree_report(), Weight::Calls),
+            vec![
+                row("a", None, 0, 0.0, 11.0),
+                row("c", Some("a"), 1, 0.0, 8.0),
+                row("e", Some("c"), 2, 0.0, 5.0),
+                row("d", Some("a"), 1, 8.0, 1.0),
+                row("b<&\"T'>", None, 0, 11.0, 4.0),
+            ]
+        );
+        let svg = svg_of(&tree_report(), Weight::Calls);
+        assert!(svg.contains("frame width = probed calls (own and callees&apos;)"));
+        // 15 calls over 1180 pixels.
+        let element = frame_element(&svg, "b<&\"T'>", "");
+        let rect = format!(
+            r#"<rect x="{:.3}" y="72" width="{:.3}""#,
+            10.0 + 1180.0 * 11.0 / 15.0,
+            1180.0 * 4.0 / 15.0
+        );
+        assert!(element.contains(&rect), "{rect} not in {element}");
+    }
+
+    #[test]
+    fn frames_take_their_dominant_category_colour() {
+        let svg = svg_of(&tree_report(), Weight::Slots);
+        for (symbol, caller, colour) in [
+            ("a", "", "#fb8c00"),
+            ("b<&\"T'>", "", "#7e57c2"),
+            ("c", "a", "#43a047"),
+            ("d", "a", "#e53935"),
+        ] {
+            let element = frame_element(&svg, symbol, caller);
+            assert!(
+                element.contains(&format!(r#"fill="{colour}""#)),
+                "{symbol}: {element}"
+            );
+        }
+        // The legend names all four categories.
+        for label in [
+            "Retiring",
+            "Bad Speculation",
+            "Frontend Bound",
+            "Backend Bound",
+        ] {
+            assert!(svg.contains(&format!(">{label}</text>")), "{label}");
+        }
+    }
+
+    #[test]
+    fn names_are_escaped_everywhere() {
+        let svg = svg_of(&tree_report(), Weight::Slots);
+        assert!(!svg.contains("b<&"), "{svg}");
+        let escaped = "b&lt;&amp;&quot;T&apos;&gt;";
+        // Frame attribute, tooltip, frame label and bar label.
+        assert!(svg.matches(escaped).count() >= 4, "{svg}");
+        assert_eq!(escape("a\u{1}b"), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn tooltips_give_calls_weight_and_every_metric() {
+        let svg = svg_of(&tree_report(), Weight::Slots);
+        let element = frame_element(&svg, "c", "a");
+        let title =
+            &element[element.find("<title>").unwrap() + 7..element.find("</title>").unwrap()];
+        assert_eq!(
+            title,
+            "c\ncalled from a\ncalls: 3\ninclusive slots: 300\nwidth: 37.50% of all slots\n\
+             backend_bound: 0.200\nbad_speculation: 0.100\nfrontend_bound: 0.100\nretiring: 0.600"
+        );
+    }
+
+    #[test]
+    fn shared_callees_split_and_cycles_stop() {
+        // y has two callers (x: 80 slots, z: 20), calls itself and w; w calls x back.
+        let mut report = tree_report();
+        report.call_tree = vec![
+            edge(None, "x", 1, entity(100, RETIRING)),
+            edge(None, "z", 1, entity(100, RETIRING)),
+            edge(Some("x"), "y", 1, entity(80, RETIRING)),
+            edge(Some("z"), "y", 1, entity(20, RETIRING)),
+            edge(Some("y"), "y", 1, entity(30, RETIRING)),
+            edge(Some("y"), "w", 1, entity(50, RETIRING)),
+            edge(Some("w"), "x", 1, entity(10, RETIRING)),
+        ];
+        // x's root frame is 100 of x's 110 incoming slots (w calls it back), so its callees get
+        // 100/110 of x's edges; y then has 80 of its 100 under x, 20 under z. Under x the
+        // cycle stops at w (x is on the path); under z it goes on to x once.
+        let x_share = 1.0 * 100.0 / 110.0;
+        let y_under_x = x_share * 80.0 / 100.0;
+        assert_eq!(
+            frames(&report, Weight::Slots),
+            vec![
+                row("x", None, 0, 0.0, 100.0),
+                row("y", Some("x"), 1, 0.0, x_share * 80.0),
+                row("w", Some("y"), 2, 0.0, y_under_x * 50.0),
+                row("z", None, 0, 100.0, 100.0),
+                row("y", Some("z"), 1, 100.0, 20.0),
+                row("w", Some("y"), 2, 100.0, 10.0),
+                row("x", Some("w"), 3, 100.0, 2.0),
+            ]
+        );
+        let svg = svg_of(&report, Weight::Slots);
+        // The tooltip of y under x says it stands for part of the edge.
+        let element = frame_element(&svg, "y", "x");
+        assert!(
+            element.contains("(drawn at 90.9% of this edge: x has several callers)"),
+            "{element}"
+        );
+    }
+
+    #[test]
+    fn software_model_frames_are_one_neutral_colour() {
+        let mut report = report_of("software", 0);
+        report.interval = None;
+        let clock = |ns: u64| Entity {
+            counters: [("cpu-clock".to_owned(), ns)].into_iter().collect(),
+            ..Entity::default()
+        };
+        report.functions = vec![FunctionEntry {
+            target: "/bin/app".into(),
+            symbol: "f".into(),
+            pid: None,
+            calls: 1,
+            inclusive: clock(500),
+            exclusive: clock(500),
+        }];
+        report.call_tree = vec![CallEdge {
+            caller: None,
+            callee: "f".into(),
+            pid: None,
+            calls: 1,
+            inclusive: clock(500),
+        }];
+        let svg = svg_of(&report, Weight::Slots);
+        assert!(svg.contains("model software: no TopDown metrics, one colour for all"));
+        assert!(svg.contains("frame width = inclusive cpu-clock"));
+        let element = frame_element(&svg, "f", "");
+        assert!(
+            element.contains(&format!(r#"fill="{NEUTRAL}""#)),
+            "{element}"
+        );
+        for category in &CATEGORIES {
+            assert!(!svg.contains(category.colour), "{}", category.colour);
+        }
+    }
+
+    #[test]
+    fn reports_without_functions_or_with_intervals_are_refused() {
+        let mut report = tree_report();
+        report.functions.clear();
+        report.call_tree.clear();
+        let err = write_svg(&report, Weight::Slots, &mut Vec::new()).unwrap_err();
+        assert_eq!(failure_of(&err), Some(Failure::Usage));
+        assert_eq!(
+            err.to_string(),
+            "--format svg draws the probed call tree, and this report has no probed functions: record with -u TARGET:FUNC"
+        );
+        let interval = report_of("intel-icl", 1);
+        let err = write_svg(&interval, Weight::Slots, &mut Vec::new()).unwrap_err();
+        assert_eq!(failure_of(&err), Some(Failure::Usage));
+        assert!(
+            err.to_string().contains("interval 3 of an -I recording"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn labels_fit_their_frames() {
+        assert_eq!(
+            fit("handle_request", 200.0).as_deref(),
+            Some("handle_request")
+        );
+        // 60 pixels: (60 - 6) / 6.7 = 8 characters, the last two of them "..".
+        assert_eq!(fit("handle_request", 60.0).as_deref(), Some("handle.."));
+        assert_eq!(fit("handle_request", 20.0), None);
+    }
+}
