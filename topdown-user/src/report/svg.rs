@@ -435,10 +435,19 @@ fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
             .then_with(|| a.symbol.cmp(&b.symbol))
             .then_with(|| a.pid.cmp(&b.pid))
     });
+    let heading = if has_topdown(report) {
+        "Exclusive TopDown per function (own work, probed callees excluded)".to_owned()
+    } else {
+        format!(
+            "Exclusive {} per function (own work, probed callees excluded; no TopDown metrics)",
+            report.weight_counter
+        )
+    };
     let _ = writeln!(
         svg,
-        r#"<text class="heading" x="{MARGIN}" y="{}">Exclusive TopDown per function (own work, probed callees excluded)</text>"#,
-        y + 14.0
+        r#"<text class="heading" x="{MARGIN}" y="{}">{}</text>"#,
+        y + 14.0,
+        escape(&heading)
     );
     let bar_x = MARGIN + BAR_LABEL_WIDTH;
     let bar_width = WIDTH - 2.0 * MARGIN - BAR_LABEL_WIDTH - BAR_FIGURES_WIDTH;
@@ -914,6 +923,7 @@ mod tests {
         let svg = svg_of(&report, Weight::Slots);
         assert!(svg.contains("model software: no TopDown metrics, one colour for all"));
         assert!(svg.contains("frame width = inclusive cpu-clock"));
+        assert!(svg.contains(">Exclusive cpu-clock per function (own work, probed callees excluded; no TopDown metrics)<"));
         let element = frame_element(&svg, "f", "");
         assert!(
             element.contains(&format!(r#"fill="{NEUTRAL}""#)),
