@@ -8,7 +8,7 @@
 //! frame's share of the function's incoming weight, so they always fit inside it (for a true
 //! tree, where every function has one caller, every width is exactly its edge's weight).
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 use super::{CallEdge, Entity, FunctionEntry, Report, Weight};
 use crate::error::{Failure, fail};
@@ -25,6 +25,11 @@ const CHAR_WIDTH: f64 = 6.7;
 /// Deeper paths are not drawn: a bound on work for pathological graphs (the probes' own
 /// nesting limit is 64).
 const MAX_DEPTH: usize = 64;
+/// Paths walked at most: a densely shared graph (`-u 'lib:*'`) has exponentially many paths;
+/// past this the tree stops expanding and says it was cut.
+const MAX_VISITS: usize = 200_000;
+/// Frames narrower than this many pixels are not drawn (nor their callees, narrower still).
+const MIN_PIXELS: f64 = 0.1;
 
 /// A TopDown level-1 category and its colour. Hues as toplev and VTune draw them: retiring
 /// green, bad speculation red, frontend bound purple, backend bound orange.
@@ -122,6 +127,8 @@ pub struct Tree<'a> {
     pub frames: Vec<Frame<'a>>,
     /// Sum of the root frames' widths.
     pub total: f64,
+    /// More paths than [`MAX_VISITS`]: deeper frames were left out.
+    pub truncated: bool,
 }
 
 struct Graph<'a> {
@@ -131,6 +138,9 @@ struct Graph<'a> {
     out: BTreeMap<(Option<u32>, &'a str), Vec<&'a CallEdge>>,
     /// (pid, callee) -> its edges' base values summed, recursive self-edges left out.
     into: BTreeMap<(Option<u32>, &'a str), f64>,
+    visits: Cell<usize>,
+    /// Frames narrower than this (in weight units) are left out.
+    min_width: Cell<f64>,
 }
 
 impl<'a> Graph<'a> {
@@ -140,6 +150,8 @@ impl<'a> Graph<'a> {
             weight,
             out: BTreeMap::new(),
             into: BTreeMap::new(),
+            visits: Cell::new(0),
+            min_width: Cell::new(0.0),
         };
         for edge in &report.call_tree {
             if let Some(caller) = &edge.caller {
@@ -175,7 +187,8 @@ impl<'a> Graph<'a> {
     /// The callee's edges down the tree, with the fraction of them a frame standing for
     /// `share` of `edge` gets. Callees already on `stack` (recursion, cycles) are left out.
     fn children(&self, edge: &'a CallEdge, share: f64, stack: &[&str]) -> Vec<(&'a CallEdge, f64)> {
-        if stack.len() >= MAX_DEPTH {
+        self.visits.set(self.visits.get() + 1);
+        if stack.len() >= MAX_DEPTH || self.visits.get() > MAX_VISITS {
             return Vec::new();
         }
         let into = self
@@ -236,7 +249,7 @@ impl<'a> Graph<'a> {
             .children(edge, share, stack)
             .into_iter()
             .map(|(child, share)| (child, share, self.measure(child, share, stack)))
-            .filter(|(_, _, width)| *width > 0.0)
+            .filter(|(_, _, width)| *width > 0.0 && *width >= self.min_width.get())
             .collect();
         // Inclusive counts of callees can exceed their caller's by rounding in the kernel's
         // reads; squeeze them in rather than draw past the caller.
@@ -281,13 +294,21 @@ pub fn layout(report: &Report, weight: Weight) -> Tree<'_> {
         .filter(|(_, _, width)| *width > 0.0)
         .collect();
     sort_by_weight(&mut roots);
+    let total: f64 = roots.iter().map(|(_, _, width)| width).sum();
+    graph
+        .min_width
+        .set(total * MIN_PIXELS / (WIDTH - 2.0 * MARGIN));
     let mut frames = Vec::new();
     let mut x = 0.0;
     for (edge, share, width) in roots {
         graph.place(edge, share, x, width, &mut stack, &mut frames);
         x += width;
     }
-    Tree { frames, total: x }
+    Tree {
+        frames,
+        total: x,
+        truncated: graph.visits.get() > MAX_VISITS,
+    }
 }
 
 /// Whether the report carries TopDown level-1 metrics (not the software model).
@@ -577,6 +598,12 @@ pub fn write_svg(
     );
     if report.synthetic {
         context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+    }
+    if tree.truncated {
+        let _ = write!(
+            context,
+            "; more than {MAX_VISITS} call paths: deeper frames left out"
+        );
     }
     let _ = writeln!(
         svg,
@@ -895,6 +922,38 @@ mod tests {
             element.contains("(drawn at 90.9% of this edge: x has several callers)"),
             "{element}"
         );
+    }
+
+    /// 40 functions each calling every later one: 2^38 paths. The walk stops, says so, and
+    /// still draws the roots to scale.
+    #[test]
+    fn densely_shared_graphs_are_cut_not_walked() {
+        let mut report = tree_report();
+        let name = |index: usize| format!("f{index:02}");
+        report.call_tree = vec![edge(None, &name(0), 1, entity(1000, RETIRING))];
+        for caller in 0..40 {
+            for callee in caller + 1..40 {
+                report.call_tree.push(edge(
+                    Some(&name(caller)),
+                    &name(callee),
+                    1,
+                    entity(10, RETIRING),
+                ));
+            }
+        }
+        let started = std::time::Instant::now();
+        let tree = layout(&report, Weight::Calls);
+        assert!(tree.truncated);
+        let svg = svg_of(&report, Weight::Calls);
+        assert!(svg.contains("; more than 200000 call paths: deeper frames left out"));
+        let element = frame_element(&svg, "f00", "");
+        assert!(element.contains(r#"width="1180.000""#), "{element}");
+        // By slots, callees squeezed into their callers soon fall below a tenth of a pixel
+        // and are not walked further.
+        let tree = layout(&report, Weight::Slots);
+        assert!(!tree.truncated);
+        assert!(tree.frames.len() < 10_000, "{}", tree.frames.len());
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
     }
 
     #[test]
