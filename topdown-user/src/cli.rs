@@ -9,7 +9,7 @@ use clap::{
 
 use crate::{
     bpf::Trigger,
-    report::{By, Format},
+    report::{By, Format, Weight},
 };
 
 /// The command-line names of a domain enum. The enums themselves stay free of clap: the names
@@ -39,7 +39,13 @@ impl Named for Format {
         ("table", Format::Table),
         ("json", Format::Json),
         ("csv", Format::Csv),
+        ("svg", Format::Svg),
     ];
+}
+
+impl Named for Weight {
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("slots", Weight::Slots), ("calls", Weight::Calls)];
 }
 
 impl Named for Trigger {
@@ -149,6 +155,11 @@ pub struct StatArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
+    /// With --format svg: what a frame's width measures, the inclusive weight counter (slots,
+    /// or cycles / cpu-clock where the model has no slots) or the probed calls.
+    #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
+    pub weight: Weight,
+
     /// Counting options shared with `topdown serve`.
     #[command(flatten)]
     pub counting: CountingArgs,
@@ -184,6 +195,11 @@ pub struct ReportArgs {
     /// Write to FILE instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// With --format svg: what a frame's width measures, the inclusive weight counter (slots,
+    /// or cycles / cpu-clock where the model has no slots) or the probed calls.
+    #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
+    pub weight: Weight,
 }
 
 /// What to count and how: the options `stat` and `serve` share.

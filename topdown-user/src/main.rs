@@ -39,6 +39,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 args.level,
                 args.format,
                 &args.by,
+                args.weight,
                 output.as_mut(),
             )?;
             output.commit()?;

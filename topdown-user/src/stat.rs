@@ -138,12 +138,19 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
                 elapsed,
                 &mut session,
                 args.format,
+                args.weight,
                 output.as_mut(),
             )?;
         }
         None => {
             let report = session.report(&snapshot, None, elapsed.as_secs_f64(), None);
-            render(&report, args.format, session.by(), output.as_mut())?;
+            render(
+                &report,
+                args.format,
+                session.by(),
+                args.weight,
+                output.as_mut(),
+            )?;
         }
     }
     output.commit()?;
@@ -243,7 +250,7 @@ async fn event_loop(
             _ = tick(ticker.as_mut()) => {
                 if let Some(state) = interval_state.as_mut() {
                     let snapshot = session.snapshot(false)?;
-                    write_interval(state, &snapshot, started.elapsed(), session, args.format, output)?;
+                    write_interval(state, &snapshot, started.elapsed(), session, args.format, args.weight, output)?;
                     // Each complete interval goes out at once (`tail -f FILE` follows it).
                     output.commit()?;
                 }
@@ -258,6 +265,7 @@ fn write_interval(
     now: Duration,
     session: &mut CountingSession,
     format: crate::report::Format,
+    weight: crate::report::Weight,
     output: &mut dyn Write,
 ) -> Result<()> {
     state.index += 1;
@@ -272,7 +280,7 @@ fn write_interval(
         duration_s,
         Some(interval),
     );
-    render(&report, format, session.by(), output)?;
+    render(&report, format, session.by(), weight, output)?;
     state.previous = Some(snapshot.clone());
     state.previous_end = now;
     Ok(())

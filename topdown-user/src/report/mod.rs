@@ -1,4 +1,4 @@
-//! The result of a run, as data, and its renderers (table, JSON, CSV).
+//! The result of a run, as data, and its renderers (table, JSON, CSV, SVG).
 //!
 //! [`Report`] is exactly what `--format json` writes and what `topdown report -i` reads back.
 //! Metrics are always derivable from `counters` with the recorded model, so `report -i`
@@ -12,6 +12,7 @@ use crate::model::{Counts, Metrics};
 
 pub mod csv;
 pub mod json;
+pub mod svg;
 pub mod table;
 
 /// One run's (or one interval's) results.
@@ -211,6 +212,17 @@ pub enum Format {
     Table,
     Json,
     Csv,
+    /// The probed call tree as an icicle graph plus per-function exclusive TopDown bars.
+    Svg,
+}
+
+/// What an SVG frame's width measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    /// The report's weight counter (`slots`, `cycles`, `cpu-clock`), inclusive.
+    Slots,
+    /// Probed calls: the edge's own and, nested inside, its callees'.
+    Calls,
 }
 
 /// Breakdowns a report shows.
@@ -298,17 +310,20 @@ pub fn load_reports(path: &std::path::Path) -> anyhow::Result<Vec<Report>> {
     Ok(reports)
 }
 
-/// Writes `report` in `format`, showing the `by` breakdowns.
+/// Writes `report` in `format`, showing the `by` breakdowns (SVG: the call tree, sized by
+/// `weight`).
 pub fn render(
     report: &Report,
     format: Format,
     by: &[By],
+    weight: Weight,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
     match format {
         Format::Table => table::write_table(report, by, out),
         Format::Json => json::write_json_line(report, out),
         Format::Csv => csv::write_csv(report, by, out),
+        Format::Svg => svg::write_svg(report, weight, out),
     }
 }
 
@@ -318,6 +333,7 @@ pub fn report_command(
     level: Option<u8>,
     format: Format,
     by: &[By],
+    weight: Weight,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
     for mut report in load_reports(input)? {
@@ -341,7 +357,7 @@ pub fn report_command(
             Some(level) => level,
         };
         recompute(&mut report, model.as_ref(), level);
-        render(&report, format, by, out)?;
+        render(&report, format, by, weight, out)?;
     }
     Ok(())
 }
@@ -556,7 +572,7 @@ pub(crate) mod tests {
         recompute(&mut report, model.as_ref(), 2);
 
         let mut json = Vec::new();
-        render(&report, Format::Json, &by, &mut json).unwrap();
+        render(&report, Format::Json, &by, Weight::Slots, &mut json).unwrap();
         // serde_json parses floats to within an ULP (no `float_roundtrip`): compare counters
         // exactly and metrics by key and value to 1e-12.
         let back: Report = serde_json::from_slice(&json).unwrap();
@@ -577,7 +593,7 @@ pub(crate) mod tests {
         }
 
         let mut csv = Vec::new();
-        render(&report, Format::Csv, &by, &mut csv).unwrap();
+        render(&report, Format::Csv, &by, Weight::Slots, &mut csv).unwrap();
         let mut reader = ::csv::Reader::from_reader(csv.as_slice());
         let header = reader.headers().unwrap().clone();
         let memory = header.iter().position(|h| h == "memory_bound").unwrap();
@@ -595,7 +611,7 @@ pub(crate) mod tests {
         );
 
         let mut table = Vec::new();
-        render(&report, Format::Table, &by, &mut table).unwrap();
+        render(&report, Format::Table, &by, Weight::Slots, &mut table).unwrap();
         let table = String::from_utf8(table).unwrap();
         assert!(table.contains("parse<i32>"), "{table}");
         assert!(table.contains("system.slice"), "{table}");
