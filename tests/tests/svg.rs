@@ -343,13 +343,25 @@ fn svg_without_probed_functions_is_a_usage_error() {
         .arg("1")
         .output()
         .unwrap();
+    // Refused before anything runs: the command is never started, nothing is counted.
     assert_eq!(output.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&output.stderr).ends_with(expected),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "topdown: error: --format svg draws the probed call tree: add -u TARGET:FUNC\n"
     );
-    // -o FILE is written only once the report is complete.
     assert!(!svg.exists());
+    let interval = topdown()
+        .args(["stat", "--format", "svg", "-I", "100", "-u"])
+        .arg(format!("{}:main", workload().display()))
+        .arg("--")
+        .arg(workload())
+        .arg("1")
+        .output()
+        .unwrap();
+    assert_eq!(interval.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&interval.stderr),
+        "topdown: error: --format svg draws one whole run: leave out -I\n"
+    );
     let _ = std::fs::remove_file(json);
 }

@@ -18,9 +18,10 @@ use crate::{
     bpf::Snapshot,
     cli::StatArgs,
     counting::{self, CountingSession, Targets},
+    error::{Failure, fail},
     output::Output,
     progress::Progress,
-    report::{By, IntervalInfo, render},
+    report::{By, Format, IntervalInfo, render},
     target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
 };
 
@@ -42,6 +43,21 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     let scope = scope_of(&args);
     // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
     // a report is complete: a run that fails before counting leaves the last result in place.
+    if args.format == Format::Svg {
+        // Found before the command runs, not after: the picture needs a probed call tree.
+        if args.counting.uprobes.is_empty() {
+            return Err(fail(
+                Failure::Usage,
+                "--format svg draws the probed call tree: add -u TARGET:FUNC",
+            ));
+        }
+        if args.interval_ms.is_some() {
+            return Err(fail(
+                Failure::Usage,
+                "--format svg draws one whole run: leave out -I",
+            ));
+        }
+    }
     let mut output = Output::open(args.output.as_deref())?;
     let prepared = counting::prepare(&args.counting, &args.by)?;
 
