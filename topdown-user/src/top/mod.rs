@@ -166,15 +166,8 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
             }
             _ = ticker.tick() => {
                 let fresh = refresh(&mut session, &mut previous)?;
-                if let (Some(_), Some((before, at))) = (&stats, run_time) {
-                    if let Ok((now_time, _)) = session.bpf.program_run_time() {
-                        let now = Instant::now();
-                        let wall = now.duration_since(at).as_secs_f64() * header.cpus.max(1) as f64;
-                        header.overhead_percent = Some(
-                            100.0 * now_time.saturating_sub(before).as_secs_f64() / wall.max(1e-9),
-                        );
-                        run_time = Some((now_time, now));
-                    }
+                if stats.is_some() {
+                    header.overhead_percent = overhead(&session, &mut run_time, header.cpus);
                 }
                 if !ui.paused {
                     report = fresh;
@@ -214,6 +207,23 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     }
     drop(session);
     Ok(0)
+}
+
+/// topdown's BPF run time since the last call, in percent of all CPUs (as serve's overhead
+/// guard measures it); `last` keeps the total and when it was read.
+fn overhead(
+    session: &CountingSession,
+    last: &mut Option<(Duration, Instant)>,
+    cpus: usize,
+) -> Option<f64> {
+    let (run_time, _) = session.bpf.program_run_time().ok()?;
+    let now = Instant::now();
+    let percent = last.map(|(before, at)| {
+        let wall = now.duration_since(at).as_secs_f64() * cpus.max(1) as f64;
+        100.0 * run_time.saturating_sub(before).as_secs_f64() / wall.max(1e-9)
+    });
+    *last = Some((run_time, now));
+    percent
 }
 
 /// Reads the maps and evaluates the deltas since the last refresh; forgets exited tasks and
@@ -270,8 +280,12 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
         };
         if !counted {
             ui.message = Some(match by {
-                By::Cgroup => "no cgroups counted this refresh (counted with --by ...,cgroup)".to_owned(),
-                By::Function => "no functions counted this refresh (probe some with -u TARGET:FUNC)".to_owned(),
+                By::Cgroup => {
+                    "no cgroups counted this refresh (counted with --by ...,cgroup)".to_owned()
+                }
+                By::Function => {
+                    "no functions counted this refresh (probe some with -u TARGET:FUNC)".to_owned()
+                }
                 _ => "nothing counted this refresh".to_owned(),
             });
         }
@@ -292,9 +306,8 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
                 ui.level = if ui.level == 1 { 2 } else { 1 };
                 ui.sort = Sort::Weight;
             } else {
-                ui.message = Some(
-                    "level 2 needs its counters: start topdown top with -l 2".to_owned(),
-                );
+                ui.message =
+                    Some("level 2 needs its counters: start topdown top with -l 2".to_owned());
             }
         }
         KeyCode::Char(' ') => ui.paused = !ui.paused,
@@ -491,7 +504,10 @@ mod tests {
             KeyCode::Backspace,
             KeyCode::Char('o'),
         ] {
-            assert_eq!(handle_key(press(code), &mut ui, &report, &header), Action::Continue);
+            assert_eq!(
+                handle_key(press(code), &mut ui, &report, &header),
+                Action::Continue
+            );
         }
         assert_eq!(ui.editing.as_deref(), Some("wo"));
         // While typing, q is text, not quit.
@@ -522,7 +538,12 @@ mod tests {
             Some("level 2 needs its counters: start topdown top with -l 2")
         );
         let mut level_two = Ui::new(2);
-        handle_key(press(KeyCode::Char('l')), &mut level_two, &report, &header_of(2));
+        handle_key(
+            press(KeyCode::Char('l')),
+            &mut level_two,
+            &report,
+            &header_of(2),
+        );
         assert_eq!(level_two.level, 1);
 
         // s cycles weight -> each of the four categories -> name -> weight.
@@ -542,7 +563,10 @@ mod tests {
                 Sort::Weight
             ]
         );
-        assert_eq!(handle_key(press(KeyCode::Char('q')), &mut ui, &report, &header), Action::Quit);
+        assert_eq!(
+            handle_key(press(KeyCode::Char('q')), &mut ui, &report, &header),
+            Action::Quit
+        );
         assert_eq!(
             handle_key(
                 KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL),

@@ -329,7 +329,13 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     let mut x = area.x;
     for category in &categories {
         x = line(buf, &mut y, x, BAR, Style::default().fg(colour(category)));
-        x = line(buf, &mut y, x, &format!(" {}  ", category), Style::default());
+        x = line(
+            buf,
+            &mut y,
+            x,
+            &format!(" {}  ", category),
+            Style::default(),
+        );
     }
     let sort = match ui.sort {
         Sort::Weight => report.weight_counter.clone(),

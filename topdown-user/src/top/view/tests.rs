@@ -293,7 +293,9 @@ fn the_software_model_draws_the_share_of_on_cpu_time() {
         .chain(report.processes.iter_mut().map(|p| &mut p.entity))
     {
         let slots = entity.counters.remove("slots").unwrap_or(0);
-        entity.counters.insert("cpu-clock".to_owned(), slots * 1_000_000);
+        entity
+            .counters
+            .insert("cpu-clock".to_owned(), slots * 1_000_000);
         entity.metrics.clear();
     }
     let buf = screen(&report, &Ui::new(0), 100, 6);
