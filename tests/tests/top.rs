@@ -205,9 +205,10 @@ fn top_with_the_software_model_shows_on_cpu_time() {
         "{screen}"
     );
     let words = row(&screen, "td-workload");
-    // Spinning since the last refresh: some on-CPU time, in milliseconds.
+    // The whole run: 1.5 s of wall-clock spin, on CPU for at most that (and start-up), at
+    // least a little even on a busy machine.
     let on_cpu: f64 = words[2].trim_end_matches("ms").parse().unwrap();
-    assert!(on_cpu > 0.0 && on_cpu <= 1000.0, "{screen}");
+    assert!((100.0..=2000.0).contains(&on_cpu), "{screen}");
     // Ctrl-C quits as q does.
     pane.keys(&["C-c"]);
     pane.assert_restored();

@@ -78,7 +78,12 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     // exits without ever running untraced.
     let mut session = prepared.start(&args.counting, targets, verbose)?;
     // The baseline before the command runs, so its first refresh holds all it did.
-    let mut previous = (session.snapshot(false)?, Instant::now());
+    let baseline = session.snapshot(false)?;
+    let mut previous = (baseline.clone(), Instant::now());
+    // Exited tasks are forgotten after each refresh only system-wide, where they are
+    // unbounded; a command's or pids' are kept for the whole-run view when they end.
+    let forget = matches!(scope, Scope::SystemWide);
+    let baseline_at = previous.1;
     let mut command_pid = match pending {
         Some(pending) => Some(pending.release()?),
         None => None,
@@ -146,18 +151,19 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
                 let index = gone?;
                 watches.swap_remove(index);
                 if watches.is_empty() {
-                    // The last refresh holds the targets' final counts: keep it on screen.
-                    let fresh = refresh(&mut session, &mut previous)?;
-                    if !ui.paused {
-                        report = fresh;
-                    }
+                    // The targets' whole run stays on screen: a last refresh alone could
+                    // hold only the few milliseconds since the tick before.
+                    let last = session.snapshot(false)?;
+                    let whole = baseline_at.elapsed();
+                    report = session.report(&last, Some(&baseline), whole.as_secs_f64(), None);
+                    previous = (last, Instant::now());
                     if let Some(pid) = command_pid.take() {
                         command_status = wait_command(pid).await;
                     }
                     ui.paused = true;
                     ui.message = Some(match command_status {
-                        Some(status) => format!("the command exited (status {status}): its last refresh stays on screen; q to quit"),
-                        None => "every traced process has exited: the last refresh stays on screen; q to quit".to_owned(),
+                        Some(status) => format!("the command exited (status {status}): its whole run stays on screen; q to quit"),
+                        None => "every traced process has exited: their whole run stays on screen; q to quit".to_owned(),
                     });
                     // The command wrote on the same terminal: repaint everything.
                     screen.terminal.clear().context("clearing the terminal")?;
@@ -165,7 +171,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
                 }
             }
             _ = ticker.tick() => {
-                let fresh = refresh(&mut session, &mut previous)?;
+                let fresh = refresh(&mut session, &mut previous, forget)?;
                 if stats.is_some() {
                     header.overhead_percent = overhead(&session, &mut run_time, header.cpus);
                 }
@@ -227,15 +233,21 @@ fn overhead(
 }
 
 /// Reads the maps and evaluates the deltas since the last refresh; forgets exited tasks and
-/// removed cgroups (as serve does) so a long view's memory stays bounded.
-fn refresh(session: &mut CountingSession, previous: &mut (Snapshot, Instant)) -> Result<Report> {
+/// removed cgroups when `forget` (as serve does) so a long view's memory stays bounded.
+fn refresh(
+    session: &mut CountingSession,
+    previous: &mut (Snapshot, Instant),
+    forget: bool,
+) -> Result<Report> {
     let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
     let duration_s = now.duration_since(previous.1).as_secs_f64();
     let report = session.report(&snapshot, Some(&previous.0), duration_s, None);
-    session.forget_removed_cgroups(&mut snapshot)?;
-    session.bpf.forget_exited();
-    snapshot.exited.clear();
+    if forget {
+        session.forget_removed_cgroups(&mut snapshot)?;
+        session.bpf.forget_exited();
+        snapshot.exited.clear();
+    }
     *previous = (snapshot, now);
     Ok(report)
 }

@@ -215,9 +215,14 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
             .functions
             .iter()
             .map(|f| {
+                // The binary's file name: its directory rarely fits and seldom tells apart.
+                let target = std::path::Path::new(&f.target).file_name().map_or_else(
+                    || f.target.clone(),
+                    |name| name.to_string_lossy().into_owned(),
+                );
                 row(
                     f.calls.to_string(),
-                    format!("{} ({})", f.symbol, f.target),
+                    format!("{} ({target})", f.symbol),
                     &f.inclusive,
                 )
             })

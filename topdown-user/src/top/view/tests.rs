@@ -324,3 +324,34 @@ fn a_tiny_terminal_is_drawn_without_panicking() {
         assert!(text(&buf, 0).starts_with(&"topdown top"[..usize::from(width).min(11)]));
     }
 }
+
+#[test]
+fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
+    let mut report = report();
+    report.functions = vec![crate::report::FunctionEntry {
+        target: "/usr/lib/x86_64-linux-gnu/libc.so.6".to_owned(),
+        symbol: "getppid".to_owned(),
+        pid: None,
+        calls: 24853,
+        inclusive: entity("slots", 500, &level_one(0.5, 0.0, 0.25, 0.25)),
+        exclusive: entity("slots", 400, &level_one(0.5, 0.0, 0.25, 0.25)),
+    }];
+    let mut ui = Ui::new(1);
+    ui.view = View::Functions;
+    let buf = screen(&report, &ui, 100, 5);
+    assert_eq!(
+        text(&buf, 2),
+        "  CALLS FUNCTION              slots  share  Retire BadSpec   Front    Back"
+    );
+    assert_eq!(
+        text(&buf, 3),
+        format!(
+            "  24853 getppid (libc.…         500  50.0%   50.0%    0.0%   25.0%   25.0% {}",
+            BAR.repeat(24)
+        )
+    );
+    assert_eq!(
+        bar(&buf, 3, 75),
+        [(Color::Green, 12), (Color::Magenta, 6), (Color::Blue, 6)]
+    );
+}
