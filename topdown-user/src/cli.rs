@@ -90,6 +90,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Export TopDown per cgroup/container, process and function to Prometheus, continuously.
     Serve(Box<ServeArgs>),
+    /// A live terminal view: processes, threads, cgroups or functions with their TopDown
+    /// breakdown, refreshed every second.
+    Top(Box<TopArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -306,6 +309,49 @@ impl std::ops::Deref for StatArgs {
     fn deref(&self) -> &CountingArgs {
         &self.counting
     }
+}
+
+/// `topdown top`: the live terminal view.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("scope").args(["all_cpus", "pids", "command"])))]
+pub struct TopArgs {
+    /// System-wide: every task on every CPU (the default when no scope is given).
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+
+    /// Trace these already running processes (comma-separated pids; a thread id means its process).
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_delimiter = ',',
+        value_name = "PID,..."
+    )]
+    pub pids: Vec<u32>,
+
+    /// Stop after this many seconds.
+    #[arg(short = 'd', long = "duration", value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+
+    /// How often to redraw with the counts of the last refresh (milliseconds).
+    #[arg(long = "refresh-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub refresh_ms: u64,
+
+    /// Breakdowns to count (the keys p, t, c, f switch between them on screen).
+    #[arg(
+        long = "by",
+        value_parser = named::<By>(),
+        value_delimiter = ',',
+        default_value = "task,process,cgroup"
+    )]
+    pub by: Vec<By>,
+
+    /// Counting options shared with `topdown stat` and `topdown serve`.
+    #[command(flatten)]
+    pub counting: CountingArgs,
+
+    /// The command to run and trace, with its children.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
 }
 
 /// `topdown serve`: the always-on exporter.

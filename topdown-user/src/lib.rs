@@ -23,6 +23,7 @@ pub mod serve;
 pub mod stat;
 pub mod symbols;
 pub mod target;
+pub mod top;
 pub mod tracefs;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these

@@ -31,6 +31,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
             runtime.block_on(stat::run(*args, cli.verbose > 0))
         }
+        Command::Top(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
+            runtime.block_on(topdown::top::run(*args, cli.verbose > 0))
+        }
         Command::Report(args) => {
             // FILE is replaced only once the report is complete: a bad input keeps it.
             let mut output = topdown::output::Output::open(args.output.as_deref())?;

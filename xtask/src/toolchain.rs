@@ -18,5 +18,6 @@ pub const LLVM_PACKAGES: [&str; 4] = [
 pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Debian packages the tests use: Debian's Prometheus server (scrapes `topdown serve` in a
 /// test) and its promtool (lints the exposition). The package's service is not started in
-/// containers without an init; the test runs its own server.
-pub const TEST_PACKAGES: [&str; 1] = ["prometheus"];
+/// containers without an init; the test runs its own server. tmux is the pseudo-terminal that
+/// `topdown top`'s test drives.
+pub const TEST_PACKAGES: [&str; 2] = ["prometheus", "tmux"];

@@ -1,0 +1,357 @@
+use ratatui::{buffer::Buffer, layout::Rect, style::Color};
+
+use super::*;
+use crate::report::{Diagnostics, ProcessEntry, TaskEntry};
+
+fn entity(weight_counter: &str, weight: u64, metrics: &[(&str, f64)]) -> Entity {
+    Entity {
+        counters: [(weight_counter.to_owned(), weight)].into_iter().collect(),
+        metrics: metrics
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), Some(*value)))
+            .collect(),
+        estimated: Vec::new(),
+    }
+}
+
+fn level_one(retiring: f64, bad: f64, frontend: f64, backend: f64) -> Vec<(&'static str, f64)> {
+    vec![
+        ("retiring", retiring),
+        ("bad_speculation", bad),
+        ("frontend_bound", frontend),
+        ("backend_bound", backend),
+    ]
+}
+
+/// Two processes that counted (600 and 200 of 1000 slots) and one that did not.
+pub fn report() -> Report {
+    let process = |pid: u32, comm: &str, weight: u64, metrics: Vec<(&str, f64)>| ProcessEntry {
+        pid,
+        comm: comm.to_owned(),
+        threads: 1,
+        entity: entity("slots", weight, &metrics),
+    };
+    Report {
+        topdown_version: "0.1.0".to_owned(),
+        model: "intel-icl".to_owned(),
+        synthetic: true,
+        synthetic_map: Default::default(),
+        level: 1,
+        counter_names: vec!["slots".to_owned()],
+        extra_events: Vec::new(),
+        weight_counter: "slots".to_owned(),
+        duration_s: 1.0,
+        interval: None,
+        scope: "system-wide".to_owned(),
+        totals: entity("slots", 1000, &level_one(0.4, 0.2, 0.2, 0.2)),
+        idle: Entity::default(),
+        untracked: Entity::default(),
+        dropped: Entity::default(),
+        tasks: vec![TaskEntry {
+            tid: 201,
+            tgid: 200,
+            comm: "idler-thread".to_owned(),
+            exited: false,
+            entity: entity("slots", 200, &level_one(0.25, 0.25, 0.25, 0.25)),
+        }],
+        processes: vec![
+            process(300, "zero", 0, level_one(0.0, 0.0, 0.0, 0.0)),
+            process(200, "idler", 200, level_one(0.25, 0.25, 0.25, 0.25)),
+            process(100, "worker", 600, level_one(0.5, 0.125, 0.125, 0.25)),
+        ],
+        cgroups: Vec::new(),
+        cgroup_depth: None,
+        functions: Vec::new(),
+        call_tree: Vec::new(),
+        overflows: None,
+        missed_returns: None,
+        cpus: Vec::new(),
+        diagnostics: Diagnostics::default(),
+    }
+}
+
+fn header() -> Header {
+    Header {
+        cpus: 2,
+        refresh_ms: 1000,
+        overhead_percent: Some(0.25),
+        counted_level: 1,
+    }
+}
+
+fn screen(report: &Report, ui: &Ui, width: u16, height: u16) -> Buffer {
+    let area = Rect::new(0, 0, width, height);
+    let mut buf = Buffer::empty(area);
+    draw(&mut buf, area, report, &header(), ui);
+    buf
+}
+
+fn text(buf: &Buffer, y: u16) -> String {
+    (0..buf.area.width)
+        .map(|x| buf[(x, y)].symbol())
+        .collect::<String>()
+        .trim_end()
+        .to_owned()
+}
+
+/// The bar of row `y` as (colour, cells) runs, starting at column `x`.
+fn bar(buf: &Buffer, y: u16, x: u16) -> Vec<(Color, u16)> {
+    let mut runs: Vec<(Color, u16)> = Vec::new();
+    for x in x..buf.area.width {
+        let cell = &buf[(x, y)];
+        if cell.symbol() != BAR {
+            break;
+        }
+        match runs.last_mut() {
+            Some((colour, cells)) if *colour == cell.fg => *cells += 1,
+            _ => runs.push((cell.fg, 1)),
+        }
+    }
+    runs
+}
+
+#[test]
+fn the_screen_shows_header_legend_rows_and_proportional_bars() {
+    let buf = screen(&report(), &Ui::new(1), 100, 7);
+    assert_eq!(
+        text(&buf, 0),
+        "topdown top - model intel-icl (SYNTHETIC) | level 1 | 2 CPUs | refresh 1000 ms | overhead 0.25% | system-wide"[..100]
+            .trim_end()
+    );
+    assert_eq!(
+        text(&buf, 1),
+        "█ retiring  █ bad_speculation  █ frontend_bound  █ backend_bound  [processes, sort slots]"
+    );
+    assert_eq!(buf[(0, 1)].fg, Color::Green);
+    assert_eq!(buf[(12, 1)].fg, Color::Red);
+    assert_eq!(
+        text(&buf, 2),
+        "    PID COMM                  slots  share  Retire BadSpec   Front    Back"
+    );
+    // Heaviest first; the process that counted nothing is left out. 100 columns leave 24 for
+    // the bar (75 for the numbers, one space).
+    assert_eq!(
+        text(&buf, 3),
+        format!(
+            "    100 worker                  600  60.0%   50.0%   12.5%   12.5%   25.0% {}",
+            BAR.repeat(24)
+        )
+    );
+    assert_eq!(
+        bar(&buf, 3, 75),
+        [
+            (Color::Green, 12),
+            (Color::Red, 3),
+            (Color::Magenta, 3),
+            (Color::Blue, 6)
+        ]
+    );
+    assert_eq!(
+        text(&buf, 4),
+        format!(
+            "    200 idler                   200  20.0%   25.0%   25.0%   25.0%   25.0% {}",
+            BAR.repeat(24)
+        )
+    );
+    assert_eq!(
+        bar(&buf, 4, 75),
+        [
+            (Color::Green, 6),
+            (Color::Red, 6),
+            (Color::Magenta, 6),
+            (Color::Blue, 6)
+        ]
+    );
+    assert_eq!(text(&buf, 5), "");
+    assert_eq!(
+        text(&buf, 6),
+        "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause"
+    );
+}
+
+#[test]
+fn sorting_and_filtering_pick_and_order_the_rows() {
+    let report = report();
+    let names = |ui: &Ui| -> Vec<String> {
+        rows(&report, ui, &categories(&report, 1))
+            .into_iter()
+            .map(|row| row.name)
+            .collect()
+    };
+    let mut ui = Ui::new(1);
+    assert_eq!(names(&ui), ["worker", "idler"]);
+    // bad_speculation: idler's 25% beats worker's 12.5%.
+    ui.sort = Sort::Category(1);
+    assert_eq!(names(&ui), ["idler", "worker"]);
+    // backend_bound ties at 25%: the heavier first.
+    ui.sort = Sort::Category(3);
+    assert_eq!(names(&ui), ["worker", "idler"]);
+    ui.sort = Sort::Name;
+    assert_eq!(names(&ui), ["idler", "worker"]);
+
+    ui.sort = Sort::Weight;
+    ui.filter = "WORK".to_owned();
+    assert_eq!(names(&ui), ["worker"]);
+    // The text being typed filters already.
+    ui.editing = Some("idl".to_owned());
+    assert_eq!(names(&ui), ["idler"]);
+    ui.editing = None;
+    ui.filter = "nothing".to_owned();
+    assert!(names(&ui).is_empty());
+
+    ui.filter.clear();
+    ui.view = View::Threads;
+    assert_eq!(names(&ui), ["idler-thread"]);
+
+    // The state line says what is in effect.
+    let mut ui = Ui::new(1);
+    ui.sort = Sort::Category(1);
+    ui.filter = "work".to_owned();
+    ui.paused = true;
+    let buf = screen(&report, &ui, 130, 6);
+    assert_eq!(
+        text(&buf, 1),
+        "█ retiring  █ bad_speculation  █ frontend_bound  █ backend_bound  [processes, sort bad_speculation, filter 'work', PAUSED]"
+    );
+    assert_eq!(
+        text(&buf, 3),
+        format!(
+            "    100 worker                  600  60.0%   50.0%   12.5%   12.5%   25.0% {}",
+            BAR.repeat(54)
+        )
+    );
+    assert_eq!(text(&buf, 4), "");
+}
+
+#[test]
+fn segments_round_cumulatively_and_stop_at_the_width() {
+    assert_eq!(
+        segments(&[Some(0.5), Some(0.125), Some(0.125), Some(0.25)], 24),
+        [12, 3, 3, 6]
+    );
+    // Thirds of 10: 3.33 -> 3, 6.67 -> 7, 10: within a cell each, summing to the width.
+    let third = Some(1.0 / 3.0);
+    assert_eq!(segments(&[third, third, third], 10), [3, 4, 3]);
+    // Fractions summing past 1 (synthetic counters) are cut at the bar's end.
+    assert_eq!(segments(&[Some(0.8), Some(0.8), Some(0.1)], 10), [8, 2, 0]);
+    assert_eq!(segments(&[None, Some(0.5)], 10), [0, 5]);
+}
+
+#[test]
+fn level_two_shows_the_eight_children_in_their_parents_hues() {
+    let mut report = report();
+    report.level = 2;
+    let children = [
+        ("light_operations", 0.25),
+        ("heavy_operations", 0.25),
+        ("branch_mispredicts", 0.125),
+        ("machine_clears", 0.0),
+        ("fetch_latency", 0.125),
+        ("fetch_bandwidth", 0.0),
+        ("memory_bound", 0.125),
+        ("core_bound", 0.125),
+    ];
+    for process in &mut report.processes {
+        process.entity.metrics.extend(
+            children
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), Some(*value))),
+        );
+    }
+    let mut ui = Ui::new(2);
+    assert_eq!(ui.level, 2);
+    let buf = screen(&report, &ui, 120, 6);
+    assert_eq!(
+        text(&buf, 2),
+        "    PID COMM                  slots  share  Light  Heavy BrMisp MClear   FLat    FBW    Mem   Core"
+    );
+    // 43 numbers' columns + 56 for the categories leave 120 - 99 - 1 = 20 cells of bar.
+    assert_eq!(
+        bar(&buf, 3, 99),
+        [
+            (Color::Green, 5),
+            (Color::LightGreen, 5),
+            (Color::Red, 3),
+            (Color::Magenta, 2),
+            (Color::Blue, 3),
+            (Color::LightBlue, 2)
+        ]
+    );
+    ui.level = 1;
+    let buf = screen(&report, &ui, 120, 6);
+    assert!(text(&buf, 2).ends_with("Retire BadSpec   Front    Back"));
+}
+
+#[test]
+fn the_software_model_draws_the_share_of_on_cpu_time() {
+    let mut report = report();
+    report.model = "software".to_owned();
+    report.synthetic = false;
+    report.level = 0;
+    report.weight_counter = "cpu-clock".to_owned();
+    for entity in std::iter::once(&mut report.totals)
+        .chain(report.processes.iter_mut().map(|p| &mut p.entity))
+    {
+        let slots = entity.counters.remove("slots").unwrap_or(0);
+        entity
+            .counters
+            .insert("cpu-clock".to_owned(), slots * 1_000_000);
+        entity.metrics.clear();
+    }
+    let buf = screen(&report, &Ui::new(0), 100, 6);
+    assert_eq!(
+        text(&buf, 0),
+        "topdown top - model software | on-CPU time (no TopDown) | 2 CPUs | refresh 1000 ms | overhead 0.25% | system-wide"[..100]
+            .trim_end()
+    );
+    assert_eq!(text(&buf, 1), "[processes, sort cpu-clock]");
+    assert_eq!(text(&buf, 2), "    PID COMM                 on-CPU  share");
+    // No categories: 43 columns of numbers leave 56 for the bar; 60% of them is 33.6 -> 34.
+    assert_eq!(
+        text(&buf, 3),
+        format!(
+            "    100 worker              600.0ms  60.0% {}",
+            BAR.repeat(34)
+        )
+    );
+    assert_eq!(bar(&buf, 3, 43), [(Color::Cyan, 34)]);
+}
+
+#[test]
+fn a_tiny_terminal_is_drawn_without_panicking() {
+    for (width, height) in [(1, 1), (20, 2), (30, 3), (10, 10)] {
+        let buf = screen(&report(), &Ui::new(1), width, height);
+        assert!(text(&buf, 0).starts_with(&"topdown top"[..usize::from(width).min(11)]));
+    }
+}
+
+#[test]
+fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
+    let mut report = report();
+    report.functions = vec![crate::report::FunctionEntry {
+        target: "/usr/lib/x86_64-linux-gnu/libc.so.6".to_owned(),
+        symbol: "getppid".to_owned(),
+        pid: None,
+        calls: 24853,
+        inclusive: entity("slots", 500, &level_one(0.5, 0.0, 0.25, 0.25)),
+        exclusive: entity("slots", 400, &level_one(0.5, 0.0, 0.25, 0.25)),
+    }];
+    let mut ui = Ui::new(1);
+    ui.view = View::Functions;
+    let buf = screen(&report, &ui, 100, 5);
+    assert_eq!(
+        text(&buf, 2),
+        "  CALLS FUNCTION              slots  share  Retire BadSpec   Front    Back"
+    );
+    assert_eq!(
+        text(&buf, 3),
+        format!(
+            "  24853 getppid (libc.…         500  50.0%   50.0%    0.0%   25.0%   25.0% {}",
+            BAR.repeat(24)
+        )
+    );
+    assert_eq!(
+        bar(&buf, 3, 75),
+        [(Color::Green, 12), (Color::Magenta, 6), (Color::Blue, 6)]
+    );
+}
