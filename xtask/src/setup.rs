@@ -17,7 +17,7 @@ pub fn setup() -> Result<()> {
     debian_packages(&LLVM_PACKAGES, "LLVM 22 for bpf-linker")?;
     debian_packages(
         &TEST_PACKAGES,
-        "a Prometheus server and promtool for the exporter's tests",
+        "a Prometheus server and promtool for the exporter's tests, tmux for topdown top's",
     )?;
     bpf_linker()?;
     tracefs()?;

@@ -148,10 +148,12 @@ pub fn colour(category: &str) -> Color {
         "heavy_operations" => Color::LightGreen,
         "bad_speculation" | "branch_mispredicts" => Color::Red,
         "machine_clears" => Color::LightRed,
-        "frontend_bound" | "fetch_latency" => Color::Magenta,
-        "fetch_bandwidth" => Color::LightMagenta,
-        "backend_bound" | "memory_bound" => Color::Blue,
-        "core_bound" => Color::LightBlue,
+        // xterm-256 purple and orange: the SVG call tree's colours (report/svg.rs), so a
+        // category looks the same in every picture topdown draws.
+        "frontend_bound" | "fetch_latency" => Color::Indexed(98),
+        "fetch_bandwidth" => Color::Indexed(141),
+        "backend_bound" | "memory_bound" => Color::Indexed(208),
+        "core_bound" => Color::Indexed(214),
         _ => Color::Yellow,
     }
 }

@@ -142,8 +142,8 @@ fn the_screen_shows_header_legend_rows_and_proportional_bars() {
         [
             (Color::Green, 12),
             (Color::Red, 3),
-            (Color::Magenta, 3),
-            (Color::Blue, 6)
+            (Color::Indexed(98), 3),
+            (Color::Indexed(208), 6)
         ]
     );
     assert_eq!(
@@ -158,8 +158,8 @@ fn the_screen_shows_header_legend_rows_and_proportional_bars() {
         [
             (Color::Green, 6),
             (Color::Red, 6),
-            (Color::Magenta, 6),
-            (Color::Blue, 6)
+            (Color::Indexed(98), 6),
+            (Color::Indexed(208), 6)
         ]
     );
     assert_eq!(text(&buf, 5), "");
@@ -272,9 +272,9 @@ fn level_two_shows_the_eight_children_in_their_parents_hues() {
             (Color::Green, 5),
             (Color::LightGreen, 5),
             (Color::Red, 3),
-            (Color::Magenta, 2),
-            (Color::Blue, 3),
-            (Color::LightBlue, 2)
+            (Color::Indexed(98), 2),
+            (Color::Indexed(208), 3),
+            (Color::Indexed(214), 2)
         ]
     );
     ui.level = 1;
@@ -352,6 +352,10 @@ fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
     );
     assert_eq!(
         bar(&buf, 3, 75),
-        [(Color::Green, 12), (Color::Magenta, 6), (Color::Blue, 6)]
+        [
+            (Color::Green, 12),
+            (Color::Indexed(98), 6),
+            (Color::Indexed(208), 6)
+        ]
     );
 }
