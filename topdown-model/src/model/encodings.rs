@@ -10,11 +10,15 @@
 //! - `sandybridge/pipeline.json`, `sandybridge/frontend.json`: Linux 6.x;
 //! - `alderlake/pipeline.json` (Unit cpu_atom = Gracemont): torvalds/linux 0604aa87b098;
 //! - `meteorlake/pipeline.json` (cpu_atom = Crestmont): torvalds/linux 0939bd2fcf33;
-//! - `lunarlake/pipeline.json` (cpu_atom = Skymont): torvalds/linux 23878069de30.
+//! - `lunarlake/pipeline.json` (cpu_atom = Skymont): torvalds/linux 23878069de30;
+//! - `icelake/pipeline.json`: torvalds/linux 0604aa87b098, `icelake/frontend.json`:
+//!   torvalds/linux ab7f3246b8cd.
 //!
 //! A counter a model opens without a row here fails the test, so a new event needs its source.
+//! (`intel-icl`'s `slots` and `topdown-*` pseudo-events are the kernel's fixed-counter and
+//! PERF_METRICS encodings, not perf JSON events: only its general-purpose counters are rows.)
 
-use super::{CounterSource, PERF_TYPE_RAW, intel_atom, intel_core};
+use super::{CounterSource, CounterUse, PERF_TYPE_RAW, intel_atom, intel_core, intel_icl};
 
 /// One event as perf's JSON encodes it.
 struct Row {
@@ -64,6 +68,7 @@ const fn row(
 }
 
 const SNB: &[&str] = &["snb"];
+const ICL: &[&str] = &["icl"];
 const SKL: &[&str] = &["skl"];
 const BOTH_CORES: &[&str] = &["snb", "skl"];
 const NONE: (u64, u64, u64) = (0, 0, 0);
@@ -333,6 +338,77 @@ const TABLE: &[Row] = &[
         NONE,
         "lunarlake/pipeline.json TOPDOWN_BAD_SPECULATION.ALL_P",
     ),
+    // Ice Lake (icelake/pipeline.json and icelake/frontend.json).
+    row(
+        ICL,
+        "INT_MISC.UOP_DROPPING",
+        (0x0d, 0x10, 0),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "INT_MISC.CLEARS_COUNT",
+        (0x0d, 0x01, 1),
+        (0, 1, 0),
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE",
+        (0x9c, 0x01, 5),
+        NONE,
+        "icelake/frontend.json",
+    ),
+    row(
+        ICL,
+        "BR_MISP_RETIRED.ALL_BRANCHES",
+        (0xc5, 0x00, 0),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "MACHINE_CLEARS.COUNT",
+        (0xc3, 0x01, 1),
+        (0, 1, 0),
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "CYCLE_ACTIVITY.STALLS_MEM_ANY",
+        (0xa3, 0x14, 20),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "EXE_ACTIVITY.BOUND_ON_STORES",
+        (0xa6, 0x40, 2),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "CYCLE_ACTIVITY.STALLS_TOTAL",
+        (0xa3, 0x04, 4),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "EXE_ACTIVITY.1_PORTS_UTIL",
+        (0xa6, 0x02, 0),
+        NONE,
+        "icelake/pipeline.json",
+    ),
+    row(
+        ICL,
+        "EXE_ACTIVITY.2_PORTS_UTIL",
+        (0xa6, 0x04, 0),
+        NONE,
+        "icelake/pipeline.json",
+    ),
 ];
 
 fn family(model: &str) -> &'static str {
@@ -342,6 +418,7 @@ fn family(model: &str) -> &'static str {
         "intel-grt" => "grt",
         "intel-cmt" => "cmt",
         "intel-skt" => "skt",
+        "intel-icl" => "icl",
         other => panic!("no encoding family for {other}"),
     }
 }
@@ -351,14 +428,18 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
     let models: Vec<_> = intel_core::models()
         .into_iter()
         .chain(intel_atom::models())
+        .chain(intel_icl::models())
         .collect();
-    assert_eq!(models.len(), 7);
+    assert_eq!(models.len(), 8);
     let mut checked = 0;
     let mut used = vec![false; TABLE.len()];
     for model in &models {
         let name = model.name();
         let family = family(&name);
         for spec in model.counters() {
+            if family == "icl" && spec.uses != CounterUse::General {
+                continue;
+            }
             let Some((index, row)) = TABLE
                 .iter()
                 .enumerate()
@@ -380,8 +461,8 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
             checked += 1;
         }
     }
-    // intel-snb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10, skt 5.
-    assert_eq!(checked, 76);
+    // intel-snb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10, skt 5, icl 10 general.
+    assert_eq!(checked, 86);
     let unused: Vec<&str> = TABLE
         .iter()
         .zip(&used)

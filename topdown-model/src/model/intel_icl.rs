@@ -2,13 +2,21 @@
 //!
 //! Counters: the `slots` leader (fixed counter 3) and the four level-1 metric pseudo-events,
 //! which the kernel reports as slot-scaled counts (topdown-formulas.md §1.2), plus the two
-//! generic events perf's current L1 formulas use. These parts have no L2 metric bytes; their L2
-//! needs ~15 generic events that do not fit one group, so this model is level 1 only.
+//! generic events perf's current L1 formulas use. These parts have no L2 metric bytes, so level 2
+//! comes from generic counters as perf's icl-metrics.json computes it (torvalds/linux
+//! tools/perf/pmu-events/arch/x86/icelake/icl-metrics.json at 6b93f350e55f): fetch latency and
+//! bandwidth, branch mispredicts and machine clears, memory and core bound, in two rotating
+//! level-2 groups. Heavy/light operations stay null: perf's tma_heavy_operations needs five more
+//! events (UOPS_ISSUED.ANY, IDQ.MS_UOPS, UOPS_DECODED.DEC0 with and without cmask=1,
+//! IDQ.MITE_UOPS), which make a third rotating group, and its two timing slots would take the
+//! model past the 24 BPF counter slots (topdown_common::MAX_COUNTERS).
 
 use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
+use crate::groups::LEVEL_TWO_GROUP;
 
-/// (name, raw config) in group order; encodings from topdown-formulas.md §1.1 and §1.5.
-const COUNTERS: [(&str, u64); 7] = [
+/// (name, raw config) in group order; level-1 encodings from topdown-formulas.md §1.1 and §1.5,
+/// level-2 ones from perf's icelake/{pipeline,frontend}.json (checked in `encodings::tests`).
+const COUNTERS: [(&str, u64); 15] = [
     ("slots", 0x0400),
     ("topdown-retiring", 0x8000),
     ("topdown-bad-spec", 0x8100),
@@ -16,6 +24,19 @@ const COUNTERS: [(&str, u64); 7] = [
     ("topdown-be-bound", 0x8300),
     ("INT_MISC.UOP_DROPPING", 0x100d),
     ("INT_MISC.CLEARS_COUNT", 0x0104_010d),
+    // Group 8: the frontend and bad-speculation splits; the two ratio terms share the group.
+    (
+        "IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE",
+        0x0500_019c,
+    ),
+    ("BR_MISP_RETIRED.ALL_BRANCHES", 0x00c5),
+    ("MACHINE_CLEARS.COUNT", 0x0104_01c3),
+    // Group 9: the memory-bound fraction, all of whose terms share the group.
+    ("CYCLE_ACTIVITY.STALLS_MEM_ANY", 0x1400_14a3),
+    ("EXE_ACTIVITY.BOUND_ON_STORES", 0x0200_40a6),
+    ("CYCLE_ACTIVITY.STALLS_TOTAL", 0x0400_04a3),
+    ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6),
+    ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6),
 ];
 
 // Positions in `COUNTERS`: what the formulas read.
@@ -26,6 +47,14 @@ const FE_BOUND: usize = 3;
 const BE_BOUND: usize = 4;
 const UOP_DROPPING: usize = 5;
 const CLEARS_COUNT: usize = 6;
+const CYCLES_0_UOPS: usize = 7;
+const BR_MISP: usize = 8;
+const MACHINE_CLEARS: usize = 9;
+const STALLS_MEM_ANY: usize = 10;
+const BOUND_ON_STORES: usize = 11;
+const STALLS_TOTAL: usize = 12;
+const ONE_PORT_UTIL: usize = 13;
+const TWO_PORTS_UTIL: usize = 14;
 
 pub struct IntelIcl;
 
@@ -49,7 +78,7 @@ impl Model for IntelIcl {
     }
 
     fn description(&self) -> &'static str {
-        "Intel Ice Lake/Tiger Lake/Rocket Lake/Ice Lake-SP perf metrics, TopDown level 1"
+        "Intel Ice Lake/Tiger Lake/Rocket Lake/Ice Lake-SP perf metrics: TopDown L1 + L2 (no heavy/light split)"
     }
 
     fn counters(&self) -> Vec<CounterSpec> {
@@ -59,13 +88,18 @@ impl Model for IntelIcl {
             .map(|(index, (name, config))| {
                 let spec = CounterSpec::raw(name, *config);
                 // slots and the four metric events live on fixed counter 3 and PERF_METRICS.
-                if index < 5 { spec.fixed() } else { spec }
+                match index {
+                    0..5 => spec.fixed(),
+                    CYCLES_0_UOPS..=MACHINE_CLEARS => spec.in_group(LEVEL_TWO_GROUP),
+                    STALLS_MEM_ANY.. => spec.in_group(LEVEL_TWO_GROUP + 1),
+                    _ => spec,
+                }
             })
             .collect()
     }
 
     fn max_level(&self) -> u8 {
-        1
+        2
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
@@ -106,8 +140,48 @@ impl Model for IntelIcl {
         .map(|(name, value)| (name.to_owned(), value))
         .collect();
         debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
-        if level >= 2 {
-            metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+        if level < 2 {
+            return metrics;
+        }
+        metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+        let minus_floored =
+            |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
+        // icl-metrics.json tma_fetch_latency:
+        //   (5 * IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE - INT_MISC.UOP_DROPPING) / SLOTS
+        let fetch_latency = ratio(5.0 * get(CYCLES_0_UOPS) - get(UOP_DROPPING), slots);
+        // tma_fetch_bandwidth: max(0, tma_frontend_bound - tma_fetch_latency)
+        let fetch_bandwidth = minus_floored(frontend, fetch_latency);
+        // tma_branch_mispredicts: BR_MISP_RETIRED.ALL_BRANCHES / (BR_MISP_RETIRED.ALL_BRANCHES
+        //   + MACHINE_CLEARS.COUNT) * tma_bad_speculation
+        let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
+            .zip(bad_speculation)
+            .map(|(share, bad)| share * bad);
+        // tma_machine_clears: max(0, tma_bad_speculation - tma_branch_mispredicts)
+        let machine_clears = minus_floored(bad_speculation, branch_mispredicts);
+        // tma_memory_bound: (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES) /
+        //   (CYCLE_ACTIVITY.STALLS_TOTAL + (EXE_ACTIVITY.1_PORTS_UTIL + tma_retiring *
+        //   EXE_ACTIVITY.2_PORTS_UTIL) + EXE_ACTIVITY.BOUND_ON_STORES) * tma_backend_bound
+        let stores = get(BOUND_ON_STORES);
+        let memory_bound = retiring
+            .and_then(|ret| {
+                ratio(
+                    get(STALLS_MEM_ANY) + stores,
+                    get(STALLS_TOTAL) + get(ONE_PORT_UTIL) + ret * get(TWO_PORTS_UTIL) + stores,
+                )
+            })
+            .zip(backend)
+            .map(|(share, be)| share * be);
+        // tma_core_bound: max(0, tma_backend_bound - tma_memory_bound)
+        let core_bound = minus_floored(backend, memory_bound);
+        for (name, value) in [
+            ("fetch_latency", fetch_latency),
+            ("fetch_bandwidth", fetch_bandwidth),
+            ("branch_mispredicts", branch_mispredicts),
+            ("machine_clears", machine_clears),
+            ("memory_bound", memory_bound),
+            ("core_bound", core_bound),
+        ] {
+            metrics.insert(name.to_owned(), value);
         }
         metrics
     }
@@ -153,7 +227,7 @@ mod tests {
 
     #[test]
     fn no_counts_means_no_metrics_and_level_two_is_null() {
-        let metrics = IntelIcl.metrics(&[0; 7], 2);
+        let metrics = IntelIcl.metrics(&[0; 15], 2);
         assert!(metrics.values().all(Option::is_none));
         for name in L1_METRICS.iter().chain(L2_METRICS.iter()) {
             assert!(metrics.contains_key(*name), "{name}");
@@ -171,6 +245,17 @@ mod tests {
                 config: 0x0400
             }
         );
-        assert_eq!(counters.len(), 7);
+        assert_eq!(counters.len(), 15);
+        // Level 1 pinned (2 general) beside either level-2 group (3 and 5 general) fits the 8
+        // general counters; two rotating groups keep the slots at 15 + 4 <= 24.
+        let general = |group: u8| {
+            counters
+                .iter()
+                .filter(|spec| {
+                    spec.group == group && spec.uses == crate::model::CounterUse::General
+                })
+                .count()
+        };
+        assert_eq!((general(0), general(8), general(9)), (2, 3, 5));
     }
 }
