@@ -262,18 +262,19 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
     if !privileged() {
         return;
     }
-    // Two intel-icl halves stand in for the core types: CPU 0 is cpu_core, CPU 1 cpu_atom.
-    // The thread makes 1000 getppid (cpu_core/slots) and 400 getpgid (cpu_core retiring) on
-    // CPU 0, then moves to CPU 1 for 10 more getppid (no cpu_core counter there), 500 sysinfo
-    // (cpu_atom/slots) and 100 getrusage (cpu_atom retiring); 77 sysinfo made on CPU 0 count
-    // nowhere (no cpu_atom counter there).
+    // An intel-icl P-core and an intel-skt (Skymont, 8 slots per cycle) E-core stand in for the
+    // core types: CPU 0 is cpu_core, CPU 1 cpu_atom. The thread makes 1000 getppid
+    // (cpu_core/slots) and 400 getpgid (cpu_core retiring) on CPU 0, then moves to CPU 1 for 10
+    // more getppid (no cpu_core counter there), 100 capget (cpu_atom cycles) and 800
+    // sched_get_priority_max (cpu_atom retiring); 77 capget made on CPU 0 count nowhere (no
+    // cpu_atom counter there).
     let out = temp_path("hybrid");
     let output = run_ok(
         topdown()
             .args([
                 "stat",
                 "--pmu",
-                "synthetic:hybrid:intel-icl+intel-icl",
+                "synthetic:hybrid:intel-icl+intel-skt",
                 "--hybrid-cpus",
                 "cpu_core=0,cpu_atom=1",
                 "--format",
@@ -284,20 +285,22 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
             .args([
                 "--",
                 WORKLOAD,
-                "cpu=0,getppid=1000,getpgid=400,sysinfo=77,cpu=1,getppid=10,sysinfo=500,getrusage=100",
+                "cpu=0,getppid=1000,getpgid=400,capget=77,cpu=1,getppid=10,capget=100,\
+                 sched_get_priority_max=800",
             ]),
     )
     .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    assert_eq!(report["model"], "hybrid:intel-icl+intel-icl");
+    assert_eq!(report["model"], "hybrid:intel-icl+intel-skt");
     let task = task(&report, threads[0].2).expect("workload thread");
     assert_eq!(counter(task, "cpu_core/slots"), 1000);
     assert_eq!(counter(task, "cpu_core/topdown-retiring"), 400);
-    assert_eq!(counter(task, "cpu_atom/slots"), 500);
-    assert_eq!(counter(task, "cpu_atom/topdown-retiring"), 100);
-    // Each core type: retiring = ret/SUM with SUM = ret alone = 1.0 (the other L1 counts are 0).
-    // Merged by slots: (1000 * 1.0 + 500 * 1.0) / 1500 = 1.0; frontend likewise 0.
+    assert_eq!(counter(task, "cpu_atom/CPU_CLK_UNHALTED.CORE"), 100);
+    assert_eq!(counter(task, "cpu_atom/TOPDOWN_RETIRING.ALL"), 800);
+    // cpu_core: retiring = ret/SUM with SUM = ret alone = 1.0 (the other L1 counts are 0).
+    // cpu_atom: retiring = 800 / (8 x 100 cycles) = 1.0. Merged by slots (1000 and 800):
+    // (1000 * 1.0 + 800 * 1.0) / 1800 = 1.0; frontend likewise 0.
     let metrics = &task["metrics"];
     assert_eq!(metrics["cpu_core.retiring"].as_f64(), Some(1.0));
     assert_eq!(metrics["cpu_atom.retiring"].as_f64(), Some(1.0));
