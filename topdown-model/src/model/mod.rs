@@ -24,6 +24,7 @@ pub mod hybrid;
 pub mod intel_atom;
 pub mod intel_core;
 pub mod intel_icl;
+pub mod intel_knl;
 pub mod intel_spr;
 pub mod software;
 pub mod synthetic;
@@ -196,6 +197,7 @@ pub fn all_models() -> Vec<Box<dyn Model>> {
     models.extend(intel_icl::models());
     models.extend(intel_spr::models());
     models.extend(intel_atom::models());
+    models.extend(intel_knl::models());
     models.extend(amd_zen::models());
     models.extend(arm_neoverse::models());
     models
@@ -225,6 +227,7 @@ pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
             .or_else(|| intel_icl::by_name(name))
             .or_else(|| intel_spr::by_name(name))
             .or_else(|| intel_atom::by_name(name))
+            .or_else(|| intel_knl::by_name(name))
             .or_else(|| amd_zen::by_name(name))
             .or_else(|| arm_neoverse::by_name(name)),
     };

@@ -296,6 +296,9 @@ fn intel_model(model: u32) -> Option<&'static str> {
         0xbd | 0xc5 | 0xc6 => "hybrid:intel-lnc+intel-skt",
         0xbe => "grt",
         0xaf | 0xb6 => "cmt",
+        // Xeon Phi: Knights Landing and Knights Mill share one core PMU (Linux mapfile.csv
+        // `GenuineIntel-6-(57|85),v16,knightslanding,core`; the kernel names it `knl`).
+        0x57 | 0x85 => "knl",
         _ => return None,
     })
 }
@@ -422,8 +425,9 @@ pub fn auto_model(root: &Path) -> Result<Choice> {
 
 /// General-purpose counters per thread of a core PMU, by CPU kind (topdown-formulas.md §2.1,
 /// §3, §4, §5.4; Intel SDM CPUID leaf 0xA: 4 per thread with SMT on, 8 with it off before Ice
-/// Lake; 8 on Ice Lake and later P-cores; Gracemont 6, Crestmont/Skymont 8; AMD core PMU 6;
-/// Neoverse 6).
+/// Lake; 8 on Ice Lake and later P-cores; Gracemont 6, Crestmont/Skymont 8; Knights
+/// Landing/Mill 2 with SMT on or off (perfmon knightslanding_core.json `"Counter": "0,1"`,
+/// libpfm4 `num_cntrs` 2); AMD core PMU 6; Neoverse 6).
 pub fn general_counters(detection: &Detection, pmu: Option<&str>) -> Option<u32> {
     match pmu {
         Some("cpu_core") => return Some(8),
@@ -440,6 +444,7 @@ pub fn general_counters(detection: &Detection, pmu: Option<&str>) -> Option<u32>
         return Some(match kind {
             "snb" | "skl" if detection.smt_active == Some(true) => 4,
             "grt" => 6,
+            "knl" => 2,
             _ => 8,
         });
     }

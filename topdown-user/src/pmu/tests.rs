@@ -20,8 +20,11 @@ fn auto(kind: &str) -> Choice {
 }
 
 /// (fixture, model `--pmu auto` picks, free general-purpose counters of the core PMU).
-const MACHINES: [(&str, &str, Option<u32>); 18] = [
+const MACHINES: [(&str, &str, Option<u32>); 20] = [
     ("intel-hsw", "intel-snb", Some(8)),
+    // Xeon Phi: 2 per thread, and Intel's watchdog sits on a fixed counter.
+    ("intel-knl", "intel-knl", Some(2)),
+    ("intel-knm", "intel-knl", Some(2)),
     ("intel-skl", "intel-skl", Some(8)),
     ("intel-skl-smt", "intel-skl-smt", Some(4)),
     ("intel-icx", "intel-icl", Some(8)),
@@ -120,6 +123,29 @@ fn x86_identity_and_topology() {
     let zen4 = detect_kind("amd-zen4");
     assert_eq!((zen4.family, zen4.model), (Some(0x19), Some(0x11)));
     assert_eq!(held_by_watchdog(&zen4), 1);
+}
+
+#[test]
+fn xeon_phi_knights_landing_and_mill() {
+    let knl = detect_kind("intel-knl");
+    let knm = detect_kind("intel-knm");
+    assert_eq!((knl.family, knl.model), (Some(6), Some(0x57)));
+    assert_eq!((knm.family, knm.model), (Some(6), Some(0x85)));
+    for phi in [&knl, &knm] {
+        assert!(!phi.perf_metrics && !phi.hybrid);
+        assert_eq!(general_counters(phi, None), Some(2));
+    }
+    assert_eq!(
+        knm.to_string(),
+        "CPU:        GenuineIntel Intel(R) Xeon Phi(TM) CPU 7295 @ 1.50GHz (family 0x6 model \
+         0x85 stepping 0)\n\
+         Topology:   SMT on, NMI watchdog on\n\
+         Core PMU:   cpu type 4, knl, 2 general counters (2 free)\n"
+    );
+    // The neighbours of 0x57 and 0x85 are not Xeon Phi.
+    for model in [0x56, 0x58, 0x84, 0x86] {
+        assert_ne!(intel_model(model), Some("knl"), "{model:#x}");
+    }
 }
 
 #[test]
