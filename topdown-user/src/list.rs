@@ -185,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn intel_icl_lists_its_seven_counters_in_one_pinned_group() {
+    fn intel_icl_pins_its_level_one_and_rotates_its_level_two_groups() {
         let model = base_model("intel-icl").unwrap();
         let mut out = Vec::new();
         write_model(model.as_ref(), Some(8), &mut out).unwrap();
@@ -194,7 +194,10 @@ mod tests {
         assert!(text.contains("cpu/config=0x400/"), "{text}");
         assert!(text.contains("cpu/config=0x104010d/"), "{text}");
         assert!(
-            text.contains("Plan:       level 1 with 8 general counters: core pinned x7"),
+            text.contains(
+                "Plan:       level 2 with 8 general counters: core pinned x7, core rotating x3, \
+                 core rotating x5"
+            ),
             "{text}"
         );
     }
