@@ -113,7 +113,12 @@ pub struct ListArgs {
     /// Print this event spec's encoding (PMU, type, config, config1, config2, exclude bits,
     /// libpfm's full name) without counting; repeatable. libpfm-style names are encoded for
     /// `--pmu`'s model unless they name a PMU (`knl::EVENT`).
-    #[arg(short = 'e', long = "event", value_name = "SPEC", conflicts_with = "all")]
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "SPEC",
+        conflicts_with = "all"
+    )]
     pub events: Vec<String>,
 
     /// Output format of `-e`.

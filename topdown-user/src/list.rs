@@ -160,8 +160,9 @@ pub fn write_events(
     }
     let mut described = Vec::with_capacity(specs.len());
     for spec in specs {
-        let description = crate::events::describe(spec, &catalog)
-            .map_err(|err| crate::error::fail(crate::error::Failure::Usage, format!("-e {err:#}")))?;
+        let description = crate::events::describe(spec, &catalog).map_err(|err| {
+            crate::error::fail(crate::error::Failure::Usage, format!("-e {err:#}"))
+        })?;
         described.push(description);
     }
     match format {
@@ -231,10 +232,7 @@ fn event_json(description: &crate::events::Description) -> serde_json::Value {
     value
 }
 
-fn write_event_table(
-    description: &crate::events::Description,
-    out: &mut dyn Write,
-) -> Result<()> {
+fn write_event_table(description: &crate::events::Description, out: &mut dyn Write) -> Result<()> {
     let attr = &description.attr;
     writeln!(out, "Requested event: {}", attr.name)?;
     if let Some(fstr) = &description.fstr {

@@ -106,7 +106,9 @@ fn load() -> Result<Libpfm, String> {
     unsafe {
         let library = libloading::Library::new("libpfm.so.4").map_err(|_| MISSING.to_owned())?;
         let symbol_error = |name: &str| {
-            format!("libpfm.so.4 lacks {name}: it is not libpfm4 >= 4.0; install the `libpfm4` package")
+            format!(
+                "libpfm.so.4 lacks {name}: it is not libpfm4 >= 4.0; install the `libpfm4` package"
+            )
         };
         let initialize: Initialize = *library
             .get::<Initialize>(b"pfm_initialize\0")
@@ -195,7 +197,9 @@ pub fn encode(spec: &str, pmu: Option<&str>) -> Result<Encoding> {
     let Ok(text) = CString::new(full.as_str()) else {
         bail!("a NUL byte in the spec");
     };
-    let library = library.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let library = library
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut attr = PerfEventAttr {
         perf_type: 0,
         size: PERF_ATTR_SIZE_VER7,

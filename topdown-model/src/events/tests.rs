@@ -128,16 +128,44 @@ fn knl_seed_examples_encode_as_intel_documents_them() {
     let any = catalog();
     for (spec, config, config1) in [
         // Normal mode.
-        ("knl::OFFCORE_RESPONSE_0:DMND_DATA_RD:ANY_RESPONSE", 0x1b7, 0x1_0001),
+        (
+            "knl::OFFCORE_RESPONSE_0:DMND_DATA_RD:ANY_RESPONSE",
+            0x1b7,
+            0x1_0001,
+        ),
         // No supplier or snoop: libpfm defaults to ANY_RESPONSE (bit 16) with ANY_REQUEST.
         ("knl::OFFCORE_RESPONSE_0:ANY_REQUEST", 0x1b7, 0x1_8000),
-        ("knl::OFFCORE_RESPONSE_0:ANY_RFO:DDR_NEAR", 0x1b7, 0x8080_0022),
-        ("knl::OFFCORE_RESPONSE_0:ANY_REQUEST:DDR_NEAR", 0x1b7, 0x8080_8000),
+        (
+            "knl::OFFCORE_RESPONSE_0:ANY_RFO:DDR_NEAR",
+            0x1b7,
+            0x8080_0022,
+        ),
+        (
+            "knl::OFFCORE_RESPONSE_0:ANY_REQUEST:DDR_NEAR",
+            0x1b7,
+            0x8080_8000,
+        ),
         // Average-latency mode: the pair of each example.
-        ("knl::OFFCORE_RESPONSE_0:DMND_DATA_RD:OUTSTANDING", 0x1b7, 0x40_0000_0001),
-        ("knl::OFFCORE_RESPONSE_1:DMND_DATA_RD:ANY_RESPONSE", 0x2b7, 0x1_0001),
-        ("knl::OFFCORE_RESPONSE_0:ANY_REQUEST:OUTSTANDING", 0x1b7, 0x40_0000_8000),
-        ("knl::OFFCORE_RESPONSE_1:ANY_REQUEST:ANY_RESPONSE", 0x2b7, 0x1_8000),
+        (
+            "knl::OFFCORE_RESPONSE_0:DMND_DATA_RD:OUTSTANDING",
+            0x1b7,
+            0x40_0000_0001,
+        ),
+        (
+            "knl::OFFCORE_RESPONSE_1:DMND_DATA_RD:ANY_RESPONSE",
+            0x2b7,
+            0x1_0001,
+        ),
+        (
+            "knl::OFFCORE_RESPONSE_0:ANY_REQUEST:OUTSTANDING",
+            0x1b7,
+            0x40_0000_8000,
+        ),
+        (
+            "knl::OFFCORE_RESPONSE_1:ANY_REQUEST:ANY_RESPONSE",
+            0x2b7,
+            0x1_8000,
+        ),
     ] {
         assert_eq!(libpfm(spec, &any), (4, config, config1, None), "{spec}");
     }
@@ -243,9 +271,15 @@ fn vendor_documented_encodings_per_family() {
         // bits 11:8 = 1 go to config bit 32.
         ("amd64_fam19h_zen4::RETIRED_INSTRUCTIONS", 0xc0),
         ("amd64_fam19h_zen4::CYCLES_NOT_IN_HALT", 0x76),
-        ("amd64_fam19h_zen4::RETIRED_BRANCH_INSTRUCTIONS_MISPREDICTED", 0xc3),
+        (
+            "amd64_fam19h_zen4::RETIRED_BRANCH_INSTRUCTIONS_MISPREDICTED",
+            0xc3,
+        ),
         ("amd64_fam19h_zen4::LS_DISPATCH:LD_DISPATCH", 0x129),
-        ("amd64_fam19h_zen4::DISPATCH_STALLS_1:FE_NO_OPS", 0x1_0000_01a0),
+        (
+            "amd64_fam19h_zen4::DISPATCH_STALLS_1:FE_NO_OPS",
+            0x1_0000_01a0,
+        ),
     ] {
         assert_eq!(libpfm(spec, &any), (4, config, 0, None), "{spec}");
     }
@@ -258,9 +292,15 @@ fn vendor_documented_encodings_per_family() {
     // Without a prefix, the model in use picks the PMU: the same name, two generations.
     assert_eq!(libpfm("UOPS_ISSUED:ANY", &for_model("intel-skl")).1, 0x10e);
     assert_eq!(libpfm("UOPS_ISSUED:ANY", &for_model("intel-spr")).1, 0x1ae);
-    assert_eq!(libpfm("RETIRED_INSTRUCTIONS", &for_model("amd-zen4")).1, 0xc0);
+    assert_eq!(
+        libpfm("RETIRED_INSTRUCTIONS", &for_model("amd-zen4")).1,
+        0xc0
+    );
     // An SMT variant shares its PMU.
-    assert_eq!(libpfm("UOPS_ISSUED:ANY", &for_model("intel-skl-smt")).1, 0x10e);
+    assert_eq!(
+        libpfm("UOPS_ISSUED:ANY", &for_model("intel-skl-smt")).1,
+        0x10e
+    );
 }
 
 /// Neoverse N2 (Arm Neoverse N2 TRM, "PMU events": INST_RETIRED 0x08, CPU_CYCLES 0x11,
@@ -270,7 +310,11 @@ fn vendor_documented_encodings_per_family() {
 #[test]
 fn neoverse_n2_events_as_the_trm_documents_them() {
     let n2 = for_model("arm-neoverse-n2");
-    for (spec, config) in [("INST_RETIRED", 0x08), ("CPU_CYCLES", 0x11), ("STALL_SLOT", 0x3f)] {
+    for (spec, config) in [
+        ("INST_RETIRED", 0x08),
+        ("CPU_CYCLES", 0x11),
+        ("STALL_SLOT", 0x3f),
+    ] {
         assert_eq!(libpfm(spec, &n2).1, config, "{spec}");
     }
 }
