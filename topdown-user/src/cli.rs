@@ -9,6 +9,7 @@ use clap::{
 
 use crate::{
     bpf::Trigger,
+    list::ListFormat,
     report::{By, Format, Weight},
 };
 
@@ -108,6 +109,26 @@ pub struct ListArgs {
     /// Plan the counters for a PMU with this many general-purpose counters free.
     #[arg(long = "max-counters", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub max_counters: Option<u32>,
+
+    /// Print this event spec's encoding (PMU, type, config, config1, config2, exclude bits,
+    /// libpfm's full name) without counting; repeatable. libpfm-style names are encoded for
+    /// `--pmu`'s model unless they name a PMU (`knl::EVENT`).
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "SPEC",
+        conflicts_with = "all"
+    )]
+    pub events: Vec<String>,
+
+    /// Output format of `-e`.
+    #[arg(long = "format", value_parser = named::<ListFormat>(), default_value = "table", requires = "events")]
+    pub format: ListFormat,
+}
+
+impl Named for ListFormat {
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("table", ListFormat::Table), ("json", ListFormat::Json)];
 }
 
 #[derive(Debug, Args)]

@@ -120,8 +120,166 @@ pub fn write_model(
     Ok(())
 }
 
+/// `topdown list --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListFormat {
+    Table,
+    Json,
+}
+
+/// `topdown list`: `-e` specs' encodings, `--all` models, or this machine and its model.
+pub fn run(args: &crate::cli::ListArgs, out: &mut dyn Write) -> Result<()> {
+    if !args.events.is_empty() {
+        return write_events(&args.events, args.pmu.as_deref(), args.format, out);
+    }
+    run_model(args.pmu.as_deref(), args.all, args.max_counters, out)
+}
+
+/// The model libpfm-style names are encoded for: `--pmu`, else the one `--pmu auto` picks.
+fn model_name(pmu: Option<&str>) -> Option<String> {
+    match pmu {
+        Some(name) => Some(name.to_owned()),
+        None => crate::counting::select_model_by("auto", None)
+            .ok()
+            .map(|(model, _)| model.name()),
+    }
+}
+
+/// `topdown list -e SPEC...`: each spec's encoding without counting, like libpfm's
+/// `check_events`. Every spec is checked before anything is printed, so a bad one fails
+/// the command with its one-line reason.
+pub fn write_events(
+    specs: &[String],
+    pmu: Option<&str>,
+    format: ListFormat,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut catalog = crate::events::PmuCatalog::load(Path::new("/"));
+    if let Some(model) = model_name(pmu) {
+        catalog = catalog.with_model(&model);
+    }
+    let mut described = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let description = crate::events::describe(spec, &catalog).map_err(|err| {
+            crate::error::fail(crate::error::Failure::Usage, format!("-e {err:#}"))
+        })?;
+        described.push(description);
+    }
+    match format {
+        ListFormat::Json => {
+            let list: Vec<serde_json::Value> = described.iter().map(event_json).collect();
+            writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+        }
+        ListFormat::Table => {
+            for (index, description) in described.iter().enumerate() {
+                if index > 0 {
+                    writeln!(out)?;
+                }
+                write_event_table(description, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The words of an encoding: type, config, config1, config2 (0 for a tracepoint's words,
+/// whose type and id come from tracefs when opened).
+fn words(description: &crate::events::Description) -> Option<(u32, u64, u64, u64)> {
+    match &description.attr.kind {
+        crate::events::EventKind::Perf {
+            perf_type,
+            config,
+            config1,
+            config2,
+        } => Some((*perf_type, *config, *config1, *config2)),
+        crate::events::EventKind::Tracepoint { .. } => None,
+    }
+}
+
+fn event_json(description: &crate::events::Description) -> serde_json::Value {
+    let attr = &description.attr;
+    let exclude = attr.exclude.map(|exclude| {
+        serde_json::json!({
+            "user": exclude.user,
+            "kernel": exclude.kernel,
+            "hv": exclude.hv,
+            "host": exclude.host,
+            "guest": exclude.guest,
+            "idle": exclude.idle,
+        })
+    });
+    let mut value = serde_json::json!({
+        "spec": attr.name,
+        "syntax": if description.fstr.is_some() { "libpfm" } else { "perf" },
+        "pmu": description.pmu,
+        "fstr": description.fstr,
+        "exclude": exclude,
+    });
+    match (&attr.kind, words(description)) {
+        (_, Some((perf_type, config, config1, config2))) => {
+            // Hex strings, as perf and libpfm print them; u64 configs also exceed what a
+            // JSON reader's doubles hold exactly.
+            value["type"] = perf_type.into();
+            value["config"] = format!("{config:#x}").into();
+            value["config1"] = format!("{config1:#x}").into();
+            value["config2"] = format!("{config2:#x}").into();
+        }
+        (crate::events::EventKind::Tracepoint { group, name }, None) => {
+            value["tracepoint"] = format!("{group}:{name}").into();
+        }
+        _ => {}
+    }
+    value
+}
+
+fn write_event_table(description: &crate::events::Description, out: &mut dyn Write) -> Result<()> {
+    let attr = &description.attr;
+    writeln!(out, "Requested event: {}", attr.name)?;
+    if let Some(fstr) = &description.fstr {
+        writeln!(out, "Actual event:    {fstr}")?;
+    }
+    writeln!(
+        out,
+        "PMU:             {}",
+        description.pmu.as_deref().unwrap_or("-")
+    )?;
+    match &attr.kind {
+        crate::events::EventKind::Perf {
+            perf_type,
+            config,
+            config1,
+            config2,
+        } => {
+            writeln!(out, "type:            {perf_type}")?;
+            writeln!(out, "config:          {config:#x}")?;
+            writeln!(out, "config1:         {config1:#x}")?;
+            writeln!(out, "config2:         {config2:#x}")?;
+        }
+        crate::events::EventKind::Tracepoint { group, name } => {
+            writeln!(out, "tracepoint:      {group}:{name}")?;
+        }
+    }
+    match attr.exclude {
+        Some(exclude) => writeln!(
+            out,
+            "exclude:         user={} kernel={} hv={} host={} guest={} idle={}",
+            u8::from(exclude.user),
+            u8::from(exclude.kernel),
+            u8::from(exclude.hv),
+            u8::from(exclude.host),
+            u8::from(exclude.guest),
+            u8::from(exclude.idle),
+        )?,
+        None => writeln!(
+            out,
+            "exclude:         none named (the run's --all-user/--all-kernel decide)"
+        )?,
+    }
+    Ok(())
+}
+
 /// `topdown list [--pmu X] [--all]`.
-pub fn run(
+pub fn run_model(
     pmu: Option<&str>,
     all: bool,
     general_counters: Option<u32>,

@@ -54,7 +54,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::List(args) => {
             let mut out = std::io::stdout().lock();
-            topdown::list::run(args.pmu.as_deref(), args.all, args.max_counters, &mut out)?;
+            topdown::list::run(&args, &mut out)?;
             Ok(0)
         }
         Command::Serve(args) => {

@@ -19,5 +19,6 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// Debian packages the tests use: Debian's Prometheus server (scrapes `topdown serve` in a
 /// test) and its promtool (lints the exposition). The package's service is not started in
 /// containers without an init; the test runs its own server. tmux is the pseudo-terminal that
-/// `topdown top`'s test drives.
-pub const TEST_PACKAGES: [&str; 2] = ["prometheus", "tmux"];
+/// `topdown top`'s test drives. libpfm4 (libpfm.so.4) encodes `-e` libpfm-style names, dlopen'ed
+/// at run time; its tests need it.
+pub const TEST_PACKAGES: [&str; 3] = ["prometheus", "tmux", "libpfm4"];

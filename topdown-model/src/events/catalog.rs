@@ -113,6 +113,9 @@ pub struct PmuCatalog {
     /// `Arm (CPU implementer 0x41)`); `None` when there is no cpuinfo to read. Raw encodings
     /// are vendor-specific: an Intel event code on an AMD or Arm core counts something else.
     pub cpu_vendor: Option<String>,
+    /// The topdown model in use (`intel-skl`): libpfm-style names without a `PMU::` prefix
+    /// are encoded for its PMU rather than the one libpfm detects.
+    pub model: Option<String>,
 }
 
 /// The vendor line of a cpuinfo text (see [`PmuCatalog::cpu_vendor`]).
@@ -157,7 +160,11 @@ impl PmuCatalog {
         let devices = root.join("sys/bus/event_source/devices");
         let mut pmus = BTreeMap::new();
         let Ok(entries) = fs::read_dir(&devices) else {
-            return Self { pmus, cpu_vendor };
+            return Self {
+                pmus,
+                cpu_vendor,
+                model: None,
+            };
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -193,7 +200,17 @@ impl PmuCatalog {
                 },
             );
         }
-        Self { pmus, cpu_vendor }
+        Self {
+            pmus,
+            cpu_vendor,
+            model: None,
+        }
+    }
+
+    /// The catalog for specs counted with `model` (see [`PmuCatalog::model`]).
+    pub fn with_model(mut self, model: &str) -> Self {
+        self.model = Some(model.to_owned());
+        self
     }
 
     /// The core PMUs, `cpu` first.

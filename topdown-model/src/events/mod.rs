@@ -8,9 +8,10 @@
 //!   tracepoint `group:name`. Modifiers follow a `:` (`cycles:u`) or the closing `/`:
 //!   `u` user, `k` kernel, `h` hypervisor (naming any of these excludes the others), `H` host
 //!   only, `G` guest only, `I` exclude idle.
-//! - **libpfm** (`EVENT:UMASK:mod...`): an upper-case event name from the built-in table
-//!   ([`libpfm`]) with optional `PMU::` prefix, then umask and modifier fields (`u`, `k`, `i`,
-//!   `e`, `c=N`, `t`) with libpfm's rules.
+//! - **libpfm** (`[PMU::]EVENT[:UMASK]...[:MOD[=VAL]]...`): encoded by libpfm4, loaded at run
+//!   time ([`pfm`], [`libpfm`]), for the `PMU::` named (any PMU libpfm knows, present here or
+//!   not), else the model's PMU, else the one libpfm detects. Without libpfm.so.4 these names
+//!   fail with one line naming the `libpfm4` package; perf syntax needs no library.
 //!
 //! A spec containing `/`, starting with `r` plus hex digits, or whose first `:`-field is not
 //! upper case is perf syntax; `PMU::...` or an upper-case first field is libpfm. So
@@ -26,6 +27,7 @@
 
 pub mod catalog;
 pub mod libpfm;
+pub mod pfm;
 
 use anyhow::{Result, bail};
 
@@ -88,6 +90,36 @@ pub fn parse_event(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         parse_perf(spec_trimmed, catalog)
     };
     result.map_err(|err| anyhow::anyhow!("event '{spec_trimmed}': {err:#}"))
+}
+
+/// A spec's encoding as `topdown list -e` prints it (libpfm's `check_events`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Description {
+    pub attr: EventAttr,
+    /// libpfm's PMU name (`knl`) for libpfm syntax, the sysfs PMU for perf syntax.
+    pub pmu: Option<String>,
+    /// libpfm's canonical name with every modifier (`fstr`); `None` for perf syntax.
+    pub fstr: Option<String>,
+}
+
+/// Parses a spec as [`parse_event`] does and keeps what libpfm said about it.
+pub fn describe(spec: &str, catalog: &PmuCatalog) -> Result<Description> {
+    let spec_trimmed = spec.trim();
+    if is_libpfm(spec_trimmed) && spec_trimmed.len() <= 512 {
+        let (attr, encoding) = libpfm::parse_encoded(spec_trimmed, catalog)
+            .map_err(|err| anyhow::anyhow!("event '{spec_trimmed}': {err:#}"))?;
+        return Ok(Description {
+            attr,
+            pmu: Some(encoding.pmu),
+            fstr: Some(encoding.fstr),
+        });
+    }
+    let attr = parse_event(spec, catalog)?;
+    Ok(Description {
+        pmu: attr.pmu.clone(),
+        attr,
+        fstr: None,
+    })
 }
 
 /// The syntax rule of the module documentation.

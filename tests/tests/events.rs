@@ -1,0 +1,115 @@
+//! `topdown list -e`: encodings printed without counting (needs libpfm4 for libpfm names; no
+//! privileges, no PMU).
+
+use topdown_tests::topdown;
+
+fn list_json(specs: &[&str]) -> serde_json::Value {
+    let mut command = topdown();
+    command.arg("list");
+    for spec in specs {
+        command.args(["-e", spec]);
+    }
+    let output = command.args(["--format", "json"]).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The issue's acceptance line. Expected words from Intel's Knights Landing event list
+/// (perfmon knightslanding_core.json: OFFCORE_RESPONSE.ANY_REQUEST.DDR_NEAR is event 0xB7
+/// umask 0x01 with MSRValue 0x0080808000), the PMU not present on this machine.
+#[test]
+fn knl_offcore_response_encodes_on_any_machine() {
+    let list = list_json(&["knl::OFFCORE_RESPONSE_0:ANY_REQUEST:DDR_NEAR"]);
+    let event = &list[0];
+    assert_eq!(event["pmu"], "knl");
+    assert_eq!(event["syntax"], "libpfm");
+    assert_eq!(event["type"], 4);
+    assert_eq!(event["config"], "0x1b7");
+    assert_eq!(event["config1"], "0x80808000");
+    assert_eq!(event["config2"], "0x0");
+    assert_eq!(event["exclude"], serde_json::Value::Null);
+    assert_eq!(
+        event["fstr"],
+        "knl::OFFCORE_RESPONSE_0:ANY_REQUEST:DDR_NEAR:e=0:i=0:c=0:u=1:k=1:mg=0:mh=1"
+    );
+}
+
+#[test]
+fn perf_syntax_and_the_model_in_use() {
+    let list = list_json(&["cycles:u", "sched:sched_switch"]);
+    assert_eq!(list[0]["syntax"], "perf");
+    assert_eq!(list[0]["fstr"], serde_json::Value::Null);
+    assert_eq!(
+        (list[0]["type"].clone(), list[0]["config"].clone()),
+        (0.into(), "0x0".into())
+    );
+    assert_eq!(list[0]["exclude"]["kernel"], true);
+    assert_eq!(list[0]["exclude"]["user"], false);
+    assert_eq!(list[1]["tracepoint"], "sched:sched_switch");
+    // --pmu picks libpfm's PMU: UOPS_ISSUED.ANY is 0x0E/0x01 on Skylake and 0xAE/0x01 on
+    // Sapphire Rapids (Intel perfmon skylake_core.json, sapphirerapids_core.json).
+    for (model, pmu, config) in [("intel-skl", "skl", "0x10e"), ("intel-spr", "spr", "0x1ae")] {
+        let output = topdown()
+            .args([
+                "list",
+                "--pmu",
+                model,
+                "-e",
+                "UOPS_ISSUED:ANY:u",
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(list[0]["pmu"], pmu, "{model}");
+        assert_eq!(list[0]["config"], config, "{model}");
+        assert_eq!(list[0]["exclude"]["kernel"], true, "{model}");
+    }
+}
+
+#[test]
+fn an_illegal_combination_is_one_line_and_a_usage_error() {
+    let output = topdown()
+        .args([
+            "list",
+            "-e",
+            "knl::OFFCORE_RESPONSE_0:ANY_RFO:DDR_NEAR:ANY_RESPONSE",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "event 'knl::OFFCORE_RESPONSE_0:ANY_RFO:DDR_NEAR:ANY_RESPONSE': libpfm4: invalid \
+             combination of model specific features"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_table_reads_like_check_events() {
+    let output = topdown()
+        .args(["list", "-e", "knl::UNHALTED_CORE_CYCLES:t:u"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    for line in [
+        "Requested event: knl::UNHALTED_CORE_CYCLES:t:u",
+        "Actual event:    knl::UNHALTED_CORE_CYCLES:e=0:i=0:c=0:t=1:u=1:k=0:mg=0:mh=1",
+        "PMU:             knl",
+        "config:          0x20003c",
+        "exclude:         user=0 kernel=1 hv=0 host=0 guest=0 idle=0",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+}
