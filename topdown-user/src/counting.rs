@@ -535,7 +535,10 @@ fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn 
     if specs.is_empty() {
         return Ok(model);
     }
-    let catalog = crate::events::PmuCatalog::load(std::path::Path::new("/"));
+    // libpfm-style names without a `pmu::` prefix are encoded for the model in use, not for
+    // whatever PMU libpfm detects (they differ with --pmu naming another CPU's model).
+    let catalog =
+        crate::events::PmuCatalog::load(std::path::Path::new("/")).with_model(model.base_name());
     let mut events = Vec::with_capacity(specs.len());
     for spec in specs {
         let event = crate::events::parse_event(spec, &catalog).map_err(|err| {
