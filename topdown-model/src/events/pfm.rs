@@ -84,14 +84,20 @@ pub struct Encoding {
 type Initialize = unsafe extern "C" fn() -> c_int;
 type OsEncoding = unsafe extern "C" fn(*const c_char, c_int, c_int, *mut c_void) -> c_int;
 type StrError = unsafe extern "C" fn(c_int) -> *const c_char;
-type Free = unsafe extern "C" fn(*mut c_void);
+
+unsafe extern "C" {
+    /// The process's own `free`: the one its `malloc` pairs with. libpfm's `malloc` resolves
+    /// to the process's allocator (an interposed one too, as in sanitizer builds); a `free`
+    /// looked up through libpfm's handle would be the C library's and could pair with
+    /// another allocator's memory (found by fuzzing: an abort in free()).
+    fn free(pointer: *mut c_void);
+}
 
 struct Libpfm {
     // Kept so the function pointers below stay valid for the life of the process.
     _library: libloading::Library,
     encode: OsEncoding,
     strerror: StrError,
-    free: Free,
 }
 
 /// What to tell a user whose machine has no libpfm4.
@@ -119,10 +125,6 @@ fn load() -> Result<Libpfm, String> {
         let strerror: StrError = *library
             .get::<StrError>(b"pfm_strerror\0")
             .map_err(|_| symbol_error("pfm_strerror"))?;
-        // fstr is malloc'ed by libpfm; free it with the C library libpfm itself uses.
-        let free: Free = *library
-            .get::<Free>(b"free\0")
-            .map_err(|_| symbol_error("free"))?;
         // libpfm initialises only the PMUs it detects on this CPU unless
         // LIBPFM_ENCODE_INACTIVE=1 (libpfm(3), ENVIRONMENT), read once by pfm_initialize():
         // with it, `knl::...` encodes on any machine. Set only for the call and restored, so
@@ -142,7 +144,6 @@ fn load() -> Result<Libpfm, String> {
             _library: library,
             encode,
             strerror,
-            free,
         })
     }
 }
@@ -234,13 +235,14 @@ pub fn encode(spec: &str, pmu: Option<&str>) -> Result<Encoding> {
             (&mut arg as *mut PerfEncodeArg).cast(),
         )
     };
-    let canonical = if fstr.is_null() {
+    // Only a successful encoding hands over fstr.
+    let canonical = if status != PFM_SUCCESS || fstr.is_null() {
         String::new()
     } else {
         // SAFETY: libpfm returned a NUL-terminated malloc'ed string, ours to free.
         unsafe {
             let owned = CStr::from_ptr(fstr).to_string_lossy().into_owned();
-            (library.free)(fstr.cast());
+            free(fstr.cast());
             owned
         }
     };

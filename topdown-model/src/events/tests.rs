@@ -374,3 +374,23 @@ fn the_syntax_rule_tells_the_two_apart() {
     assert!(!is_libpfm("cycles:u"));
     assert!(!is_libpfm("topdown-retiring"));
 }
+
+/// Specs the fuzzer found (`CS` once aborted in free(), in a sanitizer build where libpfm's
+/// canonical name was freed with another allocator's `free`): refused in one line or encoded.
+#[test]
+fn short_and_odd_libpfm_specs_are_refused_or_encoded() {
+    for spec in [
+        "CS",
+        "cpu/CS/",
+        "armv8_pmuv3_0/CS",
+        "C",
+        "CS:",
+        "::CS",
+        "skl::CS",
+    ] {
+        // Refused (one line) or encoded: what matters is that the process survives them all.
+        if let Err(err) = parse_event(spec, &catalog()) {
+            assert_eq!(format!("{err:#}").lines().count(), 1, "{spec}");
+        }
+    }
+}
