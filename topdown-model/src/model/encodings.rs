@@ -274,25 +274,25 @@ const TABLE: &[Row] = &[
         "meteorlake/pipeline.json",
     ),
     row(
-        &["grt", "cmt"],
+        &["grt", "cmt", "skt"],
         "TOPDOWN_FE_BOUND.FRONTEND_LATENCY",
         (0x71, 0x72, 0),
         NONE,
-        "{alderlake,meteorlake}/pipeline.json",
+        "{alderlake,meteorlake,lunarlake}/pipeline.json",
     ),
     row(
-        &["grt", "cmt"],
+        &["grt", "cmt", "skt"],
         "TOPDOWN_FE_BOUND.FRONTEND_BANDWIDTH",
         (0x71, 0x8d, 0),
         NONE,
-        "{alderlake,meteorlake}/pipeline.json",
+        "{alderlake,meteorlake,lunarlake}/pipeline.json",
     ),
     row(
-        &["grt", "cmt"],
+        &["grt", "cmt", "skt"],
         "TOPDOWN_BAD_SPECULATION.MISPREDICT",
         (0x73, 0x04, 0),
         NONE,
-        "{alderlake,meteorlake}/pipeline.json",
+        "{alderlake,meteorlake,lunarlake}/pipeline.json",
     ),
     row(
         &["grt", "cmt"],
@@ -302,11 +302,11 @@ const TABLE: &[Row] = &[
         "{alderlake,meteorlake}/pipeline.json",
     ),
     row(
-        &["grt", "cmt"],
+        &["grt", "cmt", "skt"],
         "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS",
         (0x74, 0x01, 0),
         NONE,
-        "{alderlake,meteorlake}/pipeline.json",
+        "{alderlake,meteorlake,lunarlake}/pipeline.json",
     ),
     // Skymont: the TOPDOWN_*.ALL names are fixed-counter events there; the model opens the
     // general-counter `_P` forms.
@@ -461,8 +461,8 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
             checked += 1;
         }
     }
-    // intel-snb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10, skt 5, icl 10 general.
-    assert_eq!(checked, 86);
+    // intel-snb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10, skt 9, icl 10 general.
+    assert_eq!(checked, 90);
     let unused: Vec<&str> = TABLE
         .iter()
         .zip(&used)

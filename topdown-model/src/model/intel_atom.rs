@@ -118,6 +118,10 @@ impl IntelAtom {
             }
             // §3.4 ARL-H atom (Skymont) encodings: retiring 0xc2/0x02, bad-spec 0x73/0x0,
             // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
+            // Level 2 (lunarlake/pipeline.json, cpu_atom): FRONTEND_LATENCY 0x71/0x72,
+            // FRONTEND_BANDWIDTH 0x71/0x8d, MISPREDICT 0x73/0x04, ALLOC_RESTRICTIONS 0x74/0x01.
+            // No MACHINE_CLEARS counter: 9 counters keep `synthetic:hybrid:intel-icl+intel-skt`
+            // within the 24 synthetic syscalls (15 + 9); `metrics` derives machine clears.
             Core::Skymont => vec![
                 (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
                 (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x019c)),
@@ -126,6 +130,22 @@ impl IntelAtom {
                 (
                     input::BAD_SPECULATION,
                     CounterSpec::raw(BAD_SPECULATION, 0x0073),
+                ),
+                (
+                    input::FRONTEND_LATENCY,
+                    CounterSpec::raw(FRONTEND_LATENCY, 0x7271).in_group(level_two),
+                ),
+                (
+                    input::FRONTEND_BANDWIDTH,
+                    CounterSpec::raw(FRONTEND_BANDWIDTH, 0x8d71).in_group(level_two),
+                ),
+                (
+                    input::MISPREDICT,
+                    CounterSpec::raw(MISPREDICT, 0x0473).in_group(level_two),
+                ),
+                (
+                    input::ALLOC_RESTRICTIONS,
+                    CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
                 ),
             ],
         }
@@ -162,7 +182,9 @@ impl Model for IntelAtom {
             Core::Crestmont => {
                 "Intel Crestmont E-cores (MTL, SRF, GRR): TopDown L1 + L2 (Resource_Bound shown as memory_bound)"
             }
-            Core::Skymont => "Intel Skymont E-cores (LNL/ARL): TopDown L1",
+            Core::Skymont => {
+                "Intel Skymont E-cores (LNL/ARL): TopDown L1 + L2 (Resource_Bound shown as memory_bound)"
+            }
         }
     }
 
@@ -174,11 +196,7 @@ impl Model for IntelAtom {
     }
 
     fn max_level(&self) -> u8 {
-        match self.core {
-            // The reference gives no Skymont level-2 encodings.
-            Core::Skymont => 1,
-            _ => 2,
-        }
+        2
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
@@ -211,20 +229,31 @@ impl Model for IntelAtom {
         if level < 2 {
             return metrics;
         }
+        // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl cpu_atom) have
+        // no level-2 split of Retiring.
         metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
-        if self.core == Core::Skymont {
-            return metrics;
-        }
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
+        // Skymont has the same formulas with width 8 (perf lunarlake/lnl-metrics.json, Unit
+        // cpu_atom: tma_ifetch_latency, tma_ifetch_bandwidth, tma_branch_mispredicts,
+        // tma_machine_clears, tma_core_bound, tma_resource_bound), except Machine_Clears below.
+        let machine_clears = match self.core {
+            Core::Gracemont | Core::Crestmont => per_slot(input::MACHINE_CLEARS),
+            // Skymont opens no MACHINE_CLEARS counter (see `layout`). Perf's tma_machine_clears
+            // is MACHINE_CLEARS (0x73/0x03: NUKE 0x01 | FASTNUKE 0x02) / S; BAD_SPECULATION.ALL_P
+            // is the same event 0x73 with umask 0 (mispredicts or machine clears), and
+            // MISPREDICT is umask 0x04, so ALL_P - MISPREDICT counts what MACHINE_CLEARS
+            // counts. This is an inference from the umasks, not a perf formula.
+            Core::Skymont => ratio(get(input::BAD_SPECULATION) - get(input::MISPREDICT), slots),
+        };
         let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
         let resource_bound = backend.zip(core_bound).map(|(be, core)| be - core);
         for (name, value) in [
             ("fetch_latency", per_slot(input::FRONTEND_LATENCY)),
             ("fetch_bandwidth", per_slot(input::FRONTEND_BANDWIDTH)),
             ("branch_mispredicts", per_slot(input::MISPREDICT)),
-            ("machine_clears", per_slot(input::MACHINE_CLEARS)),
+            ("machine_clears", machine_clears),
             ("core_bound", core_bound),
             ("memory_bound", resource_bound),
         ] {
@@ -268,6 +297,26 @@ mod tests {
         assert_eq!(config("intel-skt", FRONTEND), raw(0x019c));
         assert_eq!(config("intel-grt", FRONTEND_LATENCY), raw(0x7271));
         assert_eq!(config("intel-grt", BAD_SPECULATION), None);
+        assert_eq!(config("intel-skt", FRONTEND_LATENCY), raw(0x7271));
+        assert_eq!(config("intel-skt", ALLOC_RESTRICTIONS), raw(0x0174));
+        assert_eq!(config("intel-skt", MACHINE_CLEARS), None);
+    }
+
+    #[test]
+    fn skymont_fits_nine_counters_and_derives_machine_clears() {
+        // 15 intel-icl counters + these must fit the 24 synthetic syscalls of
+        // `synthetic:hybrid:intel-icl+intel-skt`.
+        let skt = IntelAtom::new(Core::Skymont);
+        assert_eq!(skt.counters().len(), 9);
+        assert_eq!(skt.max_level(), 2);
+        // CLOCKS 100 (S = 800); BAD_SPECULATION.ALL 200, MISPREDICT 120: machine clears are
+        // (200 - 120)/800.
+        let metrics = skt.metrics(&[100, 0, 400, 0, 200, 0, 0, 120, 160], 2);
+        assert_eq!(metrics["branch_mispredicts"], Some(120.0 / 800.0));
+        assert_eq!(metrics["machine_clears"], Some(80.0 / 800.0));
+        assert_eq!(metrics["core_bound"], Some(160.0 / 800.0));
+        assert_eq!(metrics["memory_bound"], Some(240.0 / 800.0));
+        assert_eq!(metrics["light_operations"], None);
     }
 
     #[test]
