@@ -6,9 +6,10 @@
 #![no_std]
 
 /// Counter slots per CPU. A model uses the first `n` (set at load time through the
-/// `NUM_COUNTERS` global). 12 covers AMD Zen L2 (the largest single-pass model) and Sapphire
-/// Rapids L2 (10).
-pub const MAX_COUNTERS: usize = 24;
+/// `NUM_COUNTERS` global), timing slots of rotating groups included. The largest model, Ice
+/// Lake's level 2 with heavy/light operations, takes 26; more than 32 would push a shadow
+/// stack's frame array further past what one allocation of a thread's stack should cost.
+pub const MAX_COUNTERS: usize = 32;
 
 /// Where each counter slot's value comes from: the fd at index `fd_slot` of this CPU's part of
 /// the `COUNTERS` array, and which of the helper's three values (count, enabled or running time).

@@ -168,7 +168,7 @@ pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgr
         state.now[slot] = slot_delta;
         slot += 1;
     }
-    // The deltas stay in `state.now` (no copy: 24 counters would not fit the 512-byte stack).
+    // The deltas stay in `state.now` (no copy: 32 counters would not fit the 512-byte stack).
     let delta = &state.now;
     add(&mut state.total, delta, used);
 

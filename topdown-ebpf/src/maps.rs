@@ -127,11 +127,12 @@ pub(crate) static ZERO_CGROUP: PerCpuArray<CgroupCounters> = PerCpuArray::with_m
 pub(crate) static ZERO_CALL: PerCpuArray<CallStats> = PerCpuArray::with_max_entries(1, 0);
 
 /// Never written: the zeroed value new shadow stacks are copied from. A hash-map insert copies
-/// its value from a pointer, and a ~13 KiB stack fits neither the 512-byte BPF stack nor any
+/// its value from a pointer, and a ~33 KiB stack fits neither the 512-byte BPF stack nor any
 /// other map value, so it needs a zeroed source of its own (`BPF_F_NO_PREALLOC` only defers the
-/// allocation; it does not let an insert go without a value).
+/// allocation; it does not let an insert go without a value). A plain array, not a per-CPU
+/// one: per-CPU values are limited to 32 KiB (PCPU_MIN_UNIT_SIZE), and nobody writes it.
 #[map]
-pub(crate) static ZERO_STACK: PerCpuArray<ShadowStack> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static ZERO_STACK: Array<ShadowStack> = Array::with_max_entries(1, 0);
 
 /// Function totals per caller -> callee edge (and per process if asked).
 #[map]
