@@ -166,6 +166,9 @@ pub fn pmu_for_model(model: &str) -> Option<&'static str> {
     let model = model.strip_suffix("-smt").unwrap_or(model);
     Some(match model {
         "intel-snb" => "snb",
+        // One model for three generations whose libpfm tables differ: Ivy Bridge's is the
+        // default; `hsw::` or `bdw::` select the others.
+        "intel-ivb" => "ivb",
         "intel-skl" => "skl",
         "intel-icl" => "icl",
         "intel-spr" => "spr",

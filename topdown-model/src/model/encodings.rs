@@ -22,7 +22,7 @@ use super::{CounterSource, CounterUse, PERF_TYPE_RAW, intel_atom, intel_core, in
 
 /// One event as perf's JSON encodes it.
 struct Row {
-    /// Model families the row applies to: `snb` (intel-snb, intel-snb-smt), `skl` (intel-skl,
+    /// Model families the row applies to: `snb` (intel-snb, intel-ivb and their -smt), `skl` (intel-skl,
     /// intel-skl-smt), `grt`, `cmt`, `skt`.
     families: &'static [&'static str],
     name: &'static str,
@@ -188,11 +188,62 @@ const TABLE: &[Row] = &[
     // INST_RETIRED.ANY_P's encoding: the kernel puts 0x00c0 on fixed counter 0
     // (FIXED_EVENT_CONSTRAINT(0x00c0, 0)), which is what the model declares.
     row(
-        SKL,
+        BOTH_CORES,
         "INST_RETIRED.ANY",
         (0xc0, 0x00, 0),
         NONE,
-        "skylake/pipeline.json INST_RETIRED.ANY_P",
+        "{sandybridge,skylake}/pipeline.json INST_RETIRED.ANY_P",
+    ),
+    // Sandy Bridge's Memory_Bound terms (snb-metrics.json tma_memory_bound); libpfm4's `snb`
+    // table encodes the same (it names 0xb1/0x01 UOPS_EXECUTED:THREAD).
+    row(
+        SNB,
+        "CYCLE_ACTIVITY.STALLS_L1D_PENDING",
+        (0xa3, 0x06, 6),
+        NONE,
+        "sandybridge/pipeline.json",
+    ),
+    row(
+        SNB,
+        "RESOURCE_STALLS.SB",
+        (0xa2, 0x08, 0),
+        NONE,
+        "sandybridge/pipeline.json",
+    ),
+    row(
+        SNB,
+        "CYCLE_ACTIVITY.CYCLES_NO_DISPATCH",
+        (0xa3, 0x04, 4),
+        NONE,
+        "sandybridge/pipeline.json",
+    ),
+    row(
+        SNB,
+        "UOPS_DISPATCHED.THREAD:c1",
+        (0xb1, 0x01, 1),
+        NONE,
+        "sandybridge/pipeline.json UOPS_DISPATCHED.THREAD, cmask from snb-metrics.json",
+    ),
+    row(
+        SNB,
+        "UOPS_DISPATCHED.THREAD:c2",
+        (0xb1, 0x01, 2),
+        NONE,
+        "sandybridge/pipeline.json UOPS_DISPATCHED.THREAD, cmask from snb-metrics.json",
+    ),
+    row(
+        SNB,
+        "UOPS_DISPATCHED.THREAD:c3",
+        (0xb1, 0x01, 3),
+        NONE,
+        "sandybridge/pipeline.json UOPS_DISPATCHED.THREAD, cmask from snb-metrics.json",
+    ),
+    row(
+        SNB,
+        "RS_EVENTS.EMPTY_CYCLES",
+        (0x5e, 0x01, 0),
+        NONE,
+        "sandybridge/pipeline.json",
     ),
     row(
         SKL,
@@ -413,7 +464,8 @@ const TABLE: &[Row] = &[
 
 fn family(model: &str) -> &'static str {
     match model {
-        "intel-snb" | "intel-snb-smt" => "snb",
+        // Ivy Bridge..Broadwell open Sandy Bridge's level-1 and level-2 encodings.
+        "intel-snb" | "intel-snb-smt" | "intel-ivb" | "intel-ivb-smt" => "snb",
         "intel-skl" | "intel-skl-smt" => "skl",
         "intel-grt" => "grt",
         "intel-cmt" => "cmt",
@@ -430,7 +482,7 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
         .chain(intel_atom::models())
         .chain(intel_icl::models())
         .collect();
-    assert_eq!(models.len(), 8);
+    assert_eq!(models.len(), 10);
     let mut checked = 0;
     let mut used = vec![false; TABLE.len()];
     for model in &models {
@@ -461,8 +513,9 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
             checked += 1;
         }
     }
-    // intel-snb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10, skt 9, icl 10 general.
-    assert_eq!(checked, 90);
+    // intel-snb 17, -smt 19, intel-ivb 9, -smt 11, intel-skl 15, -smt 17, grt 9, cmt 10,
+    // skt 9, icl 10 (general counters, and the fixed INST_RETIRED.ANY of snb and skl).
+    assert_eq!(checked, 126);
     let unused: Vec<&str> = TABLE
         .iter()
         .zip(&used)

@@ -1,6 +1,9 @@
 //! Intel before Ice Lake, with generic counters (topdown-formulas.md §2): `intel-snb` (Sandy
-//! Bridge, Ivy Bridge, Haswell, Broadwell and their server parts) and `intel-skl` (Skylake,
-//! Kaby/Coffee/Comet Lake, Skylake-SP, Cascade Lake, Cooper Lake), 4 slots per cycle.
+//! Bridge and Sandy Bridge-EP), `intel-ivb` (Ivy Bridge, Haswell, Broadwell and their server
+//! parts) and `intel-skl` (Skylake, Kaby/Coffee/Comet Lake, Skylake-SP, Cascade Lake, Cooper
+//! Lake), 4 slots per cycle. Sandy Bridge and Ivy Bridge..Broadwell share level 1 and most of
+//! level 2; they differ in Memory_Bound, whose stall events are per generation: topdown has
+//! perf's Sandy Bridge form (snb-metrics.json) and none yet for Ivy Bridge..Broadwell.
 //!
 //! Each comes in two forms. Without SMT, every input is per thread. With SMT (`-smt`), the slots
 //! of a core are shared by its two threads: a per-task breakdown cannot use the core-wide
@@ -19,7 +22,10 @@ use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Generation {
+    /// Sandy Bridge proper (family 6 models 0x2a, 0x2d).
     SandyBridge,
+    /// Ivy Bridge, Haswell, Broadwell: Sandy Bridge's level 1 and level 2 but Memory_Bound.
+    IvyBridge,
     Skylake,
 }
 
@@ -68,6 +74,17 @@ const STALLS_TOTAL: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_TOTAL", 0x0400_04a3);
 const BOUND_ON_STORES: (&str, u64) = ("EXE_ACTIVITY.BOUND_ON_STORES", 0x40a6);
 const ONE_PORT_UTIL: (&str, u64) = ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6);
 const TWO_PORTS_UTIL: (&str, u64) = ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6);
+// Sandy Bridge's Memory_Bound inputs, as perf's tools/perf/pmu-events/arch/x86/sandybridge/
+// pipeline.json and memory.json encode them (event | umask << 8 | cmask << 24; checked in
+// `encodings::tests` and against libpfm4's `snb` table, which calls 0xb1/0x01
+// UOPS_EXECUTED:THREAD).
+const STALLS_L1D_PENDING: (&str, u64) = ("CYCLE_ACTIVITY.STALLS_L1D_PENDING", 0x0600_06a3);
+const STORE_BUFFER_STALLS: (&str, u64) = ("RESOURCE_STALLS.SB", 0x08a2);
+const CYCLES_NO_DISPATCH: (&str, u64) = ("CYCLE_ACTIVITY.CYCLES_NO_DISPATCH", 0x0400_04a3);
+const DISPATCH_GE_1: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c1", 0x0100_01b1);
+const DISPATCH_GE_2: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c2", 0x0200_01b1);
+const DISPATCH_GE_3: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c3", 0x0300_01b1);
+const RS_EMPTY_CYCLES: (&str, u64) = ("RS_EVENTS.EMPTY_CYCLES", 0x015e);
 
 /// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
 /// generation its own level-2 events, so the positions differ per model.
@@ -91,14 +108,23 @@ mod input {
     pub const BOUND_ON_STORES: usize = 15;
     pub const ONE_PORT_UTIL: usize = 16;
     pub const TWO_PORTS_UTIL: usize = 17;
+    pub const STALLS_L1D_PENDING: usize = 18;
+    pub const STORE_BUFFER_STALLS: usize = 19;
+    pub const CYCLES_NO_DISPATCH: usize = 20;
+    pub const DISPATCH_GE_1: usize = 21;
+    pub const DISPATCH_GE_2: usize = 22;
+    pub const DISPATCH_GE_3: usize = 23;
+    pub const RS_EMPTY_CYCLES: usize = 24;
 }
-const INPUTS: usize = 18;
+const INPUTS: usize = 25;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
     [
         (Generation::SandyBridge, false),
         (Generation::SandyBridge, true),
+        (Generation::IvyBridge, false),
+        (Generation::IvyBridge, true),
         (Generation::Skylake, false),
         (Generation::Skylake, true),
     ]
@@ -153,8 +179,25 @@ impl IntelCore {
             in_group(spec(input::MACHINE_CLEARS, MACHINE_CLEARS), level_two),
         ]);
         match self.generation {
-            Generation::SandyBridge => {
+            Generation::IvyBridge => {
                 specs.push(in_group(spec(input::MS_UOPS, MS_UOPS), level_two))
+            }
+            Generation::SandyBridge => {
+                // perf marks Memory_Bound NO_GROUP_EVENTS: its terms need not share a group, so
+                // they take two more rotating groups of at most four (SMT leaves 4 counters).
+                let (inst_input, inst_spec) = spec(input::INST_RETIRED, INST_RETIRED);
+                specs.extend([
+                    in_group(spec(input::MS_UOPS, MS_UOPS), level_two),
+                    in_group(spec(input::STALLS_L1D_PENDING, STALLS_L1D_PENDING), level_two + 1),
+                    in_group(spec(input::STORE_BUFFER_STALLS, STORE_BUFFER_STALLS), level_two + 1),
+                    in_group(spec(input::CYCLES_NO_DISPATCH, CYCLES_NO_DISPATCH), level_two + 1),
+                    in_group(spec(input::RS_EMPTY_CYCLES, RS_EMPTY_CYCLES), level_two + 1),
+                    in_group(spec(input::DISPATCH_GE_1, DISPATCH_GE_1), level_two + 2),
+                    in_group(spec(input::DISPATCH_GE_2, DISPATCH_GE_2), level_two + 2),
+                    in_group(spec(input::DISPATCH_GE_3, DISPATCH_GE_3), level_two + 2),
+                    // Fixed counter 0 counts INST_RETIRED.ANY (the IPC > 1.8 test).
+                    (inst_input, inst_spec.in_group(level_two + 2).fixed()),
+                ]);
             }
             Generation::Skylake => {
                 let (inst_input, inst_spec) = spec(input::INST_RETIRED, INST_RETIRED);
@@ -186,10 +229,49 @@ impl IntelCore {
         }
     }
 
+    /// Sandy Bridge's Memory_Bound, as perf's
+    /// tools/perf/pmu-events/arch/x86/sandybridge/snb-metrics.json (torvalds/linux at
+    /// 01bc4ac9da94) computes tma_memory_bound:
+    ///   (min(CPU_CLK_UNHALTED.THREAD, CYCLE_ACTIVITY.STALLS_L1D_PENDING) + RESOURCE_STALLS.SB)
+    ///   / (min(CPU_CLK_UNHALTED.THREAD, CYCLE_ACTIVITY.CYCLES_NO_DISPATCH)
+    ///      + UOPS_DISPATCHED.THREAD:c1
+    ///      - (UOPS_DISPATCHED.THREAD:c3 if tma_info_ipc > 1.8 else UOPS_DISPATCHED.THREAD:c2)
+    ///      - (RS_EVENTS.EMPTY_CYCLES if tma_fetch_latency > 0.1 else 0)
+    ///      + RESOURCE_STALLS.SB) * tma_backend_bound
+    /// with tma_info_ipc = INST_RETIRED.ANY / CPU_CLK_UNHALTED.THREAD.
+    fn snb_memory_bound(
+        &self,
+        values: &[u64],
+        backend: Option<f64>,
+        fetch_latency: Option<f64>,
+    ) -> Option<f64> {
+        let get = |input: usize| self.at.read(values, input);
+        let clks = get(input::THREAD);
+        let store_buffer = get(input::STORE_BUFFER_STALLS);
+        let ipc = ratio(get(input::INST_RETIRED), clks)?;
+        let dispatch_high = if ipc > 1.8 {
+            get(input::DISPATCH_GE_3)
+        } else {
+            get(input::DISPATCH_GE_2)
+        };
+        let frontend_stall = if fetch_latency? > 0.1 {
+            get(input::RS_EMPTY_CYCLES)
+        } else {
+            0.0
+        };
+        let share = ratio(
+            clks.min(get(input::STALLS_L1D_PENDING)) + store_buffer,
+            clks.min(get(input::CYCLES_NO_DISPATCH)) + get(input::DISPATCH_GE_1) - dispatch_high
+                - frontend_stall
+                + store_buffer,
+        )?;
+        backend.map(|be| share * be)
+    }
+
     fn recovery(&self) -> (&'static str, u64) {
         match (self.generation, self.smt) {
-            (Generation::SandyBridge, false) => RECOVERY_SNB,
-            (Generation::SandyBridge, true) => RECOVERY_SNB_ANY,
+            (Generation::SandyBridge | Generation::IvyBridge, false) => RECOVERY_SNB,
+            (Generation::SandyBridge | Generation::IvyBridge, true) => RECOVERY_SNB_ANY,
             (Generation::Skylake, false) => RECOVERY_SKL,
             (Generation::Skylake, true) => RECOVERY_SKL_ANY,
         }
@@ -205,6 +287,8 @@ impl Model for IntelCore {
         match (self.generation, self.smt) {
             (Generation::SandyBridge, false) => "intel-snb",
             (Generation::SandyBridge, true) => "intel-snb-smt",
+            (Generation::IvyBridge, false) => "intel-ivb",
+            (Generation::IvyBridge, true) => "intel-ivb-smt",
             (Generation::Skylake, false) => "intel-skl",
             (Generation::Skylake, true) => "intel-skl-smt",
         }
@@ -213,10 +297,16 @@ impl Model for IntelCore {
     fn description(&self) -> &'static str {
         match (self.generation, self.smt) {
             (Generation::SandyBridge, false) => {
-                "Intel Sandy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)"
+                "Intel Sandy Bridge (generic counters, SMT off): TopDown L1 + L2"
             }
             (Generation::SandyBridge, true) => {
-                "Intel Sandy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+                "Intel Sandy Bridge with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+            }
+            (Generation::IvyBridge, false) => {
+                "Intel Ivy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)"
+            }
+            (Generation::IvyBridge, true) => {
+                "Intel Ivy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
             }
             (Generation::Skylake, false) => {
                 "Intel Skylake..Cascade Lake (generic counters, SMT off): TopDown L1 + L2"
@@ -261,7 +351,7 @@ impl Model for IntelCore {
         let retiring = ratio(retire_slots, slots);
         let backend = match self.generation {
             // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
-            Generation::SandyBridge => frontend
+            Generation::SandyBridge | Generation::IvyBridge => frontend
                 .zip(bad_speculation)
                 .zip(retiring)
                 .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
@@ -289,7 +379,9 @@ impl Model for IntelCore {
         let cycles_0_uops = get(input::CYCLES_0_UOPS);
         let fetch_latency = match self.generation {
             // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
-            Generation::SandyBridge => ratio(WIDTH * clks.min(cycles_0_uops), slots),
+            Generation::SandyBridge | Generation::IvyBridge => {
+                ratio(WIDTH * clks.min(cycles_0_uops), slots)
+            }
             // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
             Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
         };
@@ -306,15 +398,21 @@ impl Model for IntelCore {
         // Machine_Clears = BadSpec - Branch_Mispredicts
         let machine_clears = minus(bad_speculation, branch_mispredicts);
         let (memory_bound, core_bound, heavy_operations) = match self.generation {
-            Generation::SandyBridge => {
+            Generation::SandyBridge | Generation::IvyBridge => {
                 // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
                 //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
                 let heavy = ratio(retire_slots, issued)
                     .zip(ratio(get(input::MS_UOPS), slots))
                     .map(|(retired_share, ms)| retired_share * ms);
-                // Memory_Bound needs per-generation stall events (§2.2: see snb/ivb/hsw/bdw
-                // metrics.json); the reference does not give them, so no memory/core split.
-                (None, None, heavy)
+                if self.generation == Generation::IvyBridge {
+                    // Memory_Bound needs per-generation stall events (ivb/hsw/bdw
+                    // metrics.json), not modelled yet: no memory/core split.
+                    (None, None, heavy)
+                } else {
+                    let memory_bound = self.snb_memory_bound(values, backend, fetch_latency);
+                    // snb-metrics.json tma_core_bound: tma_backend_bound - tma_memory_bound
+                    (memory_bound, minus(backend, memory_bound), heavy)
+                }
             }
             Generation::Skylake => {
                 // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)

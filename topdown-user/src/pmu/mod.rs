@@ -287,7 +287,8 @@ pub fn detect(root: &Path) -> Result<Detection> {
 /// The model family table for Intel family 6 (topdown-formulas.md §6.1, perfmon mapfile.csv).
 fn intel_model(model: u32) -> Option<&'static str> {
     Some(match model {
-        0x2a | 0x2d | 0x3a | 0x3e | 0x3c | 0x45 | 0x46 | 0x3f | 0x3d | 0x47 | 0x4f | 0x56 => "snb",
+        0x2a | 0x2d => "snb",
+        0x3a | 0x3e | 0x3c | 0x45 | 0x46 | 0x3f | 0x3d | 0x47 | 0x4f | 0x56 => "ivb",
         0x4e | 0x5e | 0x8e | 0x9e | 0xa5 | 0xa6 | 0x55 => "skl",
         0x7d | 0x7e | 0x6a | 0x6c | 0x8c | 0x8d | 0xa7 => "icl",
         0x8f | 0xcf | 0xad | 0xae => "spr",
@@ -358,7 +359,7 @@ pub fn choose(detection: &Detection) -> Choice {
             ));
         }
         return chosen(match kind {
-            "snb" | "skl" if smt => format!("intel-{kind}-smt"),
+            "snb" | "ivb" | "skl" if smt => format!("intel-{kind}-smt"),
             hybrid if hybrid.starts_with("hybrid:") => hybrid.to_owned(),
             other => format!("intel-{other}"),
         });
@@ -442,7 +443,7 @@ pub fn general_counters(detection: &Detection, pmu: Option<&str>) -> Option<u32>
     if detection.is_vendor("GenuineIntel") {
         let kind = detection.model.and_then(intel_model)?;
         return Some(match kind {
-            "snb" | "skl" if detection.smt_active == Some(true) => 4,
+            "snb" | "ivb" | "skl" if detection.smt_active == Some(true) => 4,
             "grt" => 6,
             "knl" => 2,
             _ => 8,

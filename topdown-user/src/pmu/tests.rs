@@ -21,7 +21,7 @@ fn auto(kind: &str) -> Choice {
 
 /// (fixture, model `--pmu auto` picks, free general-purpose counters of the core PMU).
 const MACHINES: [(&str, &str, Option<u32>); 20] = [
-    ("intel-hsw", "intel-snb", Some(8)),
+    ("intel-hsw", "intel-ivb", Some(8)),
     // Xeon Phi: 2 per thread, and Intel's watchdog sits on a fixed counter.
     ("intel-knl", "intel-knl", Some(2)),
     ("intel-knm", "intel-knl", Some(2)),
