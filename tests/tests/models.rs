@@ -265,9 +265,10 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
     // An intel-icl P-core and an intel-skt (Skymont, 8 slots per cycle) E-core stand in for the
     // core types: CPU 0 is cpu_core, CPU 1 cpu_atom. The thread makes 1000 getppid
     // (cpu_core/slots) and 400 getpgid (cpu_core retiring) on CPU 0, then moves to CPU 1 for 10
-    // more getppid (no cpu_core counter there), 100 capget (cpu_atom cycles) and 800
-    // sched_get_priority_max (cpu_atom retiring); 77 capget made on CPU 0 count nowhere (no
-    // cpu_atom counter there).
+    // more getppid (no cpu_core counter there), 100 sched_rr_get_interval (cpu_atom cycles: the
+    // 21st synthetic syscall, after intel-icl's 20 counters) and 800 get_mempolicy (cpu_atom
+    // retiring); 77 sched_rr_get_interval made on CPU 0 count nowhere (no cpu_atom counter
+    // there).
     let out = temp_path("hybrid");
     let output = run_ok(
         topdown()
@@ -285,8 +286,8 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
             .args([
                 "--",
                 WORKLOAD,
-                "cpu=0,getppid=1000,getpgid=400,capget=77,cpu=1,getppid=10,capget=100,\
-                 sched_get_priority_max=800",
+                "cpu=0,getppid=1000,getpgid=400,sched_rr_get_interval=77,cpu=1,getppid=10,\
+                 sched_rr_get_interval=100,get_mempolicy=800",
             ]),
     )
     .unwrap();

@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-const KNOWN: [&str; 25] = [
+const KNOWN: [&str; 33] = [
     "getppid",
     "getpgid",
     "getsid",
@@ -51,6 +51,14 @@ const KNOWN: [&str; 25] = [
     "get_robust_list",
     "sched_getattr",
     "get_mempolicy",
+    "sysfs",
+    "getcpu",
+    "rt_sigpending",
+    "clock_getres",
+    "mincore",
+    "membarrier",
+    "personality",
+    "sched_getaffinity",
     "gettid",
 ];
 
@@ -102,6 +110,23 @@ fn call(name: &str) -> Result<(), String> {
                 std::ptr::null_mut::<u8>(),
                 0,
             ),
+            // sysfs(3): the number of filesystem types.
+            "sysfs" => libc::syscall(libc::SYS_sysfs, 3),
+            "getcpu" => libc::syscall(libc::SYS_getcpu, buf, buf.add(8), 0),
+            "rt_sigpending" => libc::syscall(libc::SYS_rt_sigpending, buf, 8),
+            "clock_getres" => libc::syscall(libc::SYS_clock_getres, libc::CLOCK_MONOTONIC, buf),
+            // The page holding `buffer` is mapped: mincore reports it.
+            "mincore" => libc::syscall(
+                libc::SYS_mincore,
+                (buf as usize) & !4095,
+                4096usize,
+                buf.add(256),
+            ),
+            // MEMBARRIER_CMD_QUERY (0): the supported commands.
+            "membarrier" => libc::syscall(libc::SYS_membarrier, 0, 0),
+            // 0xffffffff queries the persona without changing it.
+            "personality" => libc::syscall(libc::SYS_personality, 0xffff_ffffu64),
+            "sched_getaffinity" => libc::syscall(libc::SYS_sched_getaffinity, 0, 128, buf),
             "gettid" => libc::syscall(libc::SYS_gettid),
             other => return Err(format!("unknown syscall '{other}'")),
         };

@@ -179,18 +179,25 @@ impl IntelCore {
             in_group(spec(input::MACHINE_CLEARS, MACHINE_CLEARS), level_two),
         ]);
         match self.generation {
-            Generation::IvyBridge => {
-                specs.push(in_group(spec(input::MS_UOPS, MS_UOPS), level_two))
-            }
+            Generation::IvyBridge => specs.push(in_group(spec(input::MS_UOPS, MS_UOPS), level_two)),
             Generation::SandyBridge => {
                 // perf marks Memory_Bound NO_GROUP_EVENTS: its terms need not share a group, so
                 // they take two more rotating groups of at most four (SMT leaves 4 counters).
                 let (inst_input, inst_spec) = spec(input::INST_RETIRED, INST_RETIRED);
                 specs.extend([
                     in_group(spec(input::MS_UOPS, MS_UOPS), level_two),
-                    in_group(spec(input::STALLS_L1D_PENDING, STALLS_L1D_PENDING), level_two + 1),
-                    in_group(spec(input::STORE_BUFFER_STALLS, STORE_BUFFER_STALLS), level_two + 1),
-                    in_group(spec(input::CYCLES_NO_DISPATCH, CYCLES_NO_DISPATCH), level_two + 1),
+                    in_group(
+                        spec(input::STALLS_L1D_PENDING, STALLS_L1D_PENDING),
+                        level_two + 1,
+                    ),
+                    in_group(
+                        spec(input::STORE_BUFFER_STALLS, STORE_BUFFER_STALLS),
+                        level_two + 1,
+                    ),
+                    in_group(
+                        spec(input::CYCLES_NO_DISPATCH, CYCLES_NO_DISPATCH),
+                        level_two + 1,
+                    ),
                     in_group(spec(input::RS_EMPTY_CYCLES, RS_EMPTY_CYCLES), level_two + 1),
                     in_group(spec(input::DISPATCH_GE_1, DISPATCH_GE_1), level_two + 2),
                     in_group(spec(input::DISPATCH_GE_2, DISPATCH_GE_2), level_two + 2),
@@ -261,7 +268,8 @@ impl IntelCore {
         };
         let share = ratio(
             clks.min(get(input::STALLS_L1D_PENDING)) + store_buffer,
-            clks.min(get(input::CYCLES_NO_DISPATCH)) + get(input::DISPATCH_GE_1) - dispatch_high
+            clks.min(get(input::CYCLES_NO_DISPATCH)) + get(input::DISPATCH_GE_1)
+                - dispatch_high
                 - frontend_stall
                 + store_buffer,
         )?;

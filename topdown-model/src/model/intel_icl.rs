@@ -5,18 +5,16 @@
 //! generic events perf's current L1 formulas use. These parts have no L2 metric bytes, so level 2
 //! comes from generic counters as perf's icl-metrics.json computes it (torvalds/linux
 //! tools/perf/pmu-events/arch/x86/icelake/icl-metrics.json at 6b93f350e55f): fetch latency and
-//! bandwidth, branch mispredicts and machine clears, memory and core bound, in two rotating
-//! level-2 groups. Heavy/light operations stay null: perf's tma_heavy_operations needs five more
-//! events (UOPS_ISSUED.ANY, IDQ.MS_UOPS, UOPS_DECODED.DEC0 with and without cmask=1,
-//! IDQ.MITE_UOPS), which make a third rotating group, and its two timing slots would take the
-//! model past the 24 BPF counter slots (topdown_common::MAX_COUNTERS).
+//! bandwidth, branch mispredicts and machine clears, memory and core bound, heavy and light
+//! operations, in three rotating level-2 groups: 20 counters and 6 timing slots, 26 of the 32
+//! BPF counter slots (topdown_common::MAX_COUNTERS).
 
 use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// (name, raw config) in group order; level-1 encodings from topdown-formulas.md §1.1 and §1.5,
 /// level-2 ones from perf's icelake/{pipeline,frontend}.json (checked in `encodings::tests`).
-const COUNTERS: [(&str, u64); 15] = [
+const COUNTERS: [(&str, u64); 20] = [
     ("slots", 0x0400),
     ("topdown-retiring", 0x8000),
     ("topdown-bad-spec", 0x8100),
@@ -37,6 +35,13 @@ const COUNTERS: [(&str, u64); 15] = [
     ("CYCLE_ACTIVITY.STALLS_TOTAL", 0x0400_04a3),
     ("EXE_ACTIVITY.1_PORTS_UTIL", 0x02a6),
     ("EXE_ACTIVITY.2_PORTS_UTIL", 0x04a6),
+    // Group 10: tma_heavy_operations' terms (icelake/pipeline.json and frontend.json; libpfm4's
+    // `icl` table encodes the same).
+    ("UOPS_ISSUED.ANY", 0x010e),
+    ("IDQ.MS_UOPS", 0x3079),
+    ("UOPS_DECODED.DEC0", 0x0156),
+    ("UOPS_DECODED.DEC0:c1", 0x0100_0156),
+    ("IDQ.MITE_UOPS", 0x0479),
 ];
 
 // Positions in `COUNTERS`: what the formulas read.
@@ -55,6 +60,11 @@ const BOUND_ON_STORES: usize = 11;
 const STALLS_TOTAL: usize = 12;
 const ONE_PORT_UTIL: usize = 13;
 const TWO_PORTS_UTIL: usize = 14;
+const UOPS_ISSUED: usize = 15;
+const MS_UOPS: usize = 16;
+const DECODED_DEC0: usize = 17;
+const DECODED_DEC0_CYCLES: usize = 18;
+const MITE_UOPS: usize = 19;
 
 pub struct IntelIcl;
 
@@ -78,7 +88,7 @@ impl Model for IntelIcl {
     }
 
     fn description(&self) -> &'static str {
-        "Intel Ice Lake/Tiger Lake/Rocket Lake/Ice Lake-SP perf metrics: TopDown L1 + L2 (no heavy/light split)"
+        "Intel Ice Lake/Tiger Lake/Rocket Lake/Ice Lake-SP perf metrics: TopDown L1 + L2 (level 2 from generic counters)"
     }
 
     fn counters(&self) -> Vec<CounterSpec> {
@@ -91,7 +101,8 @@ impl Model for IntelIcl {
                 match index {
                     0..5 => spec.fixed(),
                     CYCLES_0_UOPS..=MACHINE_CLEARS => spec.in_group(LEVEL_TWO_GROUP),
-                    STALLS_MEM_ANY.. => spec.in_group(LEVEL_TWO_GROUP + 1),
+                    STALLS_MEM_ANY..=TWO_PORTS_UTIL => spec.in_group(LEVEL_TWO_GROUP + 1),
+                    UOPS_ISSUED.. => spec.in_group(LEVEL_TWO_GROUP + 2),
                     _ => spec,
                 }
             })
@@ -173,6 +184,22 @@ impl Model for IntelIcl {
             .map(|(share, be)| share * be);
         // tma_core_bound: max(0, tma_backend_bound - tma_memory_bound)
         let core_bound = minus_floored(backend, memory_bound);
+        // tma_microcode_sequencer: tma_retiring * tma_info_thread_slots / UOPS_ISSUED.ANY *
+        //   IDQ.MS_UOPS / tma_info_thread_slots
+        let microcode_sequencer = retiring
+            .zip(ratio(get(MS_UOPS), get(UOPS_ISSUED)))
+            .map(|(ret, ms_share)| ret * ms_share);
+        // tma_heavy_operations: tma_microcode_sequencer + tma_retiring * (UOPS_DECODED.DEC0 -
+        //   cpu@UOPS_DECODED.DEC0,cmask=1@) / IDQ.MITE_UOPS
+        let heavy_operations = microcode_sequencer
+            .zip(retiring)
+            .zip(ratio(
+                get(DECODED_DEC0) - get(DECODED_DEC0_CYCLES),
+                get(MITE_UOPS),
+            ))
+            .map(|((ms, ret), few_uops)| ms + ret * few_uops);
+        // tma_light_operations: max(0, tma_retiring - tma_heavy_operations)
+        let light_operations = minus_floored(retiring, heavy_operations);
         for (name, value) in [
             ("fetch_latency", fetch_latency),
             ("fetch_bandwidth", fetch_bandwidth),
@@ -180,6 +207,8 @@ impl Model for IntelIcl {
             ("machine_clears", machine_clears),
             ("memory_bound", memory_bound),
             ("core_bound", core_bound),
+            ("heavy_operations", heavy_operations),
+            ("light_operations", light_operations),
         ] {
             metrics.insert(name.to_owned(), value);
         }
@@ -227,7 +256,7 @@ mod tests {
 
     #[test]
     fn no_counts_means_no_metrics_and_level_two_is_null() {
-        let metrics = IntelIcl.metrics(&[0; 15], 2);
+        let metrics = IntelIcl.metrics(&[0; 20], 2);
         assert!(metrics.values().all(Option::is_none));
         for name in L1_METRICS.iter().chain(L2_METRICS.iter()) {
             assert!(metrics.contains_key(*name), "{name}");
@@ -245,9 +274,9 @@ mod tests {
                 config: 0x0400
             }
         );
-        assert_eq!(counters.len(), 15);
-        // Level 1 pinned (2 general) beside either level-2 group (3 and 5 general) fits the 8
-        // general counters; two rotating groups keep the slots at 15 + 4 <= 24.
+        assert_eq!(counters.len(), 20);
+        // Level 1 pinned (2 general) beside any level-2 group (3, 5 and 5 general) fits the 8
+        // general counters; three rotating groups keep the slots at 20 + 6 <= 32.
         let general = |group: u8| {
             counters
                 .iter()
@@ -256,6 +285,10 @@ mod tests {
                 })
                 .count()
         };
-        assert_eq!((general(0), general(8), general(9)), (2, 3, 5));
+        assert_eq!(
+            (general(0), general(8), general(9), general(10)),
+            (2, 3, 5, 5)
+        );
+        assert!(20 + 2 * 3 <= topdown_common::MAX_COUNTERS);
     }
 }

@@ -12,7 +12,7 @@ use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
 /// Syscalls standing in for a model's counters, slot 1 first. Chosen because they are cheap,
 /// have no side effects, and neither Rust's std runtime nor glibc's start-up calls them, so a
 /// test workload controls their counts exactly.
-pub const DEFAULT_SYSCALLS: [&str; 24] = [
+pub const DEFAULT_SYSCALLS: [&str; 32] = [
     "getppid",
     "getpgid",
     "getsid",
@@ -37,6 +37,16 @@ pub const DEFAULT_SYSCALLS: [&str; 24] = [
     "get_robust_list",
     "sched_getattr",
     "get_mempolicy",
+    // Eight more for the largest models (hybrid Ice Lake + Skymont: 29 counters); none is made
+    // by a Rust or C program's start-up, so a workload's counts stay its own.
+    "sysfs",
+    "getcpu",
+    "rt_sigpending",
+    "clock_getres",
+    "mincore",
+    "membarrier",
+    "personality",
+    "sched_getaffinity",
 ];
 
 pub struct Synthetic {
