@@ -113,3 +113,60 @@ fn the_table_reads_like_check_events() {
         assert!(text.contains(line), "{line}\n{text}");
     }
 }
+
+/// Without libpfm.so.4 the binary still runs: libpfm-style names fail with one line naming the
+/// `libpfm4` package (exit 2), perf syntax keeps working. The library is hidden by
+/// bind-mounting an empty file over it in a private mount namespace, so dlopen really fails.
+#[test]
+fn without_libpfm_names_fail_in_one_line_and_perf_syntax_works() {
+    if !topdown_tests::privileged() {
+        return;
+    }
+    let library = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+    ]
+    .iter()
+    .map(|dir| std::path::Path::new(dir).join("libpfm.so.4"))
+    .find(|path| path.exists())
+    .expect("libpfm.so.4 is installed by `cargo xtask setup`");
+    let library = std::fs::canonicalize(library).unwrap();
+    let empty = std::env::temp_dir().join(format!("topdown-no-libpfm-{}", std::process::id()));
+    std::fs::write(&empty, b"").unwrap();
+    let bin = topdown_tests::topdown_bin();
+    let script = format!(
+        "mount --bind '{}' '{}' || exit 99; \
+         '{bin}' list -e 'knl::OFFCORE_RESPONSE_0:ANY_REQUEST' 2>&1; echo \"rc=$?\"; \
+         '{bin}' list -e cpu-clock --format json 2>&1; echo \"rc=$?\"",
+        empty.display(),
+        library.display(),
+        bin = bin.display()
+    );
+    let output = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&empty);
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut parts = text.split("rc=");
+    let refused = parts.next().unwrap_or_default();
+    assert_eq!(
+        refused.trim(),
+        "topdown: error: -e event 'knl::OFFCORE_RESPONSE_0:ANY_REQUEST': libpfm-style event \
+         names need libpfm4 (libpfm.so.4): install the `libpfm4` package, or use perf syntax \
+         (cpu/event=0x..,umask=0x../, rNNNN, or the PMU's named events from `topdown list`)",
+        "{text}"
+    );
+    let rest = parts.next().unwrap_or_default();
+    assert!(
+        rest.starts_with('2'),
+        "libpfm name: exit 2 expected:\n{text}"
+    );
+    let perf = rest
+        .split_once('\n')
+        .map(|(_, json)| json)
+        .unwrap_or_default();
+    assert!(perf.contains("\"syntax\": \"perf\""), "{text}");
+    assert!(parts.next().is_some_and(|rc| rc.starts_with('0')), "{text}");
+}
