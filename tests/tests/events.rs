@@ -170,3 +170,46 @@ fn without_libpfm_names_fail_in_one_line_and_perf_syntax_works() {
     assert!(perf.contains("\"syntax\": \"perf\""), "{text}");
     assert!(parts.next().is_some_and(|rc| rc.starts_with('0')), "{text}");
 }
+
+/// PMUs libpfm4 4.13 lacks (Granite Rapids, Zen 5, every Arm PMU in an x86 build) still take
+/// the names of the events topdown's own models open. Expected words from the vendors' lists:
+/// Intel perfmon graniterapids_core.json TOPDOWN.SLOTS (event 0x00, umask 0x04), Arm Neoverse N2
+/// TRM STALL_SLOT (0x3F), AMD family 1Ah PPR PMCx0C1 Retired Ops (perf's ex_ret_ops).
+#[test]
+fn names_of_pmus_libpfm_lacks_come_from_the_model_tables() {
+    let list = list_json(&["gnr::TOPDOWN:SLOTS", "arm_n2::STALL_SLOT:u"]);
+    assert_eq!(list[0]["pmu"], "intel-spr (topdown's table)");
+    assert_eq!(
+        (list[0]["type"].clone(), list[0]["config"].clone()),
+        (4.into(), "0x400".into())
+    );
+    assert_eq!(list[1]["config"], "0x3f");
+    assert_eq!(list[1]["exclude"]["kernel"], true);
+    assert_eq!(list[1]["exclude"]["user"], false);
+    let output = topdown()
+        .args([
+            "list",
+            "--pmu",
+            "amd-zen5",
+            "-e",
+            "ex_ret_ops",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let zen5: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(zen5[0]["config"], "0xc1", "{zen5}");
+    // Anything else still needs a libpfm4 that has the PMU: one line, exit 2.
+    let output = topdown()
+        .args(["list", "-e", "gnr::MEM_LOAD_RETIRED:L3_MISS"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("not among the events topdown's intel-spr model opens"),
+        "{stderr}"
+    );
+}

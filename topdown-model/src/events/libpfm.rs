@@ -36,7 +36,26 @@ pub fn parse(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
 
 /// [`parse`], also returning libpfm's encoding (its PMU name and canonical `fstr`).
 pub fn parse_encoded(spec: &str, catalog: &PmuCatalog) -> Result<(EventAttr, pfm::Encoding)> {
-    let encoding = encode(spec, catalog)?;
+    let encoding = match encode(spec, catalog) {
+        Ok(encoding) => encoding,
+        // libpfm4 is missing or lacks the PMU: the events topdown's own models open are still
+        // known by name (super::model_table).
+        Err(err) => match super::model_table::lookup(spec, catalog) {
+            Some(found) => match super::model_table::encoding(&found) {
+                Some(encoding) => return Ok((found.attr, encoding)),
+                None => return Err(err),
+            },
+            None => {
+                return Err(match super::model_table::fallback_model(spec) {
+                    Some(model) => err.context(format!(
+                        "not among the events topdown's {model} model opens either (its table \
+                         has only those; `topdown list --pmu {model}` shows them)"
+                    )),
+                    None => err,
+                });
+            }
+        },
+    };
     let exclude = names_privilege(spec).then_some(Exclude {
         user: encoding.exclude_user,
         kernel: encoding.exclude_kernel,

@@ -27,6 +27,7 @@
 
 pub mod catalog;
 pub mod libpfm;
+pub mod model_table;
 pub mod pfm;
 
 use anyhow::{Result, bail};
@@ -87,7 +88,16 @@ pub fn parse_event(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
     let result = if is_libpfm(spec_trimmed) {
         libpfm::parse(spec_trimmed, catalog)
     } else {
-        parse_perf(spec_trimmed, catalog)
+        parse_perf(spec_trimmed, catalog).or_else(|err| {
+            // perf's own name for an event of a model whose PMU is not on this machine
+            // (`ex_ret_ops` with --pmu amd-zen5 on Intel): the model's table has it.
+            if spec_trimmed.contains('/') {
+                return Err(err);
+            }
+            model_table::lookup(spec_trimmed, catalog)
+                .map(|found| found.attr)
+                .ok_or(err)
+        })
     };
     result.map_err(|err| anyhow::anyhow!("event '{spec_trimmed}': {err:#}"))
 }
@@ -115,6 +125,16 @@ pub fn describe(spec: &str, catalog: &PmuCatalog) -> Result<Description> {
         });
     }
     let attr = parse_event(spec, catalog)?;
+    if let Some(found) =
+        model_table::lookup(spec_trimmed, catalog).filter(|found| found.attr == attr)
+        && parse_perf(spec_trimmed, catalog).is_err()
+    {
+        return Ok(Description {
+            pmu: Some(format!("{} (topdown's table)", found.model)),
+            fstr: Some(found.counter),
+            attr,
+        });
+    }
     Ok(Description {
         pmu: attr.pmu.clone(),
         attr,
