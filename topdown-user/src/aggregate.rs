@@ -445,6 +445,7 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
             counters,
             metrics: evaluation.metrics,
             estimated: evaluation.estimated,
+            ..Entity::default()
         }
     };
     let weight_slot = names
@@ -499,7 +500,7 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         .collect();
     let diagnostics = aggregate.diagnostics.clone();
 
-    Report {
+    let mut report = Report {
         topdown_version: env!("CARGO_PKG_VERSION").to_owned(),
         model: ctx.model.recorded_name(),
         synthetic: ctx.model.is_synthetic(),
@@ -531,7 +532,13 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         call_tree,
         cpus,
         diagnostics,
-    }
+        derived: crate::model::derived::derived_figures(ctx.model)
+            .iter()
+            .map(crate::report::DerivedEntry::of)
+            .collect(),
+    };
+    crate::report::fill_derived(&mut report);
+    report
 }
 
 /// Every task instance's counts, or in interval mode what each gained since `previous`.

@@ -15,6 +15,7 @@ use anyhow::{Result, bail};
 
 pub mod amd_zen;
 pub mod arm_neoverse;
+pub mod derived;
 #[cfg(test)]
 mod encodings;
 pub mod evaluate;

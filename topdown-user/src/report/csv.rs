@@ -2,8 +2,8 @@
 //! from the header's): one row per entity, every section under the same named columns.
 //!
 //! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls`, then the
-//! counters in the model's order, then the metrics. A cell that does not apply to a row's kind
-//! is empty, as is a metric the model cannot compute.
+//! counters in the model's order, then the metrics, then the derived figures (`offcore_latency`).
+//! A cell that does not apply to a row's kind is empty, as is a metric the model cannot compute.
 
 use anyhow::{Context as _, Result};
 
@@ -43,7 +43,8 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
         .iter()
         .copied()
         .chain(report.counter_names.iter().map(String::as_str))
-        .chain(metric_names.iter().map(|name| name.as_str()));
+        .chain(metric_names.iter().map(|name| name.as_str()))
+        .chain(report.derived.iter().map(|figure| figure.name.as_str()));
     writer.write_record(header).context("writing CSV")?;
 
     let interval = report
@@ -78,6 +79,13 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
                 .get(*name)
                 .copied()
                 .flatten()
+                .map(|value| value.to_string())
+                .unwrap_or_default()
+        }));
+        cells.extend(report.derived.iter().map(|figure| {
+            entity
+                .derived
+                .get(&figure.name)
                 .map(|value| value.to_string())
                 .unwrap_or_default()
         }));

@@ -34,6 +34,10 @@ pub struct Report {
     /// `-e` events among the counters, in the order given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_events: Vec<String>,
+    /// Ratios of `-e` events reported per entity (Knights Landing's offcore average latency:
+    /// `crate::model::derived`), each entity's values in its `derived`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub derived: Vec<DerivedEntry>,
     /// The counter reports sort and weigh by (`slots`, `cpu-clock`).
     pub weight_counter: String,
     /// Seconds covered by this report (the interval's length in `-I` mode).
@@ -98,6 +102,79 @@ pub struct Entity {
     /// Metrics computed from counts scaled for counter rotation (`crate::schedule`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub estimated: Vec<String>,
+    /// The report's derived figures for this entity (name -> value in the figure's unit);
+    /// absent where the denominator counted nothing.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub derived: BTreeMap<String, f64>,
+}
+
+/// A figure derived from two counters (`crate::model::derived::DerivedFigure`), as recorded.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DerivedEntry {
+    pub name: String,
+    pub numerator: String,
+    pub denominator: String,
+    pub unit: String,
+}
+
+impl DerivedEntry {
+    pub fn of(figure: &crate::model::derived::DerivedFigure) -> Self {
+        Self {
+            name: figure.name.clone(),
+            numerator: figure.numerator.clone(),
+            denominator: figure.denominator.clone(),
+            unit: figure.unit.to_owned(),
+        }
+    }
+
+    fn figure(&self) -> crate::model::derived::DerivedFigure {
+        crate::model::derived::DerivedFigure {
+            name: self.name.clone(),
+            numerator: self.numerator.clone(),
+            denominator: self.denominator.clone(),
+            unit: "",
+        }
+    }
+}
+
+/// Fills every entity's `derived` values from its counters (the report's figures, recomputed
+/// like the metrics: never trusted from a file).
+pub fn fill_derived(report: &mut Report) {
+    let figures: Vec<_> = report.derived.iter().map(DerivedEntry::figure).collect();
+    let fill = |entity: &mut Entity| {
+        entity.derived = figures
+            .iter()
+            .filter_map(|figure| {
+                figure
+                    .value(&entity.counters)
+                    .map(|value| (figure.name.clone(), value))
+            })
+            .collect();
+    };
+    fill(&mut report.totals);
+    fill(&mut report.idle);
+    fill(&mut report.untracked);
+    fill(&mut report.dropped);
+    report
+        .tasks
+        .iter_mut()
+        .for_each(|task| fill(&mut task.entity));
+    report
+        .processes
+        .iter_mut()
+        .for_each(|process| fill(&mut process.entity));
+    report
+        .cgroups
+        .iter_mut()
+        .for_each(|cgroup| fill(&mut cgroup.entity));
+    for function in &mut report.functions {
+        fill(&mut function.inclusive);
+        fill(&mut function.exclusive);
+    }
+    report
+        .call_tree
+        .iter_mut()
+        .for_each(|edge| fill(&mut edge.inclusive));
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -268,6 +345,7 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
         .call_tree
         .iter_mut()
         .for_each(|edge| fix(&mut edge.inclusive));
+    fill_derived(report);
 }
 
 /// Reads a JSON result: one object, or one object per line (`-I` mode).
@@ -392,6 +470,7 @@ pub(crate) mod tests {
             counters,
             metrics: evaluation.metrics,
             estimated: evaluation.estimated,
+            ..Entity::default()
         }
     }
 
@@ -480,6 +559,7 @@ pub(crate) mod tests {
             overflows: Some(0),
             missed_returns: Some(0),
             cpus: Vec::new(),
+            derived: Vec::new(),
             diagnostics: Diagnostics::default(),
         }
     }
@@ -564,6 +644,62 @@ pub(crate) mod tests {
 
     /// `report -l 2` over a level-1 recording renders in all three formats, with the level-2
     /// columns for every breakdown.
+    /// Knights Landing's offcore average latency (OUTSTANDING / ANY_RESPONSE counts, in core
+    /// cycles) is recomputed from each entity's counters and written by every format.
+    #[test]
+    fn derived_offcore_latency_is_recomputed_and_rendered() {
+        let outstanding = "knl::OFFCORE_RESPONSE_0:DMND_DATA_RD:OUTSTANDING";
+        let responses = "knl::OFFCORE_RESPONSE_1:DMND_DATA_RD:ANY_RESPONSE";
+        let model = crate::model::base_model("intel-knl").unwrap();
+        let mut report = report_of("intel-knl", 1);
+        report
+            .counter_names
+            .extend([outstanding.to_owned(), responses.to_owned()]);
+        report.extra_events = vec![outstanding.to_owned(), responses.to_owned()];
+        report.derived = vec![DerivedEntry {
+            name: "offcore_latency".into(),
+            numerator: outstanding.into(),
+            denominator: responses.into(),
+            unit: "core cycles".into(),
+        }];
+        report.totals.counters.insert(outstanding.into(), 3000);
+        report.totals.counters.insert(responses.into(), 12);
+        report.tasks[0]
+            .entity
+            .counters
+            .insert(outstanding.into(), 500);
+        report.tasks[0].entity.counters.insert(responses.into(), 0);
+        // A value in the file is never trusted.
+        report.totals.derived.insert("offcore_latency".into(), 1.0);
+        recompute(&mut report, model.as_ref(), 1);
+        assert_eq!(report.totals.derived.get("offcore_latency"), Some(&250.0));
+        // Nothing below the line: no figure rather than infinity.
+        assert!(report.tasks[0].entity.derived.is_empty());
+        assert!(report.idle.derived.is_empty());
+
+        let by = [By::Task];
+        let mut json = Vec::new();
+        render(&report, Format::Json, &by, Weight::Slots, &mut json).unwrap();
+        let back: Report = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back.derived, report.derived);
+        assert_eq!(back.totals.derived.get("offcore_latency"), Some(&250.0));
+        let mut csv = Vec::new();
+        render(&report, Format::Csv, &by, Weight::Slots, &mut csv).unwrap();
+        let mut reader = ::csv::Reader::from_reader(csv.as_slice());
+        let header = reader.headers().unwrap().clone();
+        let column = header
+            .iter()
+            .position(|name| name == "offcore_latency")
+            .unwrap();
+        let total = reader.records().next().unwrap().unwrap();
+        assert_eq!(&total[column], "250");
+        let mut table = Vec::new();
+        render(&report, Format::Table, &by, Weight::Slots, &mut table).unwrap();
+        let text = String::from_utf8(table).unwrap();
+        assert!(text.contains("offcore_latency (core cycles)"), "{text}");
+        assert!(text.contains("250.0"), "{text}");
+    }
+
     #[test]
     fn recomputed_reports_render_in_every_format() {
         let by = [By::Task, By::Process, By::Cgroup, By::Function];

@@ -123,6 +123,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             },
         ));
         cells.extend(extra_counts);
+        cells.extend(report.derived.iter().map(|figure| {
+            entity
+                .derived
+                .get(&figure.name)
+                .map_or_else(|| "-".to_owned(), |value| format!("{value:.1}"))
+        }));
         cells
     };
     any_estimated |= report
@@ -133,6 +139,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
     let mut header_tail = vec![weight_title.clone(), "share".to_owned()];
     header_tail.extend(metrics.iter().map(|name| title(name).to_owned()));
     header_tail.extend(report.extra_events.iter().cloned());
+    header_tail.extend(
+        report
+            .derived
+            .iter()
+            .map(|figure| format!("{} ({})", figure.name, figure.unit)),
+    );
 
     let mut summary: Vec<(String, &Entity)> = vec![
         ("total".to_owned(), &report.totals),
@@ -460,6 +472,7 @@ mod tests {
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
             estimated: Vec::new(),
+            derived: BTreeMap::new(),
             counters: BTreeMap::from([("slots".to_owned(), slots)]),
             metrics: L1_METRICS
                 .iter()
@@ -518,6 +531,7 @@ mod tests {
             overflows: None,
             missed_returns: None,
             cpus: Vec::new(),
+            derived: Vec::new(),
             diagnostics: Diagnostics {
                 not_running_readings: 3,
                 readings: 10,

@@ -11,6 +11,7 @@ fn entity(weight_counter: &str, weight: u64, metrics: &[(&str, f64)]) -> Entity 
             .map(|(name, value)| ((*name).to_owned(), Some(*value)))
             .collect(),
         estimated: Vec::new(),
+        derived: Default::default(),
     }
 }
 
@@ -66,6 +67,7 @@ pub fn report() -> Report {
         overflows: None,
         missed_returns: None,
         cpus: Vec::new(),
+        derived: Vec::new(),
         diagnostics: Diagnostics::default(),
     }
 }
