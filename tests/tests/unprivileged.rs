@@ -381,3 +381,48 @@ fn without_privilege_bpf_only_options_are_refused_in_one_line() {
         skipped("kernel.perf_event_paranoid allows kernel counting: no user-space-only refusal");
     }
 }
+
+/// A task still running when the command exits has no exit record yet: its counts so far are
+/// in the command's main thread, the totals stay exact, and stderr says so.
+#[test]
+fn a_task_left_running_is_counted_in_the_main_thread_and_said() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!(
+        "topdown-test-no-bpf-left-{}.json",
+        std::process::id()
+    ));
+    // The workload makes its 50 calls at once, then spins past the shell's exit. getsid
+    // (`topdown-bad-spec`): the shell itself calls getppid at start-up, never getsid.
+    let script = format!("{WORKLOAD} --spin-ms 1500 getsid=50 & sleep 0.5; exit 0");
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--no-bpf",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(["--", "sh", "-c", &script]),
+    )
+    .unwrap();
+    let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let stderr = stderr_of(&output);
+    assert!(stderr.contains("still running at the end"), "{stderr}");
+    assert_tasks_add_up(&report);
+    assert_eq!(counter(&report["totals"], "topdown-bad-spec"), 50);
+    let shell = report["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|task| task["comm"] == "sh")
+        .expect("the shell's entry");
+    assert_eq!(counter(shell, "topdown-bad-spec"), 50, "{report}");
+}
