@@ -596,7 +596,7 @@ fn task_counts(
 }
 
 /// Threads summed into processes, each named by its main thread.
-fn processes_of(tasks: &[TaskCounts]) -> Vec<ProcessCounts> {
+pub(crate) fn processes_of(tasks: &[TaskCounts]) -> Vec<ProcessCounts> {
     // pid -> (process, main thread seen)
     let mut processes: BTreeMap<u32, (ProcessCounts, bool)> = BTreeMap::new();
     for task in tasks {

@@ -184,6 +184,11 @@ pub struct StatArgs {
     #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
     pub weight: Weight,
 
+    /// Count `-- CMD` without BPF, with inherited per-task counters (what a run without root
+    /// or CAP_BPF+CAP_PERFMON does): per process and thread, no -u, --by cgroup, -p, -a or -I.
+    #[arg(long = "no-bpf")]
+    pub no_bpf: bool,
+
     /// Counting options shared with `topdown serve`.
     #[command(flatten)]
     pub counting: CountingArgs,

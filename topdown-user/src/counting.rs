@@ -401,7 +401,11 @@ fn open_counters(args: &CountingArgs) -> Result<OpenCounters> {
 
 /// The counter plan: the PMU's general-purpose counters bound how many events count at once
 /// (`--max-counters` overrides the detected number; synthetic models are unbounded unless told).
-fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Result<Plan> {
+pub(crate) fn plan_counters(
+    model: &dyn Model,
+    level: u8,
+    max_counters: Option<u32>,
+) -> Result<Plan> {
     let detect = !model.is_synthetic() && max_counters.is_none();
     let budget = move |pmu: Option<&str>| {
         if detect {
@@ -531,7 +535,7 @@ fn effective_level(model: &dyn Model, requested: u8) -> u8 {
 
 /// The model for `--pmu`, and the line that announces a fallback.
 /// Adds the `-e` events to the model's counters (parsed against this machine's PMUs).
-fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn Model>> {
+pub(crate) fn with_extra_events(model: Box<dyn Model>, specs: &[String]) -> Result<Box<dyn Model>> {
     if specs.is_empty() {
         return Ok(model);
     }

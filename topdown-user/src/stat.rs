@@ -34,6 +34,11 @@ enum Stop {
 
 /// Runs `topdown stat`; returns the process exit status (the command's, with `-- CMD`).
 pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
+    // Without privileges (or with --no-bpf) a command is counted with inherited per-task
+    // counters instead of the BPF session.
+    if let Some(why) = crate::unprivileged::applies(&args)? {
+        return crate::unprivileged::run(args, why).await;
+    }
     // Before anything is loaded: a Ctrl-C from here on ends the run cleanly with a report,
     // never kills topdown half-way.
     let mut signals = Signals {
@@ -302,7 +307,7 @@ fn write_interval(
     Ok(())
 }
 
-async fn wait_command(pid: u32) -> u8 {
+pub(crate) async fn wait_command(pid: u32) -> u8 {
     loop {
         if let Some(status) = reap(pid) {
             return u8::try_from(status).unwrap_or(u8::MAX);

@@ -15,6 +15,9 @@
 //! - `--cgroup DIR` (repeatable): a cgroup v2 directory the spec item `move=K` names by index.
 //! - `--main-thread`: run the specs one after another in the main thread instead, so the
 //!   process stays single-threaded (a short command that exits without ever switching out).
+//! - `--cpu-time`: as its last act, each thread (the main thread of each process too) prints
+//!   `cputime tid=<tid> ns=<ns>`, its own on-CPU time (`CLOCK_THREAD_CPUTIME_ID`): an oracle
+//!   independent of perf for on-CPU time counters.
 //!
 //! Spec items besides syscalls and `cpu=N`: `move=K` writes this process's pid to the K-th
 //! `--cgroup`'s `cgroup.procs` (the thread moves its own process, as container runtimes do);
@@ -182,6 +185,31 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
         .collect()
 }
 
+/// Prints the calling thread's on-CPU time if `--cpu-time` was given.
+fn report_cpu_time() {
+    if !CPU_TIME.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write; gettid has no preconditions.
+    let (rc, tid) = unsafe {
+        (
+            libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now),
+            libc::syscall(libc::SYS_gettid),
+        )
+    };
+    if rc == 0 {
+        let ns = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
+        println!("cputime tid={tid} ns={ns}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn spin_for(duration: Duration) {
     let start = Instant::now();
     let mut x: u64 = 1;
@@ -262,6 +290,7 @@ fn run_threads(
                 let _ = std::io::stdout().flush();
                 barrier.wait();
                 spin_for(spin);
+                report_cpu_time();
             })
         })
         .collect();
@@ -287,6 +316,7 @@ fn main() {
         match arg.as_str() {
             "--wait-stdin" => wait_stdin = true,
             "--main-thread" => main_thread = true,
+            "--cpu-time" => CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed),
             "--children" => children = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             "--spin-ms" => {
                 spin = Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
@@ -313,6 +343,7 @@ fn main() {
         // SAFETY: no preconditions.
         let pid = unsafe { libc::getpid() };
         println!("thread 0 pid={pid} tid={pid}");
+        report_cpu_time();
         return;
     }
     let mut pids = Vec::new();
@@ -322,6 +353,7 @@ fn main() {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             run_threads(&specs, spin, None, &cgroups);
+            report_cpu_time();
             std::process::exit(0);
         }
         pids.push(pid);
@@ -332,4 +364,5 @@ fn main() {
         // SAFETY: reaping our own children.
         unsafe { libc::waitpid(pid, &mut status, 0) };
     }
+    report_cpu_time();
 }
