@@ -137,11 +137,40 @@ impl DerivedEntry {
     }
 }
 
+/// Every entity of a report, mutably: totals, idle, untracked, dropped, tasks, processes,
+/// cgroups, functions (inclusive and exclusive) and call-tree edges.
+fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) {
+    visit(&mut report.totals);
+    visit(&mut report.idle);
+    visit(&mut report.untracked);
+    visit(&mut report.dropped);
+    report
+        .tasks
+        .iter_mut()
+        .for_each(|task| visit(&mut task.entity));
+    report
+        .processes
+        .iter_mut()
+        .for_each(|process| visit(&mut process.entity));
+    report
+        .cgroups
+        .iter_mut()
+        .for_each(|cgroup| visit(&mut cgroup.entity));
+    for function in &mut report.functions {
+        visit(&mut function.inclusive);
+        visit(&mut function.exclusive);
+    }
+    report
+        .call_tree
+        .iter_mut()
+        .for_each(|edge| visit(&mut edge.inclusive));
+}
+
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
 /// like the metrics: never trusted from a file).
 pub fn fill_derived(report: &mut Report) {
     let figures: Vec<_> = report.derived.iter().map(DerivedEntry::figure).collect();
-    let fill = |entity: &mut Entity| {
+    for_each_entity_mut(report, |entity| {
         entity.derived = figures
             .iter()
             .filter_map(|figure| {
@@ -150,31 +179,7 @@ pub fn fill_derived(report: &mut Report) {
                     .map(|value| (figure.name.clone(), value))
             })
             .collect();
-    };
-    fill(&mut report.totals);
-    fill(&mut report.idle);
-    fill(&mut report.untracked);
-    fill(&mut report.dropped);
-    report
-        .tasks
-        .iter_mut()
-        .for_each(|task| fill(&mut task.entity));
-    report
-        .processes
-        .iter_mut()
-        .for_each(|process| fill(&mut process.entity));
-    report
-        .cgroups
-        .iter_mut()
-        .for_each(|cgroup| fill(&mut cgroup.entity));
-    for function in &mut report.functions {
-        fill(&mut function.inclusive);
-        fill(&mut function.exclusive);
-    }
-    report
-        .call_tree
-        .iter_mut()
-        .for_each(|edge| fill(&mut edge.inclusive));
+    });
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -316,35 +321,11 @@ pub enum By {
 pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8) {
     report.level = level;
     let evaluator = crate::model::Evaluator::new(model, &report.counter_names);
-    let fix = |entity: &mut Entity| {
+    for_each_entity_mut(report, |entity| {
         let evaluation = evaluator.evaluate_named(&entity.counters, level);
         entity.metrics = evaluation.metrics;
         entity.estimated = evaluation.estimated;
-    };
-    fix(&mut report.totals);
-    fix(&mut report.idle);
-    fix(&mut report.untracked);
-    fix(&mut report.dropped);
-    report
-        .tasks
-        .iter_mut()
-        .for_each(|task| fix(&mut task.entity));
-    report
-        .processes
-        .iter_mut()
-        .for_each(|process| fix(&mut process.entity));
-    report
-        .cgroups
-        .iter_mut()
-        .for_each(|cgroup| fix(&mut cgroup.entity));
-    for function in &mut report.functions {
-        fix(&mut function.inclusive);
-        fix(&mut function.exclusive);
-    }
-    report
-        .call_tree
-        .iter_mut()
-        .for_each(|edge| fix(&mut edge.inclusive));
+    });
     fill_derived(report);
 }
 
