@@ -39,7 +39,7 @@ pub mod setup;
 
 pub use counters::ReadPath;
 pub use regions::{
-    MAX_DEPTH, Misuse, Region, RegionTotals, Snapshot, ThreadRecord, begin, end, init, region,
-    snapshot, thread_path,
+    MAX_DEPTH, Misuse, Region, RegionEdge, RegionTotals, Snapshot, ThreadRecord, begin, end, init,
+    region, snapshot, thread_path,
 };
 pub use setup::Config;

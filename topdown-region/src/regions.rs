@@ -48,6 +48,16 @@ pub struct RegionTotals {
     pub exclusive: Vec<u64>,
 }
 
+/// A caller -> callee edge of one thread's region tree (as topdown's `call_tree`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RegionEdge {
+    /// The enclosing region, `None` for an outermost one.
+    pub caller: Option<String>,
+    pub callee: String,
+    pub calls: u64,
+    pub inclusive: Vec<u64>,
+}
+
 /// One thread's results.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ThreadRecord {
@@ -58,6 +68,7 @@ pub struct ThreadRecord {
     /// Why the thread's counters are read the way they are (or are disabled).
     pub reason: String,
     pub regions: Vec<RegionTotals>,
+    pub edges: Vec<RegionEdge>,
     /// What the thread's outermost regions counted, summed.
     pub outermost: Vec<u64>,
     pub misuse: Misuse,
@@ -172,6 +183,7 @@ impl ThreadState {
             path,
             reason,
             regions: Vec::new(),
+            edges: Vec::new(),
             outermost: vec![0; width],
             misuse: Misuse::default(),
             readings: 0,
@@ -286,8 +298,27 @@ impl ThreadState {
         }
         let depth = self.stack.len();
         let range = depth * self.width..(depth + 1) * self.width;
+        let caller = self.stack.last().map(|parent| &*self.names[parent.region]);
+        let callee = &*self.names[frame.region];
         let mut record = lock(&self.record);
         let record = &mut *record;
+        let edge = match record
+            .edges
+            .iter()
+            .position(|edge| edge.caller.as_deref() == caller && edge.callee == callee)
+        {
+            Some(edge) => edge,
+            None => {
+                record.edges.push(RegionEdge {
+                    caller: caller.map(str::to_owned),
+                    callee: callee.to_owned(),
+                    calls: 0,
+                    inclusive: vec![0; self.width],
+                });
+                record.edges.len() - 1
+            }
+        };
+        record.edges[edge].calls += 1;
         let Some(totals) = record.regions.get_mut(frame.region) else {
             return;
         };
@@ -297,6 +328,8 @@ impl ThreadState {
             let exclusive = inclusive.saturating_sub(self.children[index]);
             totals.inclusive[slot] = totals.inclusive[slot].saturating_add(inclusive);
             totals.exclusive[slot] = totals.exclusive[slot].saturating_add(exclusive);
+            record.edges[edge].inclusive[slot] =
+                record.edges[edge].inclusive[slot].saturating_add(inclusive);
             if depth == 0 {
                 record.outermost[slot] = record.outermost[slot].saturating_add(inclusive);
             } else {

@@ -38,6 +38,7 @@ struct Report {
     processes: Vec<Process>,
     cgroups: Vec<()>,
     functions: Vec<Function>,
+    call_tree: Vec<Edge>,
     overflows: u64,
     missed_returns: u64,
     cpus: Vec<()>,
@@ -80,6 +81,16 @@ struct Function {
     calls: u64,
     inclusive: Entity,
     exclusive: Entity,
+}
+
+#[derive(Serialize)]
+struct Edge {
+    caller: Option<String>,
+    callee: String,
+    /// The thread id, as in [`Function`].
+    pid: u32,
+    calls: u64,
+    inclusive: Entity,
 }
 
 /// topdown's diagnostics, with the region library's misuse in the function-probe fields that
@@ -165,6 +176,19 @@ pub fn to_json(snapshot: &Snapshot) -> Result<String, String> {
                 })
             })
             .collect();
+        let call_tree: Vec<Edge> = snapshot
+            .threads
+            .iter()
+            .flat_map(|thread| {
+                thread.edges.iter().map(|edge| Edge {
+                    caller: edge.caller.clone(),
+                    callee: edge.callee.clone(),
+                    pid: thread.tid,
+                    calls: edge.calls,
+                    inclusive: entity(&edge.inclusive),
+                })
+            })
+            .collect();
         let report = Report {
             topdown_version: env!("CARGO_PKG_VERSION").to_owned(),
             model: model.recorded_name(),
@@ -197,6 +221,7 @@ pub fn to_json(snapshot: &Snapshot) -> Result<String, String> {
             overflows: diagnostics.overflows,
             missed_returns: diagnostics.missed_returns,
             functions,
+            call_tree,
             cpus: Vec::new(),
             diagnostics,
         };

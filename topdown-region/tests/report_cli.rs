@@ -110,4 +110,17 @@ fn topdown_report_renders_the_regions() {
         ["lookup", "region", &tid.to_string(), "1", "766", "766"]
     );
     assert!(table.contains("SYNTHETIC COUNTERS"), "{table}");
+    // The call tree: lookup inside parse.
+    let tree: Vec<&str> = table
+        .lines()
+        .skip_while(|line| !line.starts_with("Call tree"))
+        .skip(1)
+        .collect();
+    assert_eq!(
+        tree,
+        [
+            format!("  parse [pid {tid}]  calls 1  2000"),
+            format!("    lookup [pid {tid}]  calls 1  766"),
+        ]
+    );
 }

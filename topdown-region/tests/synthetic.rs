@@ -155,6 +155,29 @@ fn nested_regions_are_exact_inclusive_and_exclusive() {
         counts(&snapshot, record, "innermost", "topdown-bad-spec"),
         (40, 40)
     );
+    // The region tree: caller -> callee, calls and inclusive slots / getsid.
+    type Edge<'a> = (Option<&'a str>, &'a str, u64, Option<u64>, Option<u64>);
+    let edges: Vec<Edge> = record
+        .edges
+        .iter()
+        .map(|edge| {
+            (
+                edge.caller.as_deref(),
+                edge.callee.as_str(),
+                edge.calls,
+                snapshot.value(&edge.inclusive, "slots"),
+                snapshot.value(&edge.inclusive, "topdown-bad-spec"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            (Some("inner"), "innermost", 2, Some(0), Some(40)),
+            (Some("outer"), "inner", 2, Some(2000), Some(46)),
+            (None, "outer", 1, Some(2111), Some(46)),
+        ]
+    );
     // Only the outermost region adds to the thread's total.
     assert_eq!(snapshot.value(&record.outermost, "slots"), Some(2111));
     assert_eq!(record.misuse, Default::default());

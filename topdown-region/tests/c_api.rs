@@ -1,0 +1,129 @@
+//! The C header and static library: a C program built against them (`cc`), with exact
+//! synthetic counts (root: tracepoints), and the C example run on the software model.
+
+use std::{path::PathBuf, process::Command};
+
+/// target/debug (or release), where cargo put libtopdown_region.a next to the test binaries.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.ancestors()
+        .nth(2)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// Compiles `source` against the header and the static library; panics with cc's output.
+fn build_c(source: &str, output: &std::path::Path) {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let library = target_dir().join("libtopdown_region.a");
+    assert!(library.exists(), "{} was not built", library.display());
+    let result = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join(source))
+        .arg(&library)
+        // rustc --print native-static-libs for this crate.
+        .args([
+            "-ldl",
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-lc",
+            "-o",
+        ])
+        .arg(output)
+        .output()
+        .expect("running cc (a C compiler is needed for this test)");
+    assert!(
+        result.status.success(),
+        "cc {source} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+#[test]
+fn c_program_counts_exactly() {
+    if !topdown_tests::privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("exact");
+    build_c("tests/c/exact.c", &program);
+    let json = dir.path().join("exact.json");
+    let output = Command::new(&program)
+        .arg(&json)
+        .env_remove("TOPDOWN_REGION_MODEL")
+        .output()
+        .expect("running the C program");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "path 1");
+    assert_eq!(lines[1], "misuse 1");
+    assert!(
+        lines[2].starts_with("write error: writing /nonexistent-directory/out.json: "),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[3],
+        "second init: topdown-region is already set up (init must come before the first region)"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let function = |symbol: &str| {
+        report["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .find(|f| f["symbol"] == symbol)
+            .unwrap_or_else(|| panic!("no region {symbol}"))
+            .clone()
+    };
+    assert_eq!(function("c-outer")["inclusive"]["counters"]["slots"], 1334);
+    assert_eq!(function("c-outer")["exclusive"]["counters"]["slots"], 1234);
+    assert_eq!(function("c-inner")["inclusive"]["counters"]["slots"], 100);
+    assert_eq!(function("c-inner")["target"], "region");
+    assert_eq!(report["diagnostics"]["unmatched_returns"], 1);
+}
+
+#[test]
+fn c_example_runs_on_the_read_fallback() {
+    // The software model (cpu-clock) needs no root.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    let json = dir.path().join("regions.json");
+    let output = Command::new(&program)
+        .arg(&json)
+        .env("TOPDOWN_REGION_MODEL", "software")
+        .output()
+        .expect("running the C example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    // This VM has no PMU: cpu-clock is a software event, its page offers no user read.
+    assert!(
+        stdout.contains("regions-c: counters read by path 1: counter cpu-clock: "),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let functions = report["functions"].as_array().expect("functions");
+    let calls: Vec<(&str, u64)> = functions
+        .iter()
+        .map(|f| (f["symbol"].as_str().unwrap(), f["calls"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(calls, [("pointer_chase", 3), ("branchy", 3)]);
+    for function in functions {
+        let on_cpu = function["inclusive"]["counters"]["cpu-clock"]
+            .as_u64()
+            .unwrap();
+        assert!(on_cpu > 0, "{function}");
+    }
+}
