@@ -39,8 +39,12 @@ static size_t pointer_chase(const size_t *next, unsigned steps) {
 static uint64_t branchy(const uint32_t *data, unsigned count) {
     uint64_t sum = 0;
     for (unsigned i = 0; i < count; i++)
-        if (data[i] & 0x80000000u)
+        if (data[i] & 0x80000000u) {
             sum += data[i];
+            /* Keeps this a branch: without it the compiler may use a conditional move (or
+             * vector code), and nothing is left to mispredict. */
+            __asm__ volatile("" ::: "memory");
+        }
     return sum;
 }
 

@@ -30,6 +30,9 @@ fn branchy(data: &[u32]) -> u64 {
     for &value in data {
         if value & 0x8000_0000 != 0 {
             sum += u64::from(value);
+            // Keeps this a branch: without it the compiler turns the `if` into a conditional
+            // move (or vector code), and nothing is left to mispredict.
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
         }
     }
     sum
