@@ -19,7 +19,7 @@ use topdown_model::groups::{enabled_slot_name, running_slot_name};
 
 use crate::{
     decode, hw,
-    mmap_page::{self, MappedPage, NoUserRead},
+    mmap_page::{self, MappedPage, NoUserRead, PageWords},
     setup::{Resolved, Setup},
 };
 
@@ -61,7 +61,8 @@ struct Member {
     slot: usize,
     name: String,
     fd: OwnedFd,
-    page: Option<MappedPage>,
+    /// The counter's mmap page (a live mapping; recorded pages in the tests).
+    page: Option<Box<dyn PageWords + Send>>,
     metric_field: Option<usize>,
     is_slots: bool,
 }
@@ -181,13 +182,17 @@ impl ThreadCounters {
         let user = self.path != ReadPath::Read;
         for group in &mut self.groups {
             let multiplexed = match (user, group.metrics) {
-                (true, true) => read_metrics_group(group, values, &self.base)?,
-                (true, false) => match read_user_group(group, values) {
-                    Ok(multiplexed) => multiplexed,
-                    // A generic counter's read() does not reset it: the same count as the
-                    // page would give, from the kernel (the event was scheduled out).
-                    Err(_) => read_group(group, values)?,
-                },
+                (true, true) => {
+                    read_metrics_group(group, values, &self.base, &mut read_counter_instruction)?
+                }
+                (true, false) => {
+                    match read_user_group(group, values, &mut read_counter_instruction) {
+                        Ok(multiplexed) => multiplexed,
+                        // A generic counter's read() does not reset it: the same count as the
+                        // page would give, from the kernel (the event was scheduled out).
+                        Err(_) => read_group(group, values)?,
+                    }
+                }
                 (false, _) => read_group(group, values)?,
             };
             info.multiplexed |= multiplexed;
@@ -271,7 +276,7 @@ fn choose_path(groups: &mut [OpenGroup], force_read: bool) -> (ReadPath, String)
         if let Err(why) = mmap_page::read_under_lock(&page, &mut |_| 0) {
             return (ReadPath::Read, format!("counter {}: {why}", member.name));
         }
-        member.page = Some(page);
+        member.page = Some(Box::new(page));
     }
     (
         USER_PATH,
@@ -288,18 +293,28 @@ fn read_counter_instruction(selector: u32) -> u64 {
     unsafe { hw::read_counter(selector) }
 }
 
-fn user_read(member: &Member) -> Result<mmap_page::UserRead, NoUserRead> {
+/// The counter reader: the instruction in production, recorded registers in the tests.
+type CounterReader<'a> = &'a mut dyn FnMut(u32) -> u64;
+
+fn user_read(
+    member: &Member,
+    reader: CounterReader<'_>,
+) -> Result<mmap_page::UserRead, NoUserRead> {
     match &member.page {
-        Some(page) => mmap_page::read_under_lock(page, &mut read_counter_instruction),
+        Some(page) => mmap_page::read_under_lock(page.as_ref(), reader),
         None => Err(NoUserRead::NoCounter),
     }
 }
 
 /// A generic group on the user path: each counter's count from its page.
-fn read_user_group(group: &mut OpenGroup, values: &mut [u64]) -> Result<bool, NoUserRead> {
+fn read_user_group(
+    group: &mut OpenGroup,
+    values: &mut [u64],
+    reader: CounterReader<'_>,
+) -> Result<bool, NoUserRead> {
     let mut times = (0, 0);
     for (position, member) in group.members.iter().enumerate() {
-        let read = user_read(member)?;
+        let read = user_read(member, reader)?;
         if position == 0 {
             times = (read.time_enabled, read.time_running);
         }
@@ -319,6 +334,7 @@ fn read_metrics_group(
     group: &mut OpenGroup,
     values: &mut [u64],
     base: &[u64],
+    reader: CounterReader<'_>,
 ) -> Result<bool, String> {
     let fail = |member: &Member, why: NoUserRead| {
         format!(
@@ -331,9 +347,13 @@ fn read_metrics_group(
     let Some(leader) = group.members.first() else {
         return Ok(false);
     };
-    let slots = user_read(leader).map_err(|why| fail(leader, why))?;
+    let slots = user_read(leader, reader).map_err(|why| fail(leader, why))?;
     let metrics = match group.members.iter().find(|m| m.metric_field.is_some()) {
-        Some(member) => user_read(member).map_err(|why| fail(member, why))?.raw,
+        Some(member) => {
+            user_read(member, reader)
+                .map_err(|why| fail(member, why))?
+                .raw
+        }
         None => 0,
     };
     for member in &group.members {
@@ -342,7 +362,9 @@ fn read_metrics_group(
         } else if let Some(field) = member.metric_field {
             decode::scaled_slots(metrics, field, slots.raw)
         } else {
-            user_read(member).map_err(|why| fail(member, why))?.count
+            user_read(member, reader)
+                .map_err(|why| fail(member, why))?
+                .count
         };
         let before = base.get(member.slot).copied().unwrap_or(0);
         store(values, member.slot, before.saturating_add(current));
@@ -399,6 +421,9 @@ fn store(values: &mut [u64], slot: usize, value: u64) {
     }
 }
 
+/// `PERF_TYPE_TRACEPOINT`.
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+
 /// `config1` bits of an arm64 PMUv3 event (arm64-perf-attributes.txt "Perf Userspace PMU
 /// Hardware Counter Access": config1:1 user access, config1:0 a 64-bit counter), in the order
 /// tried: 64-bit user access, 32-bit user access (hardware without 64-bit counters refuses
@@ -412,13 +437,23 @@ fn open_counter(
     pinned: bool,
     include_kernel: bool,
 ) -> Result<(OwnedFd, Option<String>), String> {
-    let tries: &[u64] = if cfg!(target_arch = "aarch64") && counter.hardware {
+    // Hardware counters count user mode only unless asked (the seed's example sets
+    // exclude_kernel); a syscall tracepoint fires in the kernel, so those count there.
+    let exclude = counter.hardware && !include_kernel;
+    let config1s: &[u64] = if cfg!(target_arch = "aarch64") && counter.hardware {
         &ARM64_CONFIG1_TRIES
     } else {
         &[0]
     };
+    let mut tries: Vec<(u64, bool)> = config1s.iter().map(|&config1| (config1, exclude)).collect();
+    // perf_event_paranoid >= 2 refuses kernel-mode counting to unprivileged users; a software
+    // counter (cpu-clock) then still counts with the kernel excluded. Not a tracepoint: it
+    // would count nothing.
+    if !exclude && counter.perf_type != PERF_TYPE_TRACEPOINT {
+        tries.push((0, true));
+    }
     let mut last_error = None;
-    for (attempt, &config1) in tries.iter().enumerate() {
+    for (attempt, &(config1, exclude)) in tries.iter().enumerate() {
         // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
         let mut attr: bindings::perf_event_attr = unsafe { std::mem::zeroed() };
         attr.size = std::mem::size_of::<bindings::perf_event_attr>() as u32;
@@ -431,9 +466,6 @@ fn open_counter(
                 | bindings::PERF_FORMAT_TOTAL_TIME_RUNNING,
         );
         attr.set_pinned(u64::from(pinned));
-        // Hardware counters count user mode only unless asked (the seed's example sets
-        // exclude_kernel); a syscall tracepoint fires in the kernel, so those count there.
-        let exclude = counter.hardware && !include_kernel;
         attr.set_exclude_kernel(u64::from(exclude));
         attr.set_exclude_hv(u64::from(exclude));
         // SAFETY: attr is initialised and outlives the call.
@@ -447,16 +479,23 @@ fn open_counter(
             )
         };
         if fd >= 0 {
+            let refused = last_error
+                .as_ref()
+                .map_or(String::new(), ToString::to_string);
             let note = (attempt > 0).then(|| {
-                format!(
-                    "counter {} opened with config1={config1:#b} after the kernel refused \
-                     {:#b} ({})",
-                    counter.name,
-                    tries[0],
-                    last_error
-                        .as_ref()
-                        .map_or(String::new(), ToString::to_string)
-                )
+                if exclude && !tries[0].1 {
+                    format!(
+                        "counter {} counts user mode only: kernel-mode counting was refused \
+                         ({refused}; /proc/sys/kernel/perf_event_paranoid)",
+                        counter.name
+                    )
+                } else {
+                    format!(
+                        "counter {} opened with config1={config1:#b} after the kernel refused \
+                         {:#b} ({refused})",
+                        counter.name, tries[0].0
+                    )
+                }
             });
             // SAFETY: a fresh fd this function owns.
             return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, note));
@@ -492,4 +531,137 @@ pub fn monotonic_ns() -> u64 {
     (now.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(now.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mmap_page::tests::RecordedPage;
+
+    /// rdpmc selectors of perf-topdown.txt: fixed counter 3 (SLOTS) and PERF_METRICS.
+    const SLOTS_SELECTOR: u32 = 1 << 30 | 3;
+    const METRICS_SELECTOR: u32 = 1 << 29;
+
+    fn member(slot: usize, name: &str, page: RecordedPage, field: Option<usize>) -> Member {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        Member {
+            slot,
+            name: name.to_owned(),
+            fd: OwnedFd::from(file),
+            page: Some(Box::new(page)),
+            metric_field: field,
+            is_slots: slot == 0,
+        }
+    }
+
+    /// intel-icl's level-1 group as the kernel shows it in the pages: SLOTS on fixed counter 3,
+    /// the four metric events on PERF_METRICS, and a general counter (counter 2, offset 100).
+    fn icl_group(metrics_page: RecordedPage, slots_enabled: (u64, u64)) -> OpenGroup {
+        let (enabled, running) = slots_enabled;
+        let slots = RecordedPage::new(SLOTS_SELECTOR + 1, 0, enabled, running, true, 48);
+        let names = [
+            "topdown-retiring",
+            "topdown-bad-spec",
+            "topdown-fe-bound",
+            "topdown-be-bound",
+        ];
+        let mut members = vec![member(0, "slots", slots, None)];
+        for (field, name) in names.iter().enumerate() {
+            members.push(member(field + 1, name, metrics_page.clone(), Some(field)));
+        }
+        let general = RecordedPage::new(3, 100, enabled, running, true, 48);
+        members.push(member(5, "INT_MISC.UOP_DROPPING", general, None));
+        OpenGroup {
+            buffer: vec![0; 3 + members.len()],
+            members,
+            timing: None,
+            metrics: true,
+        }
+    }
+
+    #[test]
+    fn metrics_group_decodes_the_raw_registers_into_read_counts() {
+        let metrics_page = RecordedPage::new(METRICS_SELECTOR + 1, 0, 50, 50, true, 48);
+        let mut group = icl_group(metrics_page, (50, 50));
+        let selectors = std::cell::RefCell::new(Vec::new());
+        let mut reader = |selector: u32| {
+            selectors.borrow_mut().push(selector);
+            match selector {
+                SLOTS_SELECTOR => 1_000_000,
+                // Bytes 51, 26, 102, 76 (sum 0xff): retiring lowest.
+                METRICS_SELECTOR => u64::from_le_bytes([51, 26, 102, 76, 0, 0, 0, 0]),
+                2 => 50,
+                other => panic!("unexpected selector {other:#x}"),
+            }
+        };
+        let mut values = [0u64; 6];
+        let base = [0, 0, 0, 0, 0, 0];
+        let multiplexed = read_metrics_group(&mut group, &mut values, &base, &mut reader).unwrap();
+        assert!(!multiplexed);
+        // floor(slots * byte / 255), as a read() of each metric event reports
+        // (topdown-formulas.md §1.2); the general counter is offset + counter.
+        assert_eq!(values, [1_000_000, 200_000, 101_960, 400_000, 298_039, 150]);
+        assert_eq!(*selectors.borrow(), [SLOTS_SELECTOR, METRICS_SELECTOR, 2]);
+
+        // After a reset, the counts before it are added back so values only grow.
+        let base = [10, 1, 2, 3, 4, 5];
+        read_metrics_group(&mut group, &mut values, &base, &mut reader).unwrap();
+        assert_eq!(values, [1_000_010, 200_001, 101_962, 400_003, 298_043, 155]);
+    }
+
+    #[test]
+    fn metrics_group_reports_multiplexing_and_never_falls_back_to_read() {
+        let metrics_page = RecordedPage::new(METRICS_SELECTOR + 1, 0, 80, 40, true, 48);
+        let mut group = icl_group(metrics_page, (80, 40));
+        let mut reader = |_: u32| 0;
+        let mut values = [7u64; 6];
+        assert!(read_metrics_group(&mut group, &mut values, &[0; 6], &mut reader).unwrap());
+        let before = values;
+
+        // PERF_METRICS scheduled out (index 0): the reading fails, values stay as they were.
+        let scheduled_out = RecordedPage::new(0, 0, 80, 40, true, 48);
+        let mut group = icl_group(scheduled_out, (80, 40));
+        let err = read_metrics_group(&mut group, &mut values, &[0; 6], &mut |selector| {
+            assert_eq!(selector, SLOTS_SELECTOR, "only SLOTS may be read");
+            5
+        })
+        .unwrap_err();
+        assert!(err.contains("counter topdown-retiring"), "{err}");
+        assert!(err.contains("a read() would reset PERF_METRICS"), "{err}");
+        assert_eq!(values, before);
+    }
+
+    #[test]
+    fn generic_group_reads_each_page_and_its_times() {
+        // An arm64 PMUv3 group: cycle counter 31 and event counter 0, 64-bit, with the
+        // leader's times in the rotating group's timing slots 2 and 3.
+        let mut group = OpenGroup {
+            members: vec![
+                member(
+                    0,
+                    "cpu_cycles",
+                    RecordedPage::new(32, 1_000, 90, 60, true, 64),
+                    None,
+                ),
+                member(
+                    1,
+                    "inst_retired",
+                    RecordedPage::new(1, -20, 90, 60, true, 64),
+                    None,
+                ),
+            ],
+            timing: Some((2, 3)),
+            metrics: false,
+            buffer: vec![0; 5],
+        };
+        let mut reader = |selector: u32| match selector {
+            31 => 5_000,
+            0 => 4_020,
+            other => panic!("unexpected counter {other}"),
+        };
+        let mut values = [0u64; 4];
+        let multiplexed = read_user_group(&mut group, &mut values, &mut reader).unwrap();
+        assert!(multiplexed);
+        assert_eq!(values, [6_000, 4_000, 90, 60]);
+    }
 }

@@ -300,6 +300,56 @@ mod tests {
     }
 
     #[test]
+    fn decoded_counts_give_the_seeds_fractions_through_the_shared_model() {
+        // The SPR vector above, as counts named like the model's counters: intel-spr's
+        // formulas (topdown-formulas.md §1.4, SPR column, UOP_DROPPING 0) divide by SUM of the
+        // four level-1 counts, which here equals slots, so they give the seed's fractions.
+        let metrics = u64::from_le_bytes([0x66, 0x33, 0x33, 0x33, 0x33, 0x1a, 0x22, 0x11]);
+        let period = period_between(
+            MetricsReading {
+                slots: 0,
+                metrics: 0,
+            },
+            MetricsReading {
+                slots: 2_550,
+                metrics,
+            },
+        );
+        let mut counts: topdown_model::model::Counts = L1_FIELDS
+            .iter()
+            .chain(&L2_FIELDS)
+            .zip(period.scaled)
+            .map(|(name, value)| ((*name).to_owned(), value))
+            .collect();
+        counts.insert("slots".to_owned(), period.slots);
+        counts.insert("INT_MISC.UOP_DROPPING".to_owned(), 0);
+        let model = topdown_model::model::model_by_name("intel-spr", &[]).unwrap();
+        let result = topdown_model::model::evaluate(model.as_ref(), &counts, 2);
+        let f = period.fractions().unwrap();
+        let expected = [
+            ("retiring", f.retiring),
+            ("frontend_bound", f.frontend_bound),
+            ("backend_bound", f.backend_bound),
+            ("bad_speculation", f.bad_speculation),
+            ("heavy_operations", f.heavy_operations),
+            ("light_operations", f.light_operations),
+            ("branch_mispredicts", f.branch_mispredicts),
+            ("machine_clears", f.machine_clears),
+            ("fetch_latency", f.fetch_latency),
+            ("fetch_bandwidth", f.fetch_bandwidth),
+            ("memory_bound", f.memory_bound),
+            ("core_bound", f.core_bound),
+        ];
+        for (metric, value) in expected {
+            let actual = result.metrics[metric].unwrap();
+            assert!(
+                (actual - value).abs() < 1e-12,
+                "{metric}: {actual} != {value}"
+            );
+        }
+    }
+
+    #[test]
     fn a_shrinking_byte_is_a_zero_delta_and_an_empty_period_has_no_fractions() {
         let a = MetricsReading {
             slots: 1_000,

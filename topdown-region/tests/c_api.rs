@@ -3,19 +3,19 @@
 
 use std::{path::PathBuf, process::Command};
 
-/// target/debug (or release), where cargo put libtopdown_region.a next to the test binaries.
-fn target_dir() -> PathBuf {
+/// The static library cargo built for this test run: in `target/<profile>/deps`, next to the
+/// test binary (the copy in `target/<profile>` is only refreshed by `cargo build`).
+fn static_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    exe.ancestors()
-        .nth(2)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
+    exe.parent()
+        .expect("target/<profile>/deps")
+        .join("libtopdown_region.a")
 }
 
 /// Compiles `source` against the header and the static library; panics with cc's output.
 fn build_c(source: &str, output: &std::path::Path) {
     let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let library = target_dir().join("libtopdown_region.a");
+    let library = static_library();
     assert!(library.exists(), "{} was not built", library.display());
     let result = Command::new("cc")
         .args(["-O2", "-Wall", "-Werror", "-I"])
@@ -125,5 +125,54 @@ fn c_example_runs_on_the_read_fallback() {
             .as_u64()
             .unwrap();
         assert!(on_cpu > 0, "{function}");
+    }
+}
+
+#[test]
+fn c_example_counts_without_privileges() {
+    // Regions are for programs that are not root: the software model as an ordinary user
+    // (uid 65534 through setpriv when the test runs as root).
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // SAFETY: no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut command = if root {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&program);
+        command
+    } else {
+        Command::new(&program)
+    };
+    let output = command
+        .env("TOPDOWN_REGION_MODEL", "software")
+        .current_dir(dir.path())
+        .output()
+        .expect("running the C example (setpriv from util-linux when root)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("regions-c: counters read by path 1: "),
+        "{stdout}"
+    );
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(2);
+    if paranoid >= 2 {
+        // Kernel-mode counting is refused: cpu-clock is opened again with the kernel excluded.
+        assert!(stdout.contains("counts user mode only"), "{stdout}");
+    }
+    // Both regions were counted (their on-CPU time is in the summary on stderr).
+    for region in [
+        "pointer_chase calls=3 cpu-clock=",
+        "branchy calls=3 cpu-clock=",
+    ] {
+        assert!(stderr.contains(region), "{stderr}");
     }
 }
