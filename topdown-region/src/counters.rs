@@ -324,7 +324,7 @@ fn read_user_group(
         store(values, enabled, times.0);
         store(values, running, times.1);
     }
-    Ok(times.0 != times.1)
+    Ok(incomplete(times.0, times.1))
 }
 
 /// Intel SLOTS + PERF_METRICS on the user path: each metric event's value is its byte of the
@@ -373,7 +373,7 @@ fn read_metrics_group(
         store(values, enabled, slots.time_enabled);
         store(values, running, slots.time_running);
     }
-    Ok(slots.time_enabled != slots.time_running)
+    Ok(incomplete(slots.time_enabled, slots.time_running))
 }
 
 /// One `read()` of a group with PERF_FORMAT_GROUP | TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING.
@@ -412,7 +412,16 @@ fn read_group(group: &mut OpenGroup, values: &mut [u64]) -> Result<bool, String>
         store(values, enabled_slot, enabled);
         store(values, running_slot, running);
     }
-    Ok(enabled != running)
+    Ok(incomplete(enabled, running))
+}
+
+/// A group that was not on the PMU all the time it was enabled (rotated with other users of
+/// the counters, or never scheduled): its counts cover less than the regions.
+fn incomplete(enabled: u64, running: u64) -> bool {
+    matches!(
+        decode::coverage(enabled, running),
+        decode::Coverage::Partial(_) | decode::Coverage::NeverRan
+    )
 }
 
 fn store(values: &mut [u64], slot: usize, value: u64) {
