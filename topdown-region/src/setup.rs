@@ -30,6 +30,12 @@ pub struct Config {
     pub pmu_type: Option<u32>,
     /// Never read counters in user space (measuring the read() path, or ruling it out).
     pub force_read: bool,
+    /// General-purpose counters free on the PMU (`None`: unknown). With a number, the counter
+    /// plan (`topdown_model::schedule::plan`) lets groups that do not fit together rotate and
+    /// records their enabled/running times, so reports scale them and mark what they feed as
+    /// estimated; without one, everything is one pinned group, which counts nothing (and the
+    /// readings say so) if the PMU cannot hold it.
+    pub general_counters: Option<u32>,
 }
 
 /// Environment variables of [`Config::from_env`].
@@ -38,6 +44,7 @@ pub const ENV_LEVEL: &str = "TOPDOWN_REGION_LEVEL";
 pub const ENV_PMU_TYPE: &str = "TOPDOWN_REGION_PMU_TYPE";
 pub const ENV_FORCE_READ: &str = "TOPDOWN_REGION_FORCE_READ";
 pub const ENV_INCLUDE_KERNEL: &str = "TOPDOWN_REGION_INCLUDE_KERNEL";
+pub const ENV_COUNTERS: &str = "TOPDOWN_REGION_COUNTERS";
 
 impl Default for Config {
     fn default() -> Self {
@@ -47,13 +54,15 @@ impl Default for Config {
             include_kernel: false,
             pmu_type: None,
             force_read: false,
+            general_counters: None,
         }
     }
 }
 
 impl Config {
-    /// The default config with `TOPDOWN_REGION_MODEL`, `_LEVEL`, `_PMU_TYPE`, `_FORCE_READ`
-    /// and `_INCLUDE_KERNEL` applied; a value that does not parse is an error naming it.
+    /// The default config with `TOPDOWN_REGION_MODEL`, `_LEVEL`, `_PMU_TYPE`, `_FORCE_READ`,
+    /// `_INCLUDE_KERNEL` and `_COUNTERS` applied; a value that does not parse is an error
+    /// naming it.
     pub fn from_env() -> Result<Self, String> {
         let mut config = Self::default();
         let var = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
@@ -70,6 +79,11 @@ impl Config {
         if let Some(pmu_type) = var(ENV_PMU_TYPE) {
             config.pmu_type = Some(pmu_type.parse().map_err(|_| {
                 format!("{ENV_PMU_TYPE}={pmu_type}: expected a PMU type number (/sys/bus/event_source/devices/<pmu>/type)")
+            })?);
+        }
+        if let Some(counters) = var(ENV_COUNTERS) {
+            config.general_counters = Some(counters.parse().map_err(|_| {
+                format!("{ENV_COUNTERS}={counters}: expected the number of free general-purpose counters")
             })?);
         }
         let flag = |name: &str| -> Result<bool, String> {
@@ -117,10 +131,8 @@ impl Setup {
     pub fn new(config: Config) -> Result<Self, String> {
         let model = model_by_name(&config.model, &[]).map_err(|err| format!("{err:#}"))?;
         let level = config.level.clamp(1, model.max_level().max(1));
-        // Unknown counter budget: every group of the level in one pinned group per PMU. A
-        // thread's counters that do not fit never run; the readings say so (time_running 0).
-        let plan =
-            schedule::plan(model.as_ref(), level, &|_| None).map_err(|err| format!("{err:#}"))?;
+        let plan = schedule::plan(model.as_ref(), level, &|_| config.general_counters)
+            .map_err(|err| format!("{err:#}"))?;
         let counters = plan
             .counters
             .iter()
@@ -250,6 +262,31 @@ mod tests {
         }
         assert_eq!(setup.plan.groups.len(), 1);
         assert_eq!(setup.plan.groups[0].members, (0..7).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_counter_budget_makes_level_two_groups_rotate_with_their_times() {
+        let setup = Setup::new(Config {
+            model: "intel-icl".into(),
+            level: 2,
+            general_counters: Some(7),
+            ..Config::default()
+        })
+        .unwrap();
+        // 2 + 3 + 5 general counters do not fit 7 at once; level 1 (2) and the largest
+        // level-2 group (5) do: level 1 stays pinned, the level-2 groups rotate with their times.
+        let pinned: Vec<bool> = setup.plan.groups.iter().map(|group| group.pinned).collect();
+        assert_eq!(pinned, [true, false, false]);
+        let names = setup.slot_names();
+        assert_eq!(
+            &names[15..],
+            [
+                "group8.enabled_ns",
+                "group8.running_ns",
+                "group9.enabled_ns",
+                "group9.running_ns"
+            ]
+        );
     }
 
     #[test]
