@@ -85,6 +85,8 @@ impl ThreadRecord {
 }
 
 struct Session {
+    /// The config the session was set up with (`Err`: the environment's did not parse).
+    config: Result<Config, String>,
     setup: Result<Setup, String>,
     slot_names: Vec<String>,
     threads: Mutex<Vec<Arc<Mutex<ThreadRecord>>>>,
@@ -95,9 +97,10 @@ static SESSION: OnceLock<Session> = OnceLock::new();
 
 impl Session {
     fn new(config: Result<Config, String>) -> Self {
-        let setup = config.and_then(Setup::new);
+        let setup = config.clone().and_then(Setup::new);
         let slot_names = setup.as_ref().map(Setup::slot_names).unwrap_or_default();
         Self {
+            config,
             setup,
             slot_names,
             threads: Mutex::new(Vec::new()),
@@ -128,14 +131,10 @@ pub fn init(config: Config) -> Result<(), String> {
         fresh = true;
         Session::new(Ok(config))
     });
-    if !fresh {
-        let current = session.setup.as_ref().map(|setup| &setup.config);
-        if current != Ok(&wanted) {
-            return Err(
-                "topdown-region is already set up (init must come before the first region)"
-                    .to_owned(),
-            );
-        }
+    if !fresh && session.config.as_ref() != Ok(&wanted) {
+        return Err(
+            "topdown-region is already set up (init must come before the first region)".to_owned(),
+        );
     }
     session.setup.as_ref().map(|_| ()).map_err(Clone::clone)
 }

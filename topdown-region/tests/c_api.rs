@@ -176,3 +176,30 @@ fn c_example_counts_without_privileges() {
         assert!(stderr.contains(region), "{stderr}");
     }
 }
+
+#[test]
+fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    let output = Command::new(&program)
+        .env("TOPDOWN_REGION_MODEL", "no-such-model")
+        .output()
+        .expect("running the C example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.starts_with(
+            "regions-c: no counters: unknown model 'no-such-model': expected one of software, "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("regions-c: counters read by path 0: unknown model 'no-such-model'"),
+        "{stdout}"
+    );
+    for region in ["pointer_chase calls=3 ", "branchy calls=3 "] {
+        assert!(stderr.contains(region), "{stderr}");
+    }
+}
