@@ -8,7 +8,10 @@
 
 use std::{
     cell::RefCell,
-    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    sync::{
+        Arc, Mutex, MutexGuard, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use crate::{
@@ -89,14 +92,32 @@ struct Session {
     config: Result<Config, String>,
     setup: Result<Setup, String>,
     slot_names: Vec<String>,
-    threads: Mutex<Vec<Arc<Mutex<ThreadRecord>>>>,
+    /// Every thread's record, with the fork generation it was made in.
+    threads: Mutex<Vec<(u64, Arc<Mutex<ThreadRecord>>)>>,
     start_ns: u64,
 }
 
 static SESSION: OnceLock<Session> = OnceLock::new();
 
+/// Bumped in a forked child. Counters opened with pid 0 count the thread that opened them,
+/// so after a fork the child's copy of a thread's state would read the parent's counters:
+/// a state (and a record) from an earlier generation is set aside at the child's next call.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+fn fork_generation() -> u64 {
+    FORK_GENERATION.load(Ordering::Relaxed)
+}
+
 impl Session {
     fn new(config: Result<Config, String>) -> Self {
+        // SAFETY: registers a handler that only bumps an atomic; once per process.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        }
         let setup = config.clone().and_then(Setup::new);
         let slot_names = setup.as_ref().map(Setup::slot_names).unwrap_or_default();
         Self {
@@ -146,6 +167,9 @@ struct Frame {
 }
 
 struct ThreadState {
+    generation: u64,
+    /// Set aside in a forked child: dropping it records nothing.
+    forked: bool,
     counters: Option<ThreadCounters>,
     record: Arc<Mutex<ThreadRecord>>,
     /// Region names in the record's order, to find a region without taking its lock.
@@ -189,8 +213,11 @@ impl ThreadState {
             read_errors: 0,
             multiplexed_readings: 0,
         }));
-        lock(&session.threads).push(Arc::clone(&record));
+        let generation = fork_generation();
+        lock(&session.threads).push((generation, Arc::clone(&record)));
         Self {
+            generation,
+            forked: false,
             counters,
             record,
             names: Vec::new(),
@@ -341,6 +368,9 @@ impl ThreadState {
 
 impl Drop for ThreadState {
     fn drop(&mut self) {
+        if self.forked {
+            return;
+        }
         let mut record = lock(&self.record);
         record.exited = true;
         record.misuse.open_at_exit += (self.stack.len() + self.skipped) as u64;
@@ -357,6 +387,11 @@ thread_local! {
 fn with_state(action: impl FnOnce(&mut ThreadState)) {
     let _ = STATE.try_with(|cell| {
         if let Ok(mut state) = cell.try_borrow_mut() {
+            if let Some(mut stale) = state.take_if(|state| state.generation != fork_generation()) {
+                // The parent's thread, not this one: its fds close here, and its record (the
+                // parent's) is left alone.
+                stale.forked = true;
+            }
             action(state.get_or_insert_with(ThreadState::new));
         }
     });
@@ -428,9 +463,11 @@ impl Snapshot {
 
 pub fn snapshot() -> Snapshot {
     let session = session();
+    let generation = fork_generation();
     let threads = lock(&session.threads)
         .iter()
-        .map(|record| lock(record).clone())
+        .filter(|(made_in, _)| *made_in == generation)
+        .map(|(_, record)| lock(record).clone())
         .collect();
     let (model, level) = match &session.setup {
         Ok(setup) => (setup.model.name(), setup.level),

@@ -203,3 +203,52 @@ fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
         assert!(stderr.contains(region), "{stderr}");
     }
 }
+
+#[test]
+fn a_forked_child_counts_with_its_own_counters() {
+    if !topdown_tests::privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("fork");
+    build_c("tests/c/fork.c", &program);
+    let (parent_json, child_json) = (
+        dir.path().join("parent.json"),
+        dir.path().join("child.json"),
+    );
+    let output = Command::new(&program)
+        .arg(&parent_json)
+        .arg(&child_json)
+        .output()
+        .expect("running the fork program");
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read = |path: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
+    };
+    let regions = |report: &serde_json::Value| -> Vec<(String, u64, u64)> {
+        report["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .map(|f| {
+                (
+                    f["symbol"].as_str().unwrap().to_owned(),
+                    f["calls"].as_u64().unwrap(),
+                    f["inclusive"]["counters"]["slots"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // The child: only its own region, on its own counters (not the parent thread's, which
+    // would show the parent's 0 getppid calls during the child's region).
+    let child = read(&child_json);
+    assert_eq!(regions(&child), [("child".to_owned(), 1, 300)]);
+    // The parent: 10 + 5 calls of its own; the child's 300 were another process's.
+    let parent = read(&parent_json);
+    assert_eq!(regions(&parent), [("parent".to_owned(), 1, 15)]);
+}
