@@ -252,3 +252,49 @@ fn a_forked_child_counts_with_its_own_counters() {
     let parent = read(&parent_json);
     assert_eq!(regions(&parent), [("parent".to_owned(), 1, 15)]);
 }
+
+#[test]
+fn c_and_cpp_programs_link_the_shared_library() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let library_dir = static_library()
+        .parent()
+        .expect("deps directory")
+        .to_path_buf();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // The C example in C, and the header from C++ (its extern "C" block).
+    let cpp = dir.path().join("use.cpp");
+    std::fs::write(
+        &cpp,
+        "#include \"topdown_region.h\"\nint main() { td_region_begin(\"x\"); td_region_end(\"x\"); \
+         return td_region_path() == TD_REGION_PATH_READ && td_region_misuse_count() == 0 ? 0 : 1; }\n",
+    )
+    .expect("writing the C++ source");
+    for (compiler, source) in [("cc", crate_dir.join("examples/regions.c")), ("c++", cpp)] {
+        let program = dir.path().join(format!("linked-{compiler}"));
+        let result = Command::new(compiler)
+            .args(["-O2", "-Wall", "-Werror", "-I"])
+            .arg(crate_dir.join("include"))
+            .arg(&source)
+            .arg(format!("-L{}", library_dir.display()))
+            .arg(format!("-Wl,-rpath,{}", library_dir.display()))
+            .args(["-ltopdown_region", "-o"])
+            .arg(&program)
+            .output()
+            .unwrap_or_else(|err| panic!("running {compiler}: {err}"));
+        assert!(
+            result.status.success(),
+            "{compiler} failed:\n{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let output = Command::new(&program)
+            .env("TOPDOWN_REGION_MODEL", "software")
+            .output()
+            .expect("running the linked program");
+        assert!(
+            output.status.success(),
+            "{compiler} program: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
