@@ -1,0 +1,300 @@
+//! The C header and static library: a C program built against them (`cc`), with exact
+//! synthetic counts (root: tracepoints), and the C example run on the software model.
+
+use std::{path::PathBuf, process::Command};
+
+/// The static library cargo built for this test run: in `target/<profile>/deps`, next to the
+/// test binary (the copy in `target/<profile>` is only refreshed by `cargo build`).
+fn static_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .expect("target/<profile>/deps")
+        .join("libtopdown_region.a")
+}
+
+/// Compiles `source` against the header and the static library; panics with cc's output.
+fn build_c(source: &str, output: &std::path::Path) {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let library = static_library();
+    assert!(library.exists(), "{} was not built", library.display());
+    let result = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join(source))
+        .arg(&library)
+        // rustc --print native-static-libs for this crate.
+        .args([
+            "-ldl",
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-lc",
+            "-o",
+        ])
+        .arg(output)
+        .output()
+        .expect("running cc (a C compiler is needed for this test)");
+    assert!(
+        result.status.success(),
+        "cc {source} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+#[test]
+fn c_program_counts_exactly() {
+    if !topdown_tests::privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("exact");
+    build_c("tests/c/exact.c", &program);
+    let json = dir.path().join("exact.json");
+    let output = Command::new(&program)
+        .arg(&json)
+        .env_remove("TOPDOWN_REGION_MODEL")
+        .output()
+        .expect("running the C program");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "path 1");
+    assert_eq!(lines[1], "misuse 1");
+    assert!(
+        lines[2].starts_with("write error: writing /nonexistent-directory/out.json: "),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[3],
+        "second init: topdown-region is already set up (init must come before the first region)"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let function = |symbol: &str| {
+        report["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .find(|f| f["symbol"] == symbol)
+            .unwrap_or_else(|| panic!("no region {symbol}"))
+            .clone()
+    };
+    assert_eq!(function("c-outer")["inclusive"]["counters"]["slots"], 1334);
+    assert_eq!(function("c-outer")["exclusive"]["counters"]["slots"], 1234);
+    assert_eq!(function("c-inner")["inclusive"]["counters"]["slots"], 100);
+    assert_eq!(function("c-inner")["target"], "region");
+    assert_eq!(report["diagnostics"]["unmatched_returns"], 1);
+}
+
+#[test]
+fn c_example_runs_on_the_read_fallback() {
+    // The software model (cpu-clock) needs no root.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    let json = dir.path().join("regions.json");
+    let output = Command::new(&program)
+        .arg(&json)
+        .env("TOPDOWN_REGION_MODEL", "software")
+        .output()
+        .expect("running the C example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    // This VM has no PMU: cpu-clock is a software event, its page offers no user read.
+    assert!(
+        stdout.contains("regions-c: counters read by path 1: counter cpu-clock: "),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let functions = report["functions"].as_array().expect("functions");
+    let calls: Vec<(&str, u64)> = functions
+        .iter()
+        .map(|f| (f["symbol"].as_str().unwrap(), f["calls"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(calls, [("pointer_chase", 3), ("branchy", 3)]);
+    for function in functions {
+        let on_cpu = function["inclusive"]["counters"]["cpu-clock"]
+            .as_u64()
+            .unwrap();
+        assert!(on_cpu > 0, "{function}");
+    }
+}
+
+#[test]
+fn c_example_counts_without_privileges() {
+    // Regions are for programs that are not root: the software model as an ordinary user
+    // (uid 65534 through setpriv when the test runs as root).
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // SAFETY: no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut command = if root {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&program);
+        command
+    } else {
+        Command::new(&program)
+    };
+    let output = command
+        .env("TOPDOWN_REGION_MODEL", "software")
+        .current_dir(dir.path())
+        .output()
+        .expect("running the C example (setpriv from util-linux when root)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("regions-c: counters read by path 1: "),
+        "{stdout}"
+    );
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(2);
+    if paranoid >= 2 {
+        // Kernel-mode counting is refused: cpu-clock is opened again with the kernel excluded.
+        assert!(stdout.contains("counts user mode only"), "{stdout}");
+    }
+    // Both regions were counted (their on-CPU time is in the summary on stderr).
+    for region in [
+        "pointer_chase calls=3 cpu-clock=",
+        "branchy calls=3 cpu-clock=",
+    ] {
+        assert!(stderr.contains(region), "{stderr}");
+    }
+}
+
+#[test]
+fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("regions-c");
+    build_c("examples/regions.c", &program);
+    let output = Command::new(&program)
+        .env("TOPDOWN_REGION_MODEL", "no-such-model")
+        .output()
+        .expect("running the C example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.starts_with(
+            "regions-c: no counters: unknown model 'no-such-model': expected one of software, "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("regions-c: counters read by path 0: unknown model 'no-such-model'"),
+        "{stdout}"
+    );
+    for region in ["pointer_chase calls=3 ", "branchy calls=3 "] {
+        assert!(stderr.contains(region), "{stderr}");
+    }
+}
+
+#[test]
+fn a_forked_child_counts_with_its_own_counters() {
+    if !topdown_tests::privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let program = dir.path().join("fork");
+    build_c("tests/c/fork.c", &program);
+    let (parent_json, child_json) = (
+        dir.path().join("parent.json"),
+        dir.path().join("child.json"),
+    );
+    let output = Command::new(&program)
+        .arg(&parent_json)
+        .arg(&child_json)
+        .output()
+        .expect("running the fork program");
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read = |path: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
+    };
+    let regions = |report: &serde_json::Value| -> Vec<(String, u64, u64)> {
+        report["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .map(|f| {
+                (
+                    f["symbol"].as_str().unwrap().to_owned(),
+                    f["calls"].as_u64().unwrap(),
+                    f["inclusive"]["counters"]["slots"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // The child: only its own region, on its own counters (not the parent thread's, which
+    // would show the parent's 0 getppid calls during the child's region).
+    let child = read(&child_json);
+    assert_eq!(regions(&child), [("child".to_owned(), 1, 300)]);
+    // The parent: 10 + 5 calls of its own; the child's 300 were another process's.
+    let parent = read(&parent_json);
+    assert_eq!(regions(&parent), [("parent".to_owned(), 1, 15)]);
+}
+
+#[test]
+fn c_and_cpp_programs_link_the_shared_library() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let library_dir = static_library()
+        .parent()
+        .expect("deps directory")
+        .to_path_buf();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // The C example in C, and the header from C++ (its extern "C" block).
+    let cpp = dir.path().join("use.cpp");
+    std::fs::write(
+        &cpp,
+        "#include \"topdown_region.h\"\nint main() { td_region_begin(\"x\"); td_region_end(\"x\"); \
+         return td_region_path() == TD_REGION_PATH_READ && td_region_misuse_count() == 0 ? 0 : 1; }\n",
+    )
+    .expect("writing the C++ source");
+    for (compiler, source) in [("cc", crate_dir.join("examples/regions.c")), ("c++", cpp)] {
+        let program = dir.path().join(format!("linked-{compiler}"));
+        let result = Command::new(compiler)
+            .args(["-O2", "-Wall", "-Werror", "-I"])
+            .arg(crate_dir.join("include"))
+            .arg(&source)
+            .arg(format!("-L{}", library_dir.display()))
+            .arg(format!("-Wl,-rpath,{}", library_dir.display()))
+            .args(["-ltopdown_region", "-o"])
+            .arg(&program)
+            .output()
+            .unwrap_or_else(|err| panic!("running {compiler}: {err}"));
+        assert!(
+            result.status.success(),
+            "{compiler} failed:\n{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let output = Command::new(&program)
+            .env("TOPDOWN_REGION_MODEL", "software")
+            .output()
+            .expect("running the linked program");
+        assert!(
+            output.status.success(),
+            "{compiler} program: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
