@@ -273,18 +273,20 @@ mod tests {
             ..Config::default()
         })
         .unwrap();
-        // 2 + 3 + 5 general counters do not fit 7 at once; level 1 (2) and the largest
+        // 2 + 3 + 5 + 5 general counters do not fit 7 at once; level 1 (2) and the largest
         // level-2 group (5) do: level 1 stays pinned, the level-2 groups rotate with their times.
         let pinned: Vec<bool> = setup.plan.groups.iter().map(|group| group.pinned).collect();
-        assert_eq!(pinned, [true, false, false]);
+        assert_eq!(pinned, [true, false, false, false]);
         let names = setup.slot_names();
         assert_eq!(
-            &names[15..],
+            &names[20..],
             [
                 "group8.enabled_ns",
                 "group8.running_ns",
                 "group9.enabled_ns",
-                "group9.running_ns"
+                "group9.running_ns",
+                "group10.enabled_ns",
+                "group10.running_ns"
             ]
         );
     }
