@@ -1492,3 +1492,99 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
         assert_eq!(uprobe_events(), events_before, "{exit}");
     }
 }
+
+#[test]
+fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attaches_them() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let built = funcs_binary("serve-duty-reload");
+    let binary = built.with_file_name("td-duty-reload");
+    std::fs::copy(&built, &binary).unwrap();
+    let port = free_port();
+    let config = binary.with_file_name("topdown.conf");
+    let common = format!(
+        "--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n--duty-cycle 2s/4s\n"
+    );
+    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
+    let mut command = topdown();
+    command.args(["serve", "--config"]).arg(&config);
+    let exporter = start_healthy(port, command);
+    let sampled_calls = |function: &str| {
+        format!(
+            r#"topdown_function_sampled_calls_total{{function="{function}",target="{}"}}"#,
+            binary.display()
+        )
+    };
+    let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
+
+    // Into the second period's ON span, where leaf is counted.
+    let first = metrics_when(
+        port,
+        Duration::from_secs(10),
+        "the first window closes",
+        |body| sampled(body).window_seconds > 0.0,
+    );
+    let first = sampled(&first).window_seconds;
+    metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the probes attach again",
+        |body| sampled(body).attached == Some(1.0),
+    );
+    run();
+    // Probe mid instead, well before this ON span's 2 s are up.
+    std::fs::write(&config, format!("{common}-u {}:mid\n", binary.display())).unwrap();
+    let reloaded = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
+    let closed = metrics_when(port, Duration::from_secs(5), "the window closes", |body| {
+        sampled(body).window_seconds > first
+    });
+    let closed_after = reloaded.elapsed();
+    assert!(
+        closed_after < Duration::from_millis(1500),
+        "the ON span ended at the reload, not 2 s after its start: {closed_after:?}"
+    );
+    assert_eq!(
+        sample(&closed, r#"topdown_config_reloads_total{result="applied"}"#),
+        Some(1.0),
+        "{closed}"
+    );
+    assert_eq!(sampled(&closed).attached, Some(0.0), "{closed}");
+    // The window holds leaf's calls up to the reload.
+    assert_eq!(
+        sample(&closed, &sampled_calls("leaf")),
+        Some(3.0),
+        "{closed}"
+    );
+    // The rest of the period is OFF: nothing counted.
+    run();
+    // The next period attaches the new set: mid is counted, leaf no longer.
+    metrics_when(
+        port,
+        Duration::from_secs(6),
+        "the next period attaches",
+        |body| sampled(body).attached == Some(1.0),
+    );
+    run();
+    let window = sampled(&closed).window_seconds;
+    let after = metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the next window closes",
+        |body| sampled(body).window_seconds > window,
+    );
+    assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
+    assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains(&format!(
+            "topdown: SIGHUP: reloaded {}: -u {}:mid",
+            config.display(),
+            binary.display()
+        )),
+        "{stderr}"
+    );
+}
