@@ -501,6 +501,33 @@ fn the_overhead_guard_detaches_the_busiest_function() {
     );
 }
 
+/// The kernel's name of program `id`, or `None` once no such program is loaded.
+fn program_name(id: u32) -> Option<String> {
+    // BPF_PROG_GET_FD_BY_ID (13): prog_id first in union bpf_attr.
+    let mut get_fd = [0u32; 4];
+    get_fd[0] = id;
+    // SAFETY: a valid attr buffer of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
+    if fd < 0 {
+        return None;
+    }
+    // BPF_OBJ_GET_INFO_BY_FD (15); struct bpf_prog_info's name is at offset 64, 16 bytes.
+    let mut info = [0u8; 256];
+    let attr = [
+        (fd as u64) | ((info.len() as u64) << 32),
+        info.as_mut_ptr() as u64,
+    ];
+    // SAFETY: info is writable for info.len() bytes.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), 16) };
+    // SAFETY: closing the fd we got.
+    unsafe { libc::close(fd as i32) };
+    (rc == 0).then(|| {
+        let name = &info[64..80];
+        let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+        String::from_utf8_lossy(&name[..len]).into_owned()
+    })
+}
+
 #[test]
 fn kill_9_leaves_no_probe_or_program_behind() {
     /// The programs a process holds (through program or link fds): `(id, name)`, from
@@ -521,32 +548,6 @@ fn kill_9_leaves_no_probe_or_program_behind() {
         }
         held.sort();
         held
-    }
-    /// The kernel's name of program `id`, or `None` once no such program is loaded.
-    fn program_name(id: u32) -> Option<String> {
-        // BPF_PROG_GET_FD_BY_ID (13): prog_id first in union bpf_attr.
-        let mut get_fd = [0u32; 4];
-        get_fd[0] = id;
-        // SAFETY: a valid attr buffer of the size passed.
-        let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
-        if fd < 0 {
-            return None;
-        }
-        // BPF_OBJ_GET_INFO_BY_FD (15); struct bpf_prog_info's name is at offset 64, 16 bytes.
-        let mut info = [0u8; 256];
-        let attr = [
-            (fd as u64) | ((info.len() as u64) << 32),
-            info.as_mut_ptr() as u64,
-        ];
-        // SAFETY: info is writable for info.len() bytes.
-        let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), 16) };
-        // SAFETY: closing the fd we got.
-        unsafe { libc::close(fd as i32) };
-        (rc == 0).then(|| {
-            let name = &info[64..80];
-            let len = name.iter().position(|&b| b == 0).unwrap_or(16);
-            String::from_utf8_lossy(&name[..len]).into_owned()
-        })
     }
 
     let _serial = serial();
@@ -993,4 +994,597 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
         "{per_function:#?}"
     );
     let _ = std::fs::remove_dir_all(&storage);
+}
+
+#[test]
+fn a_bad_duty_cycle_is_one_line_and_exit_2() {
+    let _serial = serial();
+    // Refused while parsing, before anything needs privileges.
+    for (value, problem) in [
+        ("0s/60s", "ON must be above 0"),
+        ("70s/60s", "ON is longer than PERIOD"),
+        ("60s/60s", "ON equal to PERIOD never detaches"),
+        ("5s/0s", "PERIOD must be above 0"),
+        ("abc", "no '/' between ON and PERIOD"),
+        ("5s", "no '/' between ON and PERIOD"),
+        ("5q/60s", "ON '5q' is not a duration"),
+    ] {
+        let output = topdown()
+            .args(["serve", "--duty-cycle", value, "-u", "/bin/true:main"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{value}: {stderr}");
+        for expected in [
+            format!("'{value}'"),
+            "--duty-cycle".to_owned(),
+            problem.to_owned(),
+            "give ON/PERIOD".to_owned(),
+            "e.g. 5s/60s".to_owned(),
+        ] {
+            assert!(stderr.contains(&expected), "{value}: {stderr}");
+        }
+    }
+    // The same from a config file, naming the file.
+    let config = std::env::temp_dir().join(format!("topdown-duty-{}.conf", std::process::id()));
+    std::fs::write(&config, "-u /bin/true:main\n--duty-cycle 70s/60s\n").unwrap();
+    let output = topdown()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&config.display().to_string())
+            && stderr.contains("'70s/60s'")
+            && stderr.contains("ON is longer than PERIOD"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&config);
+    // Nothing to cycle.
+    let output = topdown()
+        .args(["serve", "--duty-cycle", "5s/60s"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "topdown: error: --duty-cycle 5s/60s cycles the function probes: give -u TARGET:FUNC too"
+    );
+}
+
+/// The duty-cycle series of one scrape.
+#[derive(Debug)]
+struct Sampled {
+    attached: Option<f64>,
+    ratio: Option<f64>,
+    attached_seconds: f64,
+    window_seconds: f64,
+}
+
+fn sampled(metrics: &str) -> Sampled {
+    Sampled {
+        attached: sample(metrics, "topdown_function_probes_attached "),
+        ratio: sample(metrics, "topdown_function_sampled_ratio "),
+        attached_seconds: sample(metrics, "topdown_function_attached_seconds_total ")
+            .expect("topdown_function_attached_seconds_total"),
+        window_seconds: sample(metrics, "topdown_function_window_seconds_total ")
+            .expect("topdown_function_window_seconds_total"),
+    }
+}
+
+/// The first /metrics (polled every 10 ms) for which `check` holds.
+fn metrics_when(port: u16, timeout: Duration, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some((200, body)) = http_get(port, "/metrics")
+            && check(&body)
+        {
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{what}: not seen within {timeout:?}");
+}
+
+#[test]
+fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fraction() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // Its own name, so its process series is ours alone (serve counts the whole machine).
+    let built = funcs_binary("serve-duty-window");
+    let binary = built.with_file_name("td-duty-window");
+    std::fs::copy(&built, &binary).unwrap();
+    let port = free_port();
+    let exporter = start_serve(
+        port,
+        &[
+            "--duty-cycle",
+            "2s/4s",
+            "-u",
+            &format!("{}:leaf", binary.display()),
+        ],
+    );
+    let label = format!(r#"function="leaf",target="{}""#, binary.display());
+    let calls = format!("topdown_function_calls_total{{{label}}}");
+    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let inclusive = format!(
+        r#"topdown_function_inclusive_slots_total{{category="total",function="leaf",model="intel-icl",target="{}"}}"#,
+        binary.display()
+    );
+    let process =
+        r#"topdown_process_slots_total{category="total",comm="td-duty-window",model="intel-icl"}"#;
+    // leafmid 2 3 1: leaf runs 3 times (twice from mid), 3 getppid (slots) each.
+    let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
+
+    // The first window is the first ON span alone: all of it sampled.
+    let first = metrics_when(
+        port,
+        Duration::from_secs(10),
+        "the first window closes",
+        |body| sampled(body).window_seconds > 0.0 && sampled(body).attached == Some(0.0),
+    );
+    let first = sampled(&first);
+    assert_eq!(first.ratio, Some(1.0), "{first:?}");
+    assert_eq!(first.attached_seconds, first.window_seconds, "{first:?}");
+    assert!(
+        (first.window_seconds - 2.0).abs() < 0.3,
+        "the first ON span lasts about 2 s: {first:?}"
+    );
+    // OFF: a run now is not counted by any probe (its process is).
+    run();
+    // ON: this run is counted.
+    metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the probes attach again",
+        |body| sampled(body).attached == Some(1.0),
+    );
+    run();
+    let closed = metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the second window closes",
+        |body| sampled(body).window_seconds > first.window_seconds,
+    );
+    let second = sampled(&closed);
+    assert_eq!(second.attached, Some(0.0), "{second:?}");
+    // Exactly the ON run's 3 calls were counted.
+    assert_eq!(sample(&closed, &sampled_calls), Some(3.0), "{closed}");
+    // The fraction is what was measured in this window (attached time over its span: the OFF
+    // span before it and its ON span), not the nominal 2/4; scheduling may shift either end by
+    // milliseconds, 100 ms of slack per end is generous on a loaded VM.
+    let ratio = second.ratio.expect("a ratio");
+    let attached = second.attached_seconds - first.attached_seconds;
+    let window = second.window_seconds - first.window_seconds;
+    assert!((ratio - attached / window).abs() < 1e-9, "{second:?}");
+    assert_ne!(ratio, 0.5, "measured, not nominal");
+    assert!((ratio - 0.5).abs() < 0.05, "{second:?}");
+    assert!((window - 4.0).abs() < 0.2, "{second:?}");
+    // The estimates: the window's counts divided by its fraction (the first window had none).
+    assert_eq!(sample(&closed, &calls), Some(3.0 / ratio), "{closed}");
+    assert_eq!(sample(&closed, &inclusive), Some(9.0 / ratio), "{closed}");
+    assert!(
+        closed.contains(
+            "# HELP topdown_function_calls_total Calls of probed functions (estimated under --duty-cycle"
+        ),
+        "the function series are marked as estimates: {closed}"
+    );
+    // Processes are counted all the time, exactly: both runs' 9 getppid.
+    let body = metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the process counted",
+        |body| sample(body, process) == Some(18.0),
+    );
+    assert_eq!(sample(&body, process), Some(18.0));
+
+    // A window without calls adds nothing; the estimate stays.
+    let third = metrics_when(
+        port,
+        Duration::from_secs(8),
+        "the third window closes",
+        |body| sampled(body).window_seconds > second.window_seconds,
+    );
+    assert_eq!(sample(&third, &sampled_calls), Some(3.0), "{third}");
+    assert_eq!(sample(&third, &calls), Some(3.0 / ratio), "{third}");
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains("function probes attached 2s of every 4s (--duty-cycle)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_time() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    const RATE: f64 = 1000.0;
+    // Its own name, so its process series is ours alone (serve counts the whole machine).
+    let built = funcs_binary("serve-duty-steady");
+    let binary = built.with_file_name("td-duty-steady");
+    std::fs::copy(&built, &binary).unwrap();
+    let port = free_port();
+    let exporter = start_serve(
+        port,
+        &[
+            "--duty-cycle",
+            "1s/2s",
+            "-u",
+            &format!("{}:leaf", binary.display()),
+        ],
+    );
+    let label = format!(r#"function="leaf",target="{}""#, binary.display());
+    let calls = format!("topdown_function_calls_total{{{label}}}");
+    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let process =
+        r#"topdown_process_slots_total{category="total",comm="td-duty-steady",model="intel-icl"}"#;
+    // leaf(1) 1000 times a second for 12 s: one getppid each.
+    let workload = Command::new(&binary)
+        .args(["steady", "1000", "12"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut workload = Reaped(workload);
+    metrics_when(port, Duration::from_secs(5), "the workload runs", |body| {
+        sample(body, process).is_some_and(|slots| slots > 0.0)
+    });
+    // A window closing now may have begun before the workload: measure from the next
+    // boundary on, over two whole windows, all inside the workload's run.
+    let window_seconds = |body: &str| sampled(body).window_seconds;
+    let now = http_get(port, "/metrics").expect("/metrics").1;
+    let start = metrics_when(port, Duration::from_secs(5), "a window closes", |body| {
+        window_seconds(body) > window_seconds(&now)
+    });
+    let mut end = start.clone();
+    for _ in 0..2 {
+        let before = window_seconds(&end);
+        end = metrics_when(port, Duration::from_secs(5), "a window closes", |body| {
+            window_seconds(body) > before
+        });
+    }
+    let (a, b) = (sampled(&start), sampled(&end));
+    let attached = b.attached_seconds - a.attached_seconds;
+    let window = b.window_seconds - a.window_seconds;
+    let delta =
+        |name: &str| sample(&end, name).unwrap_or(0.0) - sample(&start, name).unwrap_or(0.0);
+    let counted = delta(&sampled_calls);
+    let estimated = delta(&calls);
+    eprintln!(
+        "2 windows: {window:.4} s, attached {attached:.4} s, {counted} calls counted, {estimated:.1} estimated"
+    );
+    // The probes' share of the time is bounded by the duty cycle: 1 s of every 2 s, less
+    // what attaching takes.
+    assert!((attached / window - 0.5).abs() < 0.05, "{a:?} {b:?}");
+    // Calls are counted only while attached: RATE per attached second. Each window has two
+    // edges, and at each the count can be off by the calls in the workload's wake-up lateness
+    // and in the part of the attach or detach call that is counted as attached: 20 ms per
+    // edge at most on this shared VM, so 4 edges x 20 ms x RATE.
+    let edges = 4.0 * 0.020 * RATE;
+    assert!(
+        (counted - RATE * attached).abs() <= edges,
+        "{counted} calls counted in {attached} s attached"
+    );
+    // The estimates cover the windows' whole span, each window's counts divided by its
+    // fraction: the edge error scales with them.
+    assert!(
+        (estimated - RATE * window).abs() <= edges / (attached / window),
+        "{estimated} estimated over {window} s"
+    );
+    assert!(workload.0.wait().unwrap().success());
+    // The process was counted all along, exactly.
+    metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the workload's 12000 calls",
+        |body| sample(body, process) == Some(12000.0),
+    );
+    stop_and_read_stderr(exporter);
+}
+
+/// The BPF links `pid` holds: `(link id, program id)`, from /proc/PID/fdinfo.
+fn held_links(pid: u32) -> Vec<(u32, u32)> {
+    let mut links = Vec::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return links;
+    };
+    for entry in entries.flatten() {
+        let info = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.trim().parse::<u32>().ok())
+        };
+        if info.contains("link_type:")
+            && let (Some(link), Some(program)) = (field("link_id:"), field("prog_id:"))
+        {
+            links.push((link, program));
+        }
+    }
+    links.sort();
+    links
+}
+
+/// Whether BPF link `id` still exists anywhere on the system.
+fn link_exists(id: u32) -> bool {
+    // BPF_LINK_GET_FD_BY_ID (30): link_id first in union bpf_attr.
+    let mut attr = [0u32; 4];
+    attr[0] = id;
+    // SAFETY: a valid attr buffer of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 30, attr.as_mut_ptr(), 16) };
+    if fd >= 0 {
+        // SAFETY: closing the fd we got.
+        unsafe { libc::close(fd as i32) };
+    }
+    fd >= 0
+}
+
+#[test]
+fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = funcs_binary("serve-duty-leak");
+    let uprobe_events =
+        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let events_before = uprobe_events();
+    for exit in ["SIGTERM", "SIGINT", "error"] {
+        let port = free_port();
+        let mut exporter = start_serve(
+            port,
+            &[
+                "--duty-cycle",
+                "200ms/500ms",
+                "-u",
+                &format!("{}:leaf", binary.display()),
+                "-u",
+                &format!("{}:mid", binary.display()),
+            ],
+        );
+        let pid = exporter.0.id();
+        // ~8 cycles, sampled every 10 ms: the function-probe links held at each moment.
+        let mut names: std::collections::HashMap<u32, String> = Default::default();
+        let mut seen_links = std::collections::BTreeSet::new();
+        let mut seen_programs = std::collections::BTreeSet::new();
+        let mut held_counts = Vec::new();
+        let until = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < until {
+            let held = held_links(pid);
+            let mut function_links = 0;
+            for (link, program) in held {
+                let name = names
+                    .entry(program)
+                    .or_insert_with(|| program_name(program).unwrap_or_default());
+                seen_programs.insert(program);
+                if name.starts_with("func_") {
+                    function_links += 1;
+                    seen_links.insert(link);
+                }
+            }
+            held_counts.push(function_links);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Attached, then not, again and again: each attach makes new links...
+        let most = *held_counts.iter().max().unwrap();
+        let detached_samples = held_counts.iter().filter(|count| **count == 0).count();
+        assert!(most > 0 && detached_samples > 0, "{exit}: {held_counts:?}");
+        assert!(
+            seen_links.len() >= 4 * most,
+            "{exit}: at least 4 attaches in 4 s: {} links seen, {most} at once",
+            seen_links.len()
+        );
+        // ... and each detach frees them: the links held never exceed one attach's worth,
+        // and every link seen before is gone from the kernel, not just from our fds.
+        let now_held: Vec<u32> = held_links(pid).into_iter().map(|(link, _)| link).collect();
+        let lingering: Vec<&u32> = seen_links
+            .iter()
+            .filter(|link| !now_held.contains(link) && link_exists(**link))
+            .collect();
+        assert!(lingering.is_empty(), "{exit}: links left: {lingering:?}");
+        // One attach's links is what an ON span holds most of the time; a leak would show as
+        // counts growing past it, and as links still held in the OFF spans of the end.
+        let mut spans: std::collections::BTreeMap<usize, usize> = Default::default();
+        for count in held_counts.iter().filter(|count| **count > 0) {
+            *spans.entry(*count).or_default() += 1;
+        }
+        let one_attach = spans
+            .iter()
+            .max_by_key(|(_, samples)| **samples)
+            .map(|(count, _)| *count)
+            .unwrap();
+        assert_eq!(
+            most, one_attach,
+            "{exit}: links accumulate: {held_counts:?}"
+        );
+        let last_second = &held_counts[held_counts.len() - held_counts.len() / 4..];
+        assert!(
+            last_second.contains(&0),
+            "{exit}: links held through OFF: {held_counts:?}"
+        );
+        // Programs are loaded once and kept: one id per program name however many attaches.
+        let mut ids_by_name: std::collections::HashMap<&str, Vec<u32>> = Default::default();
+        for (id, name) in &names {
+            ids_by_name.entry(name.as_str()).or_default().push(*id);
+        }
+        assert!(
+            ids_by_name.values().all(|ids| ids.len() == 1),
+            "{exit}: programs re-loaded: {ids_by_name:?}"
+        );
+
+        let status = match exit {
+            "SIGTERM" | "SIGINT" => {
+                let signal = if exit == "SIGTERM" {
+                    libc::SIGTERM
+                } else {
+                    libc::SIGINT
+                };
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(pid as i32, signal) };
+                exporter.0.wait().unwrap()
+            }
+            _ => {
+                // No file descriptor left to take: the next connection the HTTP server accepts
+                // fails (EMFILE) and serve exits with that error, probes attached or not.
+                let limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                // SAFETY: a valid rlimit for an existing child.
+                let rc = unsafe {
+                    libc::prlimit(
+                        pid as i32,
+                        libc::RLIMIT_NOFILE,
+                        &limit,
+                        std::ptr::null_mut(),
+                    )
+                };
+                assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+                let _ = TcpStream::connect(("127.0.0.1", port));
+                exporter.0.wait().unwrap()
+            }
+        };
+        let mut stderr = String::new();
+        if let Some(mut pipe) = exporter.0.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        if exit == "error" {
+            assert_eq!(status.code(), Some(1), "{stderr}");
+            assert!(
+                stderr.contains("topdown: error: the HTTP server stopped"),
+                "{stderr}"
+            );
+        } else {
+            assert_eq!(status.code(), Some(0), "{exit}: {stderr}");
+            assert!(
+                stderr.contains("every probe and BPF program is detached"),
+                "{stderr}"
+            );
+        }
+        // Nothing of it stays: no link, no program (freed by deferred work, hence the wait).
+        let left = || -> (Vec<u32>, Vec<u32>) {
+            (
+                seen_links
+                    .iter()
+                    .copied()
+                    .filter(|link| link_exists(*link))
+                    .collect(),
+                seen_programs
+                    .iter()
+                    .copied()
+                    .filter(|program| program_name(*program).is_some())
+                    .collect(),
+            )
+        };
+        let gone = wait_for(Duration::from_secs(10), || {
+            let (links, programs) = left();
+            (links.is_empty() && programs.is_empty()).then_some(())
+        });
+        assert!(gone.is_some(), "{exit}: left behind: {:?}", left());
+        assert_eq!(uprobe_events(), events_before, "{exit}");
+    }
+}
+
+#[test]
+fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attaches_them() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let built = funcs_binary("serve-duty-reload");
+    let binary = built.with_file_name("td-duty-reload");
+    std::fs::copy(&built, &binary).unwrap();
+    let port = free_port();
+    let config = binary.with_file_name("topdown.conf");
+    let common = format!(
+        "--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n--duty-cycle 2s/4s\n"
+    );
+    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
+    let mut command = topdown();
+    command.args(["serve", "--config"]).arg(&config);
+    let exporter = start_healthy(port, command);
+    let sampled_calls = |function: &str| {
+        format!(
+            r#"topdown_function_sampled_calls_total{{function="{function}",target="{}"}}"#,
+            binary.display()
+        )
+    };
+    let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
+
+    // Into the second period's ON span, where leaf is counted.
+    let first = metrics_when(
+        port,
+        Duration::from_secs(10),
+        "the first window closes",
+        |body| sampled(body).window_seconds > 0.0,
+    );
+    let first = sampled(&first).window_seconds;
+    metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the probes attach again",
+        |body| sampled(body).attached == Some(1.0),
+    );
+    run();
+    // Probe mid instead, well before this ON span's 2 s are up.
+    std::fs::write(&config, format!("{common}-u {}:mid\n", binary.display())).unwrap();
+    let reloaded = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
+    let closed = metrics_when(port, Duration::from_secs(5), "the window closes", |body| {
+        sampled(body).window_seconds > first
+    });
+    let closed_after = reloaded.elapsed();
+    assert!(
+        closed_after < Duration::from_millis(1500),
+        "the ON span ended at the reload, not 2 s after its start: {closed_after:?}"
+    );
+    assert_eq!(
+        sample(&closed, r#"topdown_config_reloads_total{result="applied"}"#),
+        Some(1.0),
+        "{closed}"
+    );
+    assert_eq!(sampled(&closed).attached, Some(0.0), "{closed}");
+    // The window holds leaf's calls up to the reload.
+    assert_eq!(
+        sample(&closed, &sampled_calls("leaf")),
+        Some(3.0),
+        "{closed}"
+    );
+    // The rest of the period is OFF: nothing counted.
+    run();
+    // The next period attaches the new set: mid is counted, leaf no longer.
+    metrics_when(
+        port,
+        Duration::from_secs(6),
+        "the next period attaches",
+        |body| sampled(body).attached == Some(1.0),
+    );
+    run();
+    let window = sampled(&closed).window_seconds;
+    let after = metrics_when(
+        port,
+        Duration::from_secs(5),
+        "the next window closes",
+        |body| sampled(body).window_seconds > window,
+    );
+    assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
+    assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(
+        stderr.contains(&format!(
+            "topdown: SIGHUP: reloaded {}: -u {}:mid",
+            config.display(),
+            binary.display()
+        )),
+        "{stderr}"
+    );
 }

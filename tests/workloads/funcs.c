@@ -3,11 +3,13 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 __attribute__((noinline)) void leaf(int n) {
@@ -57,6 +59,23 @@ __attribute__((noinline)) void via_libc(int n) {
     for (int i = 0; i < n; i++) getppid();
 }
 
+// leaf(1) RATE times a second for SECONDS, each call at its own deadline on the monotonic
+// clock: a late wake-up is caught up, so any span of D seconds holds RATE * D calls, give or
+// take the lateness at its two ends.
+static void steady(long rate, double seconds) {
+    struct timespec start, at;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    long calls = (long)(rate * seconds);
+    for (long i = 0; i < calls; i++) {
+        long long ns = start.tv_nsec + i * 1000000000LL / rate;
+        at.tv_sec = start.tv_sec + ns / 1000000000LL;
+        at.tv_nsec = ns % 1000000000LL;
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {
+        }
+        leaf(1);
+    }
+}
+
 static int other_calls;
 static void *other(void *arg) {
     (void)arg;
@@ -87,6 +106,8 @@ int main(int argc, char **argv) {
         if (pthread_create(&thread, NULL, other, NULL) != 0) return 3;
         blocker(atoi(argv[2]), !strcmp(argv[4], "migrate"));
         pthread_join(thread, NULL);
+    } else if (!strcmp(argv[1], "steady") && argc == 4) {
+        steady(atol(argv[2]), atof(argv[3]));
     } else if (!strcmp(argv[1], "libc") && argc == 3) {
         via_libc(atoi(argv[2]));
     } else if (!strcmp(argv[1], "wait") && argc == 5) {

@@ -11,6 +11,7 @@ use crate::{
     bpf::Trigger,
     list::ListFormat,
     report::{By, Format, Weight},
+    serve::duty_cycle::DutyCycle,
 };
 
 /// The command-line names of a domain enum. The enums themselves stay free of clap: the names
@@ -425,6 +426,13 @@ pub struct ServeArgs {
     /// calls, one per refresh, logging it and exporting topdown_probes_detached_total.
     #[arg(long = "max-overhead", value_name = "PCT", value_parser = parse_percent)]
     pub max_overhead: Option<f64>,
+
+    /// Attach the function probes (-u) only ON of every PERIOD (e.g. 5s/60s; units ms, s, m, h,
+    /// a bare number is seconds), bounding their cost on hot functions. Function series are
+    /// then estimates: each window's counts divided by the measured fraction of it the probes
+    /// were attached (topdown_function_sampled_ratio).
+    #[arg(long = "duty-cycle", value_name = "ON/PERIOD", value_parser = DutyCycle::parse)]
+    pub duty_cycle: Option<DutyCycle>,
 
     #[command(flatten)]
     pub counting: CountingArgs,

@@ -10,7 +10,17 @@ use topdown::{
 };
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A value its parser refused: clap's first line names the option, the value and what
+        // it takes; the rest is a pointer to --help. One line, exit 2 as for every usage error.
+        Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
+            let message = err.to_string();
+            eprintln!("{}", message.lines().next().unwrap_or_default());
+            return ExitCode::from(2);
+        }
+        Err(err) => err.exit(),
+    };
     init_logging(cli.verbose);
     match run(cli) {
         Ok(status) => ExitCode::from(status),

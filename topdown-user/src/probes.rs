@@ -47,6 +47,12 @@ pub struct Probes {
     /// Each attached target and the file identity it had.
     targets: Vec<(PathBuf, Option<(u64, u64)>)>,
     pub reattachments: u64,
+    /// Detached by `serve --duty-cycle` until `resume`: re-attachments meanwhile only
+    /// re-resolve.
+    paused: bool,
+    /// What `resume` attaches while no target changed on disk: resolving parses every
+    /// target's symbols, which a duty cycle should not pay each period.
+    resolution: Option<Vec<ResolvedFunction>>,
 }
 
 impl Probes {
@@ -65,6 +71,8 @@ impl Probes {
             detached: BTreeSet::new(),
             targets: Vec::new(),
             reattachments: 0,
+            paused: false,
+            resolution: None,
         };
         let resolved = resolve_functions(&probes.specs, &probes.processes)?;
         probes.attach_resolved(session, resolved)?;
@@ -178,7 +186,13 @@ impl Probes {
     ) -> Result<()> {
         eprintln!("topdown: re-attaching function probes: {why}");
         session.detach_functions()?;
-        self.attach_resolved(session, resolved)?;
+        // Paused by the duty cycle: its next ON span attaches this resolution.
+        if self.paused {
+            self.resolution = Some(resolved);
+        } else {
+            self.resolution = None;
+            self.attach_resolved(session, resolved)?;
+        }
         self.reattachments += 1;
         Ok(())
     }
@@ -218,5 +232,43 @@ impl Probes {
     /// Ids still attached.
     pub fn attached_ids(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.functions.len() as u32).filter(|id| !self.detached.contains(id))
+    }
+
+    /// `serve --duty-cycle`'s OFF span: detaches every function probe. Function ids stay, so
+    /// series keep counting when `resume` attaches again.
+    pub fn pause(&mut self, session: &mut Session) -> Result<()> {
+        self.paused = true;
+        session.detach_functions()
+    }
+
+    /// The next ON span: attaches the last resolution, or resolves the specs again where a
+    /// target was replaced on disk meanwhile (then the new file is probed). If that fails,
+    /// nothing stays attached and the probes stay paused.
+    pub fn resume(&mut self, session: &mut Session) -> Result<()> {
+        let resolved = match self.resolution.take() {
+            Some(resolved) if self.replaced_targets().is_empty() => Ok(resolved),
+            _ => resolve_functions(&self.specs, &self.processes),
+        };
+        let attached = resolved.and_then(|resolved| {
+            self.resolution = Some(resolved.clone());
+            self.attach_resolved(session, resolved)
+        });
+        match attached {
+            Ok(()) => {
+                self.paused = false;
+                Ok(())
+            }
+            Err(err) => {
+                // A partial attach (the first binaries of several) is undone.
+                if let Err(detach) = session.detach_functions() {
+                    log::warn!("undoing a partial attach: {detach:#}");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 }

@@ -357,14 +357,22 @@ impl Session {
     /// unwound as a missed return.
     pub fn detach_functions(&mut self) -> Result<()> {
         // Reverse attach order: entries stop before returns, so a call that enters now is
-        // never left with a frame whose return probe is already gone.
+        // never left with a frame whose return probe is already gone. Every link is tried even
+        // after a failure: one given up here would stay attached, unknown to later detaches
+        // (serve's duty cycle detaches thousands of times).
+        let mut first_error = None;
         for (program_name, link) in std::mem::take(&mut self.function_links).into_iter().rev() {
-            let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
-            program
-                .detach(link)
-                .with_context(|| format!("detaching {program_name} probes"))?;
+            let detached =
+                program_mut::<UProbe>(&mut self.ebpf, program_name).and_then(|program| {
+                    program
+                        .detach(link)
+                        .with_context(|| format!("detaching {program_name} probes"))
+                });
+            if let Err(err) = detached {
+                first_error.get_or_insert(err);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Total time the kernel has spent running this session's programs (needs BPF run-time

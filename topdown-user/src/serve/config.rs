@@ -191,10 +191,30 @@ mod tests {
             "--pmu software",
             "-G /system.slice",
             "--max-tasks 100",
+            "--duty-cycle 5s/60s",
         ] {
             let new = parse(&format!("-u /bin/app:a\n--max-series 100\n{restart}\n")).unwrap();
             assert!(needs_restart(&running, &new), "{restart}");
         }
+    }
+
+    #[test]
+    fn a_duty_cycle_in_a_file_is_typed_and_a_bad_one_is_one_line() {
+        let args = parse("-u /bin/app:a\n--duty-cycle 500ms/1m\n").unwrap();
+        assert_eq!(
+            args.duty_cycle,
+            Some(crate::serve::duty_cycle::DutyCycle {
+                on: std::time::Duration::from_millis(500),
+                period: std::time::Duration::from_secs(60),
+            })
+        );
+        assert_eq!(parse("-u /bin/app:a\n").unwrap().duty_cycle, None);
+        let bad = parse("--duty-cycle 0s/60s\n").unwrap_err();
+        assert!(
+            bad.contains("'0s/60s'") && bad.contains("ON must be above 0"),
+            "{bad}"
+        );
+        assert!(!bad.contains('\n'), "{bad}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use prometheus::{
     proto::{self, LabelPair, MetricFamily, MetricType},
 };
 
+use super::duty_cycle::Window;
 use crate::{
     aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
     cgroup::container::describe,
@@ -103,14 +104,60 @@ impl FamilyKind {
     }
 }
 
+impl FamilyKind {
+    fn is_function(self) -> bool {
+        matches!(
+            self,
+            FamilyKind::FunctionInclusive | FamilyKind::FunctionExclusive
+        )
+    }
+}
+
 /// One entity's accumulated values.
 struct Series {
     /// category -> accumulated slots (`total` is all of them).
     values: BTreeMap<String, f64>,
     /// `-e` event -> accumulated count.
-    events: BTreeMap<String, u64>,
-    calls: u64,
+    events: BTreeMap<String, Tally>,
+    calls: Tally,
+    /// Calls counted by `--duty-cycle`d probes, as counted (not scaled).
+    sampled_calls: u64,
     last_change: Instant,
+}
+
+/// An accumulated count: what was counted exactly, plus what was estimated from
+/// `--duty-cycle` samples. The exact part stays an integer, so a series that was never sampled
+/// exports exactly what it always did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    exact: u64,
+    estimated: f64,
+}
+
+impl Tally {
+    /// Adds `count`, counted over a fraction `ratio` of the time when sampled.
+    fn add(&mut self, count: u64, ratio: Option<f64>) {
+        match ratio {
+            None => self.exact += count,
+            Some(ratio) => self.estimated += count as f64 / ratio,
+        }
+    }
+
+    fn value(self) -> f64 {
+        self.exact as f64 + self.estimated
+    }
+}
+
+/// `--duty-cycle` as exported: the probes' state and what the closed windows measured.
+#[derive(Clone, Copy, Debug)]
+struct Sampling {
+    attached: bool,
+    /// The last closed window's measured fraction (none closed yet: `None`).
+    ratio: Option<f64>,
+    attached_seconds: f64,
+    window_seconds: f64,
+    /// Function series get this on top of `--series-ttl`: their counts arrive once a period.
+    period: Duration,
 }
 
 /// Exporter limits.
@@ -141,6 +188,8 @@ pub struct Exporter {
     pub map_entries: [(&'static str, usize); 2],
     /// `--config` reloads on SIGHUP, by outcome.
     pub config_reloads: Reloads,
+    /// With `--duty-cycle`: function series are estimates from its windows.
+    sampling: Option<Sampling>,
 }
 
 /// Configuration reloads by outcome.
@@ -167,7 +216,44 @@ impl Exporter {
             reattachments: 0,
             map_entries: [("tasks", 0), ("cgroups", 0)],
             config_reloads: Reloads::default(),
+            sampling: None,
         }
+    }
+
+    /// `--duty-cycle`: function counts now arrive by window (`add_window`), scaled, and the
+    /// sampling series are exported. The probes start attached.
+    pub fn start_sampling(&mut self, period: Duration) {
+        self.sampling = Some(Sampling {
+            attached: true,
+            ratio: None,
+            attached_seconds: 0.0,
+            window_seconds: 0.0,
+            period,
+        });
+    }
+
+    /// Whether the duty-cycled probes are attached now.
+    pub fn set_attached(&mut self, attached: bool) {
+        if let Some(sampling) = &mut self.sampling {
+            sampling.attached = attached;
+        }
+    }
+
+    /// Adds a closed `--duty-cycle` window's function counts, each divided by the window's
+    /// measured fraction: the series estimate what the function did over the whole window.
+    pub fn add_window(&mut self, window: Window, naming: &Naming<'_>, now: Instant) {
+        let ratio = window.ratio();
+        if let Some(sampling) = &mut self.sampling {
+            sampling.ratio = Some(ratio);
+            sampling.attached_seconds += window.attached.as_secs_f64();
+            sampling.window_seconds += window.elapsed.as_secs_f64();
+        }
+        let counts = Aggregate {
+            calls: window.calls,
+            ..Aggregate::default()
+        };
+        let valuation = Valuation::new(naming, &counts.totals);
+        self.add_functions(&counts, &valuation, naming, now, Some(ratio));
     }
 
     /// New limits from a configuration reload; they apply from the next refresh.
@@ -189,54 +275,10 @@ impl Exporter {
     /// counts stay typed until here: metrics are evaluated on slot arrays, and functions are
     /// summed by id and named only for their labels.
     pub fn update(&mut self, counts: &Aggregate, naming: &Naming<'_>, now: Instant) {
-        let level = naming.level;
         let weight = naming.weight_slot();
-        let categories: Vec<&str> = match level {
-            0 => Vec::new(),
-            1 => L1_METRICS.to_vec(),
-            _ => L1_METRICS
-                .iter()
-                .chain(L2_METRICS.iter())
-                .copied()
-                .collect(),
-        };
-        // Level-1 buckets some models add (AMD's smt_contention); not the hybrid per-core-type
-        // `cpu_core.*` names.
-        let extra: Vec<String> = naming
-            .evaluator
-            .evaluate(&counts.totals.0, level)
-            .metrics
-            .into_keys()
-            .filter(|name| {
-                !name.contains('.')
-                    && !L1_METRICS.contains(&name.as_str())
-                    && !L2_METRICS.contains(&name.as_str())
-            })
-            .collect();
-        let category_slots = |slots: &SlotCounts| -> Vec<(String, f64)> {
-            let total = slots.get(weight) as f64;
-            let metrics = naming.evaluator.evaluate(&slots.0, level).metrics;
-            let mut values = vec![("total".to_owned(), total)];
-            for name in categories
-                .iter()
-                .map(|name| name.to_string())
-                .chain(extra.iter().cloned())
-            {
-                if let Some(Some(fraction)) = metrics.get(&name) {
-                    // A refresh's fraction can dip below 0 by the formulas' own rounding
-                    // (e.g. Intel's dropped-uop correction); a counter never goes down.
-                    values.push((name, (total * fraction).max(0.0)));
-                }
-            }
-            values
-        };
-        let event_counts = |slots: &SlotCounts| -> Vec<(String, u64)> {
-            naming
-                .events
-                .iter()
-                .map(|(event, slot)| (event.clone(), slots.get(*slot)))
-                .collect()
-        };
+        let valuation = Valuation::new(naming, &counts.totals);
+        let category_slots = |slots: &SlotCounts| valuation.slots(slots);
+        let event_counts = |slots: &SlotCounts| valuation.events(slots);
         // Heaviest first in every family: with --max-series they keep their own series and the
         // rest fold into `other`.
         let mut cgroups = counts.cgroup_rows(naming.cgroup_paths, naming.cgroup_depth);
@@ -275,6 +317,7 @@ impl Exporter {
                 category_slots(slots),
                 event_counts(slots),
                 0,
+                None,
                 now,
             );
         }
@@ -293,42 +336,12 @@ impl Exporter {
                 category_slots(&process.counts),
                 event_counts(&process.counts),
                 0,
+                None,
                 now,
             );
         }
-        let mut functions: Vec<_> = counts
-            .function_totals()
-            .into_iter()
-            .map(|((id, _), total)| (naming.function(id), total))
-            .collect();
-        functions.sort_by(|((_, a_symbol), a), ((_, b_symbol), b)| {
-            b.inclusive
-                .get(weight)
-                .cmp(&a.inclusive.get(weight))
-                .then(a_symbol.cmp(b_symbol))
-        });
-        for ((target, symbol), total) in functions {
-            let labels = vec![
-                ("function".to_owned(), symbol),
-                ("target".to_owned(), target),
-            ];
-            self.add(
-                FamilyKind::FunctionInclusive,
-                labels.clone(),
-                category_slots(&total.inclusive),
-                event_counts(&total.inclusive),
-                total.calls,
-                now,
-            );
-            self.add(
-                FamilyKind::FunctionExclusive,
-                labels,
-                category_slots(&total.exclusive),
-                event_counts(&total.exclusive),
-                0,
-                now,
-            );
-        }
+        // With --duty-cycle, serve holds the function counts back for `add_window`.
+        self.add_functions(counts, &valuation, naming, now, None);
         let d = &counts.diagnostics;
         for (name, value) in [
             ("readings", d.readings),
@@ -346,6 +359,56 @@ impl Exporter {
         self.refreshes += 1;
     }
 
+    /// Adds each probed function's counts; `ratio`: the fraction of the time they were
+    /// counted, when sampled by `--duty-cycle`.
+    fn add_functions(
+        &mut self,
+        counts: &Aggregate,
+        valuation: &Valuation<'_, '_>,
+        naming: &Naming<'_>,
+        now: Instant,
+        ratio: Option<f64>,
+    ) {
+        let mut functions: Vec<_> = counts
+            .function_totals()
+            .into_iter()
+            .map(|((id, _), total)| (naming.function(id), total))
+            .collect();
+        functions.sort_by(|((_, a_symbol), a), ((_, b_symbol), b)| {
+            b.inclusive
+                .get(naming.weight_slot())
+                .cmp(&a.inclusive.get(naming.weight_slot()))
+                .then(a_symbol.cmp(b_symbol))
+        });
+        for ((target, symbol), total) in functions {
+            let labels = vec![
+                ("function".to_owned(), symbol),
+                ("target".to_owned(), target),
+            ];
+            self.add(
+                FamilyKind::FunctionInclusive,
+                labels.clone(),
+                valuation.slots(&total.inclusive),
+                valuation.events(&total.inclusive),
+                total.calls,
+                ratio,
+                now,
+            );
+            self.add(
+                FamilyKind::FunctionExclusive,
+                labels,
+                valuation.slots(&total.exclusive),
+                valuation.events(&total.exclusive),
+                0,
+                ratio,
+                now,
+            );
+        }
+    }
+
+    /// Adds one entity's counts to its series; `ratio`: sampled over that fraction of the time
+    /// (`--duty-cycle`), so every value is divided by it.
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         family: FamilyKind,
@@ -353,6 +416,7 @@ impl Exporter {
         values: Vec<(String, f64)>,
         events: Vec<(String, u64)>,
         calls: u64,
+        ratio: Option<f64>,
         now: Instant,
     ) {
         let changed = calls > 0
@@ -377,16 +441,23 @@ impl Exporter {
         let series = self.series.entry(key).or_insert_with(|| Series {
             values: BTreeMap::new(),
             events: BTreeMap::new(),
-            calls: 0,
+            calls: Tally::default(),
+            sampled_calls: 0,
             last_change: now,
         });
         for (category, value) in values {
-            *series.values.entry(category).or_default() += value;
+            *series.values.entry(category).or_default() += match ratio {
+                Some(ratio) => value / ratio,
+                None => value,
+            };
         }
         for (event, count) in events {
-            *series.events.entry(event).or_default() += count;
+            series.events.entry(event).or_default().add(count, ratio);
         }
-        series.calls += calls;
+        series.calls.add(calls, ratio);
+        if ratio.is_some() {
+            series.sampled_calls += calls;
+        }
         if changed {
             series.last_change = now;
         }
@@ -396,8 +467,14 @@ impl Exporter {
     /// removed cgroups); Prometheus marks them stale.
     fn expire(&mut self, now: Instant) {
         let ttl = self.limits.ttl;
+        let function_ttl = ttl + self.sampling.map_or(Duration::ZERO, |s| s.period);
         let before = self.series.len();
-        self.series.retain(|(_, labels), series| {
+        self.series.retain(|(kind, labels), series| {
+            let ttl = if kind.is_function() {
+                function_ttl
+            } else {
+                ttl
+            };
             labels.iter().all(|(_, value)| value == OTHER)
                 || now.duration_since(series.last_change) < ttl
         });
@@ -408,6 +485,75 @@ impl Exporter {
     /// straight from the live store (no registry is built per encode).
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.collect())
+    }
+}
+
+/// What one entity's slots become: the weight counter's total and each category's share of it,
+/// and the `-e` events' counts.
+struct Valuation<'n, 'a> {
+    naming: &'n Naming<'a>,
+    weight: usize,
+    /// The level's categories, then level-1 buckets some models add (AMD's smt_contention);
+    /// not the hybrid per-core-type `cpu_core.*` names.
+    categories: Vec<String>,
+}
+
+impl<'n, 'a> Valuation<'n, 'a> {
+    fn new(naming: &'n Naming<'a>, totals: &SlotCounts) -> Self {
+        let level = naming.level;
+        let mut categories: Vec<String> = match level {
+            0 => Vec::new(),
+            1 => L1_METRICS.iter().map(|name| name.to_string()).collect(),
+            _ => L1_METRICS
+                .iter()
+                .chain(L2_METRICS.iter())
+                .map(|name| name.to_string())
+                .collect(),
+        };
+        categories.extend(
+            naming
+                .evaluator
+                .evaluate(&totals.0, level)
+                .metrics
+                .into_keys()
+                .filter(|name| {
+                    !name.contains('.')
+                        && !L1_METRICS.contains(&name.as_str())
+                        && !L2_METRICS.contains(&name.as_str())
+                }),
+        );
+        Self {
+            naming,
+            weight: naming.weight_slot(),
+            categories,
+        }
+    }
+
+    /// `total` and each category's slots.
+    fn slots(&self, slots: &SlotCounts) -> Vec<(String, f64)> {
+        let total = slots.get(self.weight) as f64;
+        let metrics = self
+            .naming
+            .evaluator
+            .evaluate(&slots.0, self.naming.level)
+            .metrics;
+        let mut values = vec![("total".to_owned(), total)];
+        for name in &self.categories {
+            if let Some(Some(fraction)) = metrics.get(name) {
+                // A refresh's fraction can dip below 0 by the formulas' own rounding
+                // (e.g. Intel's dropped-uop correction); a counter never goes down.
+                values.push((name.clone(), (total * fraction).max(0.0)));
+            }
+        }
+        values
+    }
+
+    fn events(&self, slots: &SlotCounts) -> Vec<(String, u64)> {
+        self.naming
+            .events
+            .iter()
+            .map(|(event, slot)| (event.clone(), slots.get(*slot)))
+            .collect()
     }
 }
 
@@ -514,6 +660,69 @@ const MAP_ENTRIES: Spec = spec(
     &["map"],
 );
 
+const SAMPLED_CALLS: Spec = spec(
+    "topdown_function_sampled_calls_total",
+    "Calls of probed functions counted while --duty-cycle had the probes attached, not scaled",
+    MetricType::COUNTER,
+    &["function", "target"],
+);
+const SAMPLED_RATIO: Spec = spec(
+    "topdown_function_sampled_ratio",
+    "Measured fraction of the last closed --duty-cycle window the function probes were attached; that window's function counts were divided by it",
+    MetricType::GAUGE,
+    &[],
+);
+const ATTACHED_SECONDS: Spec = spec(
+    "topdown_function_attached_seconds_total",
+    "Seconds the --duty-cycle function probes were attached, over the closed windows",
+    MetricType::COUNTER,
+    &[],
+);
+const WINDOW_SECONDS: Spec = spec(
+    "topdown_function_window_seconds_total",
+    "Seconds the closed --duty-cycle windows span: the time the function estimates cover",
+    MetricType::COUNTER,
+    &[],
+);
+const PROBES_ATTACHED: Spec = spec(
+    "topdown_function_probes_attached",
+    "Whether the --duty-cycle function probes are attached now (1) or not (0)",
+    MetricType::GAUGE,
+    &[],
+);
+
+/// The help of the function families under `--duty-cycle`, which marks them as estimates.
+static ESTIMATED_HELP: LazyLock<HashMap<&'static str, String>> = LazyLock::new(|| {
+    [FamilyKind::FunctionInclusive, FamilyKind::FunctionExclusive]
+        .into_iter()
+        .flat_map(|kind| [kind.slots(), kind.events()])
+        .chain([CALLS])
+        .map(|spec| {
+            (
+                spec.name,
+                format!(
+                    "{} (estimated under --duty-cycle: each window's counts divided by its topdown_function_sampled_ratio)",
+                    spec.help
+                ),
+            )
+        })
+        .collect()
+});
+
+impl Spec {
+    /// This family with its help marking its values as estimates, where it is a function
+    /// family.
+    fn estimated(self) -> Spec {
+        match ESTIMATED_HELP.get(self.name) {
+            Some(help) => Spec {
+                help: help.as_str(),
+                ..self
+            },
+            None => self,
+        }
+    }
+}
+
 const KINDS: [FamilyKind; 4] = [
     FamilyKind::Cgroup,
     FamilyKind::Process,
@@ -540,6 +749,11 @@ fn specs() -> impl Iterator<Item = Spec> {
             REATTACHMENTS,
             RELOADS,
             MAP_ENTRIES,
+            SAMPLED_CALLS,
+            SAMPLED_RATIO,
+            ATTACHED_SECONDS,
+            WINDOW_SECONDS,
+            PROBES_ATTACHED,
         ])
 }
 
@@ -643,22 +857,44 @@ impl Collector for Exporter {
         let mut families = Families::default();
         let mut values: Vec<&str> = Vec::new();
         for ((kind, labels), series) in &self.series {
+            let mark = |spec: Spec| {
+                if self.sampling.is_some() && kind.is_function() {
+                    spec.estimated()
+                } else {
+                    spec
+                }
+            };
             values.clear();
             values.extend(labels.iter().map(|(_, value)| value.as_str()));
             let identifying = values.len();
             for (category, value) in &series.values {
                 values.extend([category.as_str(), self.model.as_str()]);
-                families.push(kind.slots(), &values, value.max(0.0));
+                families.push(mark(kind.slots()), &values, value.max(0.0));
                 values.truncate(identifying);
             }
             for (event, count) in &series.events {
                 values.push(event);
-                families.push(kind.events(), &values, *count as f64);
+                families.push(mark(kind.events()), &values, count.value());
                 values.truncate(identifying);
             }
-            if *kind == FamilyKind::FunctionInclusive && series.calls > 0 {
-                families.push(CALLS, &values, series.calls as f64);
+            if *kind == FamilyKind::FunctionInclusive && series.calls.value() > 0.0 {
+                families.push(mark(CALLS), &values, series.calls.value());
             }
+            if *kind == FamilyKind::FunctionInclusive && series.sampled_calls > 0 {
+                families.push(SAMPLED_CALLS, &values, series.sampled_calls as f64);
+            }
+        }
+        if let Some(sampling) = &self.sampling {
+            families.push(
+                PROBES_ATTACHED,
+                &[],
+                if sampling.attached { 1.0 } else { 0.0 },
+            );
+            if let Some(ratio) = sampling.ratio {
+                families.push(SAMPLED_RATIO, &[], ratio);
+            }
+            families.push(ATTACHED_SECONDS, &[], sampling.attached_seconds);
+            families.push(WINDOW_SECONDS, &[], sampling.window_seconds);
         }
         let synthetic = self.synthetic.to_string();
         families.push(
@@ -1106,5 +1342,154 @@ topdown_series_overflow_total 1
             start + Duration::from_secs(62),
         );
         assert_eq!(exporter.series_count(), 1);
+    }
+
+    /// A closed `--duty-cycle` window of `leaf` calls: `[slots, retired, dropped, cache-misses]`
+    /// inclusive and exclusive.
+    fn window(attached_ms: u64, elapsed_ms: u64, calls: u64, values: [u64; 4]) -> Window {
+        Window {
+            attached: Duration::from_millis(attached_ms),
+            elapsed: Duration::from_millis(elapsed_ms),
+            calls: vec![CallCounts {
+                key: CallKey {
+                    function: 0,
+                    parent: ROOT_FUNCTION,
+                    tgid: 0,
+                    _pad: 0,
+                },
+                calls,
+                inclusive: slots(values),
+                exclusive: slots(values),
+            }],
+        }
+    }
+
+    #[test]
+    fn sampled_windows_are_scaled_by_their_fraction_and_marked_as_estimates() {
+        let functions = [("/usr/bin/app".to_owned(), "leaf".to_owned())];
+        let naming = naming(&NO_PATHS, &functions, true);
+        let mut exporter = Exporter::new("intel-icl".into(), true, limits(100, 300));
+        exporter.start_sampling(Duration::from_secs(4));
+        let now = Instant::now();
+        // Refreshes carry no function counts under --duty-cycle; processes stay exact.
+        exporter.update(&refresh(&[("app", [7, 0, 0, 1])]), &naming, now);
+        let text = exporter.encode().unwrap();
+        assert_eq!(value(&text, "topdown_function_probes_attached "), Some(1.0));
+        assert!(!text.contains("topdown_function_sampled_ratio"), "{text}");
+        assert_eq!(
+            value(&text, "topdown_function_window_seconds_total "),
+            Some(0.0)
+        );
+        exporter.set_attached(false);
+        // Attached 1 s of 4 s: 3 calls stand for 12, 90 slots for 360, 2 misses for 8.
+        exporter.add_window(window(1000, 4000, 3, [90, 90, 0, 2]), &naming, now);
+        let label = r#"function="leaf",target="/usr/bin/app""#;
+        let text = exporter.encode().unwrap();
+        for (series, expected) in [
+            (format!("topdown_function_calls_total{{{label}}}"), 12.0),
+            (
+                format!("topdown_function_sampled_calls_total{{{label}}}"),
+                3.0,
+            ),
+            (
+                r#"topdown_function_inclusive_slots_total{category="total",function="leaf",model="intel-icl",target="/usr/bin/app"}"#.to_owned(),
+                360.0,
+            ),
+            (
+                r#"topdown_function_exclusive_slots_total{category="retiring",function="leaf",model="intel-icl",target="/usr/bin/app"}"#.to_owned(),
+                360.0,
+            ),
+            (
+                format!(
+                    r#"topdown_function_inclusive_events_total{{event="cache-misses",{label}}}"#
+                ),
+                8.0,
+            ),
+            (
+                r#"topdown_process_slots_total{category="total",comm="app",model="intel-icl"}"#
+                    .to_owned(),
+                7.0,
+            ),
+            ("topdown_function_sampled_ratio ".to_owned(), 0.25),
+            ("topdown_function_attached_seconds_total ".to_owned(), 1.0),
+            ("topdown_function_window_seconds_total ".to_owned(), 4.0),
+            ("topdown_function_probes_attached ".to_owned(), 0.0),
+        ] {
+            assert_eq!(value(&text, &series), Some(expected), "{series}\n{text}");
+        }
+        for family in [
+            "topdown_function_calls_total",
+            "topdown_function_inclusive_slots_total",
+            "topdown_function_exclusive_slots_total",
+            "topdown_function_inclusive_events_total",
+            "topdown_function_exclusive_events_total",
+        ] {
+            let help = text
+                .lines()
+                .find(|line| line.starts_with(&format!("# HELP {family} ")))
+                .unwrap();
+            assert!(
+                help.ends_with("(estimated under --duty-cycle: each window's counts divided by its topdown_function_sampled_ratio)"),
+                "{help}"
+            );
+        }
+        assert!(
+            !text.lines().any(
+                |line| line.starts_with("# HELP topdown_process_slots_total")
+                    && line.contains("estimated")
+            ),
+            "{text}"
+        );
+        // The next window, attached half of it: 1 call stands for 2.
+        exporter.add_window(window(2000, 4000, 1, [10, 10, 0, 0]), &naming, now);
+        let text = exporter.encode().unwrap();
+        assert_eq!(
+            value(&text, &format!("topdown_function_calls_total{{{label}}}")),
+            Some(14.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("topdown_function_sampled_calls_total{{{label}}}")
+            ),
+            Some(4.0)
+        );
+        assert_eq!(value(&text, "topdown_function_sampled_ratio "), Some(0.5));
+        assert_eq!(
+            value(&text, "topdown_function_attached_seconds_total "),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(&text, "topdown_function_window_seconds_total "),
+            Some(8.0)
+        );
+    }
+
+    #[test]
+    fn sampled_function_series_outlive_the_ttl_by_a_period() {
+        let functions = [("/usr/bin/app".to_owned(), "leaf".to_owned())];
+        let naming = naming(&NO_PATHS, &functions, false);
+        let mut exporter = Exporter::new("intel-icl".into(), true, limits(100, 60));
+        exporter.start_sampling(Duration::from_secs(120));
+        let start = Instant::now();
+        exporter.add_window(window(5000, 120_000, 1, [10, 0, 0, 0]), &naming, start);
+        exporter.update(
+            &refresh(&[("app", [1, 0, 0, 0])]),
+            &naming,
+            start + Duration::from_secs(61),
+        );
+        let text = exporter.encode().unwrap();
+        assert!(
+            text.contains("topdown_function_calls_total{"),
+            "a function series waits for the next window: {text}"
+        );
+        exporter.update(
+            &refresh(&[("app", [1, 0, 0, 0])]),
+            &naming,
+            start + Duration::from_secs(181),
+        );
+        let text = exporter.encode().unwrap();
+        assert!(!text.contains("topdown_function_calls_total{"), "{text}");
+        assert!(text.contains(r#"comm="app""#), "{text}");
     }
 }

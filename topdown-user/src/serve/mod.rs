@@ -2,10 +2,12 @@
 //! refresh's deltas into Prometheus series (`exporter`), and serves them over HTTP (`http`).
 
 pub mod config;
+pub mod duty_cycle;
 pub mod exporter;
 pub mod http;
 
 use std::{
+    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -16,6 +18,7 @@ use tokio::{
     sync::watch,
 };
 
+use self::duty_cycle::{Sampler, Switch};
 use crate::{
     aggregate::Aggregate,
     bpf::Snapshot,
@@ -28,6 +31,14 @@ use crate::{
 /// Runs the exporter until SIGINT or SIGTERM; returns the exit status.
 pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
     let mut args = config::effective(command_line)?;
+    if let Some(cycle) = args.duty_cycle
+        && args.counting.uprobes.is_empty()
+    {
+        return Err(fail(
+            Failure::Usage,
+            format!("--duty-cycle {cycle} cycles the function probes: give -u TARGET:FUNC too"),
+        ));
+    }
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -48,6 +59,7 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         ..Targets::default()
     };
     let mut session = prepared.start(&args.counting, targets, verbose)?;
+    let attached = Instant::now();
     let mut guard = Guard {
         budget: None,
         stats: None,
@@ -63,6 +75,11 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
             ttl: Duration::from_secs(args.series_ttl_s),
         },
     );
+    // The first ON span starts with the probes `prepared.start` attached.
+    let mut sampler = args.duty_cycle.map(|cycle| {
+        exporter.start_sampling(cycle.period);
+        Sampler::new(cycle, attached)
+    });
     let (publish, snapshots) = watch::channel(http::Snapshot::starting(&exporter));
     let mut server = tokio::spawn(http::serve(listener, snapshots));
     eprintln!(
@@ -73,17 +90,35 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         session.cpus().len(),
         args.refresh_ms
     );
+    if let Some(cycle) = args.duty_cycle {
+        eprintln!(
+            "topdown: function probes attached {:?} of every {:?} (--duty-cycle); function series are estimates",
+            cycle.on, cycle.period
+        );
+    }
 
     let mut previous: Option<(Snapshot, Instant)> = None;
     let mut ticker = refresh_ticker(args.refresh_ms);
     let mut hotplug = tokio::time::interval(Duration::from_secs(1));
     hotplug.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let next_switch = sampler.as_ref().map(|sampler| sampler.next_switch());
         tokio::select! {
             _ = hotplug.tick() => session.check_cpus(),
+            _ = until(next_switch) => {
+                if let Some(sampler) = &mut sampler {
+                    if let Err(err) = switch_probes(&mut session, sampler, &mut exporter, &mut previous) {
+                        log::warn!("--duty-cycle: {err:#}");
+                    }
+                    match exporter.encode() {
+                        Ok(text) => publish.send_modify(|snapshot| snapshot.metrics = Arc::new(text)),
+                        Err(err) => log::warn!("encoding metrics: {err}"),
+                    }
+                }
+            }
             _ = ticker.tick() => {
                 let started = Instant::now();
-                match refresh(&mut session, &mut exporter, &mut previous) {
+                match refresh(&mut session, &mut exporter, &mut previous, sampler.as_mut()) {
                     Ok(aggregate) => {
                         if let Some(probes) = &mut session.probes {
                             if let Err(err) = keep_probes(&mut session.bpf, probes, &mut guard, &aggregate, &mut exporter) {
@@ -121,6 +156,8 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
                         exporter: &mut exporter,
                         guard: &mut guard,
                         ticker: &mut ticker,
+                        sampler: sampler.as_mut(),
+                        previous: &mut previous,
                     };
                     match reload(&path, &mut args, &mut live) {
                         Ok(()) => exporter.config_reloads.applied += 1,
@@ -211,7 +248,12 @@ fn keep_probes(
     counted: &Aggregate,
     exporter: &mut exporter::Exporter,
 ) -> Result<()> {
-    let replaced = probes.replaced_targets();
+    // Paused by the duty cycle: its next attach resolves the specs anew anyway.
+    let replaced = if probes.is_paused() {
+        Vec::new()
+    } else {
+        probes.replaced_targets()
+    };
     if !replaced.is_empty() {
         let names: Vec<String> = replaced
             .iter()
@@ -266,16 +308,28 @@ fn keep_probes(
 
 /// Reads the maps, turns the deltas since the last refresh into series, and forgets exited
 /// tasks and removed cgroups so a daemon's memory stays bounded. Returns the refresh's counts.
+/// With `--duty-cycle` (`sampler`), function counts wait in the sampler for their window to
+/// close.
 fn refresh(
     session: &mut CountingSession,
     exporter: &mut exporter::Exporter,
     previous: &mut Option<(Snapshot, Instant)>,
+    sampler: Option<&mut Sampler>,
 ) -> Result<Aggregate> {
     let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
-    let aggregate = Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
+    let mut aggregate =
+        Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
     let cgroup_paths = session.cgroup_paths(&aggregate);
+    let held = sampler.map(|sampler| {
+        sampler.hold(&aggregate.calls);
+        std::mem::take(&mut aggregate.calls)
+    });
     exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
+    if let Some(calls) = held {
+        // The overhead guard still sees this refresh's calls.
+        aggregate.calls = calls;
+    }
     exporter.map_entries = [
         ("tasks", snapshot.live.len()),
         ("cgroups", snapshot.cgroups.len()),
@@ -286,6 +340,64 @@ fn refresh(
     snapshot.exited.clear();
     *previous = Some((snapshot, now));
     Ok(aggregate)
+}
+
+/// Sleeps until the duty cycle's next switch; forever without `--duty-cycle`.
+async fn until(next: Option<(Instant, Switch)>) {
+    match next {
+        Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The duty cycle's due switch: attach at a period's start, detach at the end of its ON span.
+fn switch_probes(
+    session: &mut CountingSession,
+    sampler: &mut Sampler,
+    exporter: &mut exporter::Exporter,
+    previous: &mut Option<(Snapshot, Instant)>,
+) -> Result<()> {
+    match sampler.next_switch().1 {
+        Switch::Attach => {
+            let before = Instant::now();
+            sampler.begin_period(before);
+            let Some(probes) = &mut session.probes else {
+                return Ok(());
+            };
+            probes
+                .resume(&mut session.bpf)
+                .context("attaching the function probes failed; the next period tries again")?;
+            sampler.attached_at(Instant::now());
+            exporter.set_attached(true);
+            Ok(())
+        }
+        Switch::Detach => end_on_span(session, sampler, exporter, previous),
+    }
+}
+
+/// Ends the ON span now: detaches the function probes, reads what they counted up to the
+/// detach, and hands the closed window to the exporter.
+fn end_on_span(
+    session: &mut CountingSession,
+    sampler: &mut Sampler,
+    exporter: &mut exporter::Exporter,
+    previous: &mut Option<(Snapshot, Instant)>,
+) -> Result<()> {
+    let end = Instant::now();
+    let detached = match &mut session.probes {
+        Some(probes) => probes.pause(&mut session.bpf),
+        None => Ok(()),
+    };
+    sampler.detached_at(end);
+    exporter.set_attached(false);
+    detached.context("detaching the function probes")?;
+    // A failed read leaves the window open: the next detach closes it with both ON spans.
+    refresh(session, exporter, previous, Some(&mut *sampler))?;
+    if let Some(window) = sampler.close_window(end) {
+        let no_paths = HashMap::new();
+        exporter.add_window(window, &session.naming(&no_paths), Instant::now());
+    }
+    Ok(())
 }
 
 fn refresh_ticker(refresh_ms: u64) -> tokio::time::Interval {
@@ -300,6 +412,8 @@ struct Live<'a> {
     exporter: &'a mut exporter::Exporter,
     guard: &'a mut Guard,
     ticker: &'a mut tokio::time::Interval,
+    sampler: Option<&'a mut Sampler>,
+    previous: &'a mut Option<(Snapshot, Instant)>,
 }
 
 /// Re-reads `--config FILE` on SIGHUP and applies its live options; `running` tracks what is
@@ -313,6 +427,13 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_>) 
     // so a later failure leaves `running` true to what is in effect.
     if new.counting.uprobes != running.counting.uprobes {
         let specs = parse_probe_specs(&new.counting.uprobes)?;
+        // Under --duty-cycle every function of a window must have been attached for all of its
+        // ON span: the span ends here, and the next period attaches the new set.
+        if let Some(sampler) = live.sampler.as_deref_mut()
+            && sampler.is_attached()
+        {
+            end_on_span(live.session, sampler, live.exporter, live.previous)?;
+        }
         let session = &mut *live.session;
         match &mut session.probes {
             Some(probes) => probes.replace_specs(&mut session.bpf, specs)?,
