@@ -25,6 +25,7 @@ pub mod symbols;
 pub mod target;
 pub mod top;
 pub mod tracefs;
+pub mod unwinding;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.
