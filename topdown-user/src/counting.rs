@@ -277,6 +277,11 @@ impl CountingSession {
             cgroup_paths: &cgroup_paths,
             cgroup_depth: self.cgroup_depth,
             functions: self.functions(),
+            target_returns: self
+                .probes
+                .as_ref()
+                .map(|probes| probes.target_returns())
+                .unwrap_or_default(),
         };
         report_of(&ctx, aggregate)
     }

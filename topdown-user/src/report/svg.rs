@@ -697,6 +697,9 @@ mod tests {
             symbol: symbol.into(),
             pid: Some(100),
             calls,
+            unwound: 0,
+            return_probe: None,
+            return_probe_reason: None,
             inclusive: exclusive.clone(),
             exclusive,
         }
@@ -969,6 +972,9 @@ mod tests {
             symbol: "f".into(),
             pid: None,
             calls: 1,
+            unwound: 0,
+            return_probe: None,
+            return_probe_reason: None,
             inclusive: clock(500),
             exclusive: clock(500),
         }];

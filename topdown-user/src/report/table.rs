@@ -258,7 +258,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         > 0
     {
         text += &format!(
-            "note: function probes: {} entries beyond 64 nested calls (not recorded), {} missed returns (longjmp, exceptions, thread exit), {} unmatched returns, {} inconsistent reads, {} map-full drops\n",
+            "note: function probes: {} entries beyond 64 nested calls (not recorded), {} calls whose end was not seen (longjmp, exit() inside; not in the totals), {} unmatched returns, {} inconsistent reads, {} map-full drops\n",
             d.overflows,
             d.missed_returns,
             d.unmatched_returns,
@@ -352,7 +352,11 @@ fn functions_text(
             }
             let inclusive = amount(&function.inclusive);
             row.extend([
-                function.calls.to_string(),
+                if function.unwound > 0 {
+                    format!("{} ({} unwound)", function.calls, function.unwound)
+                } else {
+                    function.calls.to_string()
+                },
                 show(inclusive),
                 show(amount(&function.exclusive)),
                 if total_weight == 0 {
