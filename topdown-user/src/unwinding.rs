@@ -21,7 +21,7 @@ use std::{
 };
 
 use object::{
-    Object as _, ObjectSymbol as _,
+    Object as _, ObjectSegment as _, ObjectSymbol as _,
     read::elf::{ElfFile64, FileHeader as _},
 };
 use serde::{Deserialize, Serialize};
@@ -371,14 +371,43 @@ pub fn catch_points(objects: &[PathBuf]) -> Vec<(PathBuf, u64, String)> {
         if is_runtime(object) {
             continue;
         }
-        let Ok(functions) = crate::symbols::elf::functions(object) else {
+        let Ok(data) = std::fs::read(object) else {
             continue;
         };
-        for function in functions {
-            if is_catch_point(&function.name) {
-                points.push((object.clone(), function.offset, function.name));
-            }
-        }
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
+        // Only the names are needed: no decoding of every function of every mapped object.
+        let segments: Vec<(u64, u64, u64)> = file
+            .segments()
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                (segment.address(), size, offset)
+            })
+            .collect();
+        let mut found: Vec<(u64, String)> = file
+            .dynamic_symbols()
+            .chain(file.symbols())
+            .filter(|symbol| symbol.kind() == object::SymbolKind::Text && !symbol.is_undefined())
+            .filter_map(|symbol| {
+                let name = symbol.name().ok()?;
+                if !is_catch_point(name) {
+                    return None;
+                }
+                let address = symbol.address();
+                let (start, _, offset) = segments
+                    .iter()
+                    .find(|(start, size, _)| address >= *start && address < start + size)?;
+                Some((address - start + offset, name.to_owned()))
+            })
+            .collect();
+        found.sort();
+        found.dedup_by_key(|(offset, _)| *offset);
+        points.extend(
+            found
+                .into_iter()
+                .map(|(offset, name)| (object.clone(), offset, name)),
+        );
     }
     points
 }
