@@ -141,6 +141,11 @@ pub fn decide(mode: ReturnMode, targets: &[PathBuf], image: &Image) -> Vec<Targe
         .map(|target| {
             let (return_probe, reason) = match mode {
                 ReturnMode::Uretprobe => (ReturnProbe::Uretprobe, "--returns uretprobe".into()),
+                // Exit instructions are only decoded on x86-64 (`symbols::elf`).
+                _ if !cfg!(target_arch = "x86_64") => (
+                    ReturnProbe::Uretprobe,
+                    "exit-instruction probes need x86-64".into(),
+                ),
                 ReturnMode::Exit => (ReturnProbe::Exit, "--returns exit".into()),
                 ReturnMode::Auto => {
                     let objects = objects_of(target, image);
