@@ -596,6 +596,7 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
         stderr.contains("bogus") && stderr.contains("auto"),
         "{stderr}"
     );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
 fn function_calls(report: &Value, symbol: &str) -> u64 {
@@ -757,6 +758,8 @@ fn attaching_to_a_running_process_counts_its_functions() {
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(figures(function(&report, "leaf")), (3, 30, 0, 30, 0));
     assert_eq!(figures(function(&report, "mid")), (1, 30, 2, 0, 2));
+    // -p: auto reads the process's mappings (the program, libc, ld.so): nothing unwinds.
+    assert_eq!(function(&report, "mid")["return_probe"], "uretprobe");
     let _ = std::fs::remove_file(out);
 }
 

@@ -10,7 +10,22 @@ use topdown::{
 };
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => err.exit(),
+        Err(err) => {
+            // Usage errors on one line: clap's message and its hint (possible values, the
+            // conflicting option), without the blank lines and the generic `--help` tip.
+            let text = err.render().to_string();
+            let line: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
+                .collect();
+            eprintln!("topdown: {}", line.join(" "));
+            return ExitCode::from(2);
+        }
+    };
     init_logging(cli.verbose);
     match run(cli) {
         Ok(status) => ExitCode::from(status),
