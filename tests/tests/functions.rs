@@ -20,6 +20,8 @@ struct Binaries {
     cpp: PathBuf,
     rust: PathBuf,
     cancel: PathBuf,
+    /// A C program whose C++ library (found through `$ORIGIN/lib`) throws and catches.
+    plugin_main: PathBuf,
     fake_go: PathBuf,
 }
 
@@ -97,6 +99,23 @@ fn binaries() -> &'static Binaries {
                 .arg(&cancel)
                 .arg(sources().join("cancel.c")),
         );
+        let plugin_dir = dir.join("plugin");
+        std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
+        build(
+            Command::new("c++")
+                .args(["-O0", "-g", "-shared", "-fPIC", "-o"])
+                .arg(plugin_dir.join("lib/libtdplugin.so"))
+                .arg(sources().join("plugin.cpp")),
+        );
+        let plugin_main = plugin_dir.join("plugin_main");
+        build(
+            Command::new("cc")
+                .args(["-O0", "-g", "-o"])
+                .arg(&plugin_main)
+                .arg(sources().join("plugin_main.c"))
+                .arg(format!("-L{}", plugin_dir.join("lib").display()))
+                .args(["-ltdplugin", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"]),
+        );
         // Any ELF with a .go.buildinfo section is a Go binary to topdown.
         let fake_go = dir.join("fake-go");
         let note = dir.join("buildinfo");
@@ -113,6 +132,7 @@ fn binaries() -> &'static Binaries {
             cpp,
             rust,
             cancel,
+            plugin_main,
             fake_go,
         }
     })
@@ -515,6 +535,43 @@ fn cancelled_threads_end_their_probed_calls_as_unwound() {
         unwinding_figures(&report, "cancelled"),
         (5, 5, 35, 35, "exit".to_owned())
     );
+}
+
+/// `auto` reads the libraries a program needs the way ld.so finds them (here through a
+/// `$ORIGIN` RUNPATH): a C program whose C++ library throws gets exit probes. An exception
+/// caught below a probed frame ends only the frames it unwound, not the probed caller.
+#[test]
+fn a_throwing_library_found_through_runpath_gives_exit_probes() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let main = path(&binaries().plugin_main);
+    let library = binaries()
+        .plugin_main
+        .with_file_name("lib")
+        .join("libtdplugin.so");
+    let library = path(&library);
+    // 10 x work(2 getppid) -> plugin_work -> plugin_thrower(4 getppid) -> throw, caught in
+    // plugin_work.
+    let report = traced_like_untraced(
+        &[format!("{main}:work"), format!("{library}:plugin_thrower")],
+        main,
+        &["10", "2", "4"],
+    );
+    assert_eq!(
+        unwinding_figures(&report, "work"),
+        (10, 0, 60, 20, "exit".to_owned())
+    );
+    assert_eq!(
+        unwinding_figures(&report, "plugin_thrower"),
+        (10, 10, 40, 40, "exit".to_owned())
+    );
+    let why = function(&report, "work")["return_probe_reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(why.contains("libtdplugin.so"), "{why}");
 }
 
 #[test]
