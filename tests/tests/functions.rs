@@ -381,6 +381,40 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
         );
     }
 
+    // 200 longjmps past uretprobed jumper(): were the skipped return instances kept, the
+    // kernel would stop giving returns after 64 and leaf's would go missing.
+    for mode in ["uretprobe", "exit"] {
+        let report = stat(&[
+            "--returns",
+            mode,
+            "-u",
+            &format!("{c}:jumper"),
+            "-u",
+            &format!("{c}:leaf"),
+            "--",
+            c,
+            "longjmps",
+            "200",
+            "3",
+        ]);
+        assert_eq!(function_calls(&report, "jumper"), 0, "{mode}");
+        assert_eq!(
+            figures(function(&report, "leaf")),
+            (200, 200, 0, 200, 0),
+            "{mode}"
+        );
+        assert_eq!(
+            report["diagnostics"]["missed_returns"].as_u64(),
+            Some(200),
+            "{mode}"
+        );
+        assert_eq!(
+            report["diagnostics"]["unmatched_returns"].as_u64(),
+            Some(0),
+            "{mode}"
+        );
+    }
+
     let cpp = path(&b.cpp);
     let report = stat(&[
         "-u",
