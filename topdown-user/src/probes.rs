@@ -170,6 +170,7 @@ impl Probes {
             }
             mode
         };
+        self.report_returns(&decisions);
         let exit_targets: Vec<&PathBuf> = targets.iter().filter(|t| uses_exits(t)).collect();
         if !exit_targets.is_empty() {
             // Unwinding can end anywhere in the image: catch points in every object of it.
@@ -182,8 +183,13 @@ impl Probes {
                 }
             }
             let catches = unwinding::catch_points(&objects);
-            for (object, offset, name) in &catches {
-                log::debug!("catch point {name} in {} at {offset:#x}", object.display());
+            if self.verbose {
+                for (object, offset, name) in &catches {
+                    eprintln!(
+                        "topdown: unwinding ends at {name} in {} ({offset:#x})",
+                        object.display()
+                    );
+                }
             }
             let catches: Vec<(PathBuf, u64)> = catches
                 .into_iter()
@@ -196,7 +202,6 @@ impl Probes {
                 );
             }
         }
-        self.report_returns(&decisions);
         self.target_returns = decisions;
         eprintln!(
             "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",
