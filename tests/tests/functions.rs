@@ -360,7 +360,7 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
             "6",
         ]);
         assert_eq!(
-            function_calls(&report, "jumper"),
+            figures(function(&report, "jumper")).0,
             0,
             "{mode}: jumper never returns"
         );
@@ -397,7 +397,7 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
             "200",
             "3",
         ]);
-        assert_eq!(function_calls(&report, "jumper"), 0, "{mode}");
+        assert_eq!(figures(function(&report, "jumper")).0, 0, "{mode}");
         assert_eq!(
             figures(function(&report, "leaf")),
             (200, 200, 0, 200, 0),
@@ -690,17 +690,6 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
-fn function_calls(report: &Value, symbol: &str) -> u64 {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| {
-            functions
-                .iter()
-                .find(|f| f["symbol"].as_str() == Some(symbol))
-        })
-        .map_or(0, |f| f["calls"].as_u64().unwrap_or(0))
-}
-
 #[test]
 fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
     let _serial = serial();
@@ -991,6 +980,20 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
     assert_eq!(figures(function(&report, "jumper")), (0, 0, 0, 0, 0));
     assert_eq!(report["functions"].as_array().map(Vec::len), Some(1));
     let _ = std::fs::remove_file(out);
+    // The table counts it instead of printing a zero row.
+    let output = run_ok(
+        topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl"])
+            .args(["-u", &format!("{c}:jumper"), "-u", &format!("{c}:leaf")])
+            .args(["--", c, "leafmid", "1", "1", "1"]),
+    )
+    .unwrap();
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("(1 probed function not called)"), "{table}");
+    assert!(
+        !table.lines().any(|line| line.starts_with("jumper")),
+        "{table}"
+    );
 
     let dir = std::env::temp_dir();
     let output = topdown()

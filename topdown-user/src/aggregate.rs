@@ -689,17 +689,15 @@ fn function_entries(
             .then(name(a_key.0).1.cmp(&name(b_key.0).1))
     });
     // Every probed function is listed, a function never called with `calls: 0`: a report must
-    // tell "probed, not called" apart from "not probed". (Split by process, one without calls
-    // has no process to be listed under.)
+    // tell "probed, not called" apart from "not probed". Split by process, it is listed once,
+    // without a process.
     let called: std::collections::BTreeSet<u32> =
         totals.iter().map(|((function, _), _)| *function).collect();
-    if aggregate.calls.iter().all(|call| call.key.tgid == 0) {
-        totals.extend(
-            (0..ctx.functions.len() as u32)
-                .filter(|id| !called.contains(id))
-                .map(|id| ((id, 0), FunctionCounts::default())),
-        );
-    }
+    totals.extend(
+        (0..ctx.functions.len() as u32)
+            .filter(|id| !called.contains(id))
+            .map(|id| ((id, 0), FunctionCounts::default())),
+    );
     let functions = totals
         .into_iter()
         .map(|((function, tgid), total)| {

@@ -441,7 +441,11 @@ fn legend(report: &Report, y: f64, svg: &mut String) {
 
 /// Exclusive TopDown per function, as 100% stacked bars, heaviest function first.
 fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
-    let mut functions: Vec<&FunctionEntry> = report.functions.iter().collect();
+    let mut functions: Vec<&FunctionEntry> = report
+        .functions
+        .iter()
+        .filter(|function| function.calls > 0)
+        .collect();
     let own = |function: &FunctionEntry| {
         function
             .exclusive

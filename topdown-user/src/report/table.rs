@@ -338,9 +338,17 @@ fn functions_text(
         "incl share".to_owned(),
     ]);
     header.extend(metrics.iter().map(|name| format!("excl {}", title(name))));
+    // Probed functions never called are in the JSON (`calls: 0`); here they are one count, so
+    // a glob over a large library does not fill the screen with zero rows.
+    let uncalled = report
+        .functions
+        .iter()
+        .filter(|function| function.calls == 0)
+        .count();
     let rows: Vec<Vec<String>> = report
         .functions
         .iter()
+        .filter(|function| function.calls > 0)
         .map(|function| {
             let target = std::path::Path::new(&function.target)
                 .file_name()
@@ -376,6 +384,12 @@ fn functions_text(
         .collect();
     let mut text = String::from("\nFunctions\n");
     text += &layout(&header, &rows, 4);
+    if uncalled > 0 {
+        text += &format!(
+            "({uncalled} probed function{} not called)\n",
+            if uncalled == 1 { "" } else { "s" }
+        );
+    }
 
     text += "\nCall tree (probed functions; calls, inclusive ";
     text += weight_title;
