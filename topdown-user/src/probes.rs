@@ -174,10 +174,12 @@ impl Probes {
         let exit_targets: Vec<&PathBuf> = targets.iter().filter(|t| uses_exits(t)).collect();
         if !exit_targets.is_empty() {
             // Unwinding can end anywhere in the image: catch points in every object of it.
+            // One per file: uprobes belong to an inode, however the file was reached.
             let mut objects: Vec<PathBuf> = Vec::new();
+            let mut files = std::collections::BTreeSet::new();
             for target in &exit_targets {
                 for object in unwinding::objects_of(target, &self.image) {
-                    if !objects.contains(&object) {
+                    if files.insert(identity(&object).ok_or_else(|| object.clone())) {
                         objects.push(object);
                     }
                 }
@@ -195,7 +197,14 @@ impl Probes {
                 .into_iter()
                 .map(|(object, offset, _)| (object, offset))
                 .collect();
-            session.attach_catch_points(&catches, &self.processes)?;
+            let failed = session.attach_catch_points(&catches, &self.processes)?;
+            if let Some(first) = failed.first() {
+                eprintln!(
+                    "topdown: {} catch point{} not attached (first: {first}); calls unwound there count as missed returns",
+                    failed.len(),
+                    if failed.len() == 1 { "" } else { "s" }
+                );
+            }
             if let Err(err) = session.attach_thread_exit() {
                 eprintln!(
                     "topdown: {err:#}: calls a pthread_exit or cancellation unwinds are counted as missed returns"

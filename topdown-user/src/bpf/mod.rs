@@ -354,13 +354,16 @@ impl Session {
 
     /// Probes the points where unwinding ends (`crate::unwinding::catch_points`): each closes
     /// the frames the unwinding left as unwound calls. Detached with the function probes.
+    /// Returns the points that could not be attached (a mapping process that exited since its
+    /// objects were read): calls unwound there are counted as missed returns instead.
     pub fn attach_catch_points(
         &mut self,
         points: &[(std::path::PathBuf, u64)],
         processes: &[u32],
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
+        let mut failed = Vec::new();
         if points.is_empty() {
-            return Ok(());
+            return Ok(failed);
         }
         let name = names::PROG_FUNC_CATCH;
         let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
@@ -381,16 +384,13 @@ impl Session {
                 cookie: None,
             };
             for scope in &scopes {
-                let link = program.attach([point], target, *scope).with_context(|| {
-                    format!(
-                        "attaching a catch point to {} at {offset:#x}",
-                        target.display()
-                    )
-                })?;
-                self.function_links.push((name, link));
+                match program.attach([point], target, *scope) {
+                    Ok(link) => self.function_links.push((name, link)),
+                    Err(err) => failed.push(format!("{} at {offset:#x}: {err}", target.display())),
+                }
             }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// `syscalls:sys_enter_exit`: a thread leaving by `pthread_exit` or cancellation has its
