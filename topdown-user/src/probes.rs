@@ -237,6 +237,9 @@ impl Probes {
 
     /// One line per target with `-v`; otherwise one summary line.
     fn report_returns(&self, decisions: &[TargetReturns]) {
+        if decisions.is_empty() {
+            return;
+        }
         if self.verbose {
             for decision in decisions {
                 eprintln!(
