@@ -19,6 +19,9 @@ struct Binaries {
     stripped: PathBuf,
     cpp: PathBuf,
     rust: PathBuf,
+    cancel: PathBuf,
+    /// A C program whose C++ library (found through `$ORIGIN/lib`) throws and catches.
+    plugin_main: PathBuf,
     fake_go: PathBuf,
 }
 
@@ -89,6 +92,30 @@ fn binaries() -> &'static Binaries {
                 .arg(&rust)
                 .arg(sources().join("funcs_rs.rs")),
         );
+        let cancel = dir.join("cancel");
+        build(
+            Command::new("cc")
+                .args(["-O0", "-g", "-pthread", "-o"])
+                .arg(&cancel)
+                .arg(sources().join("cancel.c")),
+        );
+        let plugin_dir = dir.join("plugin");
+        std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
+        build(
+            Command::new("c++")
+                .args(["-O0", "-g", "-shared", "-fPIC", "-o"])
+                .arg(plugin_dir.join("lib/libtdplugin.so"))
+                .arg(sources().join("plugin.cpp")),
+        );
+        let plugin_main = plugin_dir.join("plugin_main");
+        build(
+            Command::new("cc")
+                .args(["-O0", "-g", "-o"])
+                .arg(&plugin_main)
+                .arg(sources().join("plugin_main.c"))
+                .arg(format!("-L{}", plugin_dir.join("lib").display()))
+                .args(["-ltdplugin", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"]),
+        );
         // Any ELF with a .go.buildinfo section is a Go binary to topdown.
         let fake_go = dir.join("fake-go");
         let note = dir.join("buildinfo");
@@ -104,6 +131,8 @@ fn binaries() -> &'static Binaries {
             stripped,
             cpp,
             rust,
+            cancel,
+            plugin_main,
             fake_go,
         }
     })
@@ -305,27 +334,86 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
     }
 }
 
+/// longjmp skips returns without walking the stack: safe with uretprobes (the kernel drops the
+/// skipped return instances by stack pointer), so a plain C program gets them under `auto`, and
+/// the skipped frame is a missed return either way. An exception thrown through a probed
+/// function ends its call at the catch.
 #[test]
-fn longjmp_and_exceptions_count_missed_returns_and_stay_exact() {
+fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
     let _serial = serial();
     if !privileged() {
         return;
     }
     let b = binaries();
     let c = path(&b.c);
-    let report = stat(&[
-        "-u",
-        &format!("{c}:jumper"),
-        "-u",
-        &format!("{c}:leaf"),
-        "--",
-        c,
-        "longjmp",
-        "6",
-    ]);
-    assert_eq!(function_calls(&report, "jumper"), 0, "jumper never returns");
-    assert_eq!(figures(function(&report, "leaf")), (1, 5, 0, 5, 0));
-    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(1));
+    for mode in ["auto", "exit", "uretprobe"] {
+        let report = stat(&[
+            "--returns",
+            mode,
+            "-u",
+            &format!("{c}:jumper"),
+            "-u",
+            &format!("{c}:leaf"),
+            "--",
+            c,
+            "longjmp",
+            "6",
+        ]);
+        assert_eq!(
+            figures(function(&report, "jumper")).0,
+            0,
+            "{mode}: jumper never returns"
+        );
+        assert_eq!(
+            figures(function(&report, "leaf")),
+            (1, 5, 0, 5, 0),
+            "{mode}"
+        );
+        assert_eq!(
+            report["diagnostics"]["missed_returns"].as_u64(),
+            Some(1),
+            "{mode}"
+        );
+        assert_eq!(
+            function(&report, "leaf")["return_probe"],
+            if mode == "exit" { "exit" } else { "uretprobe" },
+            "{mode}"
+        );
+    }
+
+    // 200 longjmps past uretprobed jumper(): were the skipped return instances kept, the
+    // kernel would stop giving returns after 64 and leaf's would go missing.
+    for mode in ["uretprobe", "exit"] {
+        let report = stat(&[
+            "--returns",
+            mode,
+            "-u",
+            &format!("{c}:jumper"),
+            "-u",
+            &format!("{c}:leaf"),
+            "--",
+            c,
+            "longjmps",
+            "200",
+            "3",
+        ]);
+        assert_eq!(figures(function(&report, "jumper")).0, 0, "{mode}");
+        assert_eq!(
+            figures(function(&report, "leaf")),
+            (200, 200, 0, 200, 0),
+            "{mode}"
+        );
+        assert_eq!(
+            report["diagnostics"]["missed_returns"].as_u64(),
+            Some(200),
+            "{mode}"
+        );
+        assert_eq!(
+            report["diagnostics"]["unmatched_returns"].as_u64(),
+            Some(0),
+            "{mode}"
+        );
+    }
 
     let cpp = path(&b.cpp);
     let report = stat(&[
@@ -336,23 +424,270 @@ fn longjmp_and_exceptions_count_missed_returns_and_stay_exact() {
         "--",
         cpp,
     ]);
-    assert_eq!(function_calls(&report, "app::thrower(int)"), 0);
+    let thrower = function(&report, "app::thrower(int)");
+    assert_eq!(figures(thrower), (1, 9, 0, 9, 0));
+    assert_eq!(thrower["unwound"], 1);
+    assert_eq!(thrower["return_probe"], "exit");
     assert_eq!(
         figures(function(&report, "app::after(int)")),
         (1, 4, 0, 4, 0)
     );
-    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(1));
+    assert_eq!(function(&report, "app::after(int)")["unwound"], 0);
+    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(0));
 }
 
-fn function_calls(report: &Value, symbol: &str) -> u64 {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| {
-            functions
-                .iter()
-                .find(|f| f["symbol"].as_str() == Some(symbol))
-        })
-        .map_or(0, |f| f["calls"].as_u64().unwrap_or(0))
+/// Runs `program args` untraced, then under `topdown stat -u` (default `--returns`), and
+/// checks the program printed the same and exited the same; returns the report.
+fn traced_like_untraced(probes: &[String], program: &str, args: &[&str]) -> Value {
+    let untraced = Command::new(program).args(args).output().unwrap();
+    assert!(
+        untraced.status.success(),
+        "{program} {args:?}: {untraced:?}"
+    );
+    let out = std::env::temp_dir().join(format!(
+        "topdown-functions-unwind-{}.json",
+        std::process::id()
+    ));
+    let traced = topdown()
+        .args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .args(probes.iter().flat_map(|probe| ["-u", probe.as_str()]))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    assert_eq!(traced.status.code(), untraced.status.code(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&traced.stdout),
+        String::from_utf8_lossy(&untraced.stdout),
+        "{stderr}"
+    );
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(out);
+    assert_eq!(
+        report["diagnostics"]["missed_returns"].as_u64(),
+        Some(0),
+        "every unwound call is closed where unwinding ended"
+    );
+    report
+}
+
+/// `(calls, unwound, inclusive slots, exclusive slots)` and the return mechanism.
+fn unwinding_figures(report: &Value, symbol: &str) -> (u64, u64, u64, u64, String) {
+    let function = function(report, symbol);
+    let (calls, inclusive, _, exclusive, _) = figures(function);
+    (
+        calls,
+        function["unwound"].as_u64().unwrap_or(u64::MAX),
+        inclusive,
+        exclusive,
+        function["return_probe"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+#[test]
+fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cpp = path(&binaries().cpp);
+    // 1000 x middle(2 getppid) -> thrower(3 getppid) -> throw, caught in main.
+    let report = traced_like_untraced(
+        &[format!("{cpp}:app::middle"), format!("{cpp}:app::thrower")],
+        cpp,
+        &["throw", "1000"],
+    );
+    let exit = "exit".to_owned();
+    assert_eq!(
+        unwinding_figures(&report, "app::middle(int, int)"),
+        (1000, 1000, 5000, 2000, exit.clone())
+    );
+    assert_eq!(
+        unwinding_figures(&report, "app::thrower(int)"),
+        (1000, 1000, 3000, 3000, exit)
+    );
+    assert!(
+        function(&report, "app::thrower(int)")["return_probe_reason"]
+            .as_str()
+            .is_some_and(|why| why.contains("C++ exceptions")),
+        "{}",
+        report["functions"]
+    );
+}
+
+#[test]
+fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let rust = path(&binaries().rust);
+    // 100 x outer(2 getppid) -> panicker(3 getppid) -> panic, caught by catch_unwind.
+    let report = traced_like_untraced(
+        &[
+            format!("{rust}:funcs_rs::unwind::outer"),
+            format!("{rust}:funcs_rs::unwind::panicker"),
+        ],
+        rust,
+        &["panic", "100"],
+    );
+    let exit = "exit".to_owned();
+    assert_eq!(
+        unwinding_figures(&report, "funcs_rs::unwind::outer"),
+        (100, 100, 500, 200, exit.clone())
+    );
+    assert_eq!(
+        unwinding_figures(&report, "funcs_rs::unwind::panicker"),
+        (100, 100, 300, 300, exit)
+    );
+}
+
+#[test]
+fn cancelled_threads_end_their_probed_calls_as_unwound() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cancel = path(&binaries().cancel);
+    // 5 threads, each cancelled inside cancelled() after 7 getppid calls.
+    let report = traced_like_untraced(
+        &[format!("{cancel}:cancelled")],
+        cancel,
+        &["cancel", "7", "5"],
+    );
+    assert_eq!(
+        unwinding_figures(&report, "cancelled"),
+        (5, 5, 35, 35, "exit".to_owned())
+    );
+}
+
+/// `auto` reads the libraries a program needs the way ld.so finds them (here through a
+/// `$ORIGIN` RUNPATH): a C program whose C++ library throws gets exit probes. An exception
+/// caught below a probed frame ends only the frames it unwound, not the probed caller.
+#[test]
+fn a_throwing_library_found_through_runpath_gives_exit_probes() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let main = path(&binaries().plugin_main);
+    let library = binaries()
+        .plugin_main
+        .with_file_name("lib")
+        .join("libtdplugin.so");
+    let library = path(&library);
+    // 10 x work(2 getppid) -> plugin_work -> plugin_thrower(4 getppid) -> throw, caught in
+    // plugin_work.
+    let report = traced_like_untraced(
+        &[format!("{main}:work"), format!("{library}:plugin_thrower")],
+        main,
+        &["10", "2", "4"],
+    );
+    assert_eq!(
+        unwinding_figures(&report, "work"),
+        (10, 0, 60, 20, "exit".to_owned())
+    );
+    assert_eq!(
+        unwinding_figures(&report, "plugin_thrower"),
+        (10, 10, 40, 40, "exit".to_owned())
+    );
+    let why = function(&report, "work")["return_probe_reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(why.contains("libtdplugin.so"), "{why}");
+}
+
+#[test]
+fn returns_mode_is_chosen_per_program_and_can_be_forced() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let b = binaries();
+    let c = path(&b.c);
+    for (mode, mechanism) in [
+        ("auto", "uretprobe"),
+        ("exit", "exit"),
+        ("uretprobe", "uretprobe"),
+    ] {
+        let report = stat(&[
+            "--returns",
+            mode,
+            "-u",
+            &format!("{c}:leaf"),
+            "-u",
+            &format!("{c}:mid"),
+            "--",
+            c,
+            "leafmid",
+            "3",
+            "4",
+            "2",
+        ]);
+        assert_eq!(
+            figures(function(&report, "leaf")),
+            (4, 16, 0, 16, 0),
+            "{mode}"
+        );
+        assert_eq!(
+            figures(function(&report, "mid")),
+            (1, 12, 2, 0, 2),
+            "{mode}"
+        );
+        for name in ["leaf", "mid"] {
+            assert_eq!(function(&report, name)["return_probe"], mechanism, "{mode}");
+            assert_eq!(function(&report, name)["unwound"], 0, "{mode}");
+        }
+    }
+    // The C++ program gets uretprobes only when asked: it never throws in this mode.
+    let cpp = path(&b.cpp);
+    let report = stat(&[
+        "--returns",
+        "uretprobe",
+        "-u",
+        &format!("{cpp}:app::after"),
+        "--",
+        cpp,
+    ]);
+    assert_eq!(
+        function(&report, "app::after(int)")["return_probe"],
+        "uretprobe"
+    );
+    assert_eq!(
+        figures(function(&report, "app::after(int)")),
+        (1, 4, 0, 4, 0)
+    );
+
+    let output = topdown()
+        .args([
+            "stat",
+            "--returns",
+            "bogus",
+            "-u",
+            &format!("{c}:leaf"),
+            "--",
+            c,
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bogus") && stderr.contains("auto"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
 #[test]
@@ -503,6 +838,8 @@ fn attaching_to_a_running_process_counts_its_functions() {
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(figures(function(&report, "leaf")), (3, 30, 0, 30, 0));
     assert_eq!(figures(function(&report, "mid")), (1, 30, 2, 0, 2));
+    // -p: auto reads the process's mappings (the program, libc, ld.so): nothing unwinds.
+    assert_eq!(function(&report, "mid")["return_probe"], "uretprobe");
     let _ = std::fs::remove_file(out);
 }
 
@@ -640,8 +977,23 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
         "{stderr}"
     );
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    assert_eq!(report["functions"], serde_json::json!([]));
+    assert_eq!(figures(function(&report, "jumper")), (0, 0, 0, 0, 0));
+    assert_eq!(report["functions"].as_array().map(Vec::len), Some(1));
     let _ = std::fs::remove_file(out);
+    // The table counts it instead of printing a zero row.
+    let output = run_ok(
+        topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl"])
+            .args(["-u", &format!("{c}:jumper"), "-u", &format!("{c}:leaf")])
+            .args(["--", c, "leafmid", "1", "1", "1"]),
+    )
+    .unwrap();
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("(1 probed function not called)"), "{table}");
+    assert!(
+        !table.lines().any(|line| line.starts_with("jumper")),
+        "{table}"
+    );
 
     let dir = std::env::temp_dir();
     let output = topdown()

@@ -577,12 +577,13 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     // This configuration loads the switch, the flush and both function-probe sides (as
     // uprobe.multi links where the kernel has them).
     let multi = held_names.contains(&kernel_name("func_entry_multi").as_str());
-    let (entry, exit) = if multi {
-        ("func_entry_multi", "func_exit_multi")
+    // `--returns auto` gives this plain C program uretprobes.
+    let (entry, ret) = if multi {
+        ("func_entry_multi", "func_return_multi")
     } else {
-        ("func_entry", "func_exit")
+        ("func_entry", "func_return")
     };
-    for name in ["sched_switch", "flush", entry, exit] {
+    for name in ["sched_switch", "flush", entry, ret] {
         assert!(
             held_names.contains(&kernel_name(name).as_str()),
             "{name} not loaded: {held:?}"

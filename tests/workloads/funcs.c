@@ -96,6 +96,13 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[1], "longjmp") && argc == 3) {
         if (setjmp(env) == 0) jumper(atoi(argv[2]));
         leaf(5);
+    } else if (!strcmp(argv[1], "longjmps") && argc == 4) {
+        // K longjmps out of jumper(N), each followed by leaf(1): more skipped returns than
+        // the kernel's 64 nested return instances.
+        for (volatile int i = 0; i < atoi(argv[2]); i++) {
+            if (setjmp(env) == 0) jumper(atoi(argv[3]));
+            leaf(1);
+        }
     } else if (!strcmp(argv[1], "block") && argc == 5) {
         // Thread A blocks in blocker() on CPU 0 (or migrates to CPU 1 inside it when
         // argv[4] is "migrate") while thread B makes argv[3] calls on CPU 0.

@@ -71,6 +71,8 @@ pub mod names {
     pub const PROG_FUNC_RETURN_MULTI: &str = "func_return_multi";
     pub const PROG_FUNC_EXIT: &str = "func_exit";
     pub const PROG_FUNC_EXIT_MULTI: &str = "func_exit_multi";
+    pub const PROG_FUNC_CATCH: &str = "func_catch";
+    pub const PROG_THREAD_EXIT: &str = "thread_exit";
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
     pub const PROBE_STATS: &str = "PROBE_STATS";
@@ -87,7 +89,7 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 13] = [
+    pub const PROGRAMS: [&str; 15] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -101,6 +103,8 @@ pub mod names {
         PROG_FUNC_RETURN_MULTI,
         PROG_FUNC_EXIT,
         PROG_FUNC_EXIT_MULTI,
+        PROG_FUNC_CATCH,
+        PROG_THREAD_EXIT,
     ];
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
@@ -312,6 +316,9 @@ pub struct CallKey {
 #[derive(Clone, Copy, Debug)]
 pub struct CallStats {
     pub calls: u64,
+    /// Of `calls`, those that ended by unwinding (an exception or panic caught above them, a
+    /// thread cancelled or leaving through `pthread_exit`): closed when the unwinding ended.
+    pub unwound: u64,
     pub inclusive: [u64; MAX_COUNTERS],
     pub exclusive: [u64; MAX_COUNTERS],
 }
@@ -322,7 +329,8 @@ pub struct CallStats {
 pub struct ProbeStats {
     /// Entries not pushed because the stack was `MAX_DEPTH` deep.
     pub overflows: u64,
-    /// Frames discarded because their return never came (longjmp, exceptions, thread exit).
+    /// Frames discarded because their end was never seen (longjmp, `exit()` inside a probed
+    /// function, unwinding with no catch point probed): not in any total.
     pub missed_returns: u64,
     /// Returns that matched no frame.
     pub unmatched_returns: u64,

@@ -7,8 +7,8 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
     helpers::bpf_get_attach_cookie,
-    macros::{uprobe, uretprobe},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{tracepoint, uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use topdown_common::{CallKey, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack};
 
@@ -262,19 +262,30 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
         }
         return 0;
     }
+    close_top(stack, tgid, false);
+    0
+}
+
+/// Pops the top frame and adds it to its function's totals, with the thread's counters at
+/// `stack.virtual_now` as its end (left unchanged, so several frames can close at one moment).
+/// `unwound`: the call ended by unwinding rather than by returning.
+#[inline(always)]
+fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) {
+    let depth = stack.depth as usize;
+    if depth == 0 || depth > MAX_DEPTH {
+        return;
+    }
     let used = global(&NUM_COUNTERS) as usize;
     let top = depth - 1;
-    // Indexing goes through get()/get_mut(): a bounds-check panic would leave the program
-    // without an exit, which the verifier rejects.
-    let frame = &stack.frames[frame_index(top)];
+    // Scratch reuse (the BPF stack is 512 bytes): `stack.now` (the raw reading, no longer
+    // needed) becomes the inclusive figure and the popped frame's `callees` the exclusive one.
+    let frame = &mut stack.frames[frame_index(top)];
     let function = frame.function;
-    // Scratch reuse (the BPF stack is 512 bytes): `now` becomes the inclusive figure and
-    // `virtual_now` the exclusive one.
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
         let inclusive = stack.virtual_now[slot].wrapping_sub(frame.entry[slot]);
         stack.now[slot] = inclusive;
-        stack.virtual_now[slot] = inclusive.wrapping_sub(frame.callees[slot]);
+        frame.callees[slot] = inclusive.wrapping_sub(frame.callees[slot]);
         slot += 1;
     }
     stack.depth -= 1;
@@ -308,22 +319,78 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
                     if let Some(stats) = probe_stats() {
                         stats.map_full += 1;
                     }
-                    return 0;
+                    return;
                 }
             }
         }
     };
+    let frame = &stack.frames[frame_index(top)];
     // Two CPUs may update one function's totals at once: add atomically (BPF atomic add).
     // SAFETY: naturally aligned u64 fields of a live map value.
     unsafe { atomic_add(&raw mut (*stats).calls, 1) };
+    if unwound {
+        // SAFETY: as above.
+        unsafe { atomic_add(&raw mut (*stats).unwound, 1) };
+    }
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
         // SAFETY: as above.
         unsafe {
             atomic_add(&raw mut (*stats).inclusive[slot], stack.now[slot]);
-            atomic_add(&raw mut (*stats).exclusive[slot], stack.virtual_now[slot]);
+            atomic_add(&raw mut (*stats).exclusive[slot], frame.callees[slot]);
         }
         slot += 1;
     }
+}
+
+/// Ends, as unwound calls, every open frame of the thread whose entry stack pointer is at or
+/// below `limit_sp`, with the thread's counters now as their end.
+#[inline(always)]
+fn close_unwound(limit_sp: u64) {
+    let Some((tid, tgid)) = probed_task() else {
+        return;
+    };
+    let Some(stack) = STACKS.get_ptr_mut(&tid) else {
+        return;
+    };
+    // SAFETY: this thread's stack; only its own probes (and its own exit) touch it.
+    let stack = unsafe { &mut *stack };
+    let depth = stack.depth as usize;
+    if depth == 0 || depth > MAX_DEPTH || stack.frames[frame_index(depth - 1)].sp > limit_sp {
+        return;
+    }
+    if !virtual_counters(stack, tid) {
+        if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+        return;
+    }
+    let mut guard = 0;
+    while guard < MAX_DEPTH && stack.depth > 0 {
+        guard += 1;
+        let top = (stack.depth - 1) as usize;
+        if top >= MAX_DEPTH || stack.frames[frame_index(top)].sp > limit_sp {
+            break;
+        }
+        close_top(stack, tgid, true);
+    }
+}
+
+/// A catch point: the first function a landing pad calls once unwinding has stopped in its
+/// frame (`__cxa_begin_catch` for C++, std's `catch_unwind` cleanup for Rust). It is called
+/// from the catching frame with the stack pointer that frame had at the call that unwound, so
+/// every probed frame the exception left has an entry stack pointer at or below ours.
+#[uprobe]
+pub fn func_catch(ctx: ProbeContext) -> u32 {
+    close_unwound(stack_pointer(ctx.regs));
+    0
+}
+
+/// `sys_enter_exit`: a thread (not the whole process, which is `exit_group`) ends. The only
+/// frames still open then were left by `pthread_exit` or cancellation, both of which unwind
+/// the thread's stack to its start (glibc nptl/unwind.c) before this syscall.
+#[tracepoint(category = "syscalls", name = "sys_enter_exit")]
+pub fn thread_exit(_ctx: TracePointContext) -> i32 {
+    close_unwound(u64::MAX);
     0
 }

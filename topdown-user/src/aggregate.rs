@@ -150,6 +150,8 @@ pub struct ProcessCounts {
 pub struct CallCounts {
     pub key: CallKey,
     pub calls: u64,
+    /// Of `calls`, those that ended by unwinding.
+    pub unwound: u64,
     pub inclusive: SlotCounts,
     pub exclusive: SlotCounts,
 }
@@ -233,12 +235,14 @@ impl Aggregate {
                 let now = CallCounts {
                     key: *key,
                     calls: stats.calls,
+                    unwound: stats.unwound,
                     inclusive: SlotCounts(stats.inclusive),
                     exclusive: SlotCounts(stats.exclusive),
                 };
                 match calls_before.get(key) {
                     Some(old) => CallCounts {
                         calls: now.calls.saturating_sub(old.calls),
+                        unwound: now.unwound.saturating_sub(old.unwound),
                         inclusive: now.inclusive - SlotCounts(old.inclusive),
                         exclusive: now.exclusive - SlotCounts(old.exclusive),
                         ..now
@@ -284,6 +288,7 @@ impl Aggregate {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FunctionCounts {
     pub calls: u64,
+    pub unwound: u64,
     pub inclusive: SlotCounts,
     pub exclusive: SlotCounts,
 }
@@ -298,6 +303,7 @@ impl Aggregate {
                 .entry((call.key.function, call.key.tgid))
                 .or_default();
             total.calls += call.calls;
+            total.unwound += call.unwound;
             total.inclusive += call.inclusive;
             total.exclusive += call.exclusive;
         }
@@ -422,6 +428,8 @@ pub struct ReportContext<'a> {
     pub cgroup_depth: Option<usize>,
     /// Probed functions by id (the attach cookie): `(target, demangled symbol)`.
     pub functions: &'a [(String, String)],
+    /// Each probed target's return mechanism and why.
+    pub target_returns: &'a [crate::unwinding::TargetReturns],
 }
 
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
@@ -687,15 +695,32 @@ fn function_entries(
             .cmp(&a.inclusive.get(weight_slot))
             .then(name(a_key.0).1.cmp(&name(b_key.0).1))
     });
+    // Every probed function is listed, a function never called with `calls: 0`: a report must
+    // tell "probed, not called" apart from "not probed". Split by process, it is listed once,
+    // without a process.
+    let called: std::collections::BTreeSet<u32> =
+        totals.iter().map(|((function, _), _)| *function).collect();
+    totals.extend(
+        (0..ctx.functions.len() as u32)
+            .filter(|id| !called.contains(id))
+            .map(|id| ((id, 0), FunctionCounts::default())),
+    );
     let functions = totals
         .into_iter()
         .map(|((function, tgid), total)| {
             let (target, symbol) = name(function);
+            let returns = ctx
+                .target_returns
+                .iter()
+                .find(|returns| returns.target == target);
             FunctionEntry {
+                return_probe: returns.map(|returns| returns.return_probe),
+                return_probe_reason: returns.map(|returns| returns.reason.clone()),
                 target,
                 symbol,
                 pid: (tgid != 0).then_some(tgid),
                 calls: total.calls,
+                unwound: total.unwound,
                 inclusive: entity(&total.inclusive),
                 exclusive: entity(&total.exclusive),
             }
@@ -778,6 +803,7 @@ mod tests {
             cgroup_paths: &NO_PATHS,
             cgroup_depth: None,
             functions: &[],
+            target_returns: &[],
         }
     }
 
@@ -879,6 +905,7 @@ mod tests {
         let call = |function: u32, calls: u64, inclusive: u64| {
             let mut stats = CallStats {
                 calls,
+                unwound: 0,
                 inclusive: [0; MAX_COUNTERS],
                 exclusive: [0; MAX_COUNTERS],
             };

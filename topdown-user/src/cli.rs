@@ -262,10 +262,20 @@ pub struct CountingArgs {
     #[arg(short = 'u', long = "uprobe", value_name = "TARGET:FUNC")]
     pub uprobes: Vec<String>,
 
-    /// Use uretprobes for function returns even where exit instructions could be probed:
-    /// cheaper, but a uretprobe rewrites the return address, so an exception, a Rust panic or
-    /// a thread cancellation unwinding through a probed function aborts the program.
-    #[arg(long = "uretprobes")]
+    /// How function returns are probed: `auto` gives each target uretprobes (cheap) when
+    /// nothing in the traced program can unwind through its functions (C++ exceptions, Rust
+    /// panics, pthread_cancel/pthread_exit), and a probe on every exit instruction (safe with
+    /// unwinding, single-stepped) when something can. `uretprobe` and `exit` force one.
+    #[arg(
+        long = "returns",
+        value_enum,
+        default_value = "auto",
+        value_name = "MODE"
+    )]
+    pub returns: crate::unwinding::ReturnMode,
+
+    /// Former name of `--returns uretprobe`.
+    #[arg(long = "uretprobes", hide = true, conflicts_with = "returns")]
     pub uretprobes: bool,
 
     /// Capacity of the BPF map of per-function totals (one entry per caller -> callee edge, and
@@ -327,6 +337,17 @@ pub struct CountingArgs {
     /// Capacity of the BPF map of tracked processes (-p, -- CMD and their children).
     #[arg(long = "max-tracked", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub max_tracked: u32,
+}
+
+impl CountingArgs {
+    /// `--returns`, with the hidden `--uretprobes` meaning `--returns uretprobe`.
+    pub fn return_mode(&self) -> crate::unwinding::ReturnMode {
+        if self.uretprobes {
+            crate::unwinding::ReturnMode::Uretprobe
+        } else {
+            self.returns
+        }
+    }
 }
 
 /// `args.pmu` and friends read through to the shared counting options.

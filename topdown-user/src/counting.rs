@@ -41,6 +41,22 @@ pub struct Targets {
     /// Function totals are kept per process (`stat --by function,task`); the exporter keeps
     /// them per function.
     pub functions_per_process: bool,
+    /// `-- CMD`: the program, whose libraries can unwind through probed functions.
+    pub command: Option<std::path::PathBuf>,
+}
+
+impl Targets {
+    /// What runs the probed functions, for `--returns auto`.
+    pub fn image(&self) -> crate::unwinding::Image {
+        use crate::unwinding::Image;
+        match &self.command {
+            Some(program) => Image::Command(program.clone()),
+            None if !self.probe_processes.is_empty() => {
+                Image::Processes(self.probe_processes.clone())
+            }
+            None => Image::Everything,
+        }
+    }
 }
 
 /// Options checked and counters opened; nothing loaded into the kernel yet.
@@ -153,7 +169,9 @@ impl Prepared {
                 &mut bpf,
                 self.probe_specs,
                 targets.probe_processes.clone(),
-                args.uretprobes,
+                args.return_mode(),
+                targets.image(),
+                verbose,
             )?)
         };
         Ok(CountingSession {
@@ -259,6 +277,11 @@ impl CountingSession {
             cgroup_paths: &cgroup_paths,
             cgroup_depth: self.cgroup_depth,
             functions: self.functions(),
+            target_returns: self
+                .probes
+                .as_ref()
+                .map(|probes| probes.target_returns())
+                .unwrap_or_default(),
         };
         report_of(&ctx, aggregate)
     }

@@ -26,6 +26,7 @@ pub mod target;
 pub mod top;
 pub mod tracefs;
 pub mod unprivileged;
+pub mod unwinding;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.

@@ -12,14 +12,19 @@ use topdown::{
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // A value its parser refused: clap's first line names the option, the value and what
-        // it takes; the rest is a pointer to --help. One line, exit 2 as for every usage error.
-        Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
-            let message = err.to_string();
-            eprintln!("{}", message.lines().next().unwrap_or_default());
+        Err(err) if !err.use_stderr() => err.exit(),
+        Err(err) => {
+            // Usage errors on one line: clap's message and its hint (possible values, the
+            // conflicting option), without the blank lines and the generic `--help` tip.
+            let text = err.render().to_string();
+            let line: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
+                .collect();
+            eprintln!("topdown: {}", line.join(" "));
             return ExitCode::from(2);
         }
-        Err(err) => err.exit(),
     };
     init_logging(cli.verbose);
     match run(cli) {

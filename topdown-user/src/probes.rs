@@ -18,6 +18,7 @@ use crate::{
     bpf::{AttachMode, ProbePoint, Session},
     progress::Progress,
     symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
+    unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
 };
 
 /// Functions from which attaching shows progress on a terminal.
@@ -39,7 +40,12 @@ pub struct Probes {
     /// `-p`: the processes probed, through whose mappings library names resolve; empty: every
     /// process that maps a target.
     processes: Vec<u32>,
-    uretprobes: bool,
+    returns: ReturnMode,
+    /// What runs the probed functions (`--returns auto` reads it).
+    image: Image,
+    verbose: bool,
+    /// The return mechanism of each attached target, and why.
+    target_returns: Vec<TargetReturns>,
     /// `(target, demangled symbol)` by function id.
     functions: Vec<(String, String)>,
     /// Function ids the overhead guard detached; never re-attached.
@@ -61,12 +67,17 @@ impl Probes {
         session: &mut Session,
         specs: Vec<ProbeSpec>,
         processes: Vec<u32>,
-        uretprobes: bool,
+        returns: ReturnMode,
+        image: Image,
+        verbose: bool,
     ) -> Result<Self> {
         let mut probes = Self {
             specs,
             processes,
-            uretprobes,
+            returns,
+            image,
+            verbose,
+            target_returns: Vec::new(),
             functions: Vec::new(),
             detached: BTreeSet::new(),
             targets: Vec::new(),
@@ -84,6 +95,11 @@ impl Probes {
         &self.functions
     }
 
+    /// Each attached target's return mechanism and why.
+    pub fn target_returns(&self) -> &[TargetReturns] {
+        &self.target_returns
+    }
+
     pub fn detached(&self) -> impl Iterator<Item = &(String, String)> {
         self.detached
             .iter()
@@ -95,6 +111,19 @@ impl Probes {
         session: &mut Session,
         resolved: Vec<ResolvedFunction>,
     ) -> Result<()> {
+        let mut targets: Vec<PathBuf> = Vec::new();
+        for function in &resolved {
+            if !targets.contains(&function.target) {
+                targets.push(function.target.clone());
+            }
+        }
+        let decisions = unwinding::decide(self.returns, &targets, &self.image);
+        let uses_exits = |target: &PathBuf| {
+            decisions.iter().any(|decision| {
+                decision.return_probe == ReturnProbe::Exit
+                    && decision.target == target.display().to_string()
+            })
+        };
         let mut points = Vec::new();
         let mut targets: Vec<PathBuf> = Vec::new();
         for function in resolved {
@@ -115,14 +144,15 @@ impl Probes {
             if !targets.contains(&function.target) {
                 targets.push(function.target.clone());
             }
+            let exits = if uses_exits(&function.target) {
+                function.exits
+            } else {
+                None
+            };
             points.push(ProbePoint {
                 target: function.target,
                 offset: function.offset,
-                exits: if self.uretprobes {
-                    None
-                } else {
-                    function.exits
-                },
+                exits,
                 function_id: id,
             });
         }
@@ -148,6 +178,48 @@ impl Probes {
             }
             mode
         };
+        self.report_returns(&decisions);
+        let exit_targets: Vec<&PathBuf> = targets.iter().filter(|t| uses_exits(t)).collect();
+        if !exit_targets.is_empty() {
+            // Unwinding can end anywhere in the image: catch points in every object of it.
+            // One per file: uprobes belong to an inode, however the file was reached.
+            let mut objects: Vec<PathBuf> = Vec::new();
+            let mut files = std::collections::BTreeSet::new();
+            for target in &exit_targets {
+                for object in unwinding::objects_of(target, &self.image) {
+                    if files.insert(identity(&object).ok_or_else(|| object.clone())) {
+                        objects.push(object);
+                    }
+                }
+            }
+            let catches = unwinding::catch_points(&objects);
+            if self.verbose {
+                for (object, offset, name) in &catches {
+                    eprintln!(
+                        "topdown: unwinding ends at {name} in {} ({offset:#x})",
+                        object.display()
+                    );
+                }
+            }
+            let catches: Vec<(PathBuf, u64)> = catches
+                .into_iter()
+                .map(|(object, offset, _)| (object, offset))
+                .collect();
+            let failed = session.attach_catch_points(&catches, &self.processes)?;
+            if let Some(first) = failed.first() {
+                eprintln!(
+                    "topdown: {} catch point{} not attached (first: {first}); calls unwound there count as missed returns",
+                    failed.len(),
+                    if failed.len() == 1 { "" } else { "s" }
+                );
+            }
+            if let Err(err) = session.attach_thread_exit() {
+                eprintln!(
+                    "topdown: {err:#}: calls a pthread_exit or cancellation unwinds are counted as missed returns"
+                );
+            }
+        }
+        self.target_returns = decisions;
         eprintln!(
             "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",
             points.len(),
@@ -169,6 +241,41 @@ impl Probes {
             })
             .collect();
         Ok(())
+    }
+
+    /// One line per target with `-v`; otherwise one summary line.
+    fn report_returns(&self, decisions: &[TargetReturns]) {
+        if decisions.is_empty() {
+            return;
+        }
+        if self.verbose {
+            for decision in decisions {
+                eprintln!(
+                    "topdown: returns of {}: {} ({})",
+                    decision.target,
+                    match decision.return_probe {
+                        ReturnProbe::Uretprobe => "uretprobes",
+                        ReturnProbe::Exit => "exit-instruction probes",
+                    },
+                    decision.reason
+                );
+            }
+            return;
+        }
+        let exits = decisions
+            .iter()
+            .filter(|decision| decision.return_probe == ReturnProbe::Exit)
+            .count();
+        let uretprobes = decisions.len() - exits;
+        eprintln!(
+            "topdown: returns: {uretprobes} target{} with uretprobes, {exits} with exit-instruction probes (--returns {}; -v says why)",
+            if uretprobes == 1 { "" } else { "s" },
+            match self.returns {
+                ReturnMode::Auto => "auto",
+                ReturnMode::Uretprobe => "uretprobe",
+                ReturnMode::Exit => "exit",
+            }
+        );
     }
 
     /// Resolves the specs again, then detaches everything and attaches that resolution. A

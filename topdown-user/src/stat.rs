@@ -92,6 +92,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         tracked_tgids,
         functions_per_process: prepared.by().contains(&By::Function)
             && prepared.by().contains(&By::Task),
+        command: pending.as_ref().map(|pending| pending.program().to_owned()),
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.

@@ -182,6 +182,11 @@ impl PendingCommand {
         self.pid
     }
 
+    /// The program it will exec.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
     /// Lets the command exec. Fails (after reaping it) if `execve` failed.
     pub fn release(self) -> Result<u32> {
         let byte = [1u8];

@@ -130,8 +130,9 @@ pub fn bench() -> Result<()> {
 }
 
 /// Per-function probes: ns per call of a tiny function, unprobed, under an empty bpftrace
-/// uprobe+uretprobe pair (the floor), and under `topdown stat -u` (exit-instruction probes,
-/// the default, and `--uretprobes`); then the time to attach 1, 100 and 1000 functions.
+/// uprobe+uretprobe pair (the floor), and under `topdown stat -u` (the default `--returns auto`,
+/// which gives this plain C program uretprobes, and each mechanism forced); then the time to
+/// attach 1, 100 and 1000 functions.
 fn bench_functions(topdown: &Path) -> Result<()> {
     let source = cmd::workspace_root().join("tests/workloads/callbench.c");
     let binary = topdown.with_file_name("callbench");
@@ -144,7 +145,7 @@ fn bench_functions(topdown: &Path) -> Result<()> {
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     const CALLS: &str = "100000";
-    let topdown_run = |pmu: &str, uretprobes: bool| {
+    let topdown_run = |pmu: &str, returns: Option<&str>| {
         let mut argv: Vec<String> = [
             td.as_str(),
             "stat",
@@ -160,8 +161,8 @@ fn bench_functions(topdown: &Path) -> Result<()> {
         .map(|s| s.to_string())
         .collect();
         argv.push(format!("{bench}:tiny"));
-        if uretprobes {
-            argv.push("--uretprobes".to_owned());
+        if let Some(returns) = returns {
+            argv.extend(["--returns".to_owned(), returns.to_owned()]);
         }
         argv.extend(["--".to_owned(), bench.clone(), CALLS.to_owned()]);
         argv
@@ -179,20 +180,20 @@ fn bench_functions(topdown: &Path) -> Result<()> {
             ],
         ),
         (
-            "topdown -u, software (exit-instruction probes)",
-            topdown_run("software", false),
+            "topdown -u (default: --returns auto), software",
+            topdown_run("software", None),
         ),
         (
-            "topdown -u, synthetic:intel-icl (exit-instruction probes)",
-            topdown_run("synthetic:intel-icl", false),
+            "topdown -u (default: --returns auto), synthetic:intel-icl",
+            topdown_run("synthetic:intel-icl", None),
         ),
         (
-            "topdown -u --uretprobes, software",
-            topdown_run("software", true),
+            "topdown -u --returns exit, synthetic:intel-icl",
+            topdown_run("synthetic:intel-icl", Some("exit")),
         ),
         (
-            "topdown -u --uretprobes, synthetic:intel-icl",
-            topdown_run("synthetic:intel-icl", true),
+            "topdown -u --returns uretprobe, synthetic:intel-icl",
+            topdown_run("synthetic:intel-icl", Some("uretprobe")),
         ),
     ];
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
@@ -260,11 +261,12 @@ fn bench_functions(topdown: &Path) -> Result<()> {
     for ((name, _), value) in configs.iter().zip(&medians) {
         section += &format!("| {name} | {value:.1} | {:+.1} |\n", value - medians[1]);
     }
-    section += "\nExit-instruction probes (the default on x86-64) put a plain uprobe on each `ret` and \
-                tail-call `jmp` instead of rewriting the return address, so exceptions, panics and \
-                thread cancellation still unwind through probed functions; the price is a second \
-                trap per call where a uretprobe returns through the kernel's trampoline. \
-                `--uretprobes` trades that safety for speed.\n\n";
+    section += "\nExit-instruction probes put a plain uprobe on each `ret` and tail-call `jmp` \
+                instead of rewriting the return address, so exceptions, panics and thread \
+                cancellation still unwind through probed functions; the price is a single-stepped \
+                `ret` per call where a uretprobe returns through the kernel's trampoline. The \
+                default, `--returns auto`, gives a target uretprobes when nothing in the traced \
+                program can unwind (this benchmark's plain C program), exit probes otherwise.\n\n";
     section += "| functions attached | attach time (ms) |\n|---:|---:|\n";
     for (count, ms) in &attach {
         section += &format!("| {count} | {ms:.1} |\n");

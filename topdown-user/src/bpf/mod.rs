@@ -352,6 +352,62 @@ impl Session {
         })
     }
 
+    /// Probes the points where unwinding ends (`crate::unwinding::catch_points`): each closes
+    /// the frames the unwinding left as unwound calls. Detached with the function probes.
+    /// Returns the points that could not be attached (a mapping process that exited since its
+    /// objects were read): calls unwound there are counted as missed returns instead.
+    pub fn attach_catch_points(
+        &mut self,
+        points: &[(std::path::PathBuf, u64)],
+        processes: &[u32],
+    ) -> Result<Vec<String>> {
+        let mut failed = Vec::new();
+        if points.is_empty() {
+            return Ok(failed);
+        }
+        let name = names::PROG_FUNC_CATCH;
+        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        if program.fd().is_err() {
+            program.load().map_err(load_error(name))?;
+        }
+        let scopes: Vec<UProbeScope> = if processes.is_empty() {
+            vec![UProbeScope::AllProcesses]
+        } else {
+            processes
+                .iter()
+                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
+                .collect()
+        };
+        for (target, offset) in points {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                cookie: None,
+            };
+            for scope in &scopes {
+                match program.attach([point], target, *scope) {
+                    Ok(link) => self.function_links.push((name, link)),
+                    Err(err) => failed.push(format!("{} at {offset:#x}: {err}", target.display())),
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// `syscalls:sys_enter_exit`: a thread leaving by `pthread_exit` or cancellation has its
+    /// open frames closed as unwound calls. Once per session.
+    pub fn attach_thread_exit(&mut self) -> Result<()> {
+        let name = names::PROG_THREAD_EXIT;
+        let program: &mut TracePoint = program_mut(&mut self.ebpf, name)?;
+        if program.fd().is_ok() {
+            return Ok(());
+        }
+        program.load().map_err(load_error(name))?;
+        program
+            .attach("syscalls", "sys_enter_exit")
+            .context("attaching to syscalls:sys_enter_exit")?;
+        Ok(())
+    }
+
     /// Detaches every function probe (to re-attach a changed set, or after a target binary was
     /// replaced on disk). Threads inside a probed function at this moment will have their frame
     /// unwound as a missed return.

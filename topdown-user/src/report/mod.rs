@@ -79,7 +79,8 @@ pub struct Report {
     /// With `-u`: probed calls not recorded because 64 were already open on the thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overflows: Option<u64>,
-    /// With `-u`: probed calls whose return never came (longjmp, exceptions, thread exit).
+    /// With `-u`: probed calls whose end was never seen (longjmp, `exit()` inside a probed
+    /// function): left out of every total.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missed_returns: Option<u64>,
     /// Per CPU totals.
@@ -225,6 +226,15 @@ pub struct FunctionEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     pub calls: u64,
+    /// Of `calls`, those that ended by unwinding (an exception or panic caught above, a thread
+    /// cancelled or leaving by `pthread_exit`): counted up to the moment unwinding ended.
+    #[serde(default)]
+    pub unwound: u64,
+    /// How its returns were probed (`uretprobe` or `exit`), and why (`--returns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_probe: Option<crate::unwinding::ReturnProbe>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_probe_reason: Option<String>,
     /// Counts from entry to return, probed callees included.
     pub inclusive: Entity,
     /// Inclusive minus the inclusive counts of probed callees.
@@ -270,7 +280,8 @@ pub struct Diagnostics {
     /// (the kernel's uretprobe nesting limit).
     #[serde(default)]
     pub overflows: u64,
-    /// Probed calls whose return never came (longjmp, exceptions, thread exit).
+    /// Probed calls whose end was never seen (longjmp, `exit()` inside a probed function,
+    /// unwinding that no probed catch point ended): left out of every total.
     #[serde(default)]
     pub missed_returns: u64,
     /// Returns that matched no recorded entry.
@@ -518,6 +529,9 @@ pub(crate) mod tests {
                     symbol: "parse<i32>".into(),
                     pid: Some(100),
                     calls: 42,
+                    unwound: 0,
+                    return_probe: None,
+                    return_probe_reason: None,
                     inclusive: entity(model, level, 7),
                     exclusive: entity(model, level, 6),
                 },
@@ -526,6 +540,9 @@ pub(crate) mod tests {
                     symbol: "malloc".into(),
                     pid: None,
                     calls: 9,
+                    unwound: 0,
+                    return_probe: None,
+                    return_probe_reason: None,
                     inclusive: entity(model, level, 8),
                     exclusive: entity(model, level, 8),
                 },

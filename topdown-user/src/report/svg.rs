@@ -441,7 +441,11 @@ fn legend(report: &Report, y: f64, svg: &mut String) {
 
 /// Exclusive TopDown per function, as 100% stacked bars, heaviest function first.
 fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
-    let mut functions: Vec<&FunctionEntry> = report.functions.iter().collect();
+    let mut functions: Vec<&FunctionEntry> = report
+        .functions
+        .iter()
+        .filter(|function| function.calls > 0)
+        .collect();
     let own = |function: &FunctionEntry| {
         function
             .exclusive
@@ -698,6 +702,9 @@ mod tests {
             symbol: symbol.into(),
             pid: Some(100),
             calls,
+            unwound: 0,
+            return_probe: None,
+            return_probe_reason: None,
             inclusive: exclusive.clone(),
             exclusive,
         }
@@ -970,6 +977,9 @@ mod tests {
             symbol: "f".into(),
             pid: None,
             calls: 1,
+            unwound: 0,
+            return_probe: None,
+            return_probe_reason: None,
             inclusive: clock(500),
             exclusive: clock(500),
         }];

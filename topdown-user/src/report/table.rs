@@ -270,7 +270,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         > 0
     {
         text += &format!(
-            "note: function probes: {} entries beyond 64 nested calls (not recorded), {} missed returns (longjmp, exceptions, thread exit), {} unmatched returns, {} inconsistent reads, {} map-full drops\n",
+            "note: function probes: {} entries beyond 64 nested calls (not recorded), {} calls whose end was not seen (longjmp, exit() inside; not in the totals), {} unmatched returns, {} inconsistent reads, {} map-full drops\n",
             d.overflows,
             d.missed_returns,
             d.unmatched_returns,
@@ -350,9 +350,17 @@ fn functions_text(
         "incl share".to_owned(),
     ]);
     header.extend(metrics.iter().map(|name| format!("excl {}", title(name))));
+    // Probed functions never called are in the JSON (`calls: 0`); here they are one count, so
+    // a glob over a large library does not fill the screen with zero rows.
+    let uncalled = report
+        .functions
+        .iter()
+        .filter(|function| function.calls == 0)
+        .count();
     let rows: Vec<Vec<String>> = report
         .functions
         .iter()
+        .filter(|function| function.calls > 0)
         .map(|function| {
             let target = std::path::Path::new(&function.target)
                 .file_name()
@@ -364,7 +372,11 @@ fn functions_text(
             }
             let inclusive = amount(&function.inclusive);
             row.extend([
-                function.calls.to_string(),
+                if function.unwound > 0 {
+                    format!("{} ({} unwound)", function.calls, function.unwound)
+                } else {
+                    function.calls.to_string()
+                },
                 show(inclusive),
                 show(amount(&function.exclusive)),
                 if total_weight == 0 {
@@ -384,6 +396,12 @@ fn functions_text(
         .collect();
     let mut text = String::from("\nFunctions\n");
     text += &layout(&header, &rows, 4);
+    if uncalled > 0 {
+        text += &format!(
+            "({uncalled} probed function{} not called)\n",
+            if uncalled == 1 { "" } else { "s" }
+        );
+    }
 
     text += "\nCall tree (probed functions; calls, inclusive ";
     text += weight_title;

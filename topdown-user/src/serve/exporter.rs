@@ -1072,6 +1072,7 @@ mod tests {
                 _pad: 0,
             },
             calls: 3,
+            unwound: 0,
             inclusive: slots([90, 90, 0, 2]),
             exclusive: slots([30, 30, 0, 1]),
         }];

@@ -442,7 +442,9 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_>) 
                     &mut session.bpf,
                     specs,
                     Vec::new(),
-                    running.counting.uretprobes,
+                    running.counting.return_mode(),
+                    crate::unwinding::Image::Everything,
+                    false,
                 )?)
             }
         }

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::error::{Failure, fail};
 
-const STANDARD_DIRS: [&str; 8] = [
+pub(crate) const STANDARD_DIRS: [&str; 8] = [
     "/lib",
     "/usr/lib",
     "/lib64",

@@ -73,6 +73,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         follow_forks: matches!(scope, Scope::Command(_)),
         tracked_tgids,
         functions_per_process: false,
+        command: pending.as_ref().map(|pending| pending.program().to_owned()),
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.

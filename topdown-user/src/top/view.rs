@@ -216,6 +216,7 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
         View::Functions => report
             .functions
             .iter()
+            .filter(|f| f.calls > 0)
             .map(|f| {
                 // The binary's file name: its directory rarely fits and seldom tells apart.
                 let target = std::path::Path::new(&f.target).file_name().map_or_else(
