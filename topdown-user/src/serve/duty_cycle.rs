@@ -207,6 +207,7 @@ impl Sampler {
                 .entry(call.key)
                 .and_modify(|held| {
                     held.calls += call.calls;
+                    held.unwound += call.unwound;
                     held.inclusive += call.inclusive;
                     held.exclusive += call.exclusive;
                 })
@@ -293,6 +294,7 @@ mod tests {
                 _pad: 0,
             },
             calls,
+            unwound: 0,
             inclusive,
             exclusive: inclusive,
         }

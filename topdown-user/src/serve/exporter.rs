@@ -1359,6 +1359,7 @@ topdown_series_overflow_total 1
                     _pad: 0,
                 },
                 calls,
+                unwound: 0,
                 inclusive: slots(values),
                 exclusive: slots(values),
             }],

@@ -230,6 +230,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         cgroup_paths: &HashMap::new(),
         cgroup_depth: None,
         functions: &[],
+        target_returns: &[],
     };
     let report = report_of(&ctx, &built.aggregate);
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
