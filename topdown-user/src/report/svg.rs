@@ -697,6 +697,7 @@ mod tests {
             symbol: symbol.into(),
             pid: Some(100),
             calls,
+            entry_single_step: false,
             inclusive: exclusive.clone(),
             exclusive,
         }
@@ -969,6 +970,7 @@ mod tests {
             symbol: "f".into(),
             pid: None,
             calls: 1,
+            entry_single_step: false,
             inclusive: clock(500),
             exclusive: clock(500),
         }];

@@ -22,6 +22,7 @@ const PROGRESS_FROM: usize = 20_000;
 pub mod elf;
 pub mod matching;
 pub mod target;
+pub mod x86;
 
 /// One `-u TARGET:FUNC`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,24 +75,38 @@ pub struct ResolvedFunction {
     /// The file to attach to (through `/proc/PID/root` for a container's library).
     pub target: PathBuf,
     pub offset: u64,
+    /// Its address in the file.
+    pub address: u64,
     pub raw_name: String,
     /// Rust without hash, C++ with parameters.
     pub display: String,
-    /// File offsets of the exit instructions (see [`elf::x86_64_exits`]); `None`: use a
-    /// uretprobe.
-    pub exits: Option<Vec<u64>>,
+    /// The exit instructions (see [`x86::exits`]); `None`: use a uretprobe.
+    pub exits: Option<Vec<x86::Exit>>,
+    /// Its code: body, then cold fragments.
+    pub ranges: Vec<(u64, u64)>,
+    /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
+    pub entry_probe: Option<x86::ProbeCheck>,
+}
+
+/// The functions to probe, and every function of their files (tail-call targets).
+pub struct Resolution {
+    pub functions: Vec<ResolvedFunction>,
+    pub files: HashMap<PathBuf, elf::FileFunctions>,
 }
 
 /// Resolves every spec; a glob that matches nothing or an unknown function is an error, as is
 /// a target that cannot be found. Functions reached twice are listed once.
-pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction>> {
+pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
+    let mut code: HashMap<PathBuf, elf::FileFunctions> = HashMap::new();
     let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
         if !files.contains_key(&path) {
-            let functions = elf::functions(&path)?;
+            let file = elf::functions(&path)?;
+            let functions = file.functions.clone();
+            code.insert(path.clone(), file);
             let progress = (functions.len() >= PROGRESS_FROM).then(|| {
                 Progress::counting(
                     &format!("demangling {}", path.display()),
@@ -146,9 +161,12 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
             let entry = ResolvedFunction {
                 target: path.clone(),
                 offset: function.offset,
+                address: function.address,
                 raw_name: function.name.clone(),
                 display: names.display.clone(),
                 exits: function.exits.clone(),
+                ranges: function.ranges.clone(),
+                entry_probe: function.entry_probe.clone(),
             };
             if !resolved
                 .iter()
@@ -159,7 +177,10 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
         }
     }
     disambiguate(&mut resolved);
-    Ok(resolved.into_iter().map(|(function, _)| function).collect())
+    Ok(Resolution {
+        functions: resolved.into_iter().map(|(function, _)| function).collect(),
+        files: code,
+    })
 }
 
 /// Gives functions of one file that would print the same name distinct names: reports key
@@ -217,9 +238,12 @@ mod tests {
             let function = ResolvedFunction {
                 target: PathBuf::from("/bin/app"),
                 offset,
+                address: offset,
                 raw_name: raw.to_owned(),
                 display: names.display.clone(),
                 exits: None,
+                ranges: Vec::new(),
+                entry_probe: None,
             };
             (function, names)
         };
