@@ -384,7 +384,8 @@ fn failing_functions(
     processes: &[u32],
 ) -> Vec<usize> {
     let mut failing = Vec::new();
-    let mut pending = vec![0..candidates.len()];
+    let mut pending: Vec<std::ops::Range<usize>> = Vec::new();
+    pending.push(0..candidates.len());
     while let Some(range) = pending.pop() {
         let plan = plan_of(&candidates[range.clone()], files, uretprobes);
         if session.attach_functions(&plan.functions, processes).is_ok() {

@@ -97,7 +97,7 @@ pub fn exits(code: &[u8], address: u64, inside: &[(u64, u64)]) -> Vec<Exit> {
                 } else {
                     Some(
                         indirect_operand(&instruction)
-                            .map_or(ExitKind::Unknown, |operand| ExitKind::Indirect(operand)),
+                            .map_or(ExitKind::Unknown, ExitKind::Indirect),
                     )
                 }
             }
