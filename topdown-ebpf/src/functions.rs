@@ -370,7 +370,8 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
     };
     let own = function != ROOT_FUNCTION;
     if kind == exit_point::TAIL_CALL {
-        if matches && top_function == function {
+        // A frame already tail-calling jumped into the middle of this function: it stays so.
+        if matches && (top_function == function || top_tail_calling) {
             stack.frames[frame_index(depth - 1)].tail_calling = 1;
         } else if own && let Some(stats) = probe_stats() {
             stats.unmatched_returns += 1;

@@ -210,8 +210,9 @@ impl Planner<'_> {
         }
     }
 
-    /// Whether the function starting at `callee` (in `file`) has its returns probed, adding
-    /// return-only probes to it when it is not probed itself and they can be.
+    /// Whether the function whose code holds `callee` (in `file`: its start, or inside it)
+    /// has its returns probed, adding return-only probes to it when it is not probed itself
+    /// and they can be.
     fn returns_probed(
         &mut self,
         points: &mut Vec<UprobeAt>,
@@ -220,26 +221,26 @@ impl Planner<'_> {
         callee: u64,
         depth: usize,
     ) -> bool {
-        if self.probed.contains_key(&(file, callee)) {
-            return true;
-        }
-        if let Some(known) = self.return_only.get(&(file, callee)) {
-            return *known != ReturnOnly::Unknowable;
-        }
         let files = self.files;
         let Some(symbol) = files
             .get(target)
-            .and_then(|functions| functions.starting_at(callee))
+            .and_then(|functions| functions.containing(callee))
         else {
             return false;
         };
+        let start = symbol.address;
+        if self.probed.contains_key(&(file, start)) {
+            return true;
+        }
+        if let Some(known) = self.return_only.get(&(file, start)) {
+            return *known != ReturnOnly::Unknowable;
+        }
         if depth >= MAX_TAIL_CHAIN || !return_only_probeable(symbol) {
             self.return_only
-                .insert((file, callee), ReturnOnly::Unknowable);
+                .insert((file, start), ReturnOnly::Unknowable);
             return false;
         }
-        self.return_only
-            .insert((file, callee), ReturnOnly::Planning);
+        self.return_only.insert((file, start), ReturnOnly::Planning);
         for exit in symbol.exits.iter().flatten() {
             self.exit(
                 points,
@@ -251,7 +252,7 @@ impl Planner<'_> {
                 depth + 1,
             );
         }
-        self.return_only.insert((file, callee), ReturnOnly::Probed);
+        self.return_only.insert((file, start), ReturnOnly::Probed);
         true
     }
 }
@@ -348,8 +349,9 @@ mod tests {
         }
     }
 
-    /// f tail-calls g (probed), h (unprobed: return-only probes on its ret, and h's own
-    /// tail call to i passes the call on to i's ret) and an address with no symbol (cut).
+    /// f tail-calls g (probed, into its middle), h (unprobed: return-only probes on its ret,
+    /// and h's own tail call to i passes the call on to i's ret) and an address with no
+    /// symbol (cut).
     #[test]
     fn tail_calls_keep_frames_open_only_where_the_callee_ends_are_probed() {
         let f = symbol(
@@ -357,7 +359,7 @@ mod tests {
             0x1000,
             0x20,
             vec![
-                exit(0x1004, ExitKind::Jump(0x2000)),
+                exit(0x1004, ExitKind::Jump(0x2004)),
                 exit(0x1008, ExitKind::Jump(0x3000)),
                 exit(0x100c, ExitKind::Jump(0x5000)),
                 exit(0x1010, ExitKind::Return),

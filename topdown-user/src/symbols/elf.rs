@@ -45,12 +45,14 @@ pub struct FileFunctions {
 }
 
 impl FileFunctions {
-    /// The function starting exactly at `address`.
-    pub fn starting_at(&self, address: u64) -> Option<&FunctionSymbol> {
-        self.functions
-            .binary_search_by_key(&address, |function| function.address)
-            .ok()
-            .map(|index| &self.functions[index])
+    /// The function whose body holds `address` (its start, or inside: hand-written code such
+    /// as glibc's string functions jumps into the middle of another symbol).
+    pub fn containing(&self, address: u64) -> Option<&FunctionSymbol> {
+        let after = self
+            .functions
+            .partition_point(|function| function.address <= address);
+        let function = self.functions.get(after.checked_sub(1)?)?;
+        (address < function.address + function.size.max(1)).then_some(function)
     }
 }
 
