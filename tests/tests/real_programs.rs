@@ -218,6 +218,31 @@ fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
 }
 
 #[test]
+fn a_tail_call_through_the_plt_includes_the_library_callee() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let binary = exits_binary();
+    assert!(
+        disassembly(binary, "tail_libc").contains("<getppid@plt>"),
+        "{}",
+        disassembly(binary, "tail_libc")
+    );
+    let exe = binary.to_str().unwrap();
+    let (report, _) = stat(&["-u", &format!("{exe}:tail_libc"), "--", exe, "plt", "500"]);
+    // Its getpgid, then `jmp getppid@plt`: libc's getppid (return-only probes on its ret)
+    // makes the getppid syscall inside tail_libc's call.
+    assert_eq!(
+        figures(function(&report, "tail_libc")),
+        (500, 500, 500, 500, 500)
+    );
+    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
+        assert_eq!(diagnostic(&report, name), 0, "{name}");
+    }
+}
+
+#[test]
 fn unprobeable_functions_are_skipped_by_name_and_only_nothing_fails() {
     let _serial = serial();
     if !privileged() {

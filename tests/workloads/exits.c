@@ -3,7 +3,7 @@
  * functions whose first instruction the kernel emulates or single-steps. Known numbers of
  * getppid (synthetic `slots`) and getpgid (`topdown-retiring`) calls make every figure exact.
  *
- * usage: exits cold N | tails N | entries N
+ * usage: exits cold N | tails N | plt N | entries N
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +41,12 @@ __attribute__((noinline)) void callee(int n) {
 __attribute__((noinline)) void tail_direct(int n) {
     getpgid(0);
     callee(n);
+}
+
+/* Ends in `jmp getppid@plt`: the getppid in libc belongs to its inclusive figure. */
+__attribute__((noinline)) void tail_libc(void) {
+    getpgid(0);
+    getppid();
 }
 
 __attribute__((noinline)) void handler(int n) {
@@ -89,6 +95,9 @@ int main(int argc, char **argv) {
             tail_direct(3);
             dispatch(i % 8, 2);
         }
+    } else if (strcmp(argv[1], "plt") == 0) {
+        for (int i = 0; i < n; i++)
+            tail_libc();
     } else if (strcmp(argv[1], "entries") == 0) {
         for (int i = 0; i < n; i++) {
             starts_with_push();

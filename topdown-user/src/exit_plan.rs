@@ -182,7 +182,18 @@ impl Planner<'_> {
             }
             ExitKind::Unknown => points.push(at(exit_point::encode(function, exit_point::CUT, 0))),
             ExitKind::Jump(callee) => {
-                let ends_known = self.returns_probed(points, target, file, *callee, depth);
+                let bound = self
+                    .files
+                    .get(target)
+                    .and_then(|functions| functions.bound.get(callee));
+                let ends_known = match bound {
+                    // Through the PLT to the library that defines the callee.
+                    Some((library, address)) => {
+                        let library_file = self.file(library);
+                        self.returns_probed(points, library, library_file, *address, depth)
+                    }
+                    None => self.returns_probed(points, target, file, *callee, depth),
+                };
                 if function == ROOT_FUNCTION && ends_known {
                     // A return-only function passing the call on: the next one closes it.
                     return;
@@ -381,6 +392,7 @@ mod tests {
             FileFunctions {
                 functions: vec![f.clone(), g.clone(), h, i],
                 image_end: 0x6000,
+                ..FileFunctions::default()
             },
         )]);
         let (rf, rg) = (resolved(&f), resolved(&g));
@@ -441,6 +453,7 @@ mod tests {
             FileFunctions {
                 functions: vec![f.clone()],
                 image_end: 0xa000,
+                ..FileFunctions::default()
             },
         )]);
         let rf = resolved(&f);

@@ -4,7 +4,10 @@
 //! reads `.symtab` and `.dynsym` itself, follows `.gnu_debuglink` and the build-id tree when a
 //! binary is stripped, and attaches by file offset.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
@@ -42,6 +45,11 @@ pub struct FileFunctions {
     pub functions: Vec<FunctionSymbol>,
     /// End of the highest loaded segment (file virtual address).
     pub image_end: u64,
+    /// PLT stubs and `DT_NEEDED` libraries (x86-64).
+    pub imports: super::plt::Imports,
+    /// PLT stubs that probed functions tail-call, by stub address: the library and address of
+    /// the function they are bound to (filled in by [`super::resolve`]).
+    pub bound: HashMap<u64, (PathBuf, u64)>,
 }
 
 impl FileFunctions {
@@ -175,9 +183,16 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         .map(|(start, size, _)| start + size)
         .max()
         .unwrap_or_default();
+    let imports = if x86_64 {
+        super::plt::imports(&file)
+    } else {
+        super::plt::Imports::default()
+    };
     Ok(FileFunctions {
         functions,
         image_end,
+        imports,
+        bound: HashMap::new(),
     })
 }
 

@@ -21,6 +21,7 @@ const PROGRESS_FROM: usize = 20_000;
 
 pub mod elf;
 pub mod matching;
+pub mod plt;
 pub mod target;
 pub mod x86;
 
@@ -177,10 +178,74 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
         }
     }
     disambiguate(&mut resolved);
+    bind_plt_tail_calls(&resolved, &mut code, pids);
     Ok(Resolution {
         functions: resolved.into_iter().map(|(function, _)| function).collect(),
         files: code,
     })
+}
+
+/// Finds, for each PLT stub a probed function tail-calls (`jmp usleep@plt`), the function the
+/// stub is bound to: the first `DT_NEEDED` library of the file that defines it. Libraries that
+/// cannot be found or read leave the stub unbound (the tail call then ends the call, counted).
+fn bind_plt_tail_calls(
+    resolved: &[(ResolvedFunction, matching::Names)],
+    code: &mut HashMap<PathBuf, elf::FileFunctions>,
+    pids: &[u32],
+) {
+    let mut wanted: Vec<(PathBuf, u64, String, Vec<String>)> = Vec::new();
+    for (function, _) in resolved {
+        let Some(file) = code.get(&function.target) else {
+            continue;
+        };
+        for exit in function.exits.iter().flatten() {
+            if let x86::ExitKind::Jump(stub) = exit.kind
+                && let Some(name) = file.imports.stubs.get(&stub)
+            {
+                wanted.push((
+                    function.target.clone(),
+                    stub,
+                    name.clone(),
+                    file.imports.needed.clone(),
+                ));
+            }
+        }
+    }
+    for (target, stub, name, needed) in wanted {
+        let mut bound = None;
+        for library in &needed {
+            let Ok(path) = target::find_target(library, pids) else {
+                continue;
+            };
+            if !code.contains_key(&path) {
+                match elf::functions(&path) {
+                    Ok(functions) => {
+                        code.insert(path.clone(), functions);
+                    }
+                    Err(err) => {
+                        log::debug!("{}: {err:#}", path.display());
+                        continue;
+                    }
+                }
+            }
+            let defined = code.get(&path).and_then(|file| {
+                file.functions
+                    .iter()
+                    .find(|function| function.name == name)
+                    .map(|function| function.address)
+            });
+            if let Some(address) = defined {
+                bound = Some((path, address));
+                break;
+            }
+        }
+        match (bound, code.get_mut(&target)) {
+            (Some(bound), Some(file)) => {
+                file.bound.insert(stub, bound);
+            }
+            _ => log::debug!("{name}@plt of {}: no defining library", target.display()),
+        }
+    }
 }
 
 /// Gives functions of one file that would print the same name distinct names: reports key
