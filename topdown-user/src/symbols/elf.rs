@@ -50,6 +50,9 @@ pub struct FileFunctions {
     /// PLT stubs that probed functions tail-call, by stub address: the library and address of
     /// the function they are bound to (filled in by [`super::resolve`]).
     pub bound: HashMap<u64, (PathBuf, u64)>,
+    /// Names of `STT_GNU_IFUNC` symbols: their address is a resolver, not the code a call
+    /// bound to the name runs (glibc's `memcpy` picks an implementation at load time).
+    pub ifunc_names: std::collections::HashSet<String>,
 }
 
 impl FileFunctions {
@@ -188,11 +191,22 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
     } else {
         super::plt::Imports::default()
     };
+    // STT_GNU_IFUNC (the GNU extension of the ELF symbol types).
+    let ifunc_names = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .filter(|symbol| {
+            matches!(symbol.flags(), object::SymbolFlags::Elf { st_info, .. }
+                if st_info.st_type() == object::elf::STT_GNU_IFUNC)
+        })
+        .filter_map(|symbol| symbol.name().ok().map(str::to_owned))
+        .collect();
     Ok(FileFunctions {
         functions,
         image_end,
         imports,
         bound: HashMap::new(),
+        ifunc_names,
     })
 }
 

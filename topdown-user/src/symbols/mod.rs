@@ -228,16 +228,27 @@ fn bind_plt_tail_calls(
                     }
                 }
             }
-            let defined = code.get(&path).and_then(|file| {
-                file.functions
-                    .iter()
-                    .find(|function| function.name == name)
-                    .map(|function| function.address)
-            });
-            if let Some(address) = defined {
-                bound = Some((path, address));
-                break;
+            let Some(file) = code.get(&path) else {
+                continue;
+            };
+            let defined: Vec<u64> = file
+                .functions
+                .iter()
+                .filter(|function| function.name == name)
+                .map(|function| function.address)
+                .collect();
+            if defined.is_empty() && !file.ifunc_names.contains(&name) {
+                continue;
             }
+            // Bound only when it is plain: an IFUNC's symbol is its resolver (the stub runs
+            // whatever it chose), and of several versions of a name (`memcpy@GLIBC_2.2.5`,
+            // `memcpy@@GLIBC_2.14`) the one bound depends on the importer's version needs.
+            if let [address] = defined[..]
+                && !file.ifunc_names.contains(&name)
+            {
+                bound = Some((path, address));
+            }
+            break;
         }
         match (bound, code.get_mut(&target)) {
             (Some(bound), Some(file)) => {
