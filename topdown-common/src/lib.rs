@@ -76,6 +76,8 @@ pub mod names {
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
     pub const PROBE_STATS: &str = "PROBE_STATS";
+    pub const INDIRECT_JUMPS: &str = "INDIRECT_JUMPS";
+    pub const RETURN_TARGETS: &str = "RETURN_TARGETS";
     pub const CGROUPS: &str = "CGROUPS";
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
     pub const GLOBAL_BY_CGROUP: &str = "BY_CGROUP";
@@ -276,7 +278,9 @@ pub const ROOT_FUNCTION: u32 = u32::MAX;
 pub struct Frame {
     /// The function's id (the attach cookie user space gave it).
     pub function: u32,
-    pub _pad: u32,
+    /// `frame_flags`: whether the function left by a tail call (the callee's entry then has
+    /// this frame's stack pointer) and whether its own uretprobe closes it.
+    pub tail_calling: u32,
     /// Stack pointer at entry: frames whose return was skipped (longjmp, exceptions) are found
     /// by comparing it with the stack pointer of later entries and returns.
     pub sp: u64,
@@ -284,6 +288,27 @@ pub struct Frame {
     pub entry: [u64; MAX_COUNTERS],
     /// Inclusive counts of probed callees that returned, for the exclusive figure.
     pub callees: [u64; MAX_COUNTERS],
+}
+
+/// Bits of `Frame::tail_calling`.
+pub mod frame_flags {
+    /// The function left by a tail call: a callee entering at this frame's stack pointer is
+    /// its tail callee, not a sign that this frame's return was skipped.
+    pub const TAIL_CALLING: u32 = 1;
+    /// The function's returns are caught by a uretprobe, which fires for this frame itself
+    /// after its tail callee returned (the kernel chains the two return instances); the tail
+    /// callee's return must not close it too.
+    pub const URETPROBE: u32 = 2;
+}
+
+/// An entry probe's attach cookie: the function id, and whether its returns are caught by a
+/// uretprobe (bit 32).
+pub mod entry_cookie {
+    pub const URETPROBE: u64 = 1 << 32;
+
+    pub const fn encode(function: u32, uretprobe: bool) -> u64 {
+        function as u64 | if uretprobe { URETPROBE } else { 0 }
+    }
 }
 
 /// A thread's shadow stack (value of `STACKS`, keyed by tid).
@@ -338,6 +363,93 @@ pub struct ProbeStats {
     pub map_full: u64,
     /// Probe hits whose counter reading failed or kept racing with context switches.
     pub read_failures: u64,
+    /// Calls closed at a tail-call jump because the callee's end cannot be known (its returns
+    /// are not probed): their inclusive figure stops at the jump.
+    pub tail_calls_cut: u64,
+}
+
+/// Exit-instruction probes: what the attach cookie of a probe on an exit instruction says.
+/// Bits 0..32: the function id whose frame it closes (`ROOT_FUNCTION`: a return-only point in
+/// a function that is not probed itself, which only closes frames that tail-called into it);
+/// bits 32..34: the kind; bits 34..: the `INDIRECT_JUMPS` key of an indirect jump.
+pub mod exit_point {
+    /// `ret`: closes the function's frame, then the frames of tail callers at the same stack
+    /// pointer, innermost first.
+    pub const RETURN: u64 = 0;
+    /// A direct jump to a function whose returns are probed: marks the frame `tail_calling`.
+    pub const TAIL_CALL: u64 = 1;
+    /// A direct jump to a function whose end cannot be known: closes the frame here, counted
+    /// in `ProbeStats::tail_calls_cut`.
+    pub const CUT: u64 = 2;
+    /// A jump through a register or memory: a tail call or a jump table, decided at run time
+    /// from its `IndirectJump` descriptor.
+    pub const INDIRECT: u64 = 3;
+
+    pub const fn encode(function: u32, kind: u64, index: u32) -> u64 {
+        function as u64 | (kind & 3) << 32 | (index as u64) << 34
+    }
+    pub const fn function(cookie: u64) -> u32 {
+        cookie as u32
+    }
+    pub const fn kind(cookie: u64) -> u64 {
+        (cookie >> 32) & 3
+    }
+    pub const fn index(cookie: u64) -> u32 {
+        (cookie >> 34) as u32
+    }
+}
+
+/// Registers of an indirect jump's operand, as word indices into x86-64 `struct pt_regs`
+/// (arch/x86/include/asm/ptrace.h: r15 r14 r13 r12 bp bx r11 r10 r9 r8 ax cx dx si di orig_ax
+/// ip cs flags sp ss), so BPF reads them from the probe's registers.
+pub mod pt_regs_word {
+    pub const NONE: u8 = 0xff;
+    /// `ip`: in a uprobe program it holds the probed instruction's address.
+    pub const IP: u8 = 16;
+    pub const SP: u8 = 19;
+    pub const COUNT: u8 = 21;
+}
+
+/// One indirect jump that leaves its function (an exit point) when its target lies outside
+/// the function's own code, the function's cold fragments included (a jump table otherwise).
+/// Addresses are the file's own virtual addresses: BPF converts the run-time target with
+/// `address + (target - ip)`, which holds for any load address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndirectJump {
+    /// The frame it closes (`ROOT_FUNCTION` for return-only points).
+    pub function: u32,
+    /// Index of the file, for `RETURN_TARGETS`.
+    pub file: u32,
+    /// `pt_regs_word` indices (`NONE` when absent).
+    pub base: u8,
+    pub index: u8,
+    pub scale: u8,
+    /// Nonzero: the target is read from memory at the operand's address; zero: the register
+    /// is the target.
+    pub memory: u8,
+    pub _pad: u32,
+    /// For rip-relative operands, relative to the jump's own address.
+    pub displacement: i64,
+    /// The jump's address in the file.
+    pub address: u64,
+    /// End of the file's highest loaded segment: a target beyond is in another mapping.
+    pub file_end: u64,
+    /// The function's code: `[start, end)` pairs (unused pairs are empty).
+    pub ranges: [[u64; 2]; MAX_FUNCTION_RANGES],
+}
+
+/// The function body plus up to three cold fragments.
+pub const MAX_FUNCTION_RANGES: usize = 4;
+
+/// Key of `RETURN_TARGETS`: a function start in a probed file whose returns are probed, so a
+/// tail call into it can leave the caller's frame open until it returns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileAddress {
+    pub file: u32,
+    pub _pad: u32,
+    pub address: u64,
 }
 
 #[cfg(feature = "user")]
@@ -346,6 +458,8 @@ mod user {
     unsafe impl aya::Pod for super::CallKey {}
     unsafe impl aya::Pod for super::CallStats {}
     unsafe impl aya::Pod for super::ProbeStats {}
+    unsafe impl aya::Pod for super::IndirectJump {}
+    unsafe impl aya::Pod for super::FileAddress {}
     // SAFETY: plain old data, every bit pattern is valid.
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::TaskCounters {}

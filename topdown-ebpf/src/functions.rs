@@ -6,17 +6,21 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::bpf_get_attach_cookie,
+    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
     macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
-use topdown_common::{CallKey, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack};
+use topdown_common::{
+    CallKey, FileAddress, MAX_COUNTERS, MAX_DEPTH, MAX_FUNCTION_RANGES, ProbeStats, ROOT_FUNCTION,
+    ShadowStack, entry_cookie, exit_point, frame_flags, pt_regs_word,
+};
 
 use crate::{
     counters::{add, current_ids, is_tracked, read_slots},
     maps::{
-        CALLS, CPU_STATE, FILTER_TGIDS, NUM_COUNTERS, PROBE_STATS, SPLIT_FUNCTIONS_BY_PROCESS,
-        STACKS, TASKS, ZERO_CALL, ZERO_STACK, atomic_add, generation, global,
+        CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
+        SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK, atomic_add, generation,
+        global,
     },
 };
 
@@ -131,12 +135,14 @@ pub fn func_entry_multi(ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn func_return(ctx: RetProbeContext) -> u32 {
-    on_return(ctx.regs, RETURN_SP_ADJUST)
+    let function = attach_cookie(ctx.as_ptr()) as u32;
+    on_return(ctx.regs, RETURN_SP_ADJUST, function, exit_point::RETURN)
 }
 
 #[uretprobe(multi)]
 pub fn func_return_multi(ctx: RetProbeContext) -> u32 {
-    on_return(ctx.regs, RETURN_SP_ADJUST)
+    let function = attach_cookie(ctx.as_ptr()) as u32;
+    on_return(ctx.regs, RETURN_SP_ADJUST, function, exit_point::RETURN)
 }
 
 /// A uprobe on a function's exit instruction (`ret`, tail-call `jmp`): the stack pointer is
@@ -144,12 +150,109 @@ pub fn func_return_multi(ctx: RetProbeContext) -> u32 {
 /// exceptions unwind normally and no kernel nesting limit applies.
 #[uprobe]
 pub fn func_exit(ctx: ProbeContext) -> u32 {
-    on_return(ctx.regs, 0)
+    on_exit(&ctx)
 }
 
 #[uprobe(multi)]
 pub fn func_exit_multi(ctx: ProbeContext) -> u32 {
-    on_return(ctx.regs, 0)
+    on_exit(&ctx)
+}
+
+#[inline(always)]
+fn attach_cookie(ctx: *mut core::ffi::c_void) -> u64 {
+    // SAFETY: reading the attach cookie of this probe.
+    unsafe { bpf_get_attach_cookie(ctx) }
+}
+
+#[inline(always)]
+fn on_exit(ctx: &ProbeContext) -> u32 {
+    let cookie = attach_cookie(ctx.as_ptr());
+    let function = exit_point::function(cookie);
+    let mut kind = exit_point::kind(cookie);
+    if kind == exit_point::INDIRECT {
+        match indirect_jump(ctx.regs, exit_point::index(cookie)) {
+            Some(decided) => kind = decided,
+            None => return 0,
+        }
+    }
+    on_return(ctx.regs, 0, function, kind)
+}
+
+/// What an indirect jump does this time: `None` when it stays inside its function (a jump
+/// table), else `TAIL_CALL` when the target is a function whose returns are probed, `CUT`
+/// otherwise.
+#[inline(always)]
+fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
+    // SAFETY: a map value nobody changes while probes are attached.
+    let jump = unsafe { INDIRECT_JUMPS.get(&index) }?;
+    let ip = register(regs, pt_regs_word::IP)?;
+    let mut operand = jump.displacement as u64;
+    if jump.base != pt_regs_word::NONE {
+        operand = operand.wrapping_add(register(regs, jump.base)?);
+    }
+    if jump.index != pt_regs_word::NONE {
+        let scaled = register(regs, jump.index)?.wrapping_mul(u64::from(jump.scale));
+        operand = operand.wrapping_add(scaled);
+    }
+    let target = if jump.memory != 0 {
+        // SAFETY: a user address read through the helper, which fails cleanly.
+        match unsafe { bpf_probe_read_user(operand as *const u64) } {
+            Ok(target) => target,
+            Err(_) => {
+                if let Some(stats) = probe_stats() {
+                    stats.read_failures += 1;
+                }
+                return None;
+            }
+        }
+    } else {
+        operand
+    };
+    // The same load bias applies to the jump and to any target in the same file.
+    let in_file = jump.address.wrapping_add(target.wrapping_sub(ip));
+    let mut range = 0;
+    while range < MAX_FUNCTION_RANGES {
+        let [start, end] = jump.ranges[range];
+        // Its own first instruction: a tail call to itself, which enters it again.
+        let reentry = range == 0 && in_file == start;
+        if in_file >= start && in_file < end && !reentry {
+            return None;
+        }
+        range += 1;
+    }
+    let key = FileAddress {
+        file: jump.file,
+        _pad: 0,
+        address: in_file,
+    };
+    // SAFETY: reading a map value's presence.
+    let probed = in_file < jump.file_end && unsafe { RETURN_TARGETS.get(&key) }.is_some();
+    Some(if probed {
+        exit_point::TAIL_CALL
+    } else {
+        exit_point::CUT
+    })
+}
+
+/// A register of the probe's context by its `pt_regs_word` index. The registers are copied
+/// to the stack first (volatile, so the compiler cannot fold the copy back into one context
+/// read at a variable offset, which the verifier refuses).
+#[inline(always)]
+fn register(regs: *mut pt_regs, word: u8) -> Option<u64> {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        const WORDS: usize = pt_regs_word::COUNT as usize;
+        const _: () = assert!(core::mem::size_of::<pt_regs>() == WORDS * 8);
+        // SAFETY: the probe context's registers are readable; pt_regs is WORDS u64s
+        // (arch/x86/include/asm/ptrace.h).
+        let copy: [u64; WORDS] = unsafe { core::ptr::read_volatile(regs.cast::<[u64; WORDS]>()) };
+        copy.get(usize::from(word)).copied()
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        let _ = (regs, word);
+        None
+    }
 }
 
 #[inline(always)]
@@ -157,8 +260,8 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     let Some((tid, _)) = probed_task() else {
         return 0;
     };
-    // SAFETY: reading the attach cookie of this probe.
-    let function = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let cookie = attach_cookie(ctx.as_ptr());
+    let function = cookie as u32;
     let sp = stack_pointer(ctx.regs);
     let stack = match STACKS.get_ptr_mut(&tid) {
         Some(stack) => stack,
@@ -184,13 +287,19 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
-    // A live caller's frame has a higher stack pointer than any callee's entry. A frame at or
-    // below ours was left without a return (longjmp, exception).
+    // A live caller's frame has a higher stack pointer than any callee's entry, or the same
+    // one when it tail-called this function. Any other frame at or below ours was left without
+    // a return (longjmp, exception).
     let mut guard = 0;
     while guard < MAX_DEPTH && stack.depth > 0 {
         guard += 1;
         let top = (stack.depth - 1) as usize;
-        if top >= MAX_DEPTH || stack.frames[frame_index(top)].sp > sp {
+        if top >= MAX_DEPTH {
+            break;
+        }
+        let below = &stack.frames[frame_index(top)];
+        if below.sp > sp || (below.sp == sp && below.tail_calling & frame_flags::TAIL_CALLING != 0)
+        {
             break;
         }
         stack.depth -= 1;
@@ -214,6 +323,11 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     }
     let frame = &mut stack.frames[frame_index(depth)];
     frame.function = function;
+    frame.tail_calling = if cookie & entry_cookie::URETPROBE != 0 {
+        frame_flags::URETPROBE
+    } else {
+        0
+    };
     frame.sp = sp;
     frame.entry = stack.virtual_now;
     frame.callees = [0; MAX_COUNTERS];
@@ -221,8 +335,15 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     0
 }
 
+/// Tail callers closed with their callee at most, per return.
+const MAX_TAIL_CHAIN: u32 = 8;
+
+/// A return of `function` (or, for `ROOT_FUNCTION`, of an unprobed function that probed ones
+/// tail-called) of kind `exit_point::*`: closes the frame whose entry stack pointer matches,
+/// then the frames that tail-called it, innermost first, so each callee's inclusive figure is
+/// added to its tail caller's callees.
 #[inline(always)]
-fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
+fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u32 {
     let Some((tid, tgid)) = probed_task() else {
         return 0;
     };
@@ -246,13 +367,42 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
         }
     }
     let depth = stack.depth as usize;
-    let matches =
-        depth > 0 && depth <= MAX_DEPTH && stack.frames[frame_index(depth - 1)].sp == entry_sp;
-    if !matches {
-        if let Some(stats) = probe_stats() {
+    let (matches, top_function, top_tail_calling, top_uretprobe) =
+        if depth > 0 && depth <= MAX_DEPTH {
+            let top = &stack.frames[frame_index(depth - 1)];
+            (
+                top.sp == entry_sp,
+                top.function,
+                top.tail_calling & frame_flags::TAIL_CALLING != 0,
+                top.tail_calling & frame_flags::URETPROBE != 0,
+            )
+        } else {
+            (false, ROOT_FUNCTION, false, false)
+        };
+    let own = function != ROOT_FUNCTION;
+    // A function whose own uretprobe closes it only marks its tail calls, wherever they go:
+    // the uretprobe fires when the callee returns.
+    let marks_only = own && top_uretprobe && top_function == function;
+    if kind == exit_point::TAIL_CALL || (kind == exit_point::CUT && marks_only) {
+        // A frame already tail-calling jumped into the middle of this function: it stays so.
+        if matches && (top_function == function || top_tail_calling) {
+            stack.frames[frame_index(depth - 1)].tail_calling |= frame_flags::TAIL_CALLING;
+        } else if own && let Some(stats) = probe_stats() {
             stats.unmatched_returns += 1;
         }
         return 0;
+    }
+    // A return-only point closes only frames that tail-called into its function.
+    if !matches || (!own && !top_tail_calling) {
+        if own && let Some(stats) = probe_stats() {
+            stats.unmatched_returns += 1;
+        }
+        return 0;
+    }
+    if kind == exit_point::CUT
+        && let Some(stats) = probe_stats()
+    {
+        stats.tail_calls_cut += 1;
     }
     if !virtual_counters(stack, tid) {
         // Drop the frame: its numbers cannot be known.
@@ -262,30 +412,45 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
         }
         return 0;
     }
-    close_top(stack, tgid, false);
+    let mut closed = 0;
+    while closed < MAX_TAIL_CHAIN {
+        closed += 1;
+        if !close_top(stack, tgid, false) {
+            break;
+        }
+        let depth = stack.depth as usize;
+        if depth == 0 || depth > MAX_DEPTH {
+            break;
+        }
+        let next = &stack.frames[frame_index(depth - 1)];
+        // A tail caller with a uretprobe of its own is closed by it, right after this.
+        if next.sp != entry_sp
+            || next.tail_calling & frame_flags::TAIL_CALLING == 0
+            || next.tail_calling & frame_flags::URETPROBE != 0
+        {
+            break;
+        }
+    }
     0
 }
 
-/// Pops the top frame and adds it to its function's totals, with the thread's counters at
-/// `stack.virtual_now` as its end (left unchanged, so several frames can close at one moment).
-/// `unwound`: the call ended by unwinding rather than by returning.
+/// Pops the top frame with the counters in `stack.virtual_now` and adds its call to the
+/// totals and to its caller's callees.
 #[inline(always)]
-fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) {
+fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
     let depth = stack.depth as usize;
     if depth == 0 || depth > MAX_DEPTH {
-        return;
+        return false;
     }
     let used = global(&NUM_COUNTERS) as usize;
     let top = depth - 1;
-    // Scratch reuse (the BPF stack is 512 bytes): `stack.now` (the raw reading, no longer
-    // needed) becomes the inclusive figure and the popped frame's `callees` the exclusive one.
-    let frame = &mut stack.frames[frame_index(top)];
-    let function = frame.function;
+    let function = stack.frames[frame_index(top)].function;
+    // `now` becomes the inclusive figure (scratch reuse: the BPF stack is 512 bytes);
+    // `virtual_now` stays the reading, for tail callers closed next.
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
-        let inclusive = stack.virtual_now[slot].wrapping_sub(frame.entry[slot]);
-        stack.now[slot] = inclusive;
-        frame.callees[slot] = inclusive.wrapping_sub(frame.callees[slot]);
+        let entry = stack.frames[frame_index(top)].entry[slot];
+        stack.now[slot] = stack.virtual_now[slot].wrapping_sub(entry);
         slot += 1;
     }
     stack.depth -= 1;
@@ -319,12 +484,11 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) {
                     if let Some(stats) = probe_stats() {
                         stats.map_full += 1;
                     }
-                    return;
+                    return true;
                 }
             }
         }
     };
-    let frame = &stack.frames[frame_index(top)];
     // Two CPUs may update one function's totals at once: add atomically (BPF atomic add).
     // SAFETY: naturally aligned u64 fields of a live map value.
     unsafe { atomic_add(&raw mut (*stats).calls, 1) };
@@ -334,13 +498,16 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) {
     }
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
+        let inclusive = stack.now[slot];
+        let exclusive = inclusive.wrapping_sub(stack.frames[frame_index(top)].callees[slot]);
         // SAFETY: as above.
         unsafe {
-            atomic_add(&raw mut (*stats).inclusive[slot], stack.now[slot]);
-            atomic_add(&raw mut (*stats).exclusive[slot], frame.callees[slot]);
+            atomic_add(&raw mut (*stats).inclusive[slot], inclusive);
+            atomic_add(&raw mut (*stats).exclusive[slot], exclusive);
         }
         slot += 1;
     }
+    true
 }
 
 /// Ends, as unwound calls, every open frame of the thread whose entry stack pointer is at or

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_COUNTERS, ProbeStats,
-    ShadowStack, TaskCounters, slot_source,
+    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, IndirectJump,
+    MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, slot_source,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -137,6 +137,18 @@ pub(crate) static ZERO_STACK: Array<ShadowStack> = Array::with_max_entries(1, 0)
 /// Function totals per caller -> callee edge (and per process if asked).
 #[map]
 pub(crate) static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(16384, 0);
+
+/// Descriptors of the indirect jumps probed as possible exits, keyed by the index in their
+/// attach cookie. Filled by user space before attaching; a jump table's jumps are among them.
+#[map]
+pub(crate) static INDIRECT_JUMPS: HashMap<u32, IndirectJump> =
+    HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
+
+/// Function starts whose returns are probed, per probed file: a tail call there keeps the
+/// caller's frame open until the callee returns.
+#[map]
+pub(crate) static RETURN_TARGETS: HashMap<FileAddress, u8> =
+    HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
 
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);

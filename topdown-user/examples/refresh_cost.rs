@@ -95,7 +95,12 @@ fn main() -> anyhow::Result<()> {
     let model = base_model("intel-spr")?;
     let slot_names: Vec<String> = model.counters().into_iter().map(|spec| spec.name).collect();
     let functions: Vec<(String, String)> = (0..FUNCTIONS)
-        .map(|id| ("/usr/lib/libapp.so".to_owned(), format!("app::function_{id}")))
+        .map(|id| {
+            (
+                "/usr/lib/libapp.so".to_owned(),
+                format!("app::function_{id}"),
+            )
+        })
         .collect();
     let cgroup_paths = HashMap::new();
     let previous = snapshot(tasks, edges, 1);

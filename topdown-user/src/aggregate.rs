@@ -117,6 +117,7 @@ impl Sub for Diagnostics {
                 .probe_read_failures
                 .saturating_sub(earlier.probe_read_failures),
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
+            tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
@@ -648,6 +649,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         unmatched_returns: snapshot.probes.unmatched_returns,
         probe_read_failures: snapshot.probes.read_failures,
         probe_map_full: snapshot.probes.map_full,
+        tail_calls_cut: snapshot.probes.tail_calls_cut,
         ..Diagnostics::default()
     };
     snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {
@@ -721,6 +723,7 @@ fn function_entries(
                 pid: (tgid != 0).then_some(tgid),
                 calls: total.calls,
                 unwound: total.unwound,
+                entry_single_step: false,
                 inclusive: entity(&total.inclusive),
                 exclusive: entity(&total.exclusive),
             }

@@ -283,7 +283,21 @@ impl CountingSession {
                 .map(|probes| probes.target_returns())
                 .unwrap_or_default(),
         };
-        report_of(&ctx, aggregate)
+        let mut report = report_of(&ctx, aggregate);
+        if let Some(probes) = &self.probes {
+            let ids: HashMap<(&str, &str), u32> = probes
+                .functions()
+                .iter()
+                .enumerate()
+                .map(|(id, (target, symbol))| ((target.as_str(), symbol.as_str()), id as u32))
+                .collect();
+            for function in &mut report.functions {
+                function.entry_single_step = ids
+                    .get(&(function.target.as_str(), function.symbol.as_str()))
+                    .is_some_and(|id| probes.entry_single_step(*id));
+            }
+        }
+        report
     }
 
     /// The paths of `aggregate`'s cgroups (and, for `--cgroup-depth` roll-ups, of every cgroup

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod counters;
 pub mod counting;
 pub mod error;
+pub mod exit_plan;
 pub mod list;
 pub mod output;
 pub mod pmu;

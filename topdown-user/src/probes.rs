@@ -6,7 +6,7 @@
 //! counting.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::Instant,
@@ -15,9 +15,14 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    bpf::{AttachMode, ProbePoint, Session},
+    bpf::{AttachMode, Session},
+    error::{Failure, fail},
+    exit_plan::{Plan, Probed, plan},
     progress::Progress,
-    symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
+    symbols::{
+        ProbeSpec, Resolution, ResolvedFunction, elf::FileFunctions, resolve as resolve_functions,
+        x86::ProbeCheck,
+    },
     unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
 };
 
@@ -50,6 +55,8 @@ pub struct Probes {
     functions: Vec<(String, String)>,
     /// Function ids the overhead guard detached; never re-attached.
     detached: BTreeSet<u32>,
+    /// Function ids whose first instruction the kernel single-steps.
+    single_step: BTreeSet<u32>,
     /// Each attached target and the file identity it had.
     targets: Vec<(PathBuf, Option<(u64, u64)>)>,
     pub reattachments: u64,
@@ -58,7 +65,7 @@ pub struct Probes {
     paused: bool,
     /// What `resume` attaches while no target changed on disk: resolving parses every
     /// target's symbols, which a duty cycle should not pay each period.
-    resolution: Option<Vec<ResolvedFunction>>,
+    resolution: Option<Resolution>,
 }
 
 impl Probes {
@@ -80,6 +87,7 @@ impl Probes {
             target_returns: Vec::new(),
             functions: Vec::new(),
             detached: BTreeSet::new(),
+            single_step: BTreeSet::new(),
             targets: Vec::new(),
             reattachments: 0,
             paused: false,
@@ -106,13 +114,16 @@ impl Probes {
             .filter_map(|id| self.functions.get(*id as usize))
     }
 
-    fn attach_resolved(
-        &mut self,
-        session: &mut Session,
-        resolved: Vec<ResolvedFunction>,
-    ) -> Result<()> {
+    /// Whether the kernel single-steps the first instruction of function `id` (part 5 of
+    /// issue 10: each call then costs a second trap).
+    pub fn entry_single_step(&self, id: u32) -> bool {
+        self.single_step.contains(&id)
+    }
+
+    fn attach_resolved(&mut self, session: &mut Session, resolved: Resolution) -> Result<()> {
+        let Resolution { functions, files } = resolved;
         let mut targets: Vec<PathBuf> = Vec::new();
-        for function in &resolved {
+        for function in &functions {
             if !targets.contains(&function.target) {
                 targets.push(function.target.clone());
             }
@@ -130,15 +141,19 @@ impl Probes {
         } else {
             unwinding::decide(self.returns, &targets, &self.image)
         };
-        let uses_exits = |target: &PathBuf| {
-            decisions.iter().any(|decision| {
-                decision.return_probe == ReturnProbe::Exit
-                    && decision.target == target.display().to_string()
+        let exit_targets: BTreeSet<PathBuf> = targets
+            .iter()
+            .filter(|target| {
+                decisions.iter().any(|decision| {
+                    decision.return_probe == ReturnProbe::Exit
+                        && decision.target == target.display().to_string()
+                })
             })
-        };
-        let mut points = Vec::new();
-        let mut targets: Vec<PathBuf> = Vec::new();
-        for function in resolved {
+            .cloned()
+            .collect();
+        let mut candidates: Vec<(u32, ResolvedFunction)> = Vec::new();
+        let mut skipped: Vec<(String, String)> = Vec::new();
+        for function in functions {
             let key = (
                 function.target.display().to_string(),
                 function.display.clone(),
@@ -153,47 +168,69 @@ impl Probes {
             if self.detached.contains(&id) {
                 continue;
             }
-            if !targets.contains(&function.target) {
-                targets.push(function.target.clone());
+            match refusal(&function, !exit_targets.contains(&function.target)) {
+                Some(why) => skipped.push((function.display.clone(), why)),
+                None => candidates.push((id, function)),
             }
-            let exits = if uses_exits(&function.target) {
-                function.exits
-            } else {
-                None
-            };
-            points.push(ProbePoint {
-                target: function.target,
-                offset: function.offset,
-                exits,
-                function_id: id,
-            });
         }
+        if !skipped.is_empty() && candidates.is_empty() {
+            return Err(nothing_probeable(&skipped));
+        }
+        self.single_step = candidates
+            .iter()
+            .filter(|(_, function)| function.entry_probe == Some(ProbeCheck::SingleStep))
+            .map(|(id, _)| *id)
+            .collect();
+        warn_single_step(&candidates, &self.single_step);
+
         // Attached before a held command execs, so none of its calls are missed.
         let started = Instant::now();
-        let mode = if points.is_empty() {
-            None
-        } else {
-            // Shown only for many functions (a glob over a large binary), where attaching takes
-            // seconds; without a terminal it is one call, as before.
-            let progress = (points.len() >= ATTACH_PROGRESS_FROM)
-                .then(|| Progress::counting("attaching probes", points.len() as u64, "functions"));
-            let batch = match &progress {
-                Some(progress) if progress.is_visible() => ATTACH_BATCH,
-                _ => points.len(),
-            };
-            let mut mode = None;
-            for chunk in points.chunks(batch) {
-                mode = Some(session.attach_functions(chunk, &self.processes)?);
-                if let Some(progress) = &progress {
-                    progress.inc(chunk.len() as u64);
+        let mut mode = None;
+        if !candidates.is_empty() {
+            match self.attach_planned(session, &candidates, &files, &exit_targets) {
+                Ok(attached) => mode = Some(attached),
+                Err(err) => {
+                    // The pre-check missed something the kernel refuses: find the functions
+                    // whose probes fail, skip them and plan the rest again.
+                    let failing = failing_functions(
+                        session,
+                        &candidates,
+                        &files,
+                        &exit_targets,
+                        &self.processes,
+                    );
+                    // None failing alone, or all of them: not a matter of single functions.
+                    if failing.is_empty() || failing.len() == candidates.len() {
+                        return Err(err);
+                    }
+                    let reason = format!("{err:#}");
+                    for index in failing.iter().rev() {
+                        let (_, function) = candidates.remove(*index);
+                        skipped.push((function.display, reason.clone()));
+                    }
+                    if candidates.is_empty() {
+                        return Err(nothing_probeable(&skipped));
+                    }
+                    mode =
+                        Some(self.attach_planned(session, &candidates, &files, &exit_targets)?);
                 }
             }
-            mode
-        };
+        }
+        if !skipped.is_empty() {
+            eprintln!(
+                "topdown: skipped {} function{} the kernel cannot probe: {}",
+                skipped.len(),
+                if skipped.len() == 1 { "" } else { "s" },
+                skipped
+                    .iter()
+                    .map(|(name, why)| format!("{name} ({why})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         if !reuse {
             self.report_returns(&decisions);
         }
-        let exit_targets: Vec<&PathBuf> = targets.iter().filter(|t| uses_exits(t)).collect();
         if !exit_targets.is_empty() {
             // Unwinding can end anywhere in the image: catch points in every object of it.
             // One per file: uprobes belong to an inode, however the file was reached.
@@ -234,10 +271,16 @@ impl Probes {
             }
         }
         self.target_returns = decisions;
+        let mut targets: Vec<PathBuf> = Vec::new();
+        for (_, function) in &candidates {
+            if !targets.contains(&function.target) {
+                targets.push(function.target.clone());
+            }
+        }
         eprintln!(
             "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",
-            points.len(),
-            if points.len() == 1 { "" } else { "s" },
+            candidates.len(),
+            if candidates.len() == 1 { "" } else { "s" },
             targets.len(),
             if targets.len() == 1 { "y" } else { "ies" },
             match mode {
@@ -255,6 +298,47 @@ impl Probes {
             })
             .collect();
         Ok(())
+    }
+
+    /// Plans `candidates`' probes, fills the exit maps and attaches, with progress for many.
+    fn attach_planned(
+        &self,
+        session: &mut Session,
+        candidates: &[(u32, ResolvedFunction)],
+        files: &HashMap<PathBuf, FileFunctions>,
+        exit_targets: &BTreeSet<PathBuf>,
+    ) -> Result<AttachMode> {
+        let plan = plan_of(candidates, files, exit_targets);
+        session.set_exit_maps(&plan)?;
+        // Shown only for many functions (a glob over a large binary), where attaching takes
+        // seconds; without a terminal it is one call, as before.
+        let progress = (plan.functions.len() >= ATTACH_PROGRESS_FROM).then(|| {
+            Progress::counting("attaching probes", plan.functions.len() as u64, "functions")
+        });
+        let batch = match &progress {
+            Some(progress) if progress.is_visible() => ATTACH_BATCH,
+            _ => plan.functions.len().max(1),
+        };
+        let mut mode = AttachMode::PerPoint;
+        let mut attached = 0;
+        for chunk in plan.functions.chunks(batch) {
+            match session.attach_functions(chunk, &self.processes) {
+                Ok(chunk_mode) => mode = chunk_mode,
+                Err(err) => {
+                    // Leave nothing of this attempt behind: the caller may retry without
+                    // the failing functions.
+                    if attached > 0 {
+                        session.detach_functions()?;
+                    }
+                    return Err(err);
+                }
+            }
+            attached += chunk.len();
+            if let Some(progress) = &progress {
+                progress.inc(chunk.len() as u64);
+            }
+        }
+        Ok(mode)
     }
 
     /// One line per target with `-v`; otherwise one summary line.
@@ -302,7 +386,7 @@ impl Probes {
     fn reattach_resolved(
         &mut self,
         session: &mut Session,
-        resolved: Vec<ResolvedFunction>,
+        resolved: Resolution,
         why: &str,
     ) -> Result<()> {
         eprintln!("topdown: re-attaching function probes: {why}");
@@ -392,4 +476,113 @@ impl Probes {
     pub fn is_paused(&self) -> bool {
         self.paused
     }
+}
+
+/// `exit_targets`: the targets whose returns are caught by exit-instruction probes (the rest
+/// by uretprobes).
+fn plan_of(
+    candidates: &[(u32, ResolvedFunction)],
+    files: &HashMap<PathBuf, FileFunctions>,
+    exit_targets: &BTreeSet<PathBuf>,
+) -> Plan {
+    let probed: Vec<Probed<'_>> = candidates
+        .iter()
+        .map(|(id, function)| Probed {
+            function,
+            id: *id,
+            uretprobe: !exit_targets.contains(&function.target),
+        })
+        .collect();
+    plan(&probed, files)
+}
+
+/// Why the kernel would refuse a probe of `function` (x86-64 rules, `crate::symbols::x86`).
+fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
+    if let Some(ProbeCheck::Refused(why)) = &function.entry_probe {
+        return Some((*why).to_owned());
+    }
+    if uretprobes {
+        return None;
+    }
+    function
+        .exits
+        .iter()
+        .flatten()
+        .find_map(|exit| match &exit.probe {
+            ProbeCheck::Refused(why) => Some(format!(
+                "exit at +{:#x}: {why}",
+                exit.address.wrapping_sub(function.address)
+            )),
+            _ => None,
+        })
+}
+
+fn nothing_probeable(skipped: &[(String, String)]) -> anyhow::Error {
+    fail(
+        Failure::Usage,
+        format!(
+            "no function can be probed: the kernel refuses {}; choose other functions",
+            skipped
+                .iter()
+                .map(|(name, why)| format!("{name} ({why})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
+/// Says, before attaching, how many probed functions start with an instruction the kernel
+/// cannot emulate (x86-64 emulates nop, push, jmp, call and jcc: `branch_setup_xol_ops` and
+/// `push_setup_xol_ops` in arch/x86/kernel/uprobes.c); `-v` lists them.
+fn warn_single_step(candidates: &[(u32, ResolvedFunction)], single_step: &BTreeSet<u32>) {
+    if single_step.is_empty() {
+        return;
+    }
+    eprintln!(
+        "topdown: {} of {} probed functions start with an instruction the kernel single-steps \
+         instead of emulating (e.g. endbr64, mov, sub): each of their calls takes a second trap, \
+         several times an emulated probe's cost (about 10x on the 2-vCPU VM of issue 10; not \
+         measured here); -v lists them",
+        single_step.len(),
+        candidates.len()
+    );
+    for (id, function) in candidates {
+        if single_step.contains(id) {
+            log::info!(
+                "single-stepped entry: {} in {}",
+                function.display,
+                function.target.display()
+            );
+        }
+    }
+}
+
+/// Indices (ascending) of the functions whose probes the kernel refuses, found by attaching
+/// halves of `candidates` and detaching them again.
+fn failing_functions(
+    session: &mut Session,
+    candidates: &[(u32, ResolvedFunction)],
+    files: &HashMap<PathBuf, FileFunctions>,
+    exit_targets: &BTreeSet<PathBuf>,
+    processes: &[u32],
+) -> Vec<usize> {
+    let mut failing = Vec::new();
+    let mut pending: Vec<std::ops::Range<usize>> = Vec::new();
+    pending.push(0..candidates.len());
+    while let Some(range) = pending.pop() {
+        let plan = plan_of(&candidates[range.clone()], files, exit_targets);
+        if session.attach_functions(&plan.functions, processes).is_ok() {
+            let _ = session.detach_functions();
+            continue;
+        }
+        if range.len() == 1 {
+            failing.push(range.start);
+            continue;
+        }
+        let middle = range.start + range.len() / 2;
+        pending.push(middle..range.end);
+        pending.push(range.start..middle);
+    }
+    failing.sort_unstable();
+    failing
 }

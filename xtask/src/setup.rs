@@ -8,7 +8,7 @@ use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
         BPF_LINKER_VERSION, EBPF_TOOLCHAIN, HOST_TOOLCHAIN, LLVM_PACKAGES, LLVM_PREFIX,
-        TEST_PACKAGES,
+        REAL_PROGRAM_PACKAGES, TEST_PACKAGES,
     },
 };
 
@@ -18,6 +18,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &TEST_PACKAGES,
         "a Prometheus server and promtool for the exporter's tests, tmux for topdown top's",
+    )?;
+    debian_packages(
+        &REAL_PROGRAM_PACKAGES,
+        "bpftrace's entry counts against `-u 'libsqlite3:*'` on the sqlite3 CLI (function-probe tests)",
     )?;
     bpf_linker()?;
     tracefs()?;

@@ -22,3 +22,7 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// `topdown top`'s test drives. libpfm4 (libpfm.so.4) encodes `-e` libpfm-style names, dlopen'ed
 /// at run time; its tests need it.
 pub const TEST_PACKAGES: [&str; 3] = ["prometheus", "tmux", "libpfm4"];
+
+/// Debian packages of the real-program function-probe tests (tests/tests/real_programs.rs):
+/// bpftrace as the entry-count oracle, the sqlite3 CLI and its library as the program probed.
+pub const REAL_PROGRAM_PACKAGES: [&str; 3] = ["bpftrace", "sqlite3", "libsqlite3-0"];

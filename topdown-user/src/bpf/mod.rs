@@ -19,13 +19,14 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters,
-    flush_mode, flush_result, names,
+    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, IndirectJump, MAX_COUNTERS,
+    ProbeStats, TaskCounters, flush_mode, flush_result, names,
 };
 
 use crate::{
     counters::CounterGroups,
     error::{Failure, fail},
+    exit_plan::{FunctionProbes, Plan},
     tracefs::Tracefs,
 };
 
@@ -72,18 +73,6 @@ pub enum Trigger {
     SchedSwitch,
     /// The `cgroup-switches` software event: only when the CPU moves to another cgroup.
     CgroupSwitch,
-}
-
-/// One function to probe: where, and the id its counts come back under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbePoint {
-    pub target: std::path::PathBuf,
-    /// File offset of the function's first instruction.
-    pub offset: u64,
-    /// File offsets of its exit instructions (`Some(empty)`: it never returns normally);
-    /// `None`: not decoded, use a uretprobe.
-    pub exits: Option<Vec<u64>>,
-    pub function_id: u32,
 }
 
 /// How the function probes were attached.
@@ -263,18 +252,63 @@ impl Session {
         Ok(session)
     }
 
-    /// Attaches the function probes, per binary: first the return side (so a call already in
-    /// flight at attach time cannot desynchronise a shadow stack), then the entries. The return
-    /// side is a plain uprobe on each exit instruction when the function was decoded (x86-64):
-    /// it leaves return addresses alone, so C++ exceptions still unwind through probed frames;
-    /// otherwise a uretprobe. One uprobe.multi link per binary and program when the kernel has
-    /// them.
+    /// Hands the exit program its indirect-jump descriptors and the functions whose returns
+    /// are probed (`crate::exit_plan`), replacing what a previous attachment left.
+    pub fn set_exit_maps(&mut self, plan: &Plan) -> Result<()> {
+        let mut jumps: BpfHashMap<&mut MapData, u32, IndirectJump> =
+            map_mut(&mut self.ebpf, names::INDIRECT_JUMPS)?;
+        let stale: Vec<u32> = jumps.keys().filter_map(Result::ok).collect();
+        for key in stale {
+            let _ = jumps.remove(&key);
+        }
+        for (index, jump) in &plan.indirect_jumps {
+            jumps
+                .insert(index, jump, 0)
+                .context("filling the indirect-jump map (too many indirect jumps?)")?;
+        }
+        let mut targets: BpfHashMap<&mut MapData, FileAddress, u8> =
+            map_mut(&mut self.ebpf, names::RETURN_TARGETS)?;
+        let stale: Vec<FileAddress> = targets.keys().filter_map(Result::ok).collect();
+        for key in stale {
+            let _ = targets.remove(&key);
+        }
+        for target in &plan.return_targets {
+            targets
+                .insert(target, &1u8, 0)
+                .context("filling the return-target map")?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the probes of `functions`, per binary: first the return side (so a call already
+    /// in flight at attach time cannot desynchronise a shadow stack), then the entries. The
+    /// return side is a plain uprobe on each exit instruction when the function was decoded
+    /// (x86-64): it leaves return addresses alone, so C++ exceptions still unwind through
+    /// probed frames; otherwise a uretprobe. One uprobe.multi link per binary and program when
+    /// the kernel has them. If any link fails, the links of this call are detached again.
     ///
     /// `processes`: limit the probes to these processes (`-p`); empty: every process that
     /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
     pub fn attach_functions(
         &mut self,
-        points: &[ProbePoint],
+        functions: &[FunctionProbes],
+        processes: &[u32],
+    ) -> Result<AttachMode> {
+        let before = self.function_links.len();
+        let result = self.attach_functions_or_leave_some(functions, processes);
+        if result.is_err() {
+            for (program_name, link) in self.function_links.split_off(before).into_iter().rev() {
+                if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, program_name) {
+                    let _ = program.detach(link);
+                }
+            }
+        }
+        result
+    }
+
+    fn attach_functions_or_leave_some(
+        &mut self,
+        functions: &[FunctionProbes],
         processes: &[u32],
     ) -> Result<AttachMode> {
         let multi = aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation)
@@ -288,27 +322,21 @@ impl Session {
         type Points = Vec<UProbeAttachPoint<'static>>;
         let mut plan: std::collections::BTreeMap<(&'static str, &std::path::Path), Points> =
             std::collections::BTreeMap::new();
-        for point in points {
-            let cookie = Some(u64::from(point.function_id));
-            let at = |offset: u64| UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(offset),
-                cookie,
-            };
-            let target = point.target.as_path();
-            match &point.exits {
-                None => plan
-                    .entry((ret, target))
+        for function in functions {
+            let points = function
+                .exits
+                .iter()
+                .map(|point| (exit, point))
+                .chain(function.uretprobe.iter().map(|point| (ret, point)))
+                .chain(function.entry.iter().map(|point| (entry, point)));
+            for (program, point) in points {
+                plan.entry((program, point.target.as_path()))
                     .or_default()
-                    .push(at(point.offset)),
-                Some(exits) if exits.is_empty() => {}
-                Some(exits) => plan
-                    .entry((exit, target))
-                    .or_default()
-                    .extend(exits.iter().map(|offset| at(*offset))),
+                    .push(UProbeAttachPoint {
+                        location: UProbeAttachLocation::AbsoluteOffset(point.offset),
+                        cookie: Some(point.cookie),
+                    });
             }
-            plan.entry((entry, target))
-                .or_default()
-                .push(at(point.offset));
         }
         let scopes: Vec<UProbeScope> = if processes.is_empty() {
             vec![UProbeScope::AllProcesses]
@@ -652,6 +680,7 @@ impl Session {
                 unmatched_returns: sum.unmatched_returns + cpu.unmatched_returns,
                 map_full: sum.map_full + cpu.map_full,
                 read_failures: sum.read_failures + cpu.read_failures,
+                tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(&self.ebpf, names::CGROUPS)?;

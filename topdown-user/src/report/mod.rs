@@ -235,6 +235,10 @@ pub struct FunctionEntry {
     pub return_probe: Option<crate::unwinding::ReturnProbe>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_probe_reason: Option<String>,
+    /// The kernel single-steps its first instruction (not one of the emulated nop, push, jmp,
+    /// call, jcc): each call costs a second trap.
+    #[serde(default)]
+    pub entry_single_step: bool,
     /// Counts from entry to return, probed callees included.
     pub inclusive: Entity,
     /// Inclusive minus the inclusive counts of probed callees.
@@ -293,6 +297,11 @@ pub struct Diagnostics {
     /// Shadow stacks or function entries that did not fit their maps.
     #[serde(default)]
     pub probe_map_full: u64,
+    /// Probed calls that ended in a tail call to a function whose end cannot be known (its
+    /// returns are not probed: another library, a PLT stub, no symbol): their inclusive figure
+    /// stops at the jump.
+    #[serde(default)]
+    pub tail_calls_cut: u64,
     /// Processes that moved themselves to another cgroup while the one they left was unknown:
     /// their counts since their CPU's last reading went to the cgroup they moved to.
     #[serde(default)]
@@ -532,6 +541,7 @@ pub(crate) mod tests {
                     unwound: 0,
                     return_probe: None,
                     return_probe_reason: None,
+                    entry_single_step: false,
                     inclusive: entity(model, level, 7),
                     exclusive: entity(model, level, 6),
                 },
@@ -543,6 +553,7 @@ pub(crate) mod tests {
                     unwound: 0,
                     return_probe: None,
                     return_probe_reason: None,
+                    entry_single_step: false,
                     inclusive: entity(model, level, 8),
                     exclusive: entity(model, level, 8),
                 },

@@ -705,6 +705,7 @@ mod tests {
             unwound: 0,
             return_probe: None,
             return_probe_reason: None,
+            entry_single_step: false,
             inclusive: exclusive.clone(),
             exclusive,
         }
@@ -980,6 +981,7 @@ mod tests {
             unwound: 0,
             return_probe: None,
             return_probe_reason: None,
+            entry_single_step: false,
             inclusive: clock(500),
             exclusive: clock(500),
         }];

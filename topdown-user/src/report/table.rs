@@ -278,6 +278,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.probe_map_full
         );
     }
+    if d.tail_calls_cut > 0 {
+        text += &format!(
+            "note: {} probed calls ended in a tail call to a function whose end cannot be known (its returns are not probed): their inclusive figures stop at the jump\n",
+            d.tail_calls_cut
+        );
+    }
     if d.cgroup_map_full > 0 {
         text += &format!(
             "note: the cgroup map was full {} times: raise --max-cgroups\n",

@@ -4,11 +4,15 @@
 //! reads `.symtab` and `.dynsym` itself, follows `.gnu_debuglink` and the build-id tree when a
 //! binary is stripped, and attaches by file offset.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
+use super::x86;
 use crate::{
     error::{Failure, fail},
     progress::Progress,
@@ -25,15 +29,59 @@ pub struct FunctionSymbol {
     pub offset: u64,
     /// Size in bytes (0 when the symbol table does not say).
     pub size: u64,
-    /// File offsets of the instructions that leave the function (`ret`, tail-call `jmp`),
-    /// where exit probes go instead of a uretprobe. `None`: not decoded (not x86-64, or no
-    /// size); `Some(empty)`: it never returns normally (e.g. it always throws).
-    pub exits: Option<Vec<u64>>,
+    /// The instructions that leave the function (`ret`, tail-call `jmp`, its cold fragments'
+    /// included), where exit probes go instead of a uretprobe. `None`: not decoded (not x86-64,
+    /// or no size); `Some(empty)`: it never returns normally (e.g. it always throws).
+    pub exits: Option<Vec<x86::Exit>>,
+    /// Its code: `[start, end)` addresses of its body, then of its cold fragments.
+    pub ranges: Vec<(u64, u64)>,
+    /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
+    pub entry_probe: Option<x86::ProbeCheck>,
+}
+
+/// A file's functions, sorted by address, and where its loaded image ends.
+#[derive(Clone, Debug, Default)]
+pub struct FileFunctions {
+    pub functions: Vec<FunctionSymbol>,
+    /// End of the highest loaded segment (file virtual address).
+    pub image_end: u64,
+    /// PLT stubs and `DT_NEEDED` libraries (x86-64).
+    pub imports: super::plt::Imports,
+    /// PLT stubs that probed functions tail-call, by stub address: the library and address of
+    /// the function they are bound to (filled in by [`super::resolve`]).
+    pub bound: HashMap<u64, (PathBuf, u64)>,
+    /// Names of `STT_GNU_IFUNC` symbols: their address is a resolver, not the code a call
+    /// bound to the name runs (glibc's `memcpy` picks an implementation at load time).
+    pub ifunc_names: std::collections::HashSet<String>,
+}
+
+impl FileFunctions {
+    /// The function whose body holds `address` (its start, or inside: hand-written code such
+    /// as glibc's string functions jumps into the middle of another symbol).
+    pub fn containing(&self, address: u64) -> Option<&FunctionSymbol> {
+        let after = self
+            .functions
+            .partition_point(|function| function.address <= address);
+        let function = self.functions.get(after.checked_sub(1)?)?;
+        (address < function.address + function.size.max(1)).then_some(function)
+    }
+}
+
+/// GCC's hot/cold splitting names the cold part of `f` `f.cold` or `f.cold.N` (C++:
+/// `_Z1hi.cold`, demangled `h(int) [clone .cold]`): the parent's raw name. `.part.N`
+/// (partial inlining) is a function of its own, called and returning like any other.
+fn cold_parent(name: &str) -> Option<&str> {
+    let (parent, rest) = name.rsplit_once(".cold")?;
+    let numbered = rest.is_empty()
+        || rest
+            .strip_prefix('.')
+            .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    (numbered && !parent.is_empty()).then_some(parent)
 }
 
 /// Reads every function of `path` (from a debug file if `path` is stripped), with file offsets
 /// computed against `path`'s own program headers.
-pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
+pub fn functions(path: &Path) -> Result<FileFunctions> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let file = object::File::parse(&*data).map_err(|err| {
         fail(
@@ -80,6 +128,8 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
                 offset,
                 size,
                 exits: None,
+                ranges: vec![(address, address + size)],
+                entry_probe: None,
             })
         })
         .collect();
@@ -93,6 +143,7 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
             .then(a.name.cmp(&b.name))
     });
     functions.dedup_by_key(|function| function.address);
+    attach_cold_fragments(&mut functions);
     if x86_64 {
         let progress = (functions.len() >= super::PROGRESS_FROM).then(|| {
             Progress::counting(
@@ -101,53 +152,92 @@ pub fn functions(path: &Path) -> Result<Vec<FunctionSymbol>> {
                 "functions",
             )
         });
+        let code_at = |address: u64, size: u64| {
+            let start = to_offset(address)? as usize;
+            data.get(start..start.checked_add(size as usize)?)
+        };
         for function in &mut functions {
             if let Some(progress) = &progress {
                 progress.inc(1);
             }
-            let start = function.offset as usize;
-            let code = data.get(start..start.saturating_add(function.size as usize));
-            if let Some(code) = code.filter(|_| function.size > 0) {
-                function.exits = Some(
-                    x86_64_exits(code, function.address)
-                        .into_iter()
-                        .map(|address| address - function.address + function.offset)
-                        .collect(),
-                );
+            // An instruction is at most 15 bytes; symbols without a size still start one.
+            function.entry_probe = code_at(function.address, 15)
+                .or_else(|| code_at(function.address, function.size))
+                .map(x86::check);
+            if function.size == 0 {
+                continue;
             }
+            let mut exits = Vec::new();
+            let mut decoded = true;
+            for (start, end) in &function.ranges {
+                match code_at(*start, end - start) {
+                    Some(code) => exits.extend(x86::exits(code, *start, &function.ranges)),
+                    None => decoded = false,
+                }
+            }
+            for exit in &mut exits {
+                exit.offset = to_offset(exit.address).unwrap_or_default();
+            }
+            function.exits = decoded.then_some(exits);
         }
     }
-    Ok(functions)
+    let image_end = segments
+        .iter()
+        .map(|(start, size, _)| start + size)
+        .max()
+        .unwrap_or_default();
+    let imports = if x86_64 {
+        super::plt::imports(&file)
+    } else {
+        super::plt::Imports::default()
+    };
+    // STT_GNU_IFUNC (the GNU extension of the ELF symbol types).
+    let ifunc_names = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .filter(|symbol| {
+            matches!(symbol.flags(), object::SymbolFlags::Elf { st_info, .. }
+                if st_info.st_type() == object::elf::STT_GNU_IFUNC)
+        })
+        .filter_map(|symbol| symbol.name().ok().map(str::to_owned))
+        .collect();
+    Ok(FileFunctions {
+        functions,
+        image_end,
+        imports,
+        bound: HashMap::new(),
+        ifunc_names,
+    })
 }
 
-/// Addresses of the instructions through which a function returns: `ret`, and unconditional
-/// jumps out of its body (tail calls). A uprobe there sees the stack pointer the function had
-/// at entry, and, unlike a uretprobe, leaves the return address on the stack alone, so C++
-/// exceptions can still unwind through the function.
-pub fn x86_64_exits(code: &[u8], address: u64) -> Vec<u64> {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl};
-    let end = address + code.len() as u64;
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut exits = Vec::new();
-    while decoder.can_decode() {
-        let instruction = decoder.decode();
-        if instruction.is_invalid() {
-            // Data or padding we cannot decode: stop rather than guess at boundaries.
-            break;
+/// Removes cold fragments from `functions` and adds their code to their parent's ranges: they
+/// are never entered by a call, and their exits are the parent's. A fragment whose parent is
+/// not found (or that has no size) is dropped too: it is no function to probe.
+fn attach_cold_fragments(functions: &mut Vec<FunctionSymbol>) {
+    let mut fragments = Vec::new();
+    functions.retain(|function| {
+        let cold = cold_parent(&function.name).is_some();
+        if cold {
+            fragments.push(function.clone());
         }
-        let leaves = match instruction.flow_control() {
-            FlowControl::Return => true,
-            FlowControl::UnconditionalBranch => {
-                let target = instruction.near_branch_target();
-                target != 0 && (target < address || target >= end)
-            }
-            _ => false,
+        !cold
+    });
+    for fragment in fragments {
+        let Some(parent) = cold_parent(&fragment.name) else {
+            continue;
         };
-        if leaves {
-            exits.push(instruction.ip());
+        // Two static functions may share a name: the nearest one is the fragment's.
+        let parent = functions
+            .iter_mut()
+            .filter(|function| function.name == parent)
+            .min_by_key(|function| function.address.abs_diff(fragment.address));
+        match parent {
+            Some(parent) if fragment.size > 0 => parent
+                .ranges
+                .push((fragment.address, fragment.address + fragment.size)),
+            _ => log::debug!("cold fragment {} without a parent", fragment.name),
         }
     }
-    exits
 }
 
 /// Defined function symbols with their addresses and sizes, from both symbol tables.
@@ -269,15 +359,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exits_are_rets_and_tail_calls_out() {
-        // push rbp; mov rbp,rsp; jne +2 (inside); pop rbp; ret; jmp rel32 to 0x2000 (outside);
-        // jmp -3 (inside: a loop).
-        let code = [
-            0x55, 0x48, 0x89, 0xe5, 0x75, 0x02, 0x5d, 0xc3, 0xe9, 0xf3, 0x0f, 0x00, 0x00, 0xeb,
-            0xfd,
-        ];
-        let exits = x86_64_exits(&code, 0x1000);
-        assert_eq!(exits, vec![0x1007, 0x1008]);
+    fn cold_fragments_name_their_parent() {
+        assert_eq!(cold_parent("h.cold"), Some("h"));
+        assert_eq!(cold_parent("foo.cold.12"), Some("foo"));
+        assert_eq!(cold_parent("_Z1hi.cold"), Some("_Z1hi"));
+        assert_eq!(cold_parent("foo.part.0"), None);
+        assert_eq!(cold_parent("coldstart"), None);
+        assert_eq!(cold_parent("foo.cold.x"), None);
     }
 
     /// README: a bad probe target is a usage error (exit 2), a directory included.

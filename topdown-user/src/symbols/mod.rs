@@ -21,7 +21,9 @@ const PROGRESS_FROM: usize = 20_000;
 
 pub mod elf;
 pub mod matching;
+pub mod plt;
 pub mod target;
+pub mod x86;
 
 /// One `-u TARGET:FUNC`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,24 +76,39 @@ pub struct ResolvedFunction {
     /// The file to attach to (through `/proc/PID/root` for a container's library).
     pub target: PathBuf,
     pub offset: u64,
+    /// Its address in the file.
+    pub address: u64,
     pub raw_name: String,
     /// Rust without hash, C++ with parameters.
     pub display: String,
-    /// File offsets of the exit instructions (see [`elf::x86_64_exits`]); `None`: use a
-    /// uretprobe.
-    pub exits: Option<Vec<u64>>,
+    /// The exit instructions (see [`x86::exits`]); `None`: use a uretprobe.
+    pub exits: Option<Vec<x86::Exit>>,
+    /// Its code: body, then cold fragments.
+    pub ranges: Vec<(u64, u64)>,
+    /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
+    pub entry_probe: Option<x86::ProbeCheck>,
+}
+
+/// The functions to probe, and every function of their files (tail-call targets).
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    pub functions: Vec<ResolvedFunction>,
+    pub files: HashMap<PathBuf, elf::FileFunctions>,
 }
 
 /// Resolves every spec; a glob that matches nothing or an unknown function is an error, as is
 /// a target that cannot be found. Functions reached twice are listed once.
-pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction>> {
+pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
+    let mut code: HashMap<PathBuf, elf::FileFunctions> = HashMap::new();
     let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
         if !files.contains_key(&path) {
-            let functions = elf::functions(&path)?;
+            let file = elf::functions(&path)?;
+            let functions = file.functions.clone();
+            code.insert(path.clone(), file);
             let progress = (functions.len() >= PROGRESS_FROM).then(|| {
                 Progress::counting(
                     &format!("demangling {}", path.display()),
@@ -146,9 +163,12 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
             let entry = ResolvedFunction {
                 target: path.clone(),
                 offset: function.offset,
+                address: function.address,
                 raw_name: function.name.clone(),
                 display: names.display.clone(),
                 exits: function.exits.clone(),
+                ranges: function.ranges.clone(),
+                entry_probe: function.entry_probe.clone(),
             };
             if !resolved
                 .iter()
@@ -159,7 +179,85 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Vec<ResolvedFunction
         }
     }
     disambiguate(&mut resolved);
-    Ok(resolved.into_iter().map(|(function, _)| function).collect())
+    bind_plt_tail_calls(&resolved, &mut code, pids);
+    Ok(Resolution {
+        functions: resolved.into_iter().map(|(function, _)| function).collect(),
+        files: code,
+    })
+}
+
+/// Finds, for each PLT stub a probed function tail-calls (`jmp usleep@plt`), the function the
+/// stub is bound to: the first `DT_NEEDED` library of the file that defines it. Libraries that
+/// cannot be found or read leave the stub unbound (the tail call then ends the call, counted).
+fn bind_plt_tail_calls(
+    resolved: &[(ResolvedFunction, matching::Names)],
+    code: &mut HashMap<PathBuf, elf::FileFunctions>,
+    pids: &[u32],
+) {
+    let mut wanted: Vec<(PathBuf, u64, String, Vec<String>)> = Vec::new();
+    for (function, _) in resolved {
+        let Some(file) = code.get(&function.target) else {
+            continue;
+        };
+        for exit in function.exits.iter().flatten() {
+            if let x86::ExitKind::Jump(stub) = exit.kind
+                && let Some(name) = file.imports.stubs.get(&stub)
+            {
+                wanted.push((
+                    function.target.clone(),
+                    stub,
+                    name.clone(),
+                    file.imports.needed.clone(),
+                ));
+            }
+        }
+    }
+    for (target, stub, name, needed) in wanted {
+        let mut bound = None;
+        for library in &needed {
+            let Ok(path) = target::find_target(library, pids) else {
+                continue;
+            };
+            if !code.contains_key(&path) {
+                match elf::functions(&path) {
+                    Ok(functions) => {
+                        code.insert(path.clone(), functions);
+                    }
+                    Err(err) => {
+                        log::debug!("{}: {err:#}", path.display());
+                        continue;
+                    }
+                }
+            }
+            let Some(file) = code.get(&path) else {
+                continue;
+            };
+            let defined: Vec<u64> = file
+                .functions
+                .iter()
+                .filter(|function| function.name == name)
+                .map(|function| function.address)
+                .collect();
+            if defined.is_empty() && !file.ifunc_names.contains(&name) {
+                continue;
+            }
+            // Bound only when it is plain: an IFUNC's symbol is its resolver (the stub runs
+            // whatever it chose), and of several versions of a name (`memcpy@GLIBC_2.2.5`,
+            // `memcpy@@GLIBC_2.14`) the one bound depends on the importer's version needs.
+            if let [address] = defined[..]
+                && !file.ifunc_names.contains(&name)
+            {
+                bound = Some((path, address));
+            }
+            break;
+        }
+        match (bound, code.get_mut(&target)) {
+            (Some(bound), Some(file)) => {
+                file.bound.insert(stub, bound);
+            }
+            _ => log::debug!("{name}@plt of {}: no defining library", target.display()),
+        }
+    }
 }
 
 /// Gives functions of one file that would print the same name distinct names: reports key
@@ -217,9 +315,12 @@ mod tests {
             let function = ResolvedFunction {
                 target: PathBuf::from("/bin/app"),
                 offset,
+                address: offset,
                 raw_name: raw.to_owned(),
                 display: names.display.clone(),
                 exits: None,
+                ranges: Vec::new(),
+                entry_probe: None,
             };
             (function, names)
         };

@@ -1,0 +1,421 @@
+//! x86-64 machine code as uprobes see it: where a function leaves (its exit instructions), and
+//! what the kernel does with a probed instruction (refuses it, emulates it, or single-steps
+//! it out of line).
+//!
+//! The kernel's rules are those of `arch/x86/kernel/uprobes.c` (Linux 6.18):
+//! `uprobe_init_insn` (refused prefixes and opcodes), `branch_setup_xol_ops` and
+//! `push_setup_xol_ops` (the emulated instructions); the NOP encodings it compares against
+//! are `x86_nops` from `arch/x86/include/asm/nops.h`.
+
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, OpKind, Register};
+use topdown_common::pt_regs_word;
+
+/// How one exit instruction leaves its function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// `ret`.
+    Return,
+    /// A direct jump out of the function (a tail call) to this address of the file.
+    Jump(u64),
+    /// A jump through a register or memory: a tail call or a jump table, told apart at run time.
+    Indirect(IndirectOperand),
+    /// A jump whose target cannot be computed (segment-relative, 32-bit addressing): an exit
+    /// whose callee's end cannot be known.
+    Unknown,
+}
+
+/// The operand of `jmp *...`, as BPF recomputes it from the probe's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndirectOperand {
+    /// `pt_regs_word` indices, `NONE` when absent.
+    pub base: u8,
+    pub index: u8,
+    pub scale: u8,
+    /// The target is read from memory at the operand's address (else the register is it).
+    pub memory: bool,
+    /// For rip-relative operands, relative to the jump's own address.
+    pub displacement: i64,
+}
+
+/// One exit instruction at `address` (in the file's address space).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub address: u64,
+    /// Its offset in the file, where the uprobe goes (filled in by the ELF reader, which
+    /// knows the segments).
+    pub offset: u64,
+    pub kind: ExitKind,
+    /// What the kernel does with a probe there.
+    pub probe: ProbeCheck,
+}
+
+/// What the kernel does with a uprobe on an instruction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeCheck {
+    /// Emulated in the trap handler (nop, push, jmp, call, jcc): the cheap case.
+    Emulated,
+    /// Copied out of line and single-stepped: a second trap per hit.
+    SingleStep,
+    /// The kernel refuses the probe (attaching fails), for this reason.
+    Refused(&'static str),
+}
+
+/// The exits of the code `code` at `address`; `inside` are the function's own ranges (its body
+/// first, then its cold fragments): jumps into them are not exits, except to the function's
+/// first instruction, a tail call to itself that enters it (and its entry probe) again.
+/// Decoding stops at the first invalid instruction (data or padding) rather than guess at
+/// boundaries.
+pub fn exits(code: &[u8], address: u64, inside: &[(u64, u64)]) -> Vec<Exit> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let entry = inside.first().map(|(start, _)| *start);
+    let within = |target: u64| {
+        Some(target) != entry
+            && inside
+                .iter()
+                .any(|(start, end)| target >= *start && target < *end)
+    };
+    let mut exits = Vec::new();
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        let at = (instruction.ip() - address) as usize;
+        let bytes = &code[at..at + instruction.len()];
+        let kind = match instruction.flow_control() {
+            FlowControl::Return => Some(ExitKind::Return),
+            FlowControl::UnconditionalBranch => {
+                let target = instruction.near_branch_target();
+                (target != 0 && !within(target)).then_some(ExitKind::Jump(target))
+            }
+            FlowControl::IndirectBranch if instruction.code() == Code::Jmp_rm64 => {
+                // `notrack jmp`: GCC emits it only for switch jump tables under
+                // -fcf-protection (their targets have no endbr64); the kernel refuses a probe
+                // on it (a DS prefix) anyway.
+                if prefixes(bytes).contains(&0x3e) {
+                    None
+                } else {
+                    Some(
+                        indirect_operand(&instruction)
+                            .map_or(ExitKind::Unknown, ExitKind::Indirect),
+                    )
+                }
+            }
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            exits.push(Exit {
+                address: instruction.ip(),
+                offset: 0,
+                kind,
+                probe: check(bytes),
+            });
+        }
+    }
+    exits
+}
+
+fn indirect_operand(instruction: &iced_x86::Instruction) -> Option<IndirectOperand> {
+    match instruction.op0_kind() {
+        OpKind::Register => Some(IndirectOperand {
+            base: pt_regs_index(instruction.op0_register())?,
+            index: pt_regs_word::NONE,
+            scale: 0,
+            memory: false,
+            displacement: 0,
+        }),
+        OpKind::Memory => {
+            if instruction.segment_prefix() == Register::FS
+                || instruction.segment_prefix() == Register::GS
+            {
+                return None;
+            }
+            if instruction.is_ip_rel_memory_operand() {
+                return Some(IndirectOperand {
+                    base: pt_regs_word::IP,
+                    index: pt_regs_word::NONE,
+                    scale: 0,
+                    memory: true,
+                    displacement: instruction
+                        .memory_displacement64()
+                        .wrapping_sub(instruction.ip()) as i64,
+                });
+            }
+            let base = match instruction.memory_base() {
+                Register::None => pt_regs_word::NONE,
+                register => pt_regs_index(register)?,
+            };
+            let index = match instruction.memory_index() {
+                Register::None => pt_regs_word::NONE,
+                register => pt_regs_index(register)?,
+            };
+            Some(IndirectOperand {
+                base,
+                index,
+                scale: instruction.memory_index_scale() as u8,
+                memory: true,
+                displacement: instruction.memory_displacement64() as i64,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// A 64-bit general register's word in x86-64 `struct pt_regs`; `None` for anything else
+/// (32-bit addressing is not recomputed).
+fn pt_regs_index(register: Register) -> Option<u8> {
+    Some(match register {
+        Register::R15 => 0,
+        Register::R14 => 1,
+        Register::R13 => 2,
+        Register::R12 => 3,
+        Register::RBP => 4,
+        Register::RBX => 5,
+        Register::R11 => 6,
+        Register::R10 => 7,
+        Register::R9 => 8,
+        Register::R8 => 9,
+        Register::RAX => 10,
+        Register::RCX => 11,
+        Register::RDX => 12,
+        Register::RSI => 13,
+        Register::RDI => 14,
+        Register::RSP => pt_regs_word::SP,
+        _ => return None,
+    })
+}
+
+/// The legacy prefixes in front of an instruction.
+fn prefixes(bytes: &[u8]) -> &[u8] {
+    let count = bytes
+        .iter()
+        .take_while(|byte| {
+            matches!(
+                byte,
+                0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3
+            )
+        })
+        .count();
+    &bytes[..count]
+}
+
+/// `good_insns_64` of arch/x86/kernel/uprobes.c: one bit per first opcode byte the kernel
+/// accepts a probe on (64-bit tasks), rows of 16 from opcode 0x00.
+const GOOD_INSNS_64: [u16; 16] = [
+    0b1011_1111_0011_1111, // 00: 06 07 0e invalid
+    0b0011_1111_0011_1111, // 10: 16 17 1e 1f
+    0b0111_1111_0111_1111, // 20: 27 2f
+    0b0111_1111_0111_1111, // 30: 37 3f
+    0xffff,                // 40
+    0xffff,                // 50
+    0b0000_1111_1111_1000, // 60: 60 61 62 6c-6f
+    0xffff,                // 70
+    0b1111_1111_1111_1011, // 80: 82
+    0b1111_1011_1111_1111, // 90: 9a
+    0xffff,                // a0
+    0xffff,                // b0
+    0b0000_1111_1111_1111, // c0: cc-cf
+    0b1111_1111_1000_1111, // d0: d4 d5 d6
+    0b0000_1011_0000_1111, // e0: e4-e7 ea ec-ef
+    0b1111_0011_1110_1101, // f0: f1 f4 fa fb
+];
+
+/// `x86_nops[1..=8]` (arch/x86/include/asm/nops.h, `BYTES_NOP1`..`BYTES_NOP8`): exact byte
+/// sequences the kernel emulates as NOPs.
+const X86_NOPS: [&[u8]; 8] = [
+    &[0x90],
+    &[0x66, 0x90],
+    &[0x0f, 0x1f, 0x00],
+    &[0x0f, 0x1f, 0x40, 0x00],
+    &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+    &[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+    &[0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00],
+    &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
+];
+
+/// What the kernel does with a uprobe on the instruction starting `code`.
+pub fn check(code: &[u8]) -> ProbeCheck {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let instruction = decoder.decode();
+    if instruction.is_invalid() {
+        return ProbeCheck::Refused("its first instruction cannot be decoded");
+    }
+    let bytes = &code[..instruction.len()];
+    // uprobe_init_insn: the kernel's decoder knows neither AMD's FMA4 nor XOP (-ENOEXEC).
+    if instruction.cpuid_features().iter().any(|feature| {
+        matches!(
+            feature,
+            iced_x86::CpuidFeature::FMA4
+                | iced_x86::CpuidFeature::XOP
+                | iced_x86::CpuidFeature::TBM
+        )
+    }) {
+        return ProbeCheck::Refused("AMD FMA4/XOP instruction, unknown to the kernel's decoder");
+    }
+    let prefix = prefixes(bytes);
+    // is_prefix_bad(): es, cs, ss, ds and lock.
+    if prefix
+        .iter()
+        .any(|byte| matches!(byte, 0x26 | 0x2e | 0x36 | 0x3e | 0xf0))
+    {
+        return ProbeCheck::Refused(if prefix.contains(&0xf0) {
+            "lock prefix"
+        } else {
+            "segment prefix"
+        });
+    }
+    let mut at = prefix.len();
+    let rex = bytes.get(at).copied().filter(|byte| byte & 0xf0 == 0x40);
+    if rex.is_some() {
+        at += 1;
+    }
+    // OPCODE1 as the kernel's decoder reports it: past a VEX/EVEX prefix, the opcode byte.
+    let opcode = match bytes.get(at) {
+        Some(0xc5) => bytes.get(at + 2),
+        Some(0xc4) => bytes.get(at + 3),
+        Some(0x62) => bytes.get(at + 4),
+        other => other,
+    }
+    .copied()
+    .unwrap_or(0);
+    let vex = matches!(bytes.get(at), Some(0xc4 | 0xc5 | 0x62));
+    // insn_masking_exception(): mov to ss.
+    if opcode == 0x8e && bytes.get(at + 1).is_some_and(|modrm| (modrm >> 3) & 7 == 2) {
+        return ProbeCheck::Refused("mov to ss");
+    }
+    if GOOD_INSNS_64[usize::from(opcode >> 4)] & (1 << (opcode & 0xf)) == 0 {
+        return ProbeCheck::Refused("an opcode the kernel does not probe");
+    }
+    // branch_setup_xol_ops.
+    if X86_NOPS.get(bytes.len().wrapping_sub(1)) == Some(&bytes) {
+        return ProbeCheck::Emulated;
+    }
+    if !vex {
+        let second = bytes.get(at + 1).copied().unwrap_or(0);
+        let branch = matches!(opcode, 0xeb | 0xe9 | 0xe8 | 0x70..=0x7f)
+            || (opcode == 0x0f && (0x80..=0x8f).contains(&second));
+        if branch {
+            // 16-bit overrides of branches are refused (-ENOTSUPP).
+            return if prefix.contains(&0x66) {
+                ProbeCheck::Refused("operand-size prefix on a branch")
+            } else {
+                ProbeCheck::Emulated
+            };
+        }
+        if opcode == 0x90 {
+            return ProbeCheck::Emulated;
+        }
+        // push_setup_xol_ops: `push reg`, alone or with REX 0x41 only.
+        if (0x50..=0x57).contains(&opcode)
+            && (bytes.len() == 1 || (bytes.len() == 2 && rex == Some(0x41)))
+        {
+            return ProbeCheck::Emulated;
+        }
+    }
+    ProbeCheck::SingleStep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_are_rets_and_tail_calls_out() {
+        // push rbp; mov rbp,rsp; jne +2 (inside); pop rbp; ret; jmp rel32 to 0x2000 (outside);
+        // jmp -3 (inside: a loop).
+        let code = [
+            0x55, 0x48, 0x89, 0xe5, 0x75, 0x02, 0x5d, 0xc3, 0xe9, 0xf3, 0x0f, 0x00, 0x00, 0xeb,
+            0xfd,
+        ];
+        let found = exits(&code, 0x1000, &[(0x1000, 0x100f)]);
+        let kinds: Vec<(u64, ExitKind)> = found.into_iter().map(|e| (e.address, e.kind)).collect();
+        assert_eq!(
+            kinds,
+            vec![(0x1007, ExitKind::Return), (0x1008, ExitKind::Jump(0x2000))]
+        );
+    }
+
+    #[test]
+    fn a_jump_back_to_the_entry_is_a_tail_call_to_itself() {
+        // nop; jmp -3 (to the function's first byte).
+        let code = [0x90, 0xeb, 0xfd];
+        let found = exits(&code, 0x1000, &[(0x1000, 0x1003)]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, ExitKind::Jump(0x1000));
+    }
+
+    #[test]
+    fn a_jump_into_a_cold_fragment_is_not_an_exit() {
+        // jmp rel32 to 0x2000, which is the function's cold fragment.
+        let code = [0xe9, 0xfb, 0x0f, 0x00, 0x00];
+        assert!(exits(&code, 0x1000, &[(0x1000, 0x1005), (0x2000, 0x2010)]).is_empty());
+    }
+
+    #[test]
+    fn indirect_jumps_keep_their_operand_and_notrack_is_a_jump_table() {
+        // jmp *0x80(%rax); jmp *%rdx; jmp *0x10(%rip); jmp *(%rax,%rcx,8); notrack jmp *%rax
+        let code = [
+            0xff, 0xa0, 0x80, 0x00, 0x00, 0x00, 0xff, 0xe2, 0xff, 0x25, 0x10, 0x00, 0x00, 0x00,
+            0xff, 0x24, 0xc8, 0x3e, 0xff, 0xe0,
+        ];
+        let found = exits(&code, 0x1000, &[(0x1000, 0x1014)]);
+        let operands: Vec<IndirectOperand> = found
+            .iter()
+            .map(|exit| match &exit.kind {
+                ExitKind::Indirect(operand) => *operand,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(operands.len(), 4, "{found:?}");
+        assert_eq!((operands[0].base, operands[0].displacement), (10, 0x80));
+        assert!(operands[0].memory);
+        assert_eq!((operands[1].base, operands[1].memory), (12, false));
+        // rip-relative: next instruction (0x100e) + 0x10, relative to the jump at 0x1008.
+        assert_eq!(
+            (operands[2].base, operands[2].displacement),
+            (pt_regs_word::IP, 0x16)
+        );
+        assert_eq!(
+            (operands[3].base, operands[3].index, operands[3].scale),
+            (10, 11, 8)
+        );
+    }
+
+    #[test]
+    fn the_kernels_probe_rules() {
+        // push %rbp; push %r12; nopl 0(%rax,%rax); jmp; call; jcc; pause.
+        for code in [
+            &[0x55][..],
+            &[0x41, 0x54],
+            &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+            &[0xeb, 0x00],
+            &[0xe8, 0, 0, 0, 0],
+            &[0x0f, 0x84, 0, 0, 0, 0],
+            &[0xf3, 0x90],
+        ] {
+            assert_eq!(check(code), ProbeCheck::Emulated, "{code:x?}");
+        }
+        // endbr64; mov %rsp,%rbp; sub $8,%rsp; ret; push %rbp with REX.W (48 55).
+        for code in [
+            &[0xf3, 0x0f, 0x1e, 0xfa][..],
+            &[0x48, 0x89, 0xe5],
+            &[0x48, 0x83, 0xec, 0x08],
+            &[0xc3],
+            &[0x48, 0x55],
+        ] {
+            assert_eq!(check(code), ProbeCheck::SingleStep, "{code:x?}");
+        }
+        // lock cmpxchg %ecx,(%rdx); cs nop; int3; data16 jmp.
+        assert_eq!(
+            check(&[0xf0, 0x0f, 0xb1, 0x0a]),
+            ProbeCheck::Refused("lock prefix")
+        );
+        assert!(matches!(check(&[0xcc]), ProbeCheck::Refused(_)));
+        assert!(matches!(check(&[0x66, 0xe9, 0, 0]), ProbeCheck::Refused(_)));
+        // vfmaddsd (FMA4): c4 e3 f9 6b c2 10
+        assert!(matches!(
+            check(&[0xc4, 0xe3, 0xf9, 0x6b, 0xc2, 0x10]),
+            ProbeCheck::Refused(_)
+        ));
+    }
+}
