@@ -10,13 +10,16 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use topdown_common::{CallKey, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack};
+use topdown_common::{
+    CallKey, MAX_COUNTERS, MAX_DEPTH, ProbeStats, ROOT_FUNCTION, ShadowStack, reading_owner,
+};
 
 use crate::{
     counters::{add, current_ids, is_tracked, read_slots},
     maps::{
-        CALLS, CPU_STATE, FILTER_TGIDS, NUM_COUNTERS, PROBE_STATS, SPLIT_FUNCTIONS_BY_PROCESS,
-        STACKS, TASKS, ZERO_CALL, ZERO_STACK, atomic_add, generation, global,
+        CALLS, CPU_STATE, FILTER_TGIDS, NUM_COUNTERS, PROBE_STATS, SKIP_UNTRACED,
+        SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK, atomic_add, generation,
+        global,
     },
 };
 
@@ -111,6 +114,20 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
 #[inline(always)]
 fn probed_task() -> Option<(u32, u32)> {
     let (tid, tgid) = current_ids();
+    if global(&SKIP_UNTRACED) != 0 {
+        // Readings are skipped at untraced switches: `last` is this task's own baseline only
+        // if the CPU's last reading was at or after its switch-in, which is what a traced
+        // owner means (`topdown_common::reading_owner`).
+        let state = CPU_STATE.get_ptr(0)?;
+        // SAFETY: a per-CPU map value; volatile because a switch may change it under us.
+        let (owner, owner_tid) = unsafe {
+            (
+                core::ptr::read_volatile(&(*state).owner),
+                core::ptr::read_volatile(&(*state).owner_tid),
+            )
+        };
+        return (owner == reading_owner::TRACED && owner_tid == tid).then_some((tid, tgid));
+    }
     if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
         return None;
     }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, MAX_COUNTERS, ProbeStats,
-    ShadowStack, TaskCounters, slot_source,
+    ShadowStack, TaskCounters, kernel_offset, slot_source,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -48,6 +48,17 @@ pub(crate) static BY_TASK: u32 = 1;
 /// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
 #[unsafe(no_mangle)]
 pub(crate) static FILTER_CGROUPS: u32 = 0;
+/// Nonzero: sched_switch reads the counters only at switches where the task leaving or the task
+/// arriving is traced (filters on, and `KERNEL_OFFSETS` found by user space; see
+/// `topdown_common::reading_owner`).
+#[unsafe(no_mangle)]
+pub(crate) static SKIP_UNTRACED: u32 = 0;
+/// Byte offsets of kernel structure fields (`topdown_common::kernel_offset`), from the kernel's
+/// BTF: aya-ebpf has no CO-RE relocations for Rust programs.
+#[unsafe(no_mangle)]
+pub(crate) static KERNEL_OFFSETS: [u32; kernel_offset::COUNT] =
+    [FIELD_ABSENT; kernel_offset::COUNT];
+
 /// Nonzero: function totals are kept per process (`--by function,task`).
 #[unsafe(no_mangle)]
 pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
@@ -56,6 +67,13 @@ pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
 pub(crate) fn global(value: &'static u32) -> u32 {
     // SAFETY: reading a static the loader patched; volatile keeps the load.
     unsafe { core::ptr::read_volatile(value) }
+}
+
+/// One of `KERNEL_OFFSETS` (`index` is a `kernel_offset` constant).
+#[inline(always)]
+pub(crate) fn kernel_field_offset(index: usize) -> u64 {
+    // SAFETY: `index` is a constant below `kernel_offset::COUNT`; volatile as in `global`.
+    u64::from(unsafe { core::ptr::read_volatile(KERNEL_OFFSETS.as_ptr().add(index)) })
 }
 
 /// Counter fds: index `cpu * MAX_COUNTERS + slot`. Sized by user space to possible CPUs.

@@ -8,11 +8,11 @@ use aya_log_ebpf::warn;
 use topdown_common::FIELD_ABSENT;
 
 use crate::{
-    counters::{credit, current_ids, is_tracked, remember_cgroup},
+    counters::{credit, current_ids, is_tracked, remember_cgroup, settle_current},
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
-        PROCESS_CGROUPS, TASKS, TRACKED, ZERO_TASK, global,
+        PROCESS_CGROUPS, SKIP_UNTRACED, TASKS, TRACKED, ZERO_TASK, global,
     },
 };
 
@@ -134,13 +134,24 @@ pub fn cgroup_attach(ctx: TracePointContext) -> i32 {
     let Some(state) = CPU_STATE.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
-    let state = unsafe { &mut *state };
     // SAFETY: the value is copied out at once.
-    match unsafe { PROCESS_CGROUPS.get(&tgid) }.copied() {
-        Some(left) if left != destination => credit(state, tid, tgid, false, left),
-        Some(_) => {}
-        None => state.unsplit_migrations += 1,
+    let left = unsafe { PROCESS_CGROUPS.get(&tgid) }.copied();
+    if global(&SKIP_UNTRACED) != 0 {
+        // Always a reading: the task may have just entered or left a chosen cgroup (`-G`), and
+        // from here on its counts are judged by where it is now.
+        if left.is_none() {
+            // SAFETY: as below.
+            unsafe { (*state).unsplit_migrations += 1 };
+        }
+        settle_current(state, tid, tgid, Some(left.unwrap_or(destination)));
+    } else {
+        // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
+        let state = unsafe { &mut *state };
+        match left {
+            Some(left) if left != destination => credit(state, tid, tgid, false, left),
+            Some(_) => {}
+            None => state.unsplit_migrations += 1,
+        }
     }
     remember_cgroup(tgid, destination);
     0

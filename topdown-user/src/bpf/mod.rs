@@ -5,7 +5,10 @@
 //! attached after topdown exits (the kernel also frees all of it when the process dies, even on
 //! `kill -9`, since nothing is pinned).
 
+mod kernel_types;
 mod records;
+
+pub use kernel_types::switch_offsets;
 
 use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
 
@@ -20,7 +23,7 @@ use aya::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, MAX_COUNTERS, ProbeStats, TaskCounters,
-    flush_mode, flush_result, names,
+    flush_mode, flush_result, kernel_offset, names,
 };
 
 use crate::{
@@ -154,6 +157,7 @@ impl Session {
         let by_cgroup = u32::from(config.by_cgroup);
         let by_task = u32::from(config.trigger == Trigger::SchedSwitch);
         let filter_cgroups = u32::from(config.cgroup_filter.is_some());
+        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config);
 
         let mut loader = EbpfLoader::new();
         loader
@@ -171,6 +175,8 @@ impl Session {
             .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
             .override_global(names::GLOBAL_BY_TASK, &by_task, true)
             .override_global(names::GLOBAL_FILTER_CGROUPS, &filter_cgroups, true)
+            .override_global(names::GLOBAL_SKIP_UNTRACED, &skip_untraced, true)
+            .override_global(names::GLOBAL_KERNEL_OFFSETS, &kernel_offsets, true)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
@@ -830,6 +836,29 @@ fn optional_field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &st
         .ok()
         .flatten()
         .unwrap_or(topdown_common::FIELD_ABSENT)
+}
+
+/// Whether sched_switch may skip switches between untraced tasks (a filter is on and the
+/// arriving task's fields were found in the kernel's BTF), and the offsets it reads them at.
+/// Without them it reads at every switch, as with `-a`, and says why (shown with `-v`).
+fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::COUNT]) {
+    let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
+    let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
+    if !filtered || config.trigger != Trigger::SchedSwitch {
+        return (0, absent);
+    }
+    match switch_offsets() {
+        Ok(offsets) => {
+            log::info!("counters are read only at context switches of traced tasks");
+            (1, offsets)
+        }
+        Err(err) => {
+            log::info!(
+                "{err:#}: counters are read at every context switch, traced or not (costlier)"
+            );
+            (0, absent)
+        }
+    }
 }
 
 /// tp_btf programs need the kernel's BTF.
