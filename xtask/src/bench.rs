@@ -44,7 +44,41 @@ pub fn bench() -> Result<()> {
         "--bin",
         "pingpong",
     ]))?;
+    cmd::run(cmd::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "topdown-user",
+        "--bin",
+        "topdown-floor",
+    ]))?;
     let pingpong = topdown.with_file_name("pingpong");
+    let floor = topdown.with_file_name("topdown-floor");
+    // `-p` of a process that never runs: every switch the ping-pong makes is one nobody traces.
+    let mut idle = Command::new("sleep")
+        .arg("infinity")
+        .spawn()
+        .context("starting an idle process for `stat -p`")?;
+    let idle_pid = idle.id().to_string();
+    let result = bench_switches(&topdown, &pingpong, &floor, &idle_pid);
+    let _ = idle.kill();
+    let _ = idle.wait();
+    result?;
+    bench_cgroups(&topdown, &pingpong)?;
+    bench_functions(&topdown)
+}
+
+/// `topdown stat` with `--format json -o /dev/null` and `args`.
+fn stat_argv(topdown: &str, args: &[&str]) -> Vec<String> {
+    let mut argv = vec![topdown.to_owned(), "stat".to_owned()];
+    argv.extend(args.iter().map(|arg| (*arg).to_owned()));
+    argv.extend(["--format", "json", "-o", "/dev/null"].map(str::to_owned));
+    argv
+}
+
+/// What tracing adds per context switch: `-a` and `-p` of an idle process, beside the empty
+/// aya sched_switch program and an empty bpftrace one.
+fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str) -> Result<()> {
     let td = topdown.display().to_string();
     let mut configs = vec![
         Config {
@@ -52,35 +86,30 @@ pub fn bench() -> Result<()> {
             tracer: None,
         },
         Config {
+            name: FLOOR_NAME.to_owned(),
+            tracer: Some(vec![floor.display().to_string()]),
+        },
+        Config {
+            name: "topdown stat -p IDLE_PID --pmu software".to_owned(),
+            tracer: Some(stat_argv(&td, &["-p", idle_pid, "--pmu", "software"])),
+        },
+        Config {
+            name: "topdown stat -p IDLE_PID --pmu synthetic:intel-icl".to_owned(),
+            tracer: Some(stat_argv(
+                &td,
+                &["-p", idle_pid, "--pmu", "synthetic:intel-icl"],
+            )),
+        },
+        Config {
             name: "topdown stat -a --pmu software".to_owned(),
-            tracer: Some(vec![
-                td.clone(),
-                "stat".into(),
-                "-a".into(),
-                "--pmu".into(),
-                "software".into(),
-                "--format".into(),
-                "json".into(),
-                "-o".into(),
-                "/dev/null".into(),
-            ]),
+            tracer: Some(stat_argv(&td, &["-a", "--pmu", "software"])),
         },
         Config {
             name: "topdown stat -a --pmu synthetic:intel-icl".to_owned(),
-            tracer: Some(vec![
-                td,
-                "stat".into(),
-                "-a".into(),
-                "--pmu".into(),
-                "synthetic:intel-icl".into(),
-                "--format".into(),
-                "json".into(),
-                "-o".into(),
-                "/dev/null".into(),
-            ]),
+            tracer: Some(stat_argv(&td, &["-a", "--pmu", "synthetic:intel-icl"])),
         },
         Config {
-            name: "bpftrace 'tracepoint:sched:sched_switch {}' (floor)".to_owned(),
+            name: BPFTRACE_NAME.to_owned(),
             tracer: Some(vec![
                 "bpftrace".into(),
                 "-e".into(),
@@ -89,31 +118,24 @@ pub fn bench() -> Result<()> {
         },
     ];
     if let Some(old) = baseline_build() {
+        configs.push(Config {
+            name: "baseline: topdown stat -p IDLE_PID --pmu synthetic:intel-icl".to_owned(),
+            tracer: Some(stat_argv(
+                &old,
+                &["-p", idle_pid, "--pmu", "synthetic:intel-icl"],
+            )),
+        });
         for pmu in ["software", "synthetic:intel-icl"] {
             configs.push(Config {
                 name: format!("baseline: topdown stat -a --pmu {pmu}"),
-                tracer: Some(
-                    [
-                        &old,
-                        "stat",
-                        "-a",
-                        "--pmu",
-                        pmu,
-                        "--format",
-                        "json",
-                        "-o",
-                        "/dev/null",
-                    ]
-                    .map(str::to_owned)
-                    .to_vec(),
-                ),
+                tracer: Some(stat_argv(&old, &["-a", "--pmu", pmu])),
             });
         }
     }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
         for (index, config) in configs.iter().enumerate() {
-            let value = measure(config, &pingpong)
+            let value = measure(config, pingpong)
                 .with_context(|| format!("round {round}: {}", config.name))?;
             println!(
                 "round {}: {:<55} {value:>9.1} ns/switch",
@@ -124,10 +146,11 @@ pub fn bench() -> Result<()> {
         }
     }
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    write_results(&configs, &medians)?;
-    bench_cgroups(&topdown, &pingpong)?;
-    bench_functions(&topdown)
+    write_results(&configs, &medians)
 }
+
+const FLOOR_NAME: &str = "aya empty tp_btf/sched_switch program (floor)";
+const BPFTRACE_NAME: &str = "bpftrace 'tracepoint:sched:sched_switch {}'";
 
 /// Per-function probes: ns per call of a tiny function, unprobed, under an empty bpftrace
 /// uprobe+uretprobe pair (the floor), and under `topdown stat -u` (exit-instruction probes,
@@ -546,27 +569,36 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
         "Command: `{command}`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
          trips, two context switches each), {ROUNDS} alternating rounds per configuration, median.\n\n"
     );
-    section +=
-        "| configuration | ns per context switch | added over no tracing |\n|---|---:|---:|\n";
+    // What each configuration adds per switch, and that as a multiple of what the empty aya
+    // program adds.
+    let added = |name: &str| {
+        configs
+            .iter()
+            .position(|config| config.name == name)
+            .map(|index| medians[index] - baseline)
+    };
+    let floor = added(FLOOR_NAME).unwrap_or(f64::NAN);
+    section += "| configuration | ns per context switch | added over no tracing | added / floor's |\n|---|---:|---:|---:|\n";
     for (config, value) in configs.iter().zip(medians) {
         section += &format!(
-            "| {} | {value:.1} | {:+.1} |\n",
+            "| {} | {value:.1} | {:+.1} | {:.2}x |\n",
             config.name,
-            value - baseline
+            value - baseline,
+            (value - baseline) / floor
         );
     }
-    let floor = medians[3] - baseline;
-    section += &format!(
-        "\ntopdown over the bpftrace floor: software {:+.1} ns, synthetic (7 counters) {:+.1} ns per switch.\n",
-        medians[1] - baseline - floor,
-        medians[2] - baseline - floor
-    );
-    if medians.len() >= 6 {
+    section += "\nThe floor is an aya `tp_btf/sched_switch` program that does nothing \
+                (`topdown-floor`), loaded and attached as topdown's is. `IDLE_PID` is a process \
+                that sleeps throughout, so with `-p` no switch of the ping-pong is traced: since \
+                issue 11 those switches take no counter reading.\n";
+    if let (Some(old), Some(new)) = (
+        added("baseline: topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
+        added("topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
+    ) {
         section += &format!(
-            "\nThis build against the baseline build (`TOPDOWN_BENCH_BASELINE`), same rounds: \
-             software {:+.1} ns, synthetic {:+.1} ns per switch.\n",
-            medians[1] - medians[4],
-            medians[2] - medians[5]
+            "\n`-p` of an idle process, synthetic (7 counters), this build against the baseline \
+             build (`TOPDOWN_BENCH_BASELINE`), same rounds: {new:+.1} ns against {old:+.1} ns \
+             per switch.\n"
         );
     }
     let path = cmd::workspace_root().join("BENCHMARKS.md");
