@@ -110,6 +110,10 @@ pub(crate) fn add(bucket: &mut [u64; MAX_COUNTERS], delta: &[u64; MAX_COUNTERS],
     }
 }
 
+/// The `TRACKED` value of a process whose last thread has exited but may still run (its exit
+/// path can sleep and be switched in again) until its final switch-out (`SKIP_UNTRACED` only).
+pub(crate) const TRACKED_EXITING: u8 = 2;
+
 #[inline(always)]
 pub(crate) fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
@@ -340,6 +344,11 @@ pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskC
         // A thread's tid may have been added by the fork hook; the process stays tracked by tgid.
         let _ = TRACKED.remove(&tid);
     }
+    // SAFETY: the value is copied out at once.
+    if unsafe { TRACKED.get(&tgid) }.copied() == Some(TRACKED_EXITING) {
+        // The process's last thread has exited: forget the process now that it is gone.
+        let _ = TRACKED.remove(&tgid);
+    }
     // Calls still open on a dead thread's shadow stack will never return.
     // SAFETY: only this thread's probes and its last switch touch its stack.
     if let Some(stack) = unsafe { STACKS.get(&tid) } {
@@ -367,17 +376,25 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     };
     let prev_state: u64 = ctx.arg(3);
     let dying = prev_state as u32 & TASK_DEAD != 0;
-    let (tid, tgid) = current_ids();
     if global(&SKIP_UNTRACED) == 0 {
+        let (tid, tgid) = current_ids();
         attribute(state, tid, tgid, dying);
         return 0;
     }
     let next: u64 = ctx.arg(2);
     let (next_tid, next_traced) = arriving(next);
+    // SAFETY: as in `attribute`.
+    let owner_traced = unsafe { (*state).owner == reading_owner::TRACED };
+    if !owner_traced && !next_traced && !dying {
+        // The common case, kept to the fewest helper calls: nobody traced, no reading, and
+        // the delta since the last one already spans several tasks.
+        return 0;
+    }
+    let (tid, tgid) = current_ids();
     {
         // SAFETY: as in `attribute`.
         let state = unsafe { &mut *state };
-        let leaving_traced = state.owner == reading_owner::TRACED && state.owner_tid == tid;
+        let leaving_traced = owner_traced && state.owner_tid == tid;
         if !leaving_traced && !next_traced {
             // Nobody traced: no reading. The delta since the last one now spans `next` too.
             state.owner = reading_owner::NONE;
@@ -463,22 +480,28 @@ fn retire_unread(state: &mut CpuState, tid: u32, tgid: u32) {
     }
 }
 
-/// A task id no task has, for an arriving task whose ids could not be read.
-const UNREADABLE_TASK: u32 = u32::MAX - 1;
-
 /// The arriving task's tid and whether it is traced, read from its `struct task_struct` at the
 /// offsets user space found in the kernel's BTF.
 #[inline(always)]
 fn arriving(next: u64) -> (u32, bool) {
-    // `pid` and `tgid` are adjacent (user space checks it): one read.
-    let Some(ids) = read_kernel::<u64>(next, kernel_offset::TASK_PID) else {
-        return (UNREADABLE_TASK, false);
+    // `next` is a BTF pointer (tp_btf argument) and the offset a constant of the frozen
+    // .rodata, so the verifier checks these loads against `struct task_struct` and turns them
+    // into fault-safe loads: cheaper than a `bpf_probe_read_kernel` call on every switch.
+    // `tgid` follows `pid` (user space checks it).
+    let pid = next.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
+    // SAFETY: as above; a bad address reads as zero instead of faulting.
+    let (tid, tgid) = unsafe {
+        (
+            core::ptr::read_volatile(pid as *const u32),
+            core::ptr::read_volatile((pid + 4) as *const u32),
+        )
     };
-    let (tid, tgid) = (ids as u32, (ids >> 32) as u32);
     if tid == 0 {
         return (0, false);
     }
-    if global(&FILTER_TGIDS) != 0 && !has_entry_or_is_tracked(tid, tgid) {
+    // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
+    // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
+    if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
         return (tid, false);
     }
     (

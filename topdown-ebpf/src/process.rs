@@ -8,7 +8,7 @@ use aya_log_ebpf::warn;
 use topdown_common::FIELD_ABSENT;
 
 use crate::{
-    counters::{credit, current_ids, is_tracked, remember_cgroup, settle_current},
+    counters::{TRACKED_EXITING, credit, current_ids, is_tracked, remember_cgroup, settle_current},
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
@@ -48,8 +48,9 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
     0
 }
 
-/// Classic `sched:sched_process_exit`: forget a tracked process once its last thread exits, so a
-/// recycled pid is not tracked by mistake. That thread's last switch-out comes after this, so it
+/// Classic `sched:sched_process_exit`: forget a tracked process once its last thread exits (with
+/// `SKIP_UNTRACED`, once that thread is gone: see `TRACKED_EXITING`), so a recycled pid is not
+/// tracked by mistake. That thread's last switch-out comes after this, so it
 /// gets its task entry here: tasks with entries keep being attributed, and a single-threaded
 /// command that never switched out before exiting would otherwise count as untracked.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
@@ -73,7 +74,14 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
         // SAFETY: a per-CPU map value nobody writes: all zeroes. An existing entry stays.
         let _ = TASKS.insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64);
     }
-    let _ = TRACKED.remove(&tgid);
+    if global(&SKIP_UNTRACED) != 0 {
+        // Still traced at its switches (sched_switch looks up the tgid only, not the task
+        // entry: one map lookup less per switch) until its last thread's final switch-out,
+        // where `retire` forgets it.
+        let _ = TRACKED.insert(&tgid, &TRACKED_EXITING, 0);
+    } else {
+        let _ = TRACKED.remove(&tgid);
+    }
     0
 }
 

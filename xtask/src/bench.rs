@@ -132,21 +132,105 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
             });
         }
     }
+    // The kernel's per-program run times: unlike the ping-pong's wall-clock figure, they do not
+    // move with whatever else the machine runs.
+    let stats = enable_bpf_stats();
+    if let Err(err) = &stats {
+        println!("no BPF run-time statistics: {err:#}");
+    }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut run_times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
         for (index, config) in configs.iter().enumerate() {
-            let value = measure(config, pingpong)
+            let (value, run_time) = measure_switches(config, pingpong)
                 .with_context(|| format!("round {round}: {}", config.name))?;
             println!(
-                "round {}: {:<55} {value:>9.1} ns/switch",
+                "round {}: {:<55} {value:>9.1} ns/switch, program {} ns/run",
                 round + 1,
-                config.name
+                config.name,
+                run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}"))
             );
             samples[index].push(value);
+            run_times[index].extend(run_time);
         }
     }
+    drop(stats);
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    write_results(&configs, &medians)
+    let run_times: Vec<Option<f64>> = run_times
+        .iter_mut()
+        .map(|values| (!values.is_empty()).then(|| median(values)))
+        .collect();
+    write_results(&configs, &medians, &run_times)
+}
+
+/// `BPF_ENABLE_STATS` (include/uapi/linux/bpf.h: command 32, `BPF_STATS_RUN_TIME` = 0): the
+/// kernel times every BPF program run for as long as the returned fd is open.
+fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    let mut attr = [0u32; 4];
+    // SAFETY: a valid `union bpf_attr` prefix of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 32, attr.as_mut_ptr(), 16) };
+    if fd < 0 {
+        bail!("BPF_ENABLE_STATS: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The busiest BPF program `pid` holds (the sched_switch one: the others run rarely or never
+/// during a ping-pong): its total run time and runs, from `/proc/PID/fdinfo`.
+fn switch_program_runs(pid: u32) -> Option<(u64, u64)> {
+    let mut busiest: Option<(u64, u64)> = None;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let is_program = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
+        if !is_program {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            entry.file_name().to_string_lossy()
+        ))
+        .ok()?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        let runs = (field("run_time_ns:")?, field("run_cnt:")?);
+        if busiest.is_none_or(|(_, count)| runs.1 > count) {
+            busiest = Some(runs);
+        }
+    }
+    busiest
+}
+
+/// `measure`, plus the mean run time of the tracer's sched_switch program during the
+/// ping-pong (None without a tracer or statistics).
+fn measure_switches(config: &Config, pingpong: &Path) -> Result<(f64, Option<f64>)> {
+    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
+    let mut tracer = match &config.tracer {
+        Some(argv) => Some(start_tracer(argv)?),
+        None => None,
+    };
+    let before = tracer
+        .as_ref()
+        .and_then(|child| switch_program_runs(child.id()));
+    let result = run_pingpong(pingpong, &args);
+    let after = tracer
+        .as_ref()
+        .and_then(|child| switch_program_runs(child.id()));
+    if let Some(child) = &mut tracer {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(child.id() as i32, 2) };
+        let _ = child.wait();
+    }
+    let run_time = match (before, after) {
+        (Some((ns0, runs0)), Some((ns1, runs1))) if runs1 > runs0 && ns1 > ns0 => {
+            Some((ns1 - ns0) as f64 / (runs1 - runs0) as f64)
+        }
+        _ => None,
+    };
+    Ok((result?, run_time))
 }
 
 const FLOOR_NAME: &str = "aya empty tp_btf/sched_switch program (floor)";
@@ -466,11 +550,6 @@ fn cgroup_v2_mount() -> Result<std::path::PathBuf> {
         .context("no cgroup v2 mount: the cgroup benchmark needs one")
 }
 
-fn measure(config: &Config, pingpong: &Path) -> Result<f64> {
-    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
-    measure_with(config, pingpong, &args)
-}
-
 fn measure_with(config: &Config, pingpong: &Path, args: &[String]) -> Result<f64> {
     let mut tracer = match &config.tracer {
         Some(argv) => Some(start_tracer(argv)?),
@@ -539,7 +618,7 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
+fn write_results(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]) -> Result<()> {
     let baseline = medians[0];
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -578,15 +657,20 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
             .map(|index| medians[index] - baseline)
     };
     let floor = added(FLOOR_NAME).unwrap_or(f64::NAN);
-    section += "| configuration | ns per context switch | added over no tracing | added / floor's |\n|---|---:|---:|---:|\n";
-    for (config, value) in configs.iter().zip(medians) {
+    section += "| configuration | ns per context switch | added over no tracing | added / floor's | sched_switch program, ns per run |\n|---|---:|---:|---:|---:|\n";
+    for ((config, value), run_time) in configs.iter().zip(medians).zip(run_times) {
         section += &format!(
-            "| {} | {value:.1} | {:+.1} | {:.2}x |\n",
+            "| {} | {value:.1} | {:+.1} | {:.2}x | {} |\n",
             config.name,
             value - baseline,
-            (value - baseline) / floor
+            (value - baseline) / floor,
+            run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}"))
         );
     }
+    section += "\nThe last column is the kernel's own timing of the tracer's sched_switch program \
+                (`BPF_ENABLE_STATS`, mean run time over the ping-pong's switches, median of the \
+                rounds): the program's work alone, without the hook's fixed cost, and steady when \
+                other load on the machine makes the wall-clock columns wander.\n";
     section += "\nThe floor is an aya `tp_btf/sched_switch` program that does nothing \
                 (`topdown-floor`), loaded and attached as topdown's is. `IDLE_PID` is a process \
                 that sleeps throughout, so with `-p` no switch of the ping-pong is traced: since \

@@ -24,15 +24,33 @@ fn attach() -> Result<Ebpf> {
     Ok(ebpf)
 }
 
+/// Until SIGINT or SIGTERM. Handled, not left to their default action: a process started in
+/// the background by a shell inherits SIGINT ignored.
+async fn until_stopped() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+fn run() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal runtime")?;
+    let _ebpf = attach()?;
+    // "counting" is what the benchmark waits for, as with topdown.
+    eprintln!("topdown-floor: counting with an empty tp_btf/sched_switch program");
+    runtime.block_on(until_stopped())
+}
+
 fn main() -> ExitCode {
-    match attach() {
-        Ok(_ebpf) => {
-            // "counting" is what the benchmark waits for, as with topdown.
-            eprintln!("topdown-floor: counting with an empty tp_btf/sched_switch program");
-            loop {
-                std::thread::park();
-            }
-        }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("topdown-floor: {err:#}");
             ExitCode::FAILURE
