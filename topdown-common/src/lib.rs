@@ -58,6 +58,7 @@ pub mod names {
     pub const GENERATIONS: &str = "GENERATIONS";
     pub const TASKS: &str = "TASKS";
     pub const TRACKED: &str = "TRACKED";
+    pub const TRACKED_BITS: &str = "TRACKED_BITS";
     pub const EXITS: &str = "EXITS";
 
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";

@@ -21,7 +21,7 @@ use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
     FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SKIP_UNTRACED,
     SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, generation, global,
-    kernel_field_offset,
+    kernel_field_offset, tracked_bit, untrack,
 };
 
 /// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
@@ -342,12 +342,12 @@ pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskC
     }
     if tid != tgid {
         // A thread's tid may have been added by the fork hook; the process stays tracked by tgid.
-        let _ = TRACKED.remove(&tid);
+        untrack(tid);
     }
     // SAFETY: the value is copied out at once.
     if unsafe { TRACKED.get(&tgid) }.copied() == Some(TRACKED_EXITING) {
         // The process's last thread has exited: forget the process now that it is gone.
-        let _ = TRACKED.remove(&tgid);
+        untrack(tgid);
     }
     // Calls still open on a dead thread's shadow stack will never return.
     // SAFETY: only this thread's probes and its last switch touch its stack.
@@ -501,7 +501,7 @@ fn arriving(next: u64) -> (u32, bool) {
     }
     // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
     // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
-    if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
+    if global(&FILTER_TGIDS) != 0 && !tracked_bit(tgid) {
         return (tid, false);
     }
     (

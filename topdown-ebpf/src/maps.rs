@@ -109,6 +109,13 @@ pub(crate) static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(
 #[map]
 pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 
+/// `TRACKED`'s keys as a bitmap indexed by pid (bit `pid % 64` of word `pid / 64`), sized by user
+/// space to `pid_max`: what sched_switch tests for every arriving task, since an array lookup
+/// costs a fraction of a hash lookup. Kept beside `TRACKED` wherever that changes; a pid
+/// beyond its end (pid_max raised during the run) is looked up in `TRACKED` instead.
+#[map]
+pub(crate) static TRACKED_BITS: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
 pub(crate) static CGROUPS: HashMap<u64, CgroupCounters> = HashMap::with_max_entries(4096, 0);
@@ -157,6 +164,58 @@ pub(crate) static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries
 
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Tracks `pid` (`TRACKED` and `TRACKED_BITS`); false if `TRACKED` is full.
+#[inline(always)]
+pub(crate) fn track(pid: u32) -> bool {
+    if TRACKED.insert(&pid, &1, 0).is_err() {
+        return false;
+    }
+    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
+        // Several CPUs may change one word at once.
+        // SAFETY: an aligned u64 of a live array value.
+        unsafe { atomic_or(word, 1u64 << (pid % 64)) };
+    }
+    true
+}
+
+/// Stops tracking `pid` (`TRACKED` and `TRACKED_BITS`).
+#[inline(always)]
+pub(crate) fn untrack(pid: u32) {
+    let _ = TRACKED.remove(&pid);
+    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
+        // SAFETY: as in `track`.
+        unsafe { atomic_and(word, !(1u64 << (pid % 64))) };
+    }
+}
+
+/// Whether `pid` is tracked, from `TRACKED_BITS` (one array lookup).
+#[inline(always)]
+pub(crate) fn tracked_bit(pid: u32) -> bool {
+    match TRACKED_BITS.get(pid / 64) {
+        Some(word) => word & (1u64 << (pid % 64)) != 0,
+        // SAFETY: tested for presence only.
+        None => unsafe { TRACKED.get(&pid) }.is_some(),
+    }
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_or(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_or};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_and(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_and};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_and::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
+}
 
 /// # Safety
 /// `target` must be a valid, 8-byte aligned u64 in a map value.

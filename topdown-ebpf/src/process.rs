@@ -12,7 +12,7 @@ use crate::{
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
-        PROCESS_CGROUPS, SKIP_UNTRACED, TASKS, TRACKED, ZERO_TASK, global,
+        PROCESS_CGROUPS, SKIP_UNTRACED, TASKS, TRACKED, ZERO_TASK, global, track, untrack,
     },
 };
 
@@ -39,7 +39,7 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
         return 0;
     }
     let (_, tgid) = current_ids();
-    if is_tracked(tgid) && TRACKED.insert(&child, &1, 0).is_err() {
+    if is_tracked(tgid) && !track(child) {
         warn!(
             &ctx,
             "topdown: tracked-process map full, child {} not followed", child
@@ -80,7 +80,7 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
         // where `retire` forgets it.
         let _ = TRACKED.insert(&tgid, &TRACKED_EXITING, 0);
     } else {
-        let _ = TRACKED.remove(&tgid);
+        untrack(tgid);
     }
     0
 }

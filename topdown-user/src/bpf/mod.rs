@@ -185,7 +185,8 @@ impl Session {
             .map_max_entries(names::GENERATIONS, possible_cpus)
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::PROCESS_CGROUPS, config.max_tasks)
-            .map_max_entries(names::TRACKED, config.max_tracked);
+            .map_max_entries(names::TRACKED, config.max_tracked)
+            .map_max_entries(names::TRACKED_BITS, tracked_bit_words());
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
             fail(
                 Failure::BpfUnavailable,
@@ -215,6 +216,9 @@ impl Session {
                 tracked
                     .insert(tgid, &1, 0)
                     .with_context(|| format!("tracking pid {tgid}"))?;
+            }
+            for tgid in tgids {
+                set_tracked_bit(&mut ebpf, *tgid)?;
             }
         }
         if let Some(ids) = &config.cgroup_filter {
@@ -396,7 +400,8 @@ impl Session {
             map_mut(&mut self.ebpf, names::TRACKED)?;
         tracked
             .insert(&tgid, &1, 0)
-            .with_context(|| format!("tracking pid {tgid}"))
+            .with_context(|| format!("tracking pid {tgid}"))?;
+        set_tracked_bit(&mut self.ebpf, tgid)
     }
 
     /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
@@ -836,6 +841,34 @@ fn optional_field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &st
         .ok()
         .flatten()
         .unwrap_or(topdown_common::FIELD_ABSENT)
+}
+
+/// Words of `TRACKED_BITS`: one bit per possible pid (`/proc/sys/kernel/pid_max`; the BPF side
+/// looks pids beyond it up in `TRACKED`).
+fn tracked_bit_words() -> u32 {
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        // The kernel's limit (PID_MAX_LIMIT on 64-bit, include/linux/threads.h).
+        .unwrap_or(4 * 1024 * 1024);
+    pid_max.div_ceil(64).max(1)
+}
+
+/// Sets `pid`'s bit in `TRACKED_BITS`. Read-modify-write of the word: user space tracks pids
+/// at start, before any program runs, and for `-- CMD` its one command, while only the fork hook
+/// of an already tracked process could write the same word.
+fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut bits: aya::maps::Array<&mut MapData, u64> = map_mut(ebpf, names::TRACKED_BITS)?;
+    let index = pid / 64;
+    if index >= bits.len() {
+        // Beyond pid_max at start: the BPF side falls back to `TRACKED` for it.
+        return Ok(());
+    }
+    let word = bits
+        .get(&index, 0)
+        .context("reading the tracked-pid bitmap")?;
+    bits.set(index, &(word | (1u64 << (pid % 64))), 0)
+        .context("writing the tracked-pid bitmap")
 }
 
 /// Whether sched_switch may skip switches between untraced tasks (a filter is on and the
