@@ -670,11 +670,41 @@ fn write_results(configs: &[Config], medians: &[f64], run_times: &[Option<f64>])
     section += "\nThe last column is the kernel's own timing of the tracer's sched_switch program \
                 (`BPF_ENABLE_STATS`, mean run time over the ping-pong's switches, median of the \
                 rounds): the program's work alone, without the hook's fixed cost, and steady when \
-                other load on the machine makes the wall-clock columns wander.\n";
+                other load on the machine makes the wall-clock columns wander (the two `-p` rows \
+                run the same program: their wall-clock difference is that noise).\n";
     section += "\nThe floor is an aya `tp_btf/sched_switch` program that does nothing \
                 (`topdown-floor`), loaded and attached as topdown's is. `IDLE_PID` is a process \
                 that sleeps throughout, so with `-p` no switch of the ping-pong is traced: since \
                 issue 11 those switches take no counter reading.\n";
+    let run_time = |name: &str| {
+        configs
+            .iter()
+            .position(|config| config.name == name)
+            .and_then(|index| run_times[index])
+    };
+    let idle_p = "topdown stat -p IDLE_PID --pmu synthetic:intel-icl";
+    if let (Some(empty), Some(filtered)) = (run_time(FLOOR_NAME), run_time(idle_p)) {
+        // Both pay the same hook; they differ by what their programs do, which the kernel's
+        // run times measure without the wall-clock noise.
+        let extra = filtered - empty;
+        section += &format!(
+            "\n`-p` of an idle process, synthetic (7 counters): its sched_switch program runs \
+             {filtered:.1} ns per switch against {empty:.1} ns for the empty program, {extra:+.1} \
+             ns. "
+        );
+        section += &if floor > 0.0 {
+            format!(
+                "With the empty program's wall-clock cost above ({floor:+.1} ns per switch), \
+                 `-p` adds an estimated {:.2}x what the empty program adds (issue 11's target: \
+                 at most 1.2x).\n",
+                (floor + extra) / floor
+            )
+        } else {
+            "The empty program's wall-clock cost was lost in this run's noise, so no ratio is \
+             estimated.\n"
+                .to_owned()
+        };
+    }
     if let (Some(old), Some(new)) = (
         added("baseline: topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
         added("topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
