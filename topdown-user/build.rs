@@ -12,8 +12,10 @@ fn main() -> anyhow::Result<()> {
     println!("cargo::rerun-if-env-changed=CARGO_CFG_FUZZING");
     if std::env::var_os("CARGO_CFG_FUZZING").is_some() {
         let out_dir = std::env::var("OUT_DIR").context("OUT_DIR")?;
-        std::fs::write(std::path::Path::new(&out_dir).join("topdown"), [])
-            .context("writing the placeholder eBPF object")?;
+        for object in ["topdown", "floor"] {
+            std::fs::write(std::path::Path::new(&out_dir).join(object), [])
+                .context("writing the placeholder eBPF object")?;
+        }
         return Ok(());
     }
     let metadata = cargo_metadata::MetadataCommand::new()

@@ -406,3 +406,85 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
         }
     }
 }
+
+const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
+
+/// Two threads handing a byte back and forth on CPU 0, outside the test's cgroups:
+/// `round_trips` * 2 context switches between untraced tasks.
+fn untraced_pingpong(round_trips: u32) -> Child {
+    Command::new(PINGPONG)
+        .args(["--round-trips", &round_trips.to_string(), "--cpu", "0"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// With `-G`, switches between tasks outside the chosen cgroups take no reading: with the only
+/// process inside asleep, the readings are the baseline and final flush of each CPU, exactly 2
+/// per CPU, against the ping-pong's 40000 switches. Then a process inside and an untraced twin
+/// outside make syscalls on CPU 0 at once, beside the ping-pong: the chosen cgroup gets exactly
+/// its process's calls and nothing is lost.
+#[test]
+fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let tree = Tree::new("switch-filter");
+    let chosen = tree.create("chosen");
+    tree.create("other");
+    let sleeper = held_workload(&tree.dir("chosen"), "getppid=1");
+    let report = traced(
+        "switch-filter-idle",
+        &["-G", &chosen, "--by", "task,cgroup"],
+        || {
+            let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
+            assert!(pingpong.status.success());
+        },
+    );
+    go(sleeper);
+    let cpus = report["cpus"].as_array().unwrap().len() as u64;
+    assert_eq!(report["diagnostics"]["readings"], 2 * cpus, "{report}");
+    assert_eq!(
+        counter(&report["totals"], "slots"),
+        counter(&report["untracked"], "slots")
+    );
+
+    let report = traced(
+        "switch-filter-busy",
+        &["-G", &chosen, "--by", "task,cgroup"],
+        || {
+            let inside = held_workload(&tree.dir("chosen"), "cpu=0,getppid=30000,getpgid=3000");
+            let twin = held_workload(&tree.dir("other"), "cpu=0,getppid=50000,getpgid=5000");
+            let pingpong = untraced_pingpong(20_000);
+            go(inside);
+            go(twin);
+            assert!(pingpong.wait_with_output().unwrap().status.success());
+        },
+    );
+    assert_eq!(counter(cgroup(&report, &chosen).unwrap(), "slots"), 30_000);
+    assert_eq!(
+        counter(cgroup(&report, &chosen).unwrap(), "topdown-retiring"),
+        3_000
+    );
+    assert!(counter(&report["untracked"], "slots") >= 50_000);
+    for name in report["counter_names"].as_array().unwrap() {
+        let name = name.as_str().unwrap();
+        let tasks: u64 = report["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|task| counter(task, name))
+            .sum();
+        let parts = tasks
+            + counter(&report["idle"], name)
+            + counter(&report["untracked"], name)
+            + counter(&report["dropped"], name);
+        assert_eq!(counter(&report["totals"], name), parts, "{name}");
+        assert_eq!(
+            counter(cgroup(&report, &chosen).unwrap(), name),
+            tasks,
+            "{name}: the filter's tasks are the chosen cgroup's"
+        );
+    }
+}

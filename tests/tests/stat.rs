@@ -678,3 +678,136 @@ fn a_short_single_threaded_command_is_its_own_process() {
     assert_eq!(counter(&report["untracked"], "slots"), 0, "{stdout}");
     assert_conserved(&report);
 }
+
+const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
+
+/// Two threads handing a byte back and forth on CPU 0: `round_trips` * 2 context switches
+/// between untraced tasks.
+fn untraced_pingpong(round_trips: u32) -> std::process::Child {
+    std::process::Command::new(PINGPONG)
+        .args(["--round-trips", &round_trips.to_string(), "--cpu", "0"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// With `-p`, switches between untraced tasks take no reading. The traced process sleeps on
+/// stdin the whole run, so the only readings are the baseline and the final flush on each CPU,
+/// exactly 2 per CPU, while an untraced ping-pong makes 40000 context switches on CPU 0.
+#[test]
+fn switches_between_untraced_tasks_take_no_reading() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let mut sleeper = std::process::Command::new(WORKLOAD)
+        .args(["--wait-stdin", "getppid=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = report_path("untraced-switches");
+    let mut tracer = topdown()
+        .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
+        .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
+    assert!(pingpong.status.success());
+    assert!(tracer.wait().unwrap().success());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let cpus = report["cpus"].as_array().unwrap().len() as u64;
+    assert_eq!(report["diagnostics"]["readings"], 2 * cpus, "{report}");
+    assert_eq!(report["tasks"].as_array().unwrap().len(), 0, "it never ran");
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
+/// The traced process and an untraced twin make the same syscalls on CPU 0 at the same time,
+/// beside an untraced ping-pong there: they preempt each other, so most readings come from
+/// switches between a traced and an untraced task. The traced one still gets exactly its calls
+/// and nothing is lost, with `-p` and with `-- CMD`.
+#[test]
+fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    // Paused at the end until the twin is done, so all of the twin's calls fall in the run.
+    let spec = "cpu=0,getppid=30000,getpgid=3000,pause=0";
+    let held = |spec: &str| {
+        std::process::Command::new(WORKLOAD)
+            .args(["--wait-stdin", spec])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    for scope in ["-p", "--"] {
+        let out = report_path("beside-untraced");
+        let mut twin = held("cpu=0,getppid=50000,getpgid=5000");
+        let mut traced = (scope == "-p").then(|| held(spec));
+        let mut tracer = topdown();
+        tracer.args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ]);
+        tracer.arg(&out);
+        match &traced {
+            Some(child) => tracer.args(["-p", &child.id().to_string()]),
+            // The command inherits topdown's stdin and waits on it like the others.
+            None => tracer.args(["--", WORKLOAD, "--wait-stdin", spec]),
+        };
+        let mut tracer = tracer
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+        let pingpong = untraced_pingpong(20_000);
+        let release = match &mut traced {
+            Some(child) => child.stdin.take(),
+            None => tracer.stdin.take(),
+        };
+        let mut release = release.unwrap();
+        release.write_all(b"go\n").unwrap();
+        twin.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        assert!(twin.wait().unwrap().success());
+        assert!(pingpong.wait_with_output().unwrap().status.success());
+        release.write_all(b"go\n").unwrap();
+        drop(release);
+        let mut stdout = Vec::new();
+        match traced {
+            Some(child) => stdout = child.wait_with_output().unwrap().stdout,
+            None => {
+                std::io::Read::read_to_end(&mut tracer.stdout.take().unwrap(), &mut stdout)
+                    .unwrap();
+            }
+        }
+        assert!(tracer.wait().unwrap().success(), "{scope}");
+        let threads = workload_threads(&String::from_utf8_lossy(&stdout));
+        let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+        let process = process(&report, threads[0].1).expect("traced process");
+        assert_eq!(
+            (
+                counter(process, "slots"),
+                counter(process, "topdown-retiring")
+            ),
+            (30_000, 3_000),
+            "{scope}"
+        );
+        assert!(counter(&report["untracked"], "slots") >= 50_000, "{scope}");
+        assert_conserved(&report);
+        let _ = std::fs::remove_file(out);
+    }
+}

@@ -59,6 +59,7 @@ pub mod names {
     pub const GENERATIONS: &str = "GENERATIONS";
     pub const TASKS: &str = "TASKS";
     pub const TRACKED: &str = "TRACKED";
+    pub const TRACKED_BITS: &str = "TRACKED_BITS";
     pub const EXITS: &str = "EXITS";
 
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";
@@ -119,6 +120,8 @@ pub mod names {
     pub const GLOBAL_ATTACH_DST_ID_OFFSET: &str = "ATTACH_DST_ID_OFFSET";
     pub const GLOBAL_ATTACH_PID_OFFSET: &str = "ATTACH_PID_OFFSET";
     pub const GLOBAL_IDLE_STATE_OFFSET: &str = "IDLE_STATE_OFFSET";
+    pub const GLOBAL_SKIP_UNTRACED: &str = "SKIP_UNTRACED";
+    pub const GLOBAL_KERNEL_OFFSETS: &str = "KERNEL_OFFSETS";
 }
 
 /// What the `flush` program returns.
@@ -188,11 +191,16 @@ pub struct CpuState {
     /// The `GENERATIONS` value this CPU's baseline was taken under: user space bumps it when it
     /// re-opens the CPU's counters (CPU hotplug), and a new value means "re-baseline".
     pub generation: u32,
-    pub _pad: u32,
+    /// With `SKIP_UNTRACED`: the traced task that alone has run on this CPU since the last
+    /// reading, if `owner` says one has (see `reading_owner`).
+    pub owner_tid: u32,
     /// Processes that moved themselves to another cgroup while the cgroup they left was not
     /// known (`PROCESS_CGROUPS` had no entry): their counts since the CPU's last reading went
     /// to the cgroup they moved to.
     pub unsplit_migrations: u64,
+    /// A `reading_owner` value: whose counts the delta since the last reading holds.
+    pub owner: u32,
+    pub _pad: u32,
 }
 
 impl CpuState {
@@ -216,8 +224,10 @@ impl CpuState {
         initialized: 0,
         frozen: 0,
         generation: 0,
-        _pad: 0,
+        owner_tid: 0,
         unsplit_migrations: 0,
+        owner: reading_owner::NONE,
+        _pad: 0,
     };
 }
 
@@ -244,6 +254,38 @@ impl TaskCounters {
         exited: 0,
         comm: [0; 16],
     };
+}
+
+/// With filters (`-p`, `-- CMD`, `-G`) the sched_switch program reads the counters only at
+/// switches where the task leaving or the task arriving is traced. Each CPU remembers whose
+/// counts the delta since its last reading holds: a traced task leaving needs a reading only if
+/// it alone ran since the last one; any other delta (untraced tasks, idle, or several tasks)
+/// goes to `untracked`.
+pub mod reading_owner {
+    /// No traced task has run alone since the last reading (or nothing is known: zeroed state).
+    pub const NONE: u32 = 0;
+    /// Only `owner_tid`, a traced task, ran since the last reading: its switch-out reads.
+    pub const TRACED: u32 = 1;
+}
+
+/// Indexes of `KERNEL_OFFSETS`: byte offsets of kernel structure fields, from the kernel's BTF,
+/// that the sched_switch program reads the arriving task's ids and cgroup through.
+pub mod kernel_offset {
+    /// `task_struct.pid`; `tgid` must follow it (both are read as one u64).
+    pub const TASK_PID: usize = 0;
+    /// `task_struct.cgroups` (`struct css_set *`).
+    pub const TASK_CGROUPS: usize = 1;
+    /// `css_set.dfl_cgrp` (`struct cgroup *`, the task's cgroup v2).
+    pub const CSS_SET_DFL_CGRP: usize = 2;
+    /// `cgroup.level` (int, 0 for the root).
+    pub const CGROUP_LEVEL: usize = 3;
+    /// `cgroup.ancestors` (`struct cgroup *[]`, indexed by level, the cgroup itself last).
+    pub const CGROUP_ANCESTORS: usize = 4;
+    /// `cgroup.kn` (`struct kernfs_node *`).
+    pub const CGROUP_KN: usize = 5;
+    /// `kernfs_node.id` (u64: the cgroup id).
+    pub const KERNFS_NODE_ID: usize = 6;
+    pub const COUNT: usize = 7;
 }
 
 /// Deepest cgroup level the `-G` filter looks through (ancestor levels 0..=this).

@@ -6,7 +6,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_comm,
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, perf_event, raw_tracepoint, tracepoint},
     programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext, TracePointContext},
@@ -14,13 +14,14 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use topdown_common::{
     CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode, flush_result, slot_source,
+    flush_mode, flush_result, kernel_offset, reading_owner, slot_source,
 };
 
 use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
-    FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SLOT_SOURCES,
-    STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, generation, global,
+    FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SKIP_UNTRACED,
+    SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, generation, global,
+    kernel_field_offset, tracked_bit, untrack,
 };
 
 /// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
@@ -109,6 +110,10 @@ pub(crate) fn add(bucket: &mut [u64; MAX_COUNTERS], delta: &[u64; MAX_COUNTERS],
     }
 }
 
+/// The `TRACKED` value of a process whose last thread has exited but may still run (its exit
+/// path can sleep and be switched in again) until its final switch-out (`SKIP_UNTRACED` only).
+pub(crate) const TRACKED_EXITING: u8 = 2;
+
 #[inline(always)]
 pub(crate) fn is_tracked(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
@@ -147,11 +152,13 @@ pub(crate) fn remember_cgroup(tgid: u32, cgroup: u64) {
     }
 }
 
-/// Hands the delta since the last reading to `tid` and, with `--by cgroup`, to `cgroup`.
+/// Reads the counters and leaves the delta since the last reading in `state.now`, already added
+/// to `state.total`. False if there is no delta to hand out: frozen, the reading failed (its
+/// delta goes to the next one), or this was the baseline.
 #[inline(always)]
-pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgroup: u64) {
+fn take_delta(state: &mut CpuState) -> bool {
     if state.frozen != 0 || !read_counters(state) {
-        return;
+        return false;
     }
     let used = global(&NUM_COUNTERS) as usize;
     state.seq = state.seq.wrapping_add(1);
@@ -159,7 +166,7 @@ pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgr
         // Baseline: nothing before this instant belongs to the run.
         state.last = state.now;
         state.initialized = 1;
-        return;
+        return false;
     }
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
@@ -169,8 +176,18 @@ pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgr
         slot += 1;
     }
     // The deltas stay in `state.now` (no copy: 32 counters would not fit the 512-byte stack).
+    add(&mut state.total, &state.now, used);
+    true
+}
+
+/// Hands the delta since the last reading to `tid` and, with `--by cgroup`, to `cgroup`.
+#[inline(always)]
+pub(crate) fn credit(state: &mut CpuState, tid: u32, tgid: u32, dying: bool, cgroup: u64) {
+    if !take_delta(state) {
+        return;
+    }
+    let used = global(&NUM_COUNTERS) as usize;
     let delta = &state.now;
-    add(&mut state.total, delta, used);
 
     if tid == 0 {
         add(&mut state.idle, delta, used);
@@ -325,7 +342,12 @@ pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskC
     }
     if tid != tgid {
         // A thread's tid may have been added by the fork hook; the process stays tracked by tgid.
-        let _ = TRACKED.remove(&tid);
+        untrack(tid);
+    }
+    // SAFETY: the value is copied out at once.
+    if unsafe { TRACKED.get(&tgid) }.copied() == Some(TRACKED_EXITING) {
+        // The process's last thread has exited: forget the process now that it is gone.
+        untrack(tgid);
     }
     // Calls still open on a dead thread's shadow stack will never return.
     // SAFETY: only this thread's probes and its last switch touch its stack.
@@ -353,9 +375,199 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let prev_state: u64 = ctx.arg(3);
+    let dying = prev_state as u32 & TASK_DEAD != 0;
+    if global(&SKIP_UNTRACED) == 0 {
+        let (tid, tgid) = current_ids();
+        attribute(state, tid, tgid, dying);
+        return 0;
+    }
+    let next: u64 = ctx.arg(2);
+    let (next_tid, next_traced) = arriving(next);
+    // SAFETY: as in `attribute`.
+    let owner_traced = unsafe { (*state).owner == reading_owner::TRACED };
+    if !owner_traced && !next_traced && !dying {
+        // The common case, kept to the fewest helper calls: nobody traced, no reading, and
+        // the delta since the last one already spans several tasks.
+        return 0;
+    }
     let (tid, tgid) = current_ids();
-    attribute(state, tid, tgid, prev_state as u32 & TASK_DEAD != 0);
+    {
+        // SAFETY: as in `attribute`.
+        let state = unsafe { &mut *state };
+        let leaving_traced = owner_traced && state.owner_tid == tid;
+        if !leaving_traced && !next_traced {
+            // Nobody traced: no reading. The delta since the last one now spans `next` too.
+            state.owner = reading_owner::NONE;
+            if dying {
+                retire_unread(state, tid, tgid);
+            }
+            return 0;
+        }
+    }
+    settle(state, tid, tgid, dying, None, next_tid, next_traced);
     0
+}
+
+/// Under `SKIP_UNTRACED`, a reading on behalf of `current` (`tid`): the delta goes to it (through
+/// `attribute`, or `credit` with `cgroup` when given) only if it is traced and alone ran since
+/// the last reading; otherwise to `untracked`, idle time included (switches to and from the
+/// idle task are not read either, so idle cannot be told apart from untraced tasks). Then
+/// `owner_tid` is the task that runs from here on.
+#[inline(always)]
+pub(crate) fn settle(
+    state_ptr: *mut CpuState,
+    tid: u32,
+    tgid: u32,
+    dying: bool,
+    cgroup: Option<u64>,
+    owner_tid: u32,
+    owner_traced: bool,
+) {
+    // SAFETY: as in `attribute`.
+    let state = unsafe { &mut *state_ptr };
+    let seq = state.seq;
+    if state.owner == reading_owner::TRACED && state.owner_tid == tid {
+        match cgroup {
+            Some(cgroup) => credit(state, tid, tgid, dying, cgroup),
+            None => attribute(state_ptr, tid, tgid, dying),
+        }
+    } else {
+        if take_delta(state) {
+            add(
+                &mut state.untracked,
+                &state.now,
+                global(&NUM_COUNTERS) as usize,
+            );
+        }
+        if dying {
+            retire_unread(state, tid, tgid);
+        }
+    }
+    // SAFETY: as above; `attribute` is done with it.
+    let state = unsafe { &mut *state_ptr };
+    if state.seq == seq {
+        // No reading (failed, or frozen): the next delta spans whatever runs until then.
+        state.owner = reading_owner::NONE;
+        return;
+    }
+    state.owner_tid = owner_tid;
+    state.owner = if owner_traced {
+        reading_owner::TRACED
+    } else {
+        reading_owner::NONE
+    };
+}
+
+/// `settle` for a reading that is not a context switch (flush, a self-move to another cgroup):
+/// `current` keeps running, and whether it is traced is decided again (it may have just moved
+/// into or out of a chosen cgroup).
+#[inline(always)]
+pub(crate) fn settle_current(state: *mut CpuState, tid: u32, tgid: u32, cgroup: Option<u64>) {
+    let traced = current_is_traced(tid, tgid);
+    settle(state, tid, tgid, false, cgroup, tid, traced);
+}
+
+/// A task dying at a switch that takes no reading for it: its entry, if it has one, is still
+/// handed to user space and freed (its counts since the last reading go to `untracked`).
+#[inline(always)]
+fn retire_unread(state: &mut CpuState, tid: u32, tgid: u32) {
+    if tid == 0 {
+        return;
+    }
+    if let Some(task) = TASKS.get_ptr_mut(&tid) {
+        // SAFETY: a map value pointer; only the CPU the task runs on writes it.
+        retire(state, tid, tgid, unsafe { &mut *task });
+    }
+}
+
+/// The arriving task's tid and whether it is traced, read from its `struct task_struct` at the
+/// offsets user space found in the kernel's BTF.
+#[inline(always)]
+fn arriving(next: u64) -> (u32, bool) {
+    // `next` is a BTF pointer (tp_btf argument) and the offset a constant of the frozen
+    // .rodata, so the verifier checks these loads against `struct task_struct` and turns them
+    // into fault-safe loads: cheaper than a `bpf_probe_read_kernel` call on every switch.
+    // `tgid` follows `pid` (user space checks it).
+    let pid = next.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
+    // SAFETY: as above; a bad address reads as zero instead of faulting.
+    let (tid, tgid) = unsafe {
+        (
+            core::ptr::read_volatile(pid as *const u32),
+            core::ptr::read_volatile((pid + 4) as *const u32),
+        )
+    };
+    if tid == 0 {
+        return (0, false);
+    }
+    // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
+    // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
+    if global(&FILTER_TGIDS) != 0 && !tracked_bit(tgid) {
+        return (tid, false);
+    }
+    (
+        tid,
+        global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next),
+    )
+}
+
+/// The same decision as `arriving`, for `current`.
+#[inline(always)]
+fn current_is_traced(tid: u32, tgid: u32) -> bool {
+    if tid == 0 || (global(&FILTER_TGIDS) != 0 && !has_entry_or_is_tracked(tid, tgid)) {
+        return false;
+    }
+    global(&FILTER_CGROUPS) == 0 || in_chosen_cgroup()
+}
+
+/// Tracked by process, or given an entry by the exit hook after its process stopped being
+/// tracked (see `process_exit`): `credit` attributes to both.
+#[inline(always)]
+fn has_entry_or_is_tracked(tid: u32, tgid: u32) -> bool {
+    // SAFETY: tested for presence only.
+    is_tracked(tgid) || unsafe { TASKS.get(&tid) }.is_some()
+}
+
+/// `bpf_probe_read_kernel` of a `T` at `base` + the kernel offset `index`.
+#[inline(always)]
+fn read_kernel<T>(base: u64, index: usize) -> Option<T> {
+    let address = base.wrapping_add(kernel_field_offset(index));
+    // SAFETY: the helper checks the address; a bad one is an error, not a fault.
+    unsafe { bpf_probe_read_kernel(address as *const T) }.ok()
+}
+
+/// `in_chosen_cgroup` for any task: what `bpf_get_current_ancestor_cgroup_id` does for `current`
+/// (kernel/bpf/helpers.c: `task_dfl_cgroup`, `cgroup_ancestor`, `cgroup_id`), through
+/// `task->cgroups->dfl_cgrp->ancestors[level]->kn->id`.
+#[inline(always)]
+fn task_in_chosen_cgroup(task: u64) -> bool {
+    let Some(css_set) = read_kernel::<u64>(task, kernel_offset::TASK_CGROUPS) else {
+        return false;
+    };
+    let Some(cgroup) = read_kernel::<u64>(css_set, kernel_offset::CSS_SET_DFL_CGRP) else {
+        return false;
+    };
+    let Some(level) = read_kernel::<i32>(cgroup, kernel_offset::CGROUP_LEVEL) else {
+        return false;
+    };
+    let mut at = 0;
+    while at <= MAX_CGROUP_LEVEL && at <= level {
+        let slot = cgroup.wrapping_add(8 * at as u64);
+        let Some(ancestor) = read_kernel::<u64>(slot, kernel_offset::CGROUP_ANCESTORS) else {
+            return false;
+        };
+        let Some(node) = read_kernel::<u64>(ancestor, kernel_offset::CGROUP_KN) else {
+            return false;
+        };
+        let Some(id) = read_kernel::<u64>(node, kernel_offset::KERNFS_NODE_ID) else {
+            return false;
+        };
+        // SAFETY: tested for presence only.
+        if unsafe { CGROUP_FILTER.get(&id) }.is_some() {
+            return true;
+        }
+        at += 1;
+    }
+    false
 }
 
 /// `--by cgroup` alone: run only when the CPU switches between cgroups (the
@@ -422,7 +634,11 @@ pub fn flush(ctx: RawTracePointContext) -> i32 {
     };
     let mode: u64 = ctx.arg(0);
     let (tid, tgid) = current_ids();
-    attribute(state, tid, tgid, false);
+    if global(&SKIP_UNTRACED) != 0 {
+        settle_current(state, tid, tgid, None);
+    } else {
+        attribute(state, tid, tgid, false);
+    }
     // SAFETY: as in `attribute`.
     let state = unsafe { &mut *state };
     if mode == flush_mode::FINAL {

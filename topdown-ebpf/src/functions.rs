@@ -12,15 +12,15 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, FileAddress, MAX_COUNTERS, MAX_DEPTH, MAX_FUNCTION_RANGES, ProbeStats, ROOT_FUNCTION,
-    ShadowStack, entry_cookie, exit_point, frame_flags, pt_regs_word,
+    ShadowStack, entry_cookie, exit_point, frame_flags, pt_regs_word, reading_owner,
 };
 
 use crate::{
     counters::{add, current_ids, is_tracked, read_slots},
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
-        SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK, atomic_add, generation,
-        global,
+        SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK,
+        atomic_add, generation, global,
     },
 };
 
@@ -115,6 +115,20 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
 #[inline(always)]
 fn probed_task() -> Option<(u32, u32)> {
     let (tid, tgid) = current_ids();
+    if global(&SKIP_UNTRACED) != 0 {
+        // Readings are skipped at untraced switches: `last` is this task's own baseline only
+        // if the CPU's last reading was at or after its switch-in, which is what a traced
+        // owner means (`topdown_common::reading_owner`).
+        let state = CPU_STATE.get_ptr(0)?;
+        // SAFETY: a per-CPU map value; volatile because a switch may change it under us.
+        let (owner, owner_tid) = unsafe {
+            (
+                core::ptr::read_volatile(&(*state).owner),
+                core::ptr::read_volatile(&(*state).owner_tid),
+            )
+        };
+        return (owner == reading_owner::TRACED && owner_tid == tid).then_some((tid, tgid));
+    }
     if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
         return None;
     }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, IndirectJump,
-    MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, slot_source,
+    MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, slot_source,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -48,6 +48,17 @@ pub(crate) static BY_TASK: u32 = 1;
 /// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
 #[unsafe(no_mangle)]
 pub(crate) static FILTER_CGROUPS: u32 = 0;
+/// Nonzero: sched_switch reads the counters only at switches where the task leaving or the task
+/// arriving is traced (filters on, and `KERNEL_OFFSETS` found by user space; see
+/// `topdown_common::reading_owner`).
+#[unsafe(no_mangle)]
+pub(crate) static SKIP_UNTRACED: u32 = 0;
+/// Byte offsets of kernel structure fields (`topdown_common::kernel_offset`), from the kernel's
+/// BTF: aya-ebpf has no CO-RE relocations for Rust programs.
+#[unsafe(no_mangle)]
+pub(crate) static KERNEL_OFFSETS: [u32; kernel_offset::COUNT] =
+    [FIELD_ABSENT; kernel_offset::COUNT];
+
 /// Nonzero: function totals are kept per process (`--by function,task`).
 #[unsafe(no_mangle)]
 pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
@@ -56,6 +67,13 @@ pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
 pub(crate) fn global(value: &'static u32) -> u32 {
     // SAFETY: reading a static the loader patched; volatile keeps the load.
     unsafe { core::ptr::read_volatile(value) }
+}
+
+/// One of `KERNEL_OFFSETS` (`index` is a `kernel_offset` constant).
+#[inline(always)]
+pub(crate) fn kernel_field_offset(index: usize) -> u64 {
+    // SAFETY: `index` is a constant below `kernel_offset::COUNT`; volatile as in `global`.
+    u64::from(unsafe { core::ptr::read_volatile(KERNEL_OFFSETS.as_ptr().add(index)) })
 }
 
 /// Counter fds: index `cpu * MAX_COUNTERS + slot`. Sized by user space to possible CPUs.
@@ -90,6 +108,13 @@ pub(crate) static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(
 /// Tracked tgids (and the tids of tracked threads created by fork, until they die).
 #[map]
 pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
+
+/// `TRACKED`'s keys as a bitmap indexed by pid (bit `pid % 64` of word `pid / 64`), sized by user
+/// space to `pid_max`: what sched_switch tests for every arriving task, since an array lookup
+/// costs a fraction of a hash lookup. Kept beside `TRACKED` wherever that changes; a pid
+/// beyond its end (pid_max raised during the run) is looked up in `TRACKED` instead.
+#[map]
+pub(crate) static TRACKED_BITS: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
@@ -152,6 +177,58 @@ pub(crate) static RETURN_TARGETS: HashMap<FileAddress, u8> =
 
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// Tracks `pid` (`TRACKED` and `TRACKED_BITS`); false if `TRACKED` is full.
+#[inline(always)]
+pub(crate) fn track(pid: u32) -> bool {
+    if TRACKED.insert(&pid, &1, 0).is_err() {
+        return false;
+    }
+    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
+        // Several CPUs may change one word at once.
+        // SAFETY: an aligned u64 of a live array value.
+        unsafe { atomic_or(word, 1u64 << (pid % 64)) };
+    }
+    true
+}
+
+/// Stops tracking `pid` (`TRACKED` and `TRACKED_BITS`).
+#[inline(always)]
+pub(crate) fn untrack(pid: u32) {
+    let _ = TRACKED.remove(&pid);
+    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
+        // SAFETY: as in `track`.
+        unsafe { atomic_and(word, !(1u64 << (pid % 64))) };
+    }
+}
+
+/// Whether `pid` is tracked, from `TRACKED_BITS` (one array lookup).
+#[inline(always)]
+pub(crate) fn tracked_bit(pid: u32) -> bool {
+    match TRACKED_BITS.get(pid / 64) {
+        Some(word) => word & (1u64 << (pid % 64)) != 0,
+        // SAFETY: tested for presence only.
+        None => unsafe { TRACKED.get(&pid) }.is_some(),
+    }
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_or(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_or};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_and(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_and};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_and::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
+}
 
 /// # Safety
 /// `target` must be a valid, 8-byte aligned u64 in a map value.

@@ -8,11 +8,11 @@ use aya_log_ebpf::warn;
 use topdown_common::FIELD_ABSENT;
 
 use crate::{
-    counters::{credit, current_ids, is_tracked, remember_cgroup},
+    counters::{TRACKED_EXITING, credit, current_ids, is_tracked, remember_cgroup, settle_current},
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
-        PROCESS_CGROUPS, TASKS, TRACKED, ZERO_TASK, global,
+        PROCESS_CGROUPS, SKIP_UNTRACED, TASKS, TRACKED, ZERO_TASK, global, track, untrack,
     },
 };
 
@@ -39,7 +39,7 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
         return 0;
     }
     let (_, tgid) = current_ids();
-    if is_tracked(tgid) && TRACKED.insert(&child, &1, 0).is_err() {
+    if is_tracked(tgid) && !track(child) {
         warn!(
             &ctx,
             "topdown: tracked-process map full, child {} not followed", child
@@ -48,8 +48,9 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
     0
 }
 
-/// Classic `sched:sched_process_exit`: forget a tracked process once its last thread exits, so a
-/// recycled pid is not tracked by mistake. That thread's last switch-out comes after this, so it
+/// Classic `sched:sched_process_exit`: forget a tracked process once its last thread exits (with
+/// `SKIP_UNTRACED`, once that thread is gone: see `TRACKED_EXITING`), so a recycled pid is not
+/// tracked by mistake. That thread's last switch-out comes after this, so it
 /// gets its task entry here: tasks with entries keep being attributed, and a single-threaded
 /// command that never switched out before exiting would otherwise count as untracked.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
@@ -73,7 +74,14 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
         // SAFETY: a per-CPU map value nobody writes: all zeroes. An existing entry stays.
         let _ = TASKS.insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64);
     }
-    let _ = TRACKED.remove(&tgid);
+    if global(&SKIP_UNTRACED) != 0 {
+        // Still traced at its switches (sched_switch looks up the tgid only, not the task
+        // entry: one map lookup less per switch) until its last thread's final switch-out,
+        // where `retire` forgets it.
+        let _ = TRACKED.insert(&tgid, &TRACKED_EXITING, 0);
+    } else {
+        untrack(tgid);
+    }
     0
 }
 
@@ -134,13 +142,24 @@ pub fn cgroup_attach(ctx: TracePointContext) -> i32 {
     let Some(state) = CPU_STATE.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
-    let state = unsafe { &mut *state };
     // SAFETY: the value is copied out at once.
-    match unsafe { PROCESS_CGROUPS.get(&tgid) }.copied() {
-        Some(left) if left != destination => credit(state, tid, tgid, false, left),
-        Some(_) => {}
-        None => state.unsplit_migrations += 1,
+    let left = unsafe { PROCESS_CGROUPS.get(&tgid) }.copied();
+    if global(&SKIP_UNTRACED) != 0 {
+        // Always a reading: the task may have just entered or left a chosen cgroup (`-G`), and
+        // from here on its counts are judged by where it is now.
+        if left.is_none() {
+            // SAFETY: as below.
+            unsafe { (*state).unsplit_migrations += 1 };
+        }
+        settle_current(state, tid, tgid, Some(left.unwrap_or(destination)));
+    } else {
+        // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
+        let state = unsafe { &mut *state };
+        match left {
+            Some(left) if left != destination => credit(state, tid, tgid, false, left),
+            Some(_) => {}
+            None => state.unsplit_migrations += 1,
+        }
     }
     remember_cgroup(tgid, destination);
     0

@@ -156,6 +156,26 @@ fn btf(root: &Path) -> Item {
     }
 }
 
+/// Whether `-p`, `-- CMD` and `-G` can skip the switches of untraced tasks.
+fn switch_filter(offsets: Result<[u32; topdown_common::kernel_offset::COUNT]>) -> Item {
+    match offsets {
+        Ok(_) => item(
+            Status::Ok,
+            "switch filter",
+            "task and cgroup fields found in BTF: with -p, -- CMD or -G, counters are read only \
+             at switches of traced tasks",
+        ),
+        Err(err) => item(
+            Status::Warn,
+            "switch filter",
+            format!(
+                "{err:#}: with -p, -- CMD or -G, counters are read at every context switch, \
+                 traced or not (costlier)"
+            ),
+        ),
+    }
+}
+
 fn nmi_watchdog(value: Option<i32>) -> Item {
     match value {
         Some(1) => item(
@@ -194,6 +214,7 @@ pub fn run(
         privileged,
     ));
     items.push(btf(root));
+    items.push(switch_filter(crate::bpf::switch_offsets()));
 
     let tracefs = if privileged {
         Tracefs::locate_or_mount()

@@ -44,7 +44,41 @@ pub fn bench() -> Result<()> {
         "--bin",
         "pingpong",
     ]))?;
+    cmd::run(cmd::cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "topdown-user",
+        "--bin",
+        "topdown-floor",
+    ]))?;
     let pingpong = topdown.with_file_name("pingpong");
+    let floor = topdown.with_file_name("topdown-floor");
+    // `-p` of a process that never runs: every switch the ping-pong makes is one nobody traces.
+    let mut idle = Command::new("sleep")
+        .arg("infinity")
+        .spawn()
+        .context("starting an idle process for `stat -p`")?;
+    let idle_pid = idle.id().to_string();
+    let result = bench_switches(&topdown, &pingpong, &floor, &idle_pid);
+    let _ = idle.kill();
+    let _ = idle.wait();
+    result?;
+    bench_cgroups(&topdown, &pingpong)?;
+    bench_functions(&topdown)
+}
+
+/// `topdown stat` with `--format json -o /dev/null` and `args`.
+fn stat_argv(topdown: &str, args: &[&str]) -> Vec<String> {
+    let mut argv = vec![topdown.to_owned(), "stat".to_owned()];
+    argv.extend(args.iter().map(|arg| (*arg).to_owned()));
+    argv.extend(["--format", "json", "-o", "/dev/null"].map(str::to_owned));
+    argv
+}
+
+/// What tracing adds per context switch: `-a` and `-p` of an idle process, beside the empty
+/// aya sched_switch program and an empty bpftrace one.
+fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str) -> Result<()> {
     let td = topdown.display().to_string();
     let mut configs = vec![
         Config {
@@ -52,35 +86,30 @@ pub fn bench() -> Result<()> {
             tracer: None,
         },
         Config {
+            name: FLOOR_NAME.to_owned(),
+            tracer: Some(vec![floor.display().to_string()]),
+        },
+        Config {
+            name: "topdown stat -p IDLE_PID --pmu software".to_owned(),
+            tracer: Some(stat_argv(&td, &["-p", idle_pid, "--pmu", "software"])),
+        },
+        Config {
+            name: "topdown stat -p IDLE_PID --pmu synthetic:intel-icl".to_owned(),
+            tracer: Some(stat_argv(
+                &td,
+                &["-p", idle_pid, "--pmu", "synthetic:intel-icl"],
+            )),
+        },
+        Config {
             name: "topdown stat -a --pmu software".to_owned(),
-            tracer: Some(vec![
-                td.clone(),
-                "stat".into(),
-                "-a".into(),
-                "--pmu".into(),
-                "software".into(),
-                "--format".into(),
-                "json".into(),
-                "-o".into(),
-                "/dev/null".into(),
-            ]),
+            tracer: Some(stat_argv(&td, &["-a", "--pmu", "software"])),
         },
         Config {
             name: "topdown stat -a --pmu synthetic:intel-icl".to_owned(),
-            tracer: Some(vec![
-                td,
-                "stat".into(),
-                "-a".into(),
-                "--pmu".into(),
-                "synthetic:intel-icl".into(),
-                "--format".into(),
-                "json".into(),
-                "-o".into(),
-                "/dev/null".into(),
-            ]),
+            tracer: Some(stat_argv(&td, &["-a", "--pmu", "synthetic:intel-icl"])),
         },
         Config {
-            name: "bpftrace 'tracepoint:sched:sched_switch {}' (floor)".to_owned(),
+            name: BPFTRACE_NAME.to_owned(),
             tracer: Some(vec![
                 "bpftrace".into(),
                 "-e".into(),
@@ -89,45 +118,123 @@ pub fn bench() -> Result<()> {
         },
     ];
     if let Some(old) = baseline_build() {
+        configs.push(Config {
+            name: "baseline: topdown stat -p IDLE_PID --pmu synthetic:intel-icl".to_owned(),
+            tracer: Some(stat_argv(
+                &old,
+                &["-p", idle_pid, "--pmu", "synthetic:intel-icl"],
+            )),
+        });
         for pmu in ["software", "synthetic:intel-icl"] {
             configs.push(Config {
                 name: format!("baseline: topdown stat -a --pmu {pmu}"),
-                tracer: Some(
-                    [
-                        &old,
-                        "stat",
-                        "-a",
-                        "--pmu",
-                        pmu,
-                        "--format",
-                        "json",
-                        "-o",
-                        "/dev/null",
-                    ]
-                    .map(str::to_owned)
-                    .to_vec(),
-                ),
+                tracer: Some(stat_argv(&old, &["-a", "--pmu", pmu])),
             });
         }
     }
+    // The kernel's per-program run times: unlike the ping-pong's wall-clock figure, they do not
+    // move with whatever else the machine runs.
+    let stats = enable_bpf_stats();
+    if let Err(err) = &stats {
+        println!("no BPF run-time statistics: {err:#}");
+    }
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut run_times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..ROUNDS {
         for (index, config) in configs.iter().enumerate() {
-            let value = measure(config, &pingpong)
+            let (value, run_time) = measure_switches(config, pingpong)
                 .with_context(|| format!("round {round}: {}", config.name))?;
             println!(
-                "round {}: {:<55} {value:>9.1} ns/switch",
+                "round {}: {:<55} {value:>9.1} ns/switch, program {} ns/run",
                 round + 1,
-                config.name
+                config.name,
+                run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}"))
             );
             samples[index].push(value);
+            run_times[index].extend(run_time);
         }
     }
+    drop(stats);
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    write_results(&configs, &medians)?;
-    bench_cgroups(&topdown, &pingpong)?;
-    bench_functions(&topdown)
+    let run_times: Vec<Option<f64>> = run_times
+        .iter_mut()
+        .map(|values| (!values.is_empty()).then(|| median(values)))
+        .collect();
+    write_results(&configs, &medians, &run_times)
 }
+
+/// `BPF_ENABLE_STATS` (include/uapi/linux/bpf.h: command 32, `BPF_STATS_RUN_TIME` = 0): the
+/// kernel times every BPF program run for as long as the returned fd is open.
+fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    let mut attr = [0u32; 4];
+    // SAFETY: a valid `union bpf_attr` prefix of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 32, attr.as_mut_ptr(), 16) };
+    if fd < 0 {
+        bail!("BPF_ENABLE_STATS: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The busiest BPF program `pid` holds (the sched_switch one: the others run rarely or never
+/// during a ping-pong): its total run time and runs, from `/proc/PID/fdinfo`.
+fn switch_program_runs(pid: u32) -> Option<(u64, u64)> {
+    let mut busiest: Option<(u64, u64)> = None;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let is_program = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
+        if !is_program {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            entry.file_name().to_string_lossy()
+        ))
+        .ok()?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        let runs = (field("run_time_ns:")?, field("run_cnt:")?);
+        if busiest.is_none_or(|(_, count)| runs.1 > count) {
+            busiest = Some(runs);
+        }
+    }
+    busiest
+}
+
+/// `measure`, plus the mean run time of the tracer's sched_switch program during the
+/// ping-pong (None without a tracer or statistics).
+fn measure_switches(config: &Config, pingpong: &Path) -> Result<(f64, Option<f64>)> {
+    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
+    let mut tracer = match &config.tracer {
+        Some(argv) => Some(start_tracer(argv)?),
+        None => None,
+    };
+    let before = tracer
+        .as_ref()
+        .and_then(|child| switch_program_runs(child.id()));
+    let result = run_pingpong(pingpong, &args);
+    let after = tracer
+        .as_ref()
+        .and_then(|child| switch_program_runs(child.id()));
+    if let Some(child) = &mut tracer {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(child.id() as i32, 2) };
+        let _ = child.wait();
+    }
+    let run_time = match (before, after) {
+        (Some((ns0, runs0)), Some((ns1, runs1))) if runs1 > runs0 && ns1 > ns0 => {
+            Some((ns1 - ns0) as f64 / (runs1 - runs0) as f64)
+        }
+        _ => None,
+    };
+    Ok((result?, run_time))
+}
+
+const FLOOR_NAME: &str = "aya empty tp_btf/sched_switch program (floor)";
+const BPFTRACE_NAME: &str = "bpftrace 'tracepoint:sched:sched_switch {}'";
 
 /// Per-function probes: ns per call of a tiny function, unprobed, under an empty bpftrace
 /// uprobe+uretprobe pair (the floor), and under `topdown stat -u` (the default `--returns auto`,
@@ -445,11 +552,6 @@ fn cgroup_v2_mount() -> Result<std::path::PathBuf> {
         .context("no cgroup v2 mount: the cgroup benchmark needs one")
 }
 
-fn measure(config: &Config, pingpong: &Path) -> Result<f64> {
-    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
-    measure_with(config, pingpong, &args)
-}
-
 fn measure_with(config: &Config, pingpong: &Path, args: &[String]) -> Result<f64> {
     let mut tracer = match &config.tracer {
         Some(argv) => Some(start_tracer(argv)?),
@@ -518,7 +620,7 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
+fn write_results(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]) -> Result<()> {
     let baseline = medians[0];
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -548,27 +650,71 @@ fn write_results(configs: &[Config], medians: &[f64]) -> Result<()> {
         "Command: `{command}`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
          trips, two context switches each), {ROUNDS} alternating rounds per configuration, median.\n\n"
     );
-    section +=
-        "| configuration | ns per context switch | added over no tracing |\n|---|---:|---:|\n";
-    for (config, value) in configs.iter().zip(medians) {
+    // What each configuration adds per switch, and that as a multiple of what the empty aya
+    // program adds.
+    let added = |name: &str| {
+        configs
+            .iter()
+            .position(|config| config.name == name)
+            .map(|index| medians[index] - baseline)
+    };
+    let floor = added(FLOOR_NAME).unwrap_or(f64::NAN);
+    section += "| configuration | ns per context switch | added over no tracing | added / floor's | sched_switch program, ns per run |\n|---|---:|---:|---:|---:|\n";
+    for ((config, value), run_time) in configs.iter().zip(medians).zip(run_times) {
         section += &format!(
-            "| {} | {value:.1} | {:+.1} |\n",
+            "| {} | {value:.1} | {:+.1} | {:.2}x | {} |\n",
             config.name,
-            value - baseline
+            value - baseline,
+            (value - baseline) / floor,
+            run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}"))
         );
     }
-    let floor = medians[3] - baseline;
-    section += &format!(
-        "\ntopdown over the bpftrace floor: software {:+.1} ns, synthetic (7 counters) {:+.1} ns per switch.\n",
-        medians[1] - baseline - floor,
-        medians[2] - baseline - floor
-    );
-    if medians.len() >= 6 {
+    section += "\nThe last column is the kernel's own timing of the tracer's sched_switch program \
+                (`BPF_ENABLE_STATS`, mean run time over the ping-pong's switches, median of the \
+                rounds): the program's work alone, without the hook's fixed cost, and steady when \
+                other load on the machine makes the wall-clock columns wander (the two `-p` rows \
+                run the same program: their wall-clock difference is that noise).\n";
+    section += "\nThe floor is an aya `tp_btf/sched_switch` program that does nothing \
+                (`topdown-floor`), loaded and attached as topdown's is. `IDLE_PID` is a process \
+                that sleeps throughout, so with `-p` no switch of the ping-pong is traced: since \
+                issue 11 those switches take no counter reading.\n";
+    let run_time = |name: &str| {
+        configs
+            .iter()
+            .position(|config| config.name == name)
+            .and_then(|index| run_times[index])
+    };
+    let idle_p = "topdown stat -p IDLE_PID --pmu synthetic:intel-icl";
+    if let (Some(empty), Some(filtered)) = (run_time(FLOOR_NAME), run_time(idle_p)) {
+        // Both pay the same hook; they differ by what their programs do, which the kernel's
+        // run times measure without the wall-clock noise.
+        let extra = filtered - empty;
         section += &format!(
-            "\nThis build against the baseline build (`TOPDOWN_BENCH_BASELINE`), same rounds: \
-             software {:+.1} ns, synthetic {:+.1} ns per switch.\n",
-            medians[1] - medians[4],
-            medians[2] - medians[5]
+            "\n`-p` of an idle process, synthetic (7 counters): its sched_switch program runs \
+             {filtered:.1} ns per switch against {empty:.1} ns for the empty program, {extra:+.1} \
+             ns. "
+        );
+        section += &if floor > 0.0 {
+            format!(
+                "With the empty program's wall-clock cost above ({floor:+.1} ns per switch), \
+                 `-p` adds an estimated {:.2}x what the empty program adds (issue 11's target: \
+                 at most 1.2x).\n",
+                (floor + extra) / floor
+            )
+        } else {
+            "The empty program's wall-clock cost was lost in this run's noise, so no ratio is \
+             estimated.\n"
+                .to_owned()
+        };
+    }
+    if let (Some(old), Some(new)) = (
+        added("baseline: topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
+        added("topdown stat -p IDLE_PID --pmu synthetic:intel-icl"),
+    ) {
+        section += &format!(
+            "\n`-p` of an idle process, synthetic (7 counters), this build against the baseline \
+             build (`TOPDOWN_BENCH_BASELINE`), same rounds: {new:+.1} ns against {old:+.1} ns \
+             per switch.\n"
         );
     }
     let path = cmd::workspace_root().join("BENCHMARKS.md");

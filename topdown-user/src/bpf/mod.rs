@@ -5,7 +5,10 @@
 //! attached after topdown exits (the kernel also frees all of it when the process dies, even on
 //! `kill -9`, since nothing is pinned).
 
+mod kernel_types;
 mod records;
+
+pub use kernel_types::switch_offsets;
 
 use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
 
@@ -20,7 +23,7 @@ use aya::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FileAddress, IndirectJump, MAX_COUNTERS,
-    ProbeStats, TaskCounters, flush_mode, flush_result, names,
+    ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset, names,
 };
 
 use crate::{
@@ -143,6 +146,7 @@ impl Session {
         let by_cgroup = u32::from(config.by_cgroup);
         let by_task = u32::from(config.trigger == Trigger::SchedSwitch);
         let filter_cgroups = u32::from(config.cgroup_filter.is_some());
+        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config);
 
         let mut loader = EbpfLoader::new();
         loader
@@ -160,6 +164,8 @@ impl Session {
             .override_global(names::GLOBAL_BY_CGROUP, &by_cgroup, true)
             .override_global(names::GLOBAL_BY_TASK, &by_task, true)
             .override_global(names::GLOBAL_FILTER_CGROUPS, &filter_cgroups, true)
+            .override_global(names::GLOBAL_SKIP_UNTRACED, &skip_untraced, true)
+            .override_global(names::GLOBAL_KERNEL_OFFSETS, &kernel_offsets, true)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
@@ -168,7 +174,8 @@ impl Session {
             .map_max_entries(names::GENERATIONS, possible_cpus)
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::PROCESS_CGROUPS, config.max_tasks)
-            .map_max_entries(names::TRACKED, config.max_tracked);
+            .map_max_entries(names::TRACKED, config.max_tracked)
+            .map_max_entries(names::TRACKED_BITS, tracked_bit_words());
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
             fail(
                 Failure::BpfUnavailable,
@@ -198,6 +205,9 @@ impl Session {
                 tracked
                     .insert(tgid, &1, 0)
                     .with_context(|| format!("tracking pid {tgid}"))?;
+            }
+            for tgid in tgids {
+                set_tracked_bit(&mut ebpf, *tgid)?;
             }
         }
         if let Some(ids) = &config.cgroup_filter {
@@ -482,7 +492,8 @@ impl Session {
             map_mut(&mut self.ebpf, names::TRACKED)?;
         tracked
             .insert(&tgid, &1, 0)
-            .with_context(|| format!("tracking pid {tgid}"))
+            .with_context(|| format!("tracking pid {tgid}"))?;
+        set_tracked_bit(&mut self.ebpf, tgid)
     }
 
     /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
@@ -923,6 +934,57 @@ fn optional_field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &st
         .ok()
         .flatten()
         .unwrap_or(topdown_common::FIELD_ABSENT)
+}
+
+/// Words of `TRACKED_BITS`: one bit per possible pid (`/proc/sys/kernel/pid_max`; the BPF side
+/// looks pids beyond it up in `TRACKED`).
+fn tracked_bit_words() -> u32 {
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        // The kernel's limit (PID_MAX_LIMIT on 64-bit, include/linux/threads.h).
+        .unwrap_or(4 * 1024 * 1024);
+    pid_max.div_ceil(64).max(1)
+}
+
+/// Sets `pid`'s bit in `TRACKED_BITS`. Read-modify-write of the word: user space tracks pids
+/// at start, before any program runs, and for `-- CMD` its one command, while only the fork hook
+/// of an already tracked process could write the same word.
+fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut bits: aya::maps::Array<&mut MapData, u64> = map_mut(ebpf, names::TRACKED_BITS)?;
+    let index = pid / 64;
+    if index >= bits.len() {
+        // Beyond pid_max at start: the BPF side falls back to `TRACKED` for it.
+        return Ok(());
+    }
+    let word = bits
+        .get(&index, 0)
+        .context("reading the tracked-pid bitmap")?;
+    bits.set(index, &(word | (1u64 << (pid % 64))), 0)
+        .context("writing the tracked-pid bitmap")
+}
+
+/// Whether sched_switch may skip switches between untraced tasks (a filter is on and the
+/// arriving task's fields were found in the kernel's BTF), and the offsets it reads them at.
+/// Without them it reads at every switch, as with `-a`, and says why (shown with `-v`).
+fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::COUNT]) {
+    let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
+    let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
+    if !filtered || config.trigger != Trigger::SchedSwitch {
+        return (0, absent);
+    }
+    match switch_offsets() {
+        Ok(offsets) => {
+            log::info!("counters are read only at context switches of traced tasks");
+            (1, offsets)
+        }
+        Err(err) => {
+            log::info!(
+                "{err:#}: counters are read at every context switch, traced or not (costlier)"
+            );
+            (0, absent)
+        }
+    }
 }
 
 /// tp_btf programs need the kernel's BTF.
