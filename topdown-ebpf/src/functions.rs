@@ -217,6 +217,7 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     frame.sp = sp;
     frame.entry = stack.virtual_now;
     frame.callees = [0; MAX_COUNTERS];
+    frame.callee_calls = 0;
     stack.depth += 1;
     0
 }
@@ -268,6 +269,7 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
     // without an exit, which the verifier rejects.
     let frame = &stack.frames[frame_index(top)];
     let function = frame.function;
+    let callee_calls = frame.callee_calls;
     // Scratch reuse (the BPF stack is 512 bytes): `now` becomes the inclusive figure and
     // `virtual_now` the exclusive one.
     let mut slot = 0;
@@ -281,6 +283,7 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
     let parent = if top > 0 {
         let caller = &mut stack.frames[frame_index(top - 1)];
         add(&mut caller.callees, &stack.now, used);
+        caller.callee_calls += 1;
         caller.function
     } else {
         ROOT_FUNCTION
@@ -316,6 +319,8 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64) -> u32 {
     // Two CPUs may update one function's totals at once: add atomically (BPF atomic add).
     // SAFETY: naturally aligned u64 fields of a live map value.
     unsafe { atomic_add(&raw mut (*stats).calls, 1) };
+    // SAFETY: as above.
+    unsafe { atomic_add(&raw mut (*stats).callee_calls, callee_calls) };
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
         // SAFETY: as above.

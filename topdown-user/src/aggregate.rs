@@ -152,6 +152,8 @@ pub struct CallCounts {
     pub calls: u64,
     pub inclusive: SlotCounts,
     pub exclusive: SlotCounts,
+    /// Returns of probed callees during these calls.
+    pub callee_calls: u64,
 }
 
 /// Everything counted, by entity, as typed counts: cumulative since the baseline, or the
@@ -235,10 +237,12 @@ impl Aggregate {
                     calls: stats.calls,
                     inclusive: SlotCounts(stats.inclusive),
                     exclusive: SlotCounts(stats.exclusive),
+                    callee_calls: stats.callee_calls,
                 };
                 match calls_before.get(key) {
                     Some(old) => CallCounts {
                         calls: now.calls.saturating_sub(old.calls),
+                        callee_calls: now.callee_calls.saturating_sub(old.callee_calls),
                         inclusive: now.inclusive - SlotCounts(old.inclusive),
                         exclusive: now.exclusive - SlotCounts(old.exclusive),
                         ..now
@@ -528,6 +532,7 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         cgroup_depth: ctx.cgroup_depth,
         overflows: (!ctx.functions.is_empty()).then_some(diagnostics.overflows),
         missed_returns: (!ctx.functions.is_empty()).then_some(diagnostics.missed_returns),
+        probe_compensation: None,
         functions,
         call_tree,
         cpus,
@@ -881,6 +886,7 @@ mod tests {
                 calls,
                 inclusive: [0; MAX_COUNTERS],
                 exclusive: [0; MAX_COUNTERS],
+                callee_calls: 0,
             };
             stats.inclusive[0] = inclusive;
             stats.exclusive[0] = inclusive / 2;

@@ -838,6 +838,7 @@ mod tests {
             calls: 3,
             inclusive: slots([90, 90, 0, 2]),
             exclusive: slots([30, 30, 0, 1]),
+            callee_calls: 0,
         }];
         counts.diagnostics.read_errors = 2;
         counts.diagnostics.missed_returns = 1;
