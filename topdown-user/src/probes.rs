@@ -16,6 +16,7 @@ use anyhow::Result;
 
 use crate::{
     bpf::{AttachMode, ProbePoint, Session},
+    calibration::ReturnMechanism,
     progress::Progress,
     symbols::{ProbeSpec, ResolvedFunction, resolve as resolve_functions},
 };
@@ -42,6 +43,8 @@ pub struct Probes {
     uretprobes: bool,
     /// `(target, demangled symbol)` by function id.
     functions: Vec<(String, String)>,
+    /// How each function's returns are probed, by function id (the calibration's key).
+    mechanisms: Vec<Option<ReturnMechanism>>,
     /// Function ids the overhead guard detached; never re-attached.
     detached: BTreeSet<u32>,
     /// Each attached target and the file identity it had.
@@ -62,6 +65,7 @@ impl Probes {
             processes,
             uretprobes,
             functions: Vec::new(),
+            mechanisms: Vec::new(),
             detached: BTreeSet::new(),
             targets: Vec::new(),
             reattachments: 0,
@@ -74,6 +78,17 @@ impl Probes {
     /// `(target, symbol)` by function id, for reports.
     pub fn functions(&self) -> &[(String, String)] {
         &self.functions
+    }
+
+    /// How function `id`'s returns are probed (`None`: unknown id, or it never returns).
+    pub fn mechanism(&self, id: u32) -> Option<ReturnMechanism> {
+        self.mechanisms.get(id as usize).copied().flatten()
+    }
+
+    /// The return mechanisms in use, each once.
+    pub fn mechanisms_in_use(&self) -> Vec<ReturnMechanism> {
+        let used: BTreeSet<ReturnMechanism> = self.mechanisms.iter().flatten().copied().collect();
+        used.into_iter().collect()
     }
 
     pub fn detached(&self) -> impl Iterator<Item = &(String, String)> {
@@ -117,6 +132,13 @@ impl Probes {
                 },
                 function_id: id,
             });
+        }
+        for point in &points {
+            let id = point.function_id as usize;
+            if self.mechanisms.len() <= id {
+                self.mechanisms.resize(id + 1, None);
+            }
+            self.mechanisms[id] = ReturnMechanism::of(point);
         }
         // Attached before a held command execs, so none of its calls are missed.
         let started = Instant::now();

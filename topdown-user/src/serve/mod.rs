@@ -275,7 +275,11 @@ fn refresh(
     let now = Instant::now();
     let aggregate = Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
     let cgroup_paths = session.cgroup_paths(&aggregate);
-    exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
+    // The series show function figures without the probes' own cost, as reports do; the
+    // overhead guard gets the raw counts, which are what the probes cost.
+    let (compensated, _) = session.compensate(&aggregate);
+    let shown = compensated.as_ref().unwrap_or(&aggregate);
+    exporter.update(shown, &session.naming(&cgroup_paths), now);
     exporter.map_entries = [
         ("tasks", snapshot.live.len()),
         ("cgroups", snapshot.cgroups.len()),
