@@ -126,7 +126,9 @@ fn synthetic_counts_compensate_by_exactly_zero() {
         args.extend(["-u", &leaf, "-u", &mid, "--", &c, "leafmid", "7", "10", "5"]);
         let (report, stderr) = stat(&args);
         let cost = cost(&report, mechanism);
-        assert_eq!(cost["samples"], 20_000, "{cost}");
+        // 20,000 calls; a hit whose reading kept racing with context switches may be dropped.
+        let samples = cost["samples"].as_u64().unwrap();
+        assert!((19_800..=20_000).contains(&samples), "{cost}");
         assert!(
             stderr.contains("subtracted from function figures"),
             "{stderr}"
