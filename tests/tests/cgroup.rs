@@ -369,7 +369,10 @@ fn a_process_moved_while_asleep_splits_exactly() {
 
 /// On-CPU time (the `software` model's cpu-clock) of a CPU-bound process that moves itself: the
 /// cgroup it moves to shows what the kernel's own accounting (`cpu.stat` usage_usec) says it
-/// ran there, within 1%.
+/// ran there, within 2%. The exact split is the synthetic tests' job; this is the cross-check
+/// against an independent clock. The two clocks are not the same one (perf's cpu-clock is a
+/// per-CPU timer, cpu.stat the scheduler's sum_exec_runtime): on an idle VM they agree to well
+/// under 1%, and with the host's CPUs contended (load average ~10) they were seen 1.2% apart.
 #[test]
 fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
     let _serial = serial();
@@ -400,7 +403,7 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
             let counted = counter(cgroup(&report, path).unwrap(), "cpu-clock");
             let error = counted.abs_diff(usage_ns) as f64 / usage_ns as f64;
             assert!(
-                error < 0.01,
+                error < 0.02,
                 "{trigger} {dir}: cpu-clock {counted} ns vs cpu.stat {usage_ns} ns"
             );
         }

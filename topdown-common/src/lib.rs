@@ -330,6 +330,9 @@ pub struct Frame {
     pub entry: [u64; MAX_COUNTERS],
     /// Inclusive counts of probed callees that returned, for the exclusive figure.
     pub callees: [u64; MAX_COUNTERS],
+    /// Probed callees that returned: each put its probes' whole cost into this frame, which
+    /// user space subtracts (`topdown-user`'s `calibration` module).
+    pub callee_calls: u64,
 }
 
 /// Bits of `Frame::tail_calling`.
@@ -388,6 +391,8 @@ pub struct CallStats {
     pub unwound: u64,
     pub inclusive: [u64; MAX_COUNTERS],
     pub exclusive: [u64; MAX_COUNTERS],
+    /// Returns of probed callees during these calls (their probes' cost is in `inclusive`).
+    pub callee_calls: u64,
 }
 
 /// Per-CPU counts of function-probe anomalies (a one-entry `PERCPU_ARRAY`).

@@ -345,6 +345,7 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     frame.sp = sp;
     frame.entry = stack.virtual_now;
     frame.callees = [0; MAX_COUNTERS];
+    frame.callee_calls = 0;
     stack.depth += 1;
     0
 }
@@ -459,6 +460,7 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
     let used = global(&NUM_COUNTERS) as usize;
     let top = depth - 1;
     let function = stack.frames[frame_index(top)].function;
+    let callee_calls = stack.frames[frame_index(top)].callee_calls;
     // `now` becomes the inclusive figure (scratch reuse: the BPF stack is 512 bytes);
     // `virtual_now` stays the reading, for tail callers closed next.
     let mut slot = 0;
@@ -471,6 +473,7 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
     let parent = if top > 0 {
         let caller = &mut stack.frames[frame_index(top - 1)];
         add(&mut caller.callees, &stack.now, used);
+        caller.callee_calls += 1;
         caller.function
     } else {
         ROOT_FUNCTION
@@ -510,6 +513,8 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
         // SAFETY: as above.
         unsafe { atomic_add(&raw mut (*stats).unwound, 1) };
     }
+    // SAFETY: as above.
+    unsafe { atomic_add(&raw mut (*stats).callee_calls, callee_calls) };
     let mut slot = 0;
     while slot < MAX_COUNTERS && slot < used {
         let inclusive = stack.now[slot];

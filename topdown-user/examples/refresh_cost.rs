@@ -63,6 +63,7 @@ fn snapshot(tasks: u32, edges: u32, scale: u64) -> Snapshot {
                 unwound: 0,
                 inclusive: counts(u64::from(edge) * 7, scale * 2),
                 exclusive: counts(u64::from(edge) * 7, scale),
+                callee_calls: 0,
             };
             (key, stats)
         })

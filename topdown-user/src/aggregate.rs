@@ -155,6 +155,8 @@ pub struct CallCounts {
     pub unwound: u64,
     pub inclusive: SlotCounts,
     pub exclusive: SlotCounts,
+    /// Returns of probed callees during these calls.
+    pub callee_calls: u64,
 }
 
 /// Everything counted, by entity, as typed counts: cumulative since the baseline, or the
@@ -239,11 +241,13 @@ impl Aggregate {
                     unwound: stats.unwound,
                     inclusive: SlotCounts(stats.inclusive),
                     exclusive: SlotCounts(stats.exclusive),
+                    callee_calls: stats.callee_calls,
                 };
                 match calls_before.get(key) {
                     Some(old) => CallCounts {
                         calls: now.calls.saturating_sub(old.calls),
                         unwound: now.unwound.saturating_sub(old.unwound),
+                        callee_calls: now.callee_calls.saturating_sub(old.callee_calls),
                         inclusive: now.inclusive - SlotCounts(old.inclusive),
                         exclusive: now.exclusive - SlotCounts(old.exclusive),
                         ..now
@@ -537,6 +541,7 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         cgroup_depth: ctx.cgroup_depth,
         overflows: (!ctx.functions.is_empty()).then_some(diagnostics.overflows),
         missed_returns: (!ctx.functions.is_empty()).then_some(diagnostics.missed_returns),
+        probe_compensation: None,
         functions,
         call_tree,
         cpus,
@@ -911,6 +916,7 @@ mod tests {
                 unwound: 0,
                 inclusive: [0; MAX_COUNTERS],
                 exclusive: [0; MAX_COUNTERS],
+                callee_calls: 0,
             };
             stats.inclusive[0] = inclusive;
             stats.exclusive[0] = inclusive / 2;

@@ -278,6 +278,12 @@ pub struct CountingArgs {
     #[arg(long = "uretprobes", hide = true, conflicts_with = "returns")]
     pub uretprobes: bool,
 
+    /// Keep the function probes' own cost in the per-function figures: by default it is
+    /// measured at start (a known empty function probed on each core type) and subtracted per
+    /// call and per probed callee.
+    #[arg(long = "no-compensation")]
+    pub no_compensation: bool,
+
     /// Capacity of the BPF map of per-function totals (one entry per caller -> callee edge, and
     /// per process with `--by function,task`); edges beyond it are counted as dropped.
     #[arg(long = "max-calls", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]

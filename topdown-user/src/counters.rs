@@ -268,6 +268,50 @@ impl CounterGroups {
         Ok(())
     }
 
+    /// The same counters through duplicated fds: a second BPF session (the probe-cost
+    /// calibration, `crate::calibration`) reads the events the first one reads, instead of
+    /// opening a second set that a real PMU might not have the counters for.
+    pub fn try_clone(&self) -> Result<Self> {
+        let groups = self
+            .groups
+            .iter()
+            .map(|(cpu, fds)| {
+                let fds = fds
+                    .iter()
+                    .map(|(slot, fd)| Ok((*slot, fd.try_clone()?)))
+                    .collect::<std::io::Result<Vec<_>>>()?;
+                Ok((*cpu, fds))
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("duplicating counter fds")?;
+        Ok(Self {
+            counters: self.counters.clone(),
+            groups,
+            plan_groups: self.plan_groups.clone(),
+            group_cpus: self.group_cpus.clone(),
+            privilege: self.privilege,
+        })
+    }
+
+    /// Each hybrid PMU the plan opens and the CPUs it was opened on; empty when every group
+    /// is on the core PMU of every CPU.
+    pub fn hybrid_cpus(&self) -> Vec<(String, Vec<u32>)> {
+        let mut found: Vec<(String, Vec<u32>)> = Vec::new();
+        for (group, cpus) in self.plan_groups.iter().zip(&self.group_cpus) {
+            if let (Some(pmu), Some(cpus)) = (&group.pmu, cpus)
+                && !found.iter().any(|(known, _)| known == pmu)
+            {
+                let opened = cpus
+                    .iter()
+                    .copied()
+                    .filter(|cpu| self.groups.iter().any(|(open, _)| open == cpu))
+                    .collect();
+                found.push((pmu.clone(), opened));
+            }
+        }
+        found
+    }
+
     pub fn counters(&self) -> &[ResolvedCounter] {
         &self.counters
     }

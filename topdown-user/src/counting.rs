@@ -14,6 +14,7 @@ use anyhow::Result;
 use crate::{
     aggregate::{Aggregate, Naming, ReportContext, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
+    calibration::{CALIBRATION_CALLS, Calibration, CompensationReport, Setup, calibrate},
     cgroup::CgroupTree,
     cli::CountingArgs,
     counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
@@ -161,6 +162,12 @@ impl Prepared {
             slot_sources: self.plan.slot_sources(),
             trigger: self.trigger,
         };
+        // Duplicated before the run's session takes the counters: the calibration reads them too.
+        let calibration_counters = if self.probe_specs.is_empty() || args.no_compensation {
+            None
+        } else {
+            Some((self.groups.try_clone()?, self.groups.hybrid_cpus()))
+        };
         let mut bpf = Session::start(&config, self.groups, &self.tracefs)?;
         let probes = if self.probe_specs.is_empty() {
             None
@@ -174,6 +181,17 @@ impl Prepared {
                 verbose,
             )?)
         };
+        let calibration = match (calibration_counters, &probes) {
+            (Some((groups, hybrid_cpus)), Some(probes)) => calibrate_probes(Setup {
+                groups,
+                plan: &self.plan,
+                tracefs: &self.tracefs,
+                mechanisms: probes.mechanisms_in_use(),
+                hybrid_cpus,
+                calls: CALIBRATION_CALLS,
+            }),
+            _ => None,
+        };
         Ok(CountingSession {
             model: self.model,
             level: self.level,
@@ -182,6 +200,7 @@ impl Prepared {
             cpus: self.cpus,
             bpf,
             probes,
+            calibration,
             by: self.by,
             cgroups: self.cgroups,
             cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
@@ -201,6 +220,9 @@ pub struct CountingSession {
     pub bpf: Session,
     /// The `-u` function probes, if any.
     pub probes: Option<Probes>,
+    /// Their measured cost, subtracted from function figures (`None`: `--no-compensation`, or
+    /// the calibration failed and said so).
+    calibration: Option<Calibration>,
     by: Vec<By>,
     /// Present when cgroups are counted: names cgroup ids (remembering removed cgroups).
     cgroups: Option<CgroupTree>,
@@ -267,6 +289,8 @@ impl CountingSession {
         interval: Option<IntervalInfo>,
     ) -> Report {
         let cgroup_paths = self.cgroup_paths(aggregate);
+        let (compensated, compensation) = self.compensate(aggregate);
+        let aggregate = compensated.as_ref().unwrap_or(aggregate);
         let ctx = ReportContext {
             model: self.model.as_ref(),
             slot_names: self.slot_names.clone(),
@@ -297,7 +321,29 @@ impl CountingSession {
                     .is_some_and(|id| probes.entry_single_step(*id));
             }
         }
+        report.probe_compensation = compensation;
         report
+    }
+
+    /// `aggregate` with the function probes' own cost taken out of its per-function figures,
+    /// and what was subtracted; `(None, None)` when nothing is (no `-u`, `--no-compensation`).
+    /// Task, process, cgroup and CPU totals stay raw: the probes really ran there.
+    pub fn compensate(
+        &self,
+        aggregate: &Aggregate,
+    ) -> (Option<Aggregate>, Option<CompensationReport>) {
+        match (&self.calibration, &self.probes) {
+            (Some(calibration), Some(probes)) => {
+                let (compensated, report) = calibration.compensate(
+                    aggregate,
+                    &|id| probes.mechanism(id),
+                    probes.functions(),
+                    &self.slot_names,
+                );
+                (Some(compensated), Some(report))
+            }
+            _ => (None, None),
+        }
     }
 
     /// The paths of `aggregate`'s cgroups (and, for `--cgroup-depth` roll-ups, of every cgroup
@@ -361,6 +407,51 @@ impl CountingSession {
             snapshot.cgroups.retain(|(id, _)| !removed.contains(id));
         }
         Ok(())
+    }
+}
+
+/// Runs the probe-cost calibration; a failure leaves the figures raw and says so in one line.
+fn calibrate_probes(setup: Setup<'_>) -> Option<Calibration> {
+    if setup.mechanisms.is_empty() {
+        return None;
+    }
+    let leader = setup
+        .plan
+        .slot_names()
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    match calibrate(setup) {
+        Ok(calibration) => {
+            let costs: Vec<String> = calibration
+                .costs()
+                .iter()
+                .map(|cost| {
+                    let core = cost
+                        .core_type
+                        .as_deref()
+                        .map(|core| format!(" on {core}"))
+                        .unwrap_or_default();
+                    format!(
+                        "{:?}{core}: {:.0} per call, {:.0} per probed callee",
+                        cost.mechanism,
+                        cost.per_call.get(&leader).copied().unwrap_or(0.0),
+                        cost.per_callee.get(&leader).copied().unwrap_or(0.0),
+                    )
+                    .to_lowercase()
+                })
+                .collect();
+            eprintln!(
+                "topdown: probe cost ({leader}) {}; subtracted from function figures \
+                 (--no-compensation keeps it)",
+                costs.join("; ")
+            );
+            Some(calibration)
+        }
+        Err(err) => {
+            eprintln!("topdown: probe cost not calibrated, function figures include it: {err:#}");
+            None
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod calibration;
 pub mod cgroup;
 pub mod check;
 pub mod cli;

@@ -16,6 +16,7 @@ use anyhow::Result;
 
 use crate::{
     bpf::{AttachMode, Session},
+    calibration::ReturnMechanism,
     error::{Failure, fail},
     exit_plan::{Plan, Probed, plan},
     progress::Progress,
@@ -53,6 +54,8 @@ pub struct Probes {
     target_returns: Vec<TargetReturns>,
     /// `(target, demangled symbol)` by function id.
     functions: Vec<(String, String)>,
+    /// How each function's returns are probed, by function id (the calibration's key).
+    mechanisms: Vec<Option<ReturnMechanism>>,
     /// Function ids the overhead guard detached; never re-attached.
     detached: BTreeSet<u32>,
     /// Function ids whose first instruction the kernel single-steps.
@@ -86,6 +89,7 @@ impl Probes {
             verbose,
             target_returns: Vec::new(),
             functions: Vec::new(),
+            mechanisms: Vec::new(),
             detached: BTreeSet::new(),
             single_step: BTreeSet::new(),
             targets: Vec::new(),
@@ -106,6 +110,17 @@ impl Probes {
     /// Each attached target's return mechanism and why.
     pub fn target_returns(&self) -> &[TargetReturns] {
         &self.target_returns
+    }
+
+    /// How function `id`'s returns are probed (`None`: unknown id, or it never returns).
+    pub fn mechanism(&self, id: u32) -> Option<ReturnMechanism> {
+        self.mechanisms.get(id as usize).copied().flatten()
+    }
+
+    /// The return mechanisms in use, each once.
+    pub fn mechanisms_in_use(&self) -> Vec<ReturnMechanism> {
+        let used: BTreeSet<ReturnMechanism> = self.mechanisms.iter().flatten().copied().collect();
+        used.into_iter().collect()
     }
 
     pub fn detached(&self) -> impl Iterator<Item = &(String, String)> {
@@ -276,6 +291,16 @@ impl Probes {
             if !targets.contains(&function.target) {
                 targets.push(function.target.clone());
             }
+        }
+        for (id, function) in &candidates {
+            let id = *id as usize;
+            if self.mechanisms.len() <= id {
+                self.mechanisms.resize(id + 1, None);
+            }
+            self.mechanisms[id] = ReturnMechanism::of(
+                !exit_targets.contains(&function.target),
+                function.exits.as_deref(),
+            );
         }
         eprintln!(
             "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",

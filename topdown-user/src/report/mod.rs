@@ -83,6 +83,10 @@ pub struct Report {
     /// function): left out of every total.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missed_returns: Option<u64>,
+    /// With `-u`: the function probes' own cost, measured at start and subtracted from the
+    /// function figures (`crate::calibration`); absent with `--no-compensation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_compensation: Option<crate::calibration::CompensationReport>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,
@@ -567,6 +571,7 @@ pub(crate) mod tests {
             }],
             overflows: Some(0),
             missed_returns: Some(0),
+            probe_compensation: None,
             cpus: Vec::new(),
             derived: Vec::new(),
             diagnostics: Diagnostics::default(),

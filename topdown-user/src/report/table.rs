@@ -554,6 +554,7 @@ mod tests {
             call_tree: Vec::new(),
             overflows: None,
             missed_returns: None,
+            probe_compensation: None,
             cpus: Vec::new(),
             derived: Vec::new(),
             diagnostics: Diagnostics {

@@ -208,6 +208,7 @@ impl Sampler {
                 .and_modify(|held| {
                     held.calls += call.calls;
                     held.unwound += call.unwound;
+                    held.callee_calls += call.callee_calls;
                     held.inclusive += call.inclusive;
                     held.exclusive += call.exclusive;
                 })
@@ -297,6 +298,7 @@ mod tests {
             unwound: 0,
             inclusive,
             exclusive: inclusive,
+            callee_calls: 0,
         }
     }
 

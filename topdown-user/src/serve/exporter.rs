@@ -1075,6 +1075,7 @@ mod tests {
             unwound: 0,
             inclusive: slots([90, 90, 0, 2]),
             exclusive: slots([30, 30, 0, 1]),
+            callee_calls: 0,
         }];
         counts.diagnostics.read_errors = 2;
         counts.diagnostics.missed_returns = 1;
@@ -1360,6 +1361,7 @@ topdown_series_overflow_total 1
                 },
                 calls,
                 unwound: 0,
+                callee_calls: 0,
                 inclusive: slots(values),
                 exclusive: slots(values),
             }],

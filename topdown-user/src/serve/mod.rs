@@ -321,13 +321,19 @@ fn refresh(
     let mut aggregate =
         Aggregate::since(&snapshot, previous.as_ref().map(|(snapshot, _)| snapshot));
     let cgroup_paths = session.cgroup_paths(&aggregate);
+    // The series show function figures without the probes' own cost, as reports do; the
+    // overhead guard gets the raw counts, which are what the probes cost.
+    let (compensated, _) = session.compensate(&aggregate);
+    let raw_calls = compensated.map(|shown| std::mem::replace(&mut aggregate.calls, shown.calls));
+    // With a duty cycle, function figures are held until their window closes.
     let held = sampler.map(|sampler| {
         sampler.hold(&aggregate.calls);
         std::mem::take(&mut aggregate.calls)
     });
     exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
-    if let Some(calls) = held {
-        // The overhead guard still sees this refresh's calls.
+    if let Some(calls) = raw_calls {
+        aggregate.calls = calls;
+    } else if let Some(calls) = held {
         aggregate.calls = calls;
     }
     exporter.map_entries = [

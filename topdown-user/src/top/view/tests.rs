@@ -66,6 +66,7 @@ pub fn report() -> Report {
         call_tree: Vec::new(),
         overflows: None,
         missed_returns: None,
+        probe_compensation: None,
         cpus: Vec::new(),
         derived: Vec::new(),
         diagnostics: Diagnostics::default(),

@@ -1,0 +1,338 @@
+//! The function probes' own cost, calibrated at start and subtracted (`-u`, issue 10 part 4),
+//! end to end as root: exactly nothing on synthetic counters (the probes make no syscalls),
+//! and on the software model (`cpu-clock` ns) an empty function close to zero and known work
+//! close to the same work run unprobed in the same run.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use serde_json::Value;
+use topdown_tests::*;
+
+struct Binaries {
+    funcs: PathBuf,
+    compensation: PathBuf,
+}
+
+fn build(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Builds the workloads once per test binary.
+fn binaries() -> &'static Binaries {
+    static BUILT: OnceLock<Binaries> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compensation-workloads");
+        std::fs::create_dir_all(&dir).unwrap();
+        let build_c = |name: &str| {
+            let binary = dir.join(name);
+            build(
+                Command::new("cc")
+                    .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+                    .arg(&binary)
+                    .arg(sources.join(format!("{name}.c"))),
+            );
+            binary
+        };
+        Binaries {
+            funcs: build_c("funcs"),
+            compensation: build_c("compensation"),
+        }
+    })
+}
+
+fn path(binary: &Path) -> String {
+    binary.display().to_string()
+}
+
+/// Runs `topdown stat --format json <args>` and returns the report and topdown's stderr.
+fn stat(args: &[&str]) -> (Value, String) {
+    let out = std::env::temp_dir().join(format!(
+        "topdown-compensation-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let output = run_ok(
+        topdown()
+            .args(["stat", "--format", "json", "-o"])
+            .arg(&out)
+            .args(args),
+    )
+    .unwrap();
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(out);
+    (report, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
+    report["functions"]
+        .as_array()
+        .and_then(|functions| functions.iter().find(|f| f["symbol"] == symbol))
+        .unwrap_or_else(|| panic!("no function {symbol} in {report}"))
+}
+
+fn raw_function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
+    report["probe_compensation"]["raw_functions"]
+        .as_array()
+        .and_then(|functions| functions.iter().find(|f| f["symbol"] == symbol))
+        .unwrap_or_else(|| panic!("no raw figures of {symbol} in {report}"))
+}
+
+fn cpu_clock(figures: &Value) -> f64 {
+    figures["counters"]["cpu-clock"]
+        .as_u64()
+        .or_else(|| figures["cpu-clock"].as_u64())
+        .unwrap_or_else(|| panic!("no cpu-clock in {figures}")) as f64
+}
+
+/// The one calibration of `mechanism` in the report.
+fn cost<'a>(report: &'a Value, mechanism: &str) -> &'a Value {
+    let costs: Vec<&Value> = report["probe_compensation"]["costs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no probe_compensation costs in {report}"))
+        .iter()
+        .filter(|cost| cost["mechanism"] == mechanism)
+        .collect();
+    assert_eq!(costs.len(), 1, "{mechanism} calibrations: {costs:?}");
+    costs[0]
+}
+
+/// Synthetic counters count syscalls; neither the traps nor the BPF programs make any, so the
+/// calibration must measure exactly 0 for every counter and both return mechanisms, and the
+/// exact figures stay exact with the compensation on (the default).
+#[test]
+fn synthetic_counts_compensate_by_exactly_zero() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().funcs);
+    for (flag, mechanism) in [(None, "exit"), (Some("--uretprobes"), "uretprobe")] {
+        let mut args = vec!["--pmu", "synthetic:intel-icl"];
+        args.extend(flag);
+        let leaf = format!("{c}:leaf");
+        let mid = format!("{c}:mid");
+        args.extend(["-u", &leaf, "-u", &mid, "--", &c, "leafmid", "7", "10", "5"]);
+        let (report, stderr) = stat(&args);
+        let cost = cost(&report, mechanism);
+        // 20,000 calls; a hit whose reading kept racing with context switches may be dropped.
+        let samples = cost["samples"].as_u64().unwrap();
+        assert!((19_800..=20_000).contains(&samples), "{cost}");
+        assert!(
+            stderr.contains("subtracted from function figures"),
+            "{stderr}"
+        );
+        for table in ["per_call", "per_callee"] {
+            let values = cost[table].as_object().unwrap();
+            assert_eq!(
+                values.len(),
+                report["counter_names"].as_array().unwrap().len()
+            );
+            for (counter, value) in values {
+                assert_eq!(value.as_f64(), Some(0.0), "{mechanism} {table} {counter}");
+            }
+        }
+        assert_eq!(report["probe_compensation"]["clamped"], 0);
+        // mid: 7 x leaf(10) + 5 getpgid; leaf(10) once more from main.
+        let mid = function(&report, "mid");
+        assert_eq!(mid["calls"], 1);
+        assert_eq!(counter(&mid["inclusive"], "slots"), 70);
+        assert_eq!(counter(&mid["inclusive"], "topdown-retiring"), 5);
+        assert_eq!(counter(&mid["exclusive"], "slots"), 0);
+        let leaf = function(&report, "leaf");
+        assert_eq!(leaf["calls"], 8);
+        assert_eq!(counter(&leaf["inclusive"], "slots"), 80);
+        assert_eq!(counter(&leaf["exclusive"], "slots"), 80);
+        // The raw figures are the same numbers.
+        assert_eq!(raw_function(&report, "leaf")["inclusive"]["slots"], 80);
+        assert_eq!(raw_function(&report, "mid")["inclusive"]["slots"], 70);
+        // The calibration's own probes ran in a session of their own: not in the report.
+        let symbols: Vec<&str> = report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["symbol"].as_str())
+            .collect();
+        assert_eq!(symbols.len(), 2, "{symbols:?}");
+        assert!(
+            !report.to_string().contains("topdown_calibration"),
+            "{report}"
+        );
+    }
+}
+
+/// A hybrid model calibrates on one CPU of each core type (here the synthetic split: the
+/// first CPU stands in for cpu_core, the second for cpu_atom), exactly 0 on syscall counts.
+#[test]
+fn hybrid_models_calibrate_each_core_type() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().funcs);
+    let leaf = format!("{c}:leaf");
+    let (report, _) = stat(&[
+        "--pmu",
+        "synthetic:hybrid:intel-spr+intel-grt",
+        "--hybrid-cpus",
+        "cpu_core=0,cpu_atom=1",
+        "-u",
+        &leaf,
+        "--",
+        &c,
+        "leafmid",
+        "3",
+        "10",
+        "0",
+    ]);
+    let costs = report["probe_compensation"]["costs"].as_array().unwrap();
+    let calibrated: Vec<(&str, u64)> = costs
+        .iter()
+        .map(|cost| {
+            (
+                cost["core_type"].as_str().unwrap(),
+                cost["cpu"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(calibrated, [("cpu_core", 0), ("cpu_atom", 1)], "{costs:?}");
+    for cost in costs {
+        assert_eq!(cost["mechanism"], "exit");
+        for table in ["per_call", "per_callee"] {
+            assert!(
+                cost[table]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .all(|value| value.as_f64() == Some(0.0)),
+                "{cost}"
+            );
+        }
+    }
+    let leaf = function(&report, "leaf");
+    assert_eq!(leaf["calls"], 4);
+    assert_eq!(report["probe_compensation"]["clamped"], 0);
+}
+
+/// An empty function probed 20,000 times: its raw on-CPU time is all probe, and the
+/// compensated figure must be within 10% of that raw figure from zero. The subtraction is
+/// recomputed from the calibration as the report gives it, so an over-compensation hidden by
+/// the clamp at zero still fails.
+#[test]
+fn empty_function_compensates_to_within_ten_percent_of_zero() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let w = path(&binaries().compensation);
+    let empty = format!("{w}:empty");
+    let (report, _) = stat(&[
+        "--pmu", "software", "-u", &empty, "--", &w, "empty", "20000",
+    ]);
+    let calls = 20_000.0;
+    assert_eq!(function(&report, "empty")["calls"], 20_000);
+    let raw = cpu_clock(&raw_function(&report, "empty")["inclusive"]);
+    let per_call = cost(&report, "exit")["per_call"]["cpu-clock"]
+        .as_f64()
+        .unwrap();
+    let compensated_unclamped = raw - calls * per_call;
+    let reported = cpu_clock(&function(&report, "empty")["inclusive"]);
+    assert_eq!(reported, compensated_unclamped.max(0.0).round(), "{report}");
+    assert!(raw > 0.0, "a probed call costs on-CPU time: {report}");
+    assert!(
+        compensated_unclamped.abs() <= 0.10 * raw,
+        "empty(): raw {raw} ns, compensated {compensated_unclamped} ns ({:.1}% of raw), \
+         calibrated {per_call} ns per call",
+        100.0 * compensated_unclamped / raw
+    );
+}
+
+/// Known work: outer() runs spin(n) and empty(), all three probed; reference() runs the same
+/// work through unprobed copies of them (same code, same alignment), 10 units per probed
+/// call, interleaved with outer() in one run. outer's compensated inclusive time must match
+/// reference's within 5%, where the raw figure (probe cost included) does not.
+#[test]
+fn known_work_matches_its_unprobed_time_within_five_percent() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let w = path(&binaries().compensation);
+    // ~0.5 ms of spinning per unit here: three probed calls (~40-50 us on this VM) are well
+    // beyond 5% of it, and the traps' extra cost after long user work, which the back-to-back
+    // calibration does not see (~+40% per probed callee here, README), stays within it.
+    let units = 1000.0;
+    let specs: Vec<String> = ["outer", "spin", "empty", "reference"]
+        .iter()
+        .map(|name| format!("{w}:{name}"))
+        .collect();
+    let mut args = vec!["--pmu", "software"];
+    for spec in &specs {
+        args.extend(["-u", spec.as_str()]);
+    }
+    args.extend(["--", &w, "work", "1000", "600000"]);
+    let (report, _) = stat(&args);
+    assert_eq!(function(&report, "outer")["calls"], 1000);
+    assert_eq!(function(&report, "reference")["calls"], 100);
+    let reference = cpu_clock(&function(&report, "reference")["inclusive"]) / units;
+    let outer = cpu_clock(&function(&report, "outer")["inclusive"]) / units;
+    let spin = cpu_clock(&function(&report, "spin")["inclusive"]) / units;
+    let raw_outer = cpu_clock(&raw_function(&report, "outer")["inclusive"]) / units;
+    let within = |value: f64| (value - reference).abs() <= 0.05 * reference;
+    assert!(
+        !within(raw_outer),
+        "the probes' cost should show in outer's raw figure: raw {raw_outer:.0} ns vs \
+         unprobed {reference:.0} ns per unit"
+    );
+    assert!(
+        within(outer),
+        "outer(): compensated {outer:.0} ns vs unprobed {reference:.0} ns per unit ({:+.1}%), \
+         raw {raw_outer:.0} ns; calibration {}",
+        100.0 * (outer - reference) / reference,
+        report["probe_compensation"]["costs"]
+    );
+    assert!(
+        within(spin),
+        "spin(): compensated {spin:.0} ns vs unprobed {reference:.0} ns per unit ({:+.1}%)",
+        100.0 * (spin - reference) / reference
+    );
+}
+
+/// `--no-compensation`: no calibration, no `probe_compensation`, the raw figures reported.
+#[test]
+fn no_compensation_reports_raw_figures() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let w = path(&binaries().compensation);
+    let empty = format!("{w}:empty");
+    let (report, stderr) = stat(&[
+        "--pmu",
+        "software",
+        "--no-compensation",
+        "-u",
+        &empty,
+        "--",
+        &w,
+        "empty",
+        "2000",
+    ]);
+    assert!(report.get("probe_compensation").is_none(), "{report}");
+    assert!(!stderr.contains("probe cost"), "{stderr}");
+    let empty = function(&report, "empty");
+    assert_eq!(empty["calls"], 2000);
+    // Every probed call costs on-CPU time, none of it taken out.
+    assert!(cpu_clock(&empty["inclusive"]) >= 2000.0, "{empty}");
+}
