@@ -118,9 +118,11 @@ fn synthetic_counts_compensate_by_exactly_zero() {
         return;
     }
     let c = path(&binaries().funcs);
-    for (flag, mechanism) in [(None, "exit"), (Some("--uretprobes"), "uretprobe")] {
-        let mut args = vec!["--pmu", "synthetic:intel-icl"];
-        args.extend(flag);
+    for (flag, mechanism) in [
+        ("--returns=exit", "exit"),
+        ("--returns=uretprobe", "uretprobe"),
+    ] {
+        let mut args = vec!["--pmu", "synthetic:intel-icl", flag];
         let leaf = format!("{c}:leaf");
         let mid = format!("{c}:mid");
         args.extend(["-u", &leaf, "-u", &mid, "--", &c, "leafmid", "7", "10", "5"]);
@@ -207,8 +209,11 @@ fn hybrid_models_calibrate_each_core_type() {
         })
         .collect();
     assert_eq!(calibrated, [("cpu_core", 0), ("cpu_atom", 1)], "{costs:?}");
+    // The mechanism `--returns auto` chose for this plain C program is the one calibrated.
+    let chosen = function(&report, "leaf")["return_probe"].clone();
+    assert_eq!(chosen, "uretprobe");
     for cost in costs {
-        assert_eq!(cost["mechanism"], "exit");
+        assert_eq!(cost["mechanism"], chosen);
         for table in ["per_call", "per_callee"] {
             assert!(
                 cost[table]
@@ -243,7 +248,11 @@ fn empty_function_compensates_to_within_ten_percent_of_zero() {
     let calls = 20_000.0;
     assert_eq!(function(&report, "empty")["calls"], 20_000);
     let raw = cpu_clock(&raw_function(&report, "empty")["inclusive"]);
-    let per_call = cost(&report, "exit")["per_call"]["cpu-clock"]
+    let mechanism = function(&report, "empty")["return_probe"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no return_probe in {report}"))
+        .to_owned();
+    let per_call = cost(&report, &mechanism)["per_call"]["cpu-clock"]
         .as_f64()
         .unwrap();
     let compensated_unclamped = raw - calls * per_call;

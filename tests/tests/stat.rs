@@ -708,7 +708,14 @@ fn switches_between_untraced_tasks_take_no_reading() {
         .unwrap();
     let out = report_path("untraced-switches");
     let mut tracer = topdown()
-        .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
+        .args([
+            "stat",
+            "--skip-untraced-switches",
+            "-p",
+            &sleeper.id().to_string(),
+            "-d",
+            "3",
+        ])
         .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
         .arg(&out)
         .stderr(Stdio::piped())
@@ -755,6 +762,7 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
         let mut tracer = topdown();
         tracer.args([
             "stat",
+            "--skip-untraced-switches",
             "--pmu",
             "synthetic:intel-icl",
             "--format",

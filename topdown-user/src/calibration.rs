@@ -526,6 +526,7 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         num_slots: setup.plan.slots.len() as u32,
         slot_sources: setup.plan.slot_sources(),
         trigger: Trigger::SchedSwitch,
+        skip_untraced_switches: false,
     };
     let mut session = Session::start(&config, setup.groups, setup.tracefs)
         .context("starting the calibration session")?;

@@ -284,6 +284,11 @@ pub struct CountingArgs {
     #[arg(long = "no-compensation")]
     pub no_compensation: bool,
 
+    /// With -p, -- CMD or -G: read the counters only at context switches where a traced task
+    /// leaves or arrives, not at every switch on the machine (cheaper; experimental: see README).
+    #[arg(long = "skip-untraced-switches")]
+    pub skip_untraced_switches: bool,
+
     /// Capacity of the BPF map of per-function totals (one entry per caller -> callee edge, and
     /// per process with `--by function,task`); edges beyond it are counted as dropped.
     #[arg(long = "max-calls", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]

@@ -4,7 +4,9 @@
 
 use anyhow::{Context as _, Result};
 
-use super::{By, Entity, Report};
+use std::collections::{HashMap, HashSet};
+
+use super::{By, CallEdge, Entity, Report};
 use crate::model::{L1_METRICS, L2_METRICS};
 
 /// Column titles for the metric names.
@@ -412,41 +414,84 @@ fn functions_text(
     text += "\nCall tree (probed functions; calls, inclusive ";
     text += weight_title;
     text += ")\n";
-    fn walk(
-        report: &Report,
-        caller: Option<&str>,
+    // Edges by (caller, process): the tree is walked once per edge, not once per path. The
+    // recorded edges are a call graph (each knows its immediate caller only), so expanding a
+    // callee under every caller that reaches it would repeat its subtree per path, which grows
+    // exponentially with a dense graph (a glob over a library): a callee is expanded where it
+    // is first met and later shown with "(see above)".
+    let mut children: HashMap<(Option<&str>, Option<u32>), Vec<&CallEdge>> = HashMap::new();
+    for edge in &report.call_tree {
+        children
+            .entry((edge.caller.as_deref(), edge.pid))
+            .or_default()
+            .push(edge);
+    }
+    struct Walk<'a> {
+        children: HashMap<(Option<&'a str>, Option<u32>), Vec<&'a CallEdge>>,
+        expanded: HashSet<(&'a str, Option<u32>)>,
+        show: &'a dyn Fn(&Entity) -> String,
+        text: String,
+    }
+    fn walk<'a>(
+        walk_state: &mut Walk<'a>,
+        caller: Option<&'a str>,
+        pid: Option<u32>,
         depth: usize,
-        path: &mut Vec<String>,
-        show: &dyn Fn(&Entity) -> String,
-        text: &mut String,
     ) {
-        for edge in report
-            .call_tree
-            .iter()
-            .filter(|edge| edge.caller.as_deref() == caller)
-        {
-            let pid = edge
+        let edges = walk_state
+            .children
+            .get(&(caller, pid))
+            .cloned()
+            .unwrap_or_default();
+        for edge in edges {
+            let process = edge
                 .pid
                 .map(|pid| format!(" [pid {pid}]"))
                 .unwrap_or_default();
-            *text += &format!(
-                "{}{}{pid}  calls {}  {}\n",
+            let first = walk_state.expanded.insert((edge.callee.as_str(), edge.pid));
+            let has_children = walk_state
+                .children
+                .contains_key(&(Some(edge.callee.as_str()), edge.pid));
+            let line = format!(
+                "{}{}{process}  calls {}  {}{}\n",
                 "  ".repeat(depth + 1),
                 edge.callee,
                 edge.calls,
-                show(&edge.inclusive)
+                (walk_state.show)(&edge.inclusive),
+                if !first && has_children {
+                    "  (callees above)"
+                } else {
+                    ""
+                }
             );
-            // Recursion shows once per level it was seen at, not forever.
-            if !path.contains(&edge.callee) && depth < 32 {
-                path.push(edge.callee.clone());
-                walk(report, Some(&edge.callee), depth + 1, path, show, text);
-                path.pop();
+            walk_state.text += &line;
+            if first && depth < 32 {
+                walk(walk_state, Some(edge.callee.as_str()), edge.pid, depth + 1);
             }
         }
     }
     let show_entity = |entity: &Entity| show(amount(entity));
-    walk(report, None, 0, &mut Vec::new(), &show_entity, &mut text);
-    text
+    let mut walk_state = Walk {
+        children,
+        expanded: HashSet::new(),
+        show: &show_entity,
+        text,
+    };
+    // Roots: edges with no probed caller, in every process.
+    let mut roots: Vec<Option<u32>> = report
+        .call_tree
+        .iter()
+        .filter(|edge| edge.caller.is_none())
+        .map(|edge| edge.pid)
+        .collect();
+    roots.dedup();
+    let mut seen_roots = HashSet::new();
+    for pid in roots {
+        if seen_roots.insert(pid) {
+            walk(&mut walk_state, None, pid, 0);
+        }
+    }
+    walk_state.text
 }
 
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
