@@ -453,7 +453,16 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     );
     go(sleeper);
     let cpus = report["cpus"].as_array().unwrap().len() as u64;
-    assert_eq!(report["diagnostics"]["readings"], 2 * cpus, "{report}");
+    // The start and end flush of every CPU, plus at most a few switches of the traced (but
+    // blocked) sleeper itself, against the ping-pong's tens of thousands: without the filter
+    // every one of those would be a reading.
+    let readings = report["diagnostics"]["readings"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(
+        (2 * cpus..=2 * cpus + 4).contains(&readings),
+        "{readings} readings: {report}"
+    );
     assert_eq!(
         counter(&report["totals"], "slots"),
         counter(&report["untracked"], "slots")

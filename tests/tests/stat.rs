@@ -729,7 +729,16 @@ fn switches_between_untraced_tasks_take_no_reading() {
     sleeper.wait().unwrap();
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let cpus = report["cpus"].as_array().unwrap().len() as u64;
-    assert_eq!(report["diagnostics"]["readings"], 2 * cpus, "{report}");
+    // The start and end flush of every CPU, plus at most a few switches of the traced (but
+    // blocked) sleeper itself, against the ping-pong's tens of thousands: without the filter
+    // every one of those would be a reading.
+    let readings = report["diagnostics"]["readings"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(
+        (2 * cpus..=2 * cpus + 4).contains(&readings),
+        "{readings} readings: {report}"
+    );
     assert_eq!(report["tasks"].as_array().unwrap().len(), 0, "it never ran");
     assert_conserved(&report);
     let _ = std::fs::remove_file(out);
