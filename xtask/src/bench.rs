@@ -1130,4 +1130,38 @@ mod tests {
         );
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
     }
+
+    #[test]
+    fn figures_are_ratios_to_their_floor_and_to_bpftrace() {
+        let configs = [
+            Config::new("none", None, None),
+            Config::new("floor", None, None),
+            Config::new("tool", None, Some("floor".to_owned())),
+            Config::new("bpftrace", None, None),
+        ];
+        let added = added_over(&configs, &[100.0, 110.0, 130.0, 120.0], "bpftrace");
+        assert_eq!(added.added, [0.0, 10.0, 30.0, 20.0]);
+        assert_eq!(added.per_floor, [None, None, Some(3.0), None]);
+        assert_eq!(added.per_bpftrace, [None, Some(0.5), Some(1.5), Some(1.0)]);
+        let run_times = [None, Some(50.0), Some(75.0), Some(40.0)];
+        assert_eq!(program_per_floor(&configs, &run_times, 2), Some(1.5));
+        assert_eq!(program_per_floor(&configs, &run_times, 1), None);
+    }
+
+    #[test]
+    fn attach_times_are_read_from_both_tools() {
+        assert_eq!(
+            attached_ms("topdown-floor: 20000 probe points attached in 135.7 ms"),
+            Some(135.7)
+        );
+        assert_eq!(
+            attached_ms(
+                "x\ntopdown: probing 100 functions in 1 binary (uretprobes) attached in 12.5 ms"
+            ),
+            Some(12.5)
+        );
+        assert_eq!(attached_ms("topdown: counting"), None);
+        assert_eq!(attach_glob(100).ok(), Some("f000*"));
+        assert!(attach_glob(7).is_err());
+    }
 }
