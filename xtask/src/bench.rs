@@ -31,7 +31,10 @@ const CALLS: &str = "100000";
 const ATTACH_COUNTS: [usize; 4] = [1, 100, 1000, 10000];
 const ATTACH_ROUNDS: usize = 3;
 /// A tool that has not attached (and run the program once) in this long is reported as such.
-const ATTACH_TIMEOUT_S: &str = "300";
+const ATTACH_TIMEOUT_S: &str = "150";
+/// bpftrace takes over 100 ms per uprobe here: once one of its runs took this long, its other
+/// rounds for that count are skipped (the figure is then the median of the rounds it ran).
+const SLOW_RUN_MS: f64 = 30_000.0;
 /// (tasks, call edges) for `refresh_cost`, and its rounds. Issue 11 asks for 100000 tasks and
 /// 10000 edges; the table's call-tree walk is exponential in the edges until its fix lands, so
 /// the edges are measured on their own at a size that finishes.
@@ -533,6 +536,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
         let mut topdown_wall = Vec::new();
         let mut bpftrace_wall: Vec<f64> = Vec::new();
         let mut bpftrace_failure = None;
+        let mut bpftrace_slow = false;
         for round in 0..ATTACH_ROUNDS {
             let start = Instant::now();
             let out = cmd::output(
@@ -559,6 +563,16 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
                     .with_context(|| format!("topdown-floor -u {spec}: no attach time"))?,
             );
 
+            println!(
+                "attach {count}, round {}: topdown {:.1} ms (wall {:.1}), floor {:.1} ms",
+                round + 1,
+                own[round],
+                topdown_wall[round],
+                floor_ms[round]
+            );
+            if bpftrace_failure.is_some() || bpftrace_slow {
+                continue;
+            }
             let start = Instant::now();
             let out = cmd::output(
                 Command::new("timeout")
@@ -570,6 +584,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
             let elapsed = start.elapsed().as_secs_f64() * 1e3;
             if out.status.success() {
                 bpftrace_wall.push(elapsed);
+                bpftrace_slow = elapsed > SLOW_RUN_MS;
             } else {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 let reason = match out.status.code() {
@@ -577,15 +592,10 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
                     _ => stderr.lines().last().unwrap_or("failed").trim().to_owned(),
                 };
                 bpftrace_failure = Some(reason);
-                break;
             }
             println!(
-                "attach {count}, round {}: topdown {:.1} ms (wall {:.1}), floor {:.1} ms, bpftrace wall {:.1} ms",
-                round + 1,
-                own[round],
-                topdown_wall[round],
-                floor_ms[round],
-                elapsed
+                "attach {count}, round {}: bpftrace wall {elapsed:.1} ms",
+                round + 1
             );
         }
         let bpftrace = match bpftrace_failure {
@@ -609,7 +619,9 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
          and a uretprobe per function (one perf link each) after resolving them with topdown's \
          symbol reader. The wall-clock columns run the program once under the tool, start to \
          exit (loading, attaching, running, detaching); bpftrace has an empty uprobe on each \
-         function (`BPFTRACE_MAX_PROBES` raised).\n\n"
+         function (`BPFTRACE_MAX_PROBES` raised); a bpftrace run over {:.0} s is not repeated, \
+         and one over {ATTACH_TIMEOUT_S} s is stopped and reported as not measured.\n\n",
+        SLOW_RUN_MS / 1e3
     );
     section += "| functions | topdown attach (ms) | floor attach (ms) | topdown / floor | topdown wall (ms) | bpftrace wall (ms) | topdown / bpftrace |\n|---:|---:|---:|---:|---:|---:|---:|\n";
     for (count, own, floor_ms, wall, bpftrace) in &rows {
