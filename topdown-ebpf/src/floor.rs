@@ -54,6 +54,20 @@ pub fn floor_return(_ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// The same, attached with one uprobe.multi link per binary (Linux >= 6.6), as topdown
+/// attaches its probes where the kernel can.
+#[uprobe(multi)]
+pub fn floor_entry_multi(_ctx: ProbeContext) -> u32 {
+    read_all();
+    0
+}
+
+#[uretprobe(multi)]
+pub fn floor_return_multi(_ctx: RetProbeContext) -> u32 {
+    read_all();
+    0
+}
+
 /// The loop of topdown's `counters::read_slots`: one `bpf_perf_event_read_value` per fd,
 /// timing slots taken from their counter's reading.
 #[inline(always)]

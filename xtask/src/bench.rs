@@ -95,20 +95,74 @@ pub fn bench() -> Result<()> {
     ]))?;
     let pingpong = topdown.with_file_name("pingpong");
     let floor = topdown.with_file_name("topdown-floor");
-    // `-p` of a process that never runs: every switch the ping-pong makes is one nobody traces.
-    let mut idle = Command::new("sleep")
-        .arg("infinity")
-        .spawn()
-        .context("starting an idle process for `stat -p`")?;
-    let idle_pid = idle.id().to_string();
-    let result = bench_switches(&topdown, &pingpong, &floor, &idle_pid);
-    let _ = idle.kill();
-    let _ = idle.wait();
-    result?;
-    bench_cgroups(&topdown, &pingpong, &floor)?;
-    bench_functions(&topdown, &floor)?;
-    bench_attach(&topdown, &floor)?;
-    bench_refresh(&topdown)
+    let sections = sections()?;
+    if sections.contains(&"switches") {
+        // `-p` of a process that never runs: every switch the ping-pong makes is one nobody
+        // traces.
+        let mut idle = Command::new("sleep")
+            .arg("infinity")
+            .spawn()
+            .context("starting an idle process for `stat -p`")?;
+        let idle_pid = idle.id().to_string();
+        let result = bench_switches(&topdown, &pingpong, &floor, &idle_pid);
+        let _ = idle.kill();
+        let _ = idle.wait();
+        result?;
+    }
+    if sections.contains(&"cgroups") {
+        bench_cgroups(&topdown, &pingpong, &floor)?;
+    }
+    if sections.contains(&"functions") {
+        bench_functions(&topdown, &floor)?;
+    }
+    if sections.contains(&"attach") {
+        bench_attach(&topdown, &floor)?;
+    }
+    if sections.contains(&"refresh") {
+        bench_refresh(&topdown)?;
+    }
+    Ok(())
+}
+
+const SECTIONS: [&str; 5] = ["switches", "cgroups", "functions", "attach", "refresh"];
+
+/// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section
+/// can be re-measured without the others' minutes.
+fn sections() -> Result<Vec<&'static str>> {
+    let Some(list) = std::env::var("TOPDOWN_BENCH_ONLY")
+        .ok()
+        .filter(|list| !list.is_empty())
+    else {
+        return Ok(SECTIONS.to_vec());
+    };
+    list.split(',')
+        .map(|name| {
+            SECTIONS
+                .iter()
+                .find(|known| **known == name.trim())
+                .copied()
+                .with_context(|| {
+                    format!(
+                        "TOPDOWN_BENCH_ONLY: no section {name:?}; the sections are {}",
+                        SECTIONS.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The command as run, with the environment variables that change what it measures.
+fn command_text() -> String {
+    let mut text = String::new();
+    if baseline_build().is_some() {
+        text += "TOPDOWN_BENCH_BASELINE=<an earlier build's topdown> ";
+    }
+    if let Ok(only) = std::env::var("TOPDOWN_BENCH_ONLY")
+        && !only.is_empty()
+    {
+        text += &format!("TOPDOWN_BENCH_ONLY={only} ");
+    }
+    text + "cargo xtask bench"
 }
 
 /// `topdown stat` with `--format json -o /dev/null` and `args`.
@@ -424,13 +478,14 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
 
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
-        "Same machine and command. A tiny function (`lea; ret`, `tests/workloads/callbench.c`) \
+        "Same machine; command: `{}`. A tiny function (`lea; ret`, `tests/workloads/callbench.c`) \
          called {CALLS} times; {CALL_ROUNDS} alternating rounds, median. Each topdown row is \
          beside its floor: `topdown-floor -u` attaches aya programs at the same points (the \
          entry, and a uretprobe or a uprobe on each exit instruction) that read the same \
          counters (topdown's counter plan for that `--pmu`) and do nothing else. Uprobes trap \
          into the kernel, and traps are slow in this VM, so compare the ratios, not the absolute \
-         figures.\n\n"
+         figures.\n\n",
+        command_text()
     );
     section += "| configuration | ns per call | added over no probes | added / its floor's | added / bpftrace's |\n|---|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
@@ -612,7 +667,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
     }
     let mut section = String::from("## Attach time (`cargo xtask bench`)\n\n");
     section += &format!(
-        "Same machine and command. A generated C program of {max} tiny functions; `-u` with a \
+        "Same machine; command: `{}`. A generated C program of {max} tiny functions; `-u` with a \
          glob matching 1 to {max} of them, `--pmu {SYNTHETIC}`; {ATTACH_ROUNDS} rounds, median. \
          \"topdown attach\" is topdown's own figure (stderr: resolving the functions and \
          attaching their probes); the floor's is `topdown-floor -u` attaching an entry uprobe \
@@ -621,6 +676,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
          exit (loading, attaching, running, detaching); bpftrace has an empty uprobe on each \
          function (`BPFTRACE_MAX_PROBES` raised); a bpftrace run over {:.0} s is not repeated, \
          and one over {ATTACH_TIMEOUT_S} s is stopped and reported as not measured.\n\n",
+        command_text(),
         SLOW_RUN_MS / 1e3
     );
     section += "| functions | topdown attach (ms) | floor attach (ms) | topdown / floor | topdown wall (ms) | bpftrace wall (ms) | topdown / bpftrace |\n|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -643,11 +699,12 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
     let example = topdown.with_file_name("examples").join("refresh_cost");
     let mut section = String::from("## Refresh cost (`cargo xtask bench`)\n\n");
     section += &format!(
-        "Same machine and command: `refresh_cost TASKS EDGES {REFRESH_ROUNDS}` (release build of \
+        "Same machine; command: `{}`, which runs `refresh_cost TASKS EDGES {REFRESH_ROUNDS}` (release build of \
          `topdown-user/examples/refresh_cost.rs`): what `top` and `serve` do in user space each \
          interval once the BPF maps are read, on two synthetic cumulative snapshots in which \
          every task and edge counted; median of {REFRESH_ROUNDS} rounds. Issue 11's target is \
-         under {REFRESH_TARGET_MS:.0} ms with 100000 tasks and 10000 function edges.\n\n"
+         under {REFRESH_TARGET_MS:.0} ms with 100000 tasks and 10000 function edges.\n\n",
+        command_text()
     );
     section += "| tasks | call edges | steps (ms) | total (ms) | under 50 ms |\n|---:|---:|---|---:|---|\n";
     for (tasks, edges) in REFRESH_SIZES {
@@ -840,14 +897,15 @@ fn bench_cgroups(topdown: &Path, pingpong: &Path, floor: &Path) -> Result<()> {
 
     let mut section = String::from("## Per-cgroup attribution cost (`cargo xtask bench`)\n\n");
     section += &format!(
-        "Same machine and command, synthetic model (7 counters), {CGROUP_ROUNDS} alternating \
+        "Same machine; command: `{}`. Synthetic model (7 counters), {CGROUP_ROUNDS} alternating \
          rounds, median. With the two ping-pong sides in one cgroup no switch crosses cgroups \
          (the common case); with one side per cgroup every context switch is also a cgroup \
          switch (the worst case for the cgroup-switch trigger); the last scenario adds 198 \
          cgroups, each with a process waking every 10 ms. The cgroup-switch trigger also reads \
          the counters when a CPU enters and leaves idle (`power:cpu_idle`), which the many \
          wake-ups of the last scenario exercise. The floor reads the same 7 counters at every \
-         context switch.\n\n"
+         context switch.\n\n",
+        command_text()
     );
     section += "| active cgroups | configuration | ns per context switch | added over no tracing | added / floor's | added / bpftrace's |\n|---:|---|---:|---:|---:|---:|\n";
     for (active, medians) in &rows {
@@ -1002,10 +1060,7 @@ fn write_switches(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]
          model stands in for TopDown counters; hardware counter reads are not measured here).\n\n",
         kernel.trim()
     );
-    let command = match baseline_build() {
-        Some(_) => "TOPDOWN_BENCH_BASELINE=<an earlier build's topdown> cargo xtask bench",
-        None => "cargo xtask bench",
-    };
+    let command = command_text();
     section += &format!(
         "Command: `{command}`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
          trips, two context switches each), {ROUNDS} alternating rounds per configuration, median. \

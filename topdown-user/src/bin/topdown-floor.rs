@@ -174,19 +174,30 @@ fn attach(
         .with_context(|| format!("attaching {switch}"))?;
 
     let points = resolve_points(&args.functions, args.returns)?;
+    // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
+    // perf link per point otherwise, each of which waits for an RCU grace period when closed).
+    let multi = topdown::bpf::uprobe_multi_supported();
+    let (entry, ret) = if multi {
+        ("floor_entry_multi", "floor_return_multi")
+    } else {
+        ("floor_entry", "floor_return")
+    };
     let mut attached = 0;
-    for (name, list) in [
-        ("floor_entry", &points.entries),
-        ("floor_return", &points.returns),
-    ] {
-        attached += attach_uprobes(&mut ebpf, name, list)?;
-    }
     // Exit instructions get plain uprobes: the entry program, attached there too.
-    attached += attach_uprobes(&mut ebpf, "floor_entry", &points.exits)?;
+    let mut entry_points = points.entries;
+    entry_points.extend(points.exits);
+    for (name, list) in [(entry, &entry_points), (ret, &points.returns)] {
+        attached += attach_uprobes(&mut ebpf, name, list, multi)?;
+    }
     Ok((ebpf, attached))
 }
 
-fn attach_uprobes(ebpf: &mut Ebpf, name: &str, points: &[(PathBuf, u64)]) -> Result<usize> {
+fn attach_uprobes(
+    ebpf: &mut Ebpf,
+    name: &str,
+    points: &[(PathBuf, u64)],
+    multi: bool,
+) -> Result<usize> {
     if points.is_empty() {
         return Ok(0);
     }
@@ -197,15 +208,30 @@ fn attach_uprobes(ebpf: &mut Ebpf, name: &str, points: &[(PathBuf, u64)]) -> Res
     if program.fd().is_err() {
         program.load().with_context(|| format!("loading {name}"))?;
     }
+    let mut by_target: std::collections::BTreeMap<&PathBuf, Vec<UProbeAttachPoint<'static>>> =
+        std::collections::BTreeMap::new();
     for (target, offset) in points {
-        let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(*offset),
-            cookie: None,
-        };
+        by_target
+            .entry(target)
+            .or_default()
+            .push(UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                cookie: None,
+            });
+    }
+    for (target, list) in by_target {
         // Each link is kept by the program until the object is dropped.
-        program
-            .attach([point], target, UProbeScope::AllProcesses)
-            .with_context(|| format!("attaching {name} to {}:{offset:#x}", target.display()))?;
+        if multi {
+            program
+                .attach(list.iter().copied(), target, UProbeScope::AllProcesses)
+                .with_context(|| format!("attaching {name} to {}", target.display()))?;
+        } else {
+            for point in list {
+                program
+                    .attach([point], target, UProbeScope::AllProcesses)
+                    .with_context(|| format!("attaching {name} to {}", target.display()))?;
+            }
+        }
     }
     Ok(points.len())
 }
