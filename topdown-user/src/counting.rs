@@ -530,11 +530,7 @@ fn open_counters(args: &CountingArgs) -> Result<OpenCounters> {
 
 /// The counter plan: the PMU's general-purpose counters bound how many events count at once
 /// (`--max-counters` overrides the detected number; synthetic models are unbounded unless told).
-pub(crate) fn plan_counters(
-    model: &dyn Model,
-    level: u8,
-    max_counters: Option<u32>,
-) -> Result<Plan> {
+pub fn plan_counters(model: &dyn Model, level: u8, max_counters: Option<u32>) -> Result<Plan> {
     let detect = !model.is_synthetic() && max_counters.is_none();
     let budget = move |pmu: Option<&str>| {
         if detect {

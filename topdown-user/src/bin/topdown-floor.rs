@@ -1,27 +1,247 @@
-//! `topdown-floor`: the benchmark's floor instrument (`cargo xtask bench`). Loads an empty
-//! `tp_btf/sched_switch` program, attached as topdown attaches its own, and keeps it attached
-//! until killed (the kernel detaches it when the process ends, as with topdown).
+//! `topdown-floor`: the benchmark's floor instrument (`cargo xtask bench`). Loads the floor
+//! programs (topdown-ebpf's `floor.rs`), attached as topdown attaches its own, and keeps them
+//! attached until SIGINT or SIGTERM (the kernel detaches them when the process ends, as with
+//! topdown).
+//!
+//! Without options: the empty `tp_btf/sched_switch` program. `--pmu MODEL` opens the counter
+//! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
+//! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
+//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode, time::Instant};
 
-use anyhow::{Context as _, Result};
-use aya::{Btf, Ebpf, programs::BtfTracePoint};
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{MapData, PerfEventArray},
+    programs::{
+        BtfTracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use clap::{Parser, ValueEnum};
+use topdown::{
+    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+    error::{Failure, fail, failure_of},
+    symbols::{self, ProbeSpec},
+    tracefs::Tracefs,
+};
+use topdown_common::MAX_COUNTERS;
 
 /// Built by build.rs with the eBPF crate (its `floor` binary).
 static FLOOR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floor"));
 
-fn attach() -> Result<Ebpf> {
-    let mut ebpf = Ebpf::load(FLOOR_OBJECT).context("loading the floor program")?;
+#[derive(Parser)]
+#[command(name = "topdown-floor", about = "The benchmark's floor instrument")]
+struct Args {
+    /// Open the counters topdown opens for this model (same names as topdown's `--pmu`).
+    #[arg(long)]
+    pmu: Option<String>,
+    /// Read every counter at each context switch (needs --pmu); without it the sched_switch
+    /// program is empty.
+    #[arg(long)]
+    read: bool,
+    /// BINARY:FUNC (a symbol or glob, as topdown's -u) or BINARY:OFFSET (0x-prefixed file
+    /// offset): read every counter at entry and return (needs --pmu).
+    #[arg(short = 'u')]
+    functions: Vec<String>,
+    /// How returns are caught: a uretprobe, or a uprobe on each exit instruction (as topdown's
+    /// `--returns`).
+    #[arg(long, value_enum, default_value_t = Returns::Uretprobe)]
+    returns: Returns,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Returns {
+    Uretprobe,
+    Exit,
+}
+
+/// Where to attach: entry points, return (uretprobe) points and exit-instruction points.
+#[derive(Default)]
+struct Points {
+    entries: Vec<(PathBuf, u64)>,
+    returns: Vec<(PathBuf, u64)>,
+    exits: Vec<(PathBuf, u64)>,
+}
+
+/// Resolves each `-u` into probe points.
+fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
+    let mut points = Points::default();
+    for text in specs {
+        let spec = ProbeSpec::parse(text)?;
+        if let Some(hex) = spec.function.strip_prefix("0x") {
+            let offset = u64::from_str_radix(hex, 16).map_err(|_| {
+                fail(
+                    Failure::Usage,
+                    format!("-u {text}: {} is not a hexadecimal offset", spec.function),
+                )
+            })?;
+            if returns == Returns::Exit {
+                return Err(fail(
+                    Failure::Usage,
+                    format!("-u {text}: --returns exit needs a symbol, not an offset"),
+                ));
+            }
+            points.entries.push((PathBuf::from(&spec.target), offset));
+            points.returns.push((PathBuf::from(&spec.target), offset));
+            continue;
+        }
+        let resolution = symbols::resolve(&[spec], &[])?;
+        for function in resolution.functions {
+            points
+                .entries
+                .push((function.target.clone(), function.offset));
+            match returns {
+                Returns::Uretprobe => points.returns.push((function.target, function.offset)),
+                Returns::Exit => {
+                    let exits = function.exits.as_ref().ok_or_else(|| {
+                        fail(
+                            Failure::Usage,
+                            format!(
+                                "-u {text}: no exit instructions known for {} (not x86-64): use --returns uretprobe",
+                                function.display
+                            ),
+                        )
+                    })?;
+                    for exit in exits {
+                        points.exits.push((function.target.clone(), exit.offset));
+                    }
+                }
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// Opens `model`'s counters as topdown does (`counting::open_counters`, without hybrid
+/// overrides or extra events): returns the slots the programs read and the groups.
+fn open_counters(model: &str) -> Result<(u32, [u32; MAX_COUNTERS], CounterGroups)> {
+    let (model, announcement) = topdown::counting::select_model_by(model, None)?;
+    if let Some(line) = announcement {
+        eprintln!("topdown-floor: {line}");
+    }
+    let level = if model.max_level() == 0 { 0 } else { 1 };
+    let plan = topdown::counting::plan_counters(model.as_ref(), level, None)?;
+    let tracefs = Tracefs::locate_or_mount()?;
+    let counters = resolve(&plan.counters, Some(&tracefs))?;
+    let cpus = online_cpus()?;
+    let groups = CounterGroups::open(&plan, &counters, &cpus, &pmu_cpus, Privilege::All)?;
+    Ok((plan.slots.len() as u32, plan.slot_sources(), groups))
+}
+
+/// Loads the floor object with `counters` stored in its map, and attaches what `args` asks for.
+fn attach(
+    args: &Args,
+    counters: Option<&(u32, [u32; MAX_COUNTERS], CounterGroups)>,
+) -> Result<Ebpf> {
+    let possible_cpus = aya::util::nr_cpus()
+        .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
+        .get();
+    let (num_slots, slot_sources) = counters.map_or((0, [0; MAX_COUNTERS]), |(n, s, _)| (*n, *s));
+    let mut ebpf = EbpfLoader::new()
+        .override_global("NUM_COUNTERS", &num_slots, true)
+        .override_global("SLOT_SOURCES", &slot_sources, true)
+        .map_max_entries("COUNTERS", possible_cpus * MAX_COUNTERS as u32)
+        .load(FLOOR_OBJECT)
+        .context("loading the floor programs")?;
+    if let Some((_, _, groups)) = counters {
+        let mut map: PerfEventArray<&mut MapData> = ebpf
+            .map_mut("COUNTERS")
+            .context("the floor object has no COUNTERS map")?
+            .try_into()?;
+        for (cpu, slot, fd) in groups.fds() {
+            map.set(cpu * MAX_COUNTERS as u32 + slot as u32, &fd)
+                .with_context(|| format!("storing counter {slot} of CPU {cpu}"))?;
+        }
+    }
+    let switch = if args.read {
+        "floor_switch"
+    } else {
+        "empty_switch"
+    };
     let btf = Btf::from_sys_fs().context("reading the kernel's BTF")?;
     let program: &mut BtfTracePoint = ebpf
-        .program_mut("empty_switch")
-        .context("the floor object has no empty_switch program")?
+        .program_mut(switch)
+        .with_context(|| format!("the floor object has no {switch} program"))?
         .try_into()?;
     program
         .load("sched_switch", &btf)
-        .context("loading empty_switch")?;
-    program.attach().context("attaching empty_switch")?;
+        .with_context(|| format!("loading {switch}"))?;
+    program
+        .attach()
+        .with_context(|| format!("attaching {switch}"))?;
+
+    let points = resolve_points(&args.functions, args.returns)?;
+    // Timed as topdown times its own: the probes' attaching, after the functions are resolved.
+    let started = Instant::now();
+    // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
+    // perf link per point otherwise, each of which waits for an RCU grace period when closed).
+    let multi = topdown::bpf::uprobe_multi_supported();
+    let (entry, ret) = if multi {
+        ("floor_entry_multi", "floor_return_multi")
+    } else {
+        ("floor_entry", "floor_return")
+    };
+    let mut attached = 0;
+    // Exit instructions get plain uprobes: the entry program, attached there too.
+    let mut entry_points = points.entries;
+    entry_points.extend(points.exits);
+    for (name, list) in [(entry, &entry_points), (ret, &points.returns)] {
+        attached += attach_uprobes(&mut ebpf, name, list, multi)?;
+    }
+    if attached > 0 {
+        // Parsed by `cargo xtask bench` like topdown's own line.
+        eprintln!(
+            "topdown-floor: {attached} probe points attached in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
     Ok(ebpf)
+}
+
+fn attach_uprobes(
+    ebpf: &mut Ebpf,
+    name: &str,
+    points: &[(PathBuf, u64)],
+    multi: bool,
+) -> Result<usize> {
+    if points.is_empty() {
+        return Ok(0);
+    }
+    let program: &mut UProbe = ebpf
+        .program_mut(name)
+        .with_context(|| format!("the floor object has no {name} program"))?
+        .try_into()?;
+    if program.fd().is_err() {
+        program.load().with_context(|| format!("loading {name}"))?;
+    }
+    let mut by_target: std::collections::BTreeMap<&PathBuf, Vec<UProbeAttachPoint<'static>>> =
+        std::collections::BTreeMap::new();
+    for (target, offset) in points {
+        by_target
+            .entry(target)
+            .or_default()
+            .push(UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                cookie: None,
+            });
+    }
+    for (target, list) in by_target {
+        // Each link is kept by the program until the object is dropped.
+        if multi {
+            program
+                .attach(list.iter().copied(), target, UProbeScope::AllProcesses)
+                .with_context(|| format!("attaching {name} to {}", target.display()))?;
+        } else {
+            for point in list {
+                program
+                    .attach([point], target, UProbeScope::AllProcesses)
+                    .with_context(|| format!("attaching {name} to {}", target.display()))?;
+            }
+        }
+    }
+    Ok(points.len())
 }
 
 /// Until SIGINT or SIGTERM. Handled, not left to their default action: a process started in
@@ -37,23 +257,43 @@ async fn until_stopped() -> Result<()> {
     Ok(())
 }
 
-fn run() -> Result<()> {
+fn run(args: Args) -> Result<()> {
+    if (args.read || !args.functions.is_empty()) && args.pmu.is_none() {
+        return Err(fail(
+            Failure::Usage,
+            "--read and -u read counters: name the model whose counters to open with --pmu MODEL",
+        ));
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the signal runtime")?;
-    let _ebpf = attach()?;
+    let counters = args.pmu.as_deref().map(open_counters).transpose()?;
+    let _ebpf = attach(&args, counters.as_ref())?;
     // "counting" is what the benchmark waits for, as with topdown.
-    eprintln!("topdown-floor: counting with an empty tp_btf/sched_switch program");
+    eprintln!(
+        "topdown-floor: counting with the {} sched_switch program",
+        if args.read { "reading" } else { "empty" }
+    );
     runtime.block_on(until_stopped())
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(err) if !err.use_stderr() => err.exit(),
+        Err(err) => {
+            let text = err.render().to_string();
+            let line = text.lines().next().unwrap_or("bad arguments").trim();
+            eprintln!("topdown-floor: {line}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("topdown-floor: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(failure_of(&err).map_or(1, |failure| failure.exit_code()))
         }
     }
 }
