@@ -373,6 +373,11 @@ fn a_process_moved_while_asleep_splits_exactly() {
 /// against an independent clock. The two clocks are not the same one (perf's cpu-clock is a
 /// per-CPU timer, cpu.stat the scheduler's sum_exec_runtime): on an idle VM they agree to well
 /// under 1%, and with the host's CPUs contended (load average ~10) they were seen 1.2% apart.
+/// On a VM with paravirtual steal-time accounting (CONFIG_PARAVIRT_TIME_ACCOUNTING) the
+/// scheduler's clock also leaves out the time the hypervisor ran something else, which
+/// cpu-clock counts: a clean CI run saw 702 ms against 670 ms. So cpu-clock may exceed
+/// cpu.stat by the steal time all CPUs reported in /proc/stat during the run (plus a tick per
+/// CPU, its resolution), never fall short of it by more than 2%.
 #[test]
 fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
     let _serial = serial();
@@ -384,9 +389,12 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
         let tree = Tree::new(&name);
         let a = tree.create("a");
         let b = tree.create("b");
+        let steal_before = steal_ns();
         let (report, stderr) = traced_with("software", &name, args, || {
             run_moving_itself(&tree, "spin=700,move=0,spin=700")
         });
+        let steal = steal_ns().saturating_sub(steal_before)
+            + tick_ns() * std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         assert!(!stderr.contains("error"), "{trigger}: {stderr}");
         // Both the cgroup left and the one moved to: before the fix the first kept nothing of
         // the CPU's time since its last reading and the second got it (and, with the
@@ -401,13 +409,34 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
                 .unwrap()
                 * 1000;
             let counted = counter(cgroup(&report, path).unwrap(), "cpu-clock");
-            let error = counted.abs_diff(usage_ns) as f64 / usage_ns as f64;
+            let margin = usage_ns / 50;
             assert!(
-                error < 0.02,
-                "{trigger} {dir}: cpu-clock {counted} ns vs cpu.stat {usage_ns} ns"
+                counted + margin >= usage_ns && counted <= usage_ns + margin + steal,
+                "{trigger} {dir}: cpu-clock {counted} ns vs cpu.stat {usage_ns} ns \
+                 (allowed: 2% below, 2% + {steal} ns of steal time above)"
             );
         }
     }
+}
+
+/// Steal time of all CPUs so far, from the `cpu` line of /proc/stat (8th value, in ticks).
+fn steal_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let ticks: u64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu "))
+        .and_then(|values| values.split_whitespace().nth(7))
+        .unwrap()
+        .parse()
+        .unwrap();
+    ticks * tick_ns()
+}
+
+/// One /proc/stat tick (USER_HZ), in nanoseconds.
+fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / hz.max(1) as u64
 }
 
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
