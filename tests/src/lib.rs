@@ -199,6 +199,21 @@ pub fn wait_until_counting(child: &mut Child, timeout: Duration) -> Result<Strin
     )
 }
 
+/// Polls `probe` every 100 ms until it gives a value or `timeout` passes.
+pub fn wait_for<T>(
+    timeout: std::time::Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
+}
+
 /// Names of the BPF programs loaded right now, asked of the kernel directly
 /// (BPF_PROG_GET_NEXT_ID / BPF_OBJ_GET_INFO_BY_FD), so the tests need no bpftool.
 pub fn loaded_bpf_program_names() -> Result<Vec<String>> {
@@ -221,30 +236,62 @@ pub fn loaded_bpf_program_names() -> Result<Vec<String>> {
             break;
         }
         id = attr[1];
-        let mut get_fd = [0u32; 4];
-        get_fd[0] = id;
-        // SAFETY: as above; BPF_PROG_GET_FD_BY_ID = 13.
-        let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
-        if fd < 0 {
-            continue;
-        }
-        // struct bpf_prog_info is large; name is at offset 64 (16 bytes) in every version since 4.15.
-        let mut info = [0u8; 256];
-        // BPF_OBJ_GET_INFO_BY_FD = 15: bpf_fd, info_len, info pointer.
-        let mut attr = [0u64; 2];
-        attr[0] = (fd as u64) | ((info.len() as u64) << 32);
-        attr[1] = info.as_mut_ptr() as u64;
-        // SAFETY: info is writable for info.len() bytes.
-        let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_mut_ptr(), 16) };
-        // SAFETY: closing the fd we got.
-        unsafe { libc::close(fd as i32) };
-        if rc == 0 {
-            let name = &info[64..80];
-            let len = name.iter().position(|&b| b == 0).unwrap_or(16);
-            names.push(String::from_utf8_lossy(&name[..len]).into_owned());
-        }
+        names.extend(program_name(id));
     }
     Ok(names)
+}
+
+/// The kernel's name of program `id`, or `None` once no such program is loaded.
+pub fn program_name(id: u32) -> Option<String> {
+    // BPF_PROG_GET_FD_BY_ID (13): prog_id first in union bpf_attr.
+    let mut get_fd = [0u32; 4];
+    get_fd[0] = id;
+    // SAFETY: a valid attr buffer of the size passed.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
+    if fd < 0 {
+        return None;
+    }
+    // BPF_OBJ_GET_INFO_BY_FD (15); struct bpf_prog_info's name is at offset 64 (16 bytes) in
+    // every version since 4.15.
+    let mut info = [0u8; 256];
+    let attr = [
+        (fd as u64) | ((info.len() as u64) << 32),
+        info.as_mut_ptr() as u64,
+    ];
+    // SAFETY: info is writable for info.len() bytes.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), 16) };
+    // SAFETY: closing the fd we got.
+    unsafe { libc::close(fd as i32) };
+    (rc == 0).then(|| {
+        let name = &info[64..80];
+        let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+        String::from_utf8_lossy(&name[..len]).into_owned()
+    })
+}
+
+/// The programs process `pid` holds (through program or link fds): `(id, name)`, from
+/// /proc/PID/fdinfo's `prog_id` and the kernel's name for each id. Checking that exactly these
+/// are gone after the process ends is immune to other tracers running at the same time.
+pub fn held_programs(pid: u32) -> Vec<(u32, String)> {
+    let mut held = Vec::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return held;
+    };
+    for entry in entries.flatten() {
+        let info = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("prog_id:"))
+            .and_then(|id| id.trim().parse::<u32>().ok());
+        if let Some(id) = id
+            && !held.iter().any(|(known, _)| *known == id)
+            && let Some(name) = program_name(id)
+        {
+            held.push((id, name));
+        }
+    }
+    held.sort();
+    held
 }
 
 #[cfg(test)]

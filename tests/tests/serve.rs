@@ -47,17 +47,6 @@ fn sample(metrics: &str, prefix: &str) -> Option<f64> {
         .and_then(|value| value.parse().ok())
 }
 
-fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
-}
-
 /// Kills the child when the test ends, however it ends.
 struct Reaped(Child);
 
@@ -202,6 +191,11 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     assert_eq!(job.as_deref(), Some("1"));
 
     // SIGTERM detaches everything and exits 0.
+    let held = held_programs(exporter.0.id());
+    assert!(
+        held.iter().any(|(_, name)| name == "sched_switch"),
+        "{held:?}"
+    );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGTERM) };
     let status = exporter.0.wait().unwrap();
@@ -214,21 +208,15 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
         stderr.contains("every probe and BPF program is detached"),
         "{stderr}"
     );
-    // The kernel frees programs shortly after their last fd closes (deferred work).
-    let ours = |names: &[String]| {
-        names
-            .iter()
-            .any(|name| name == "sched_switch" || name == "flush")
+    // The kernel frees programs shortly after their last fd closes (deferred work). Checked by
+    // id, so other tracers running at the same time do not count.
+    let left = || -> Vec<(u32, String)> {
+        held.iter()
+            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
+            .collect()
     };
-    let gone = wait_for(Duration::from_secs(10), || {
-        let programs = loaded_bpf_program_names().ok()?;
-        (!ours(&programs)).then_some(())
-    });
-    assert!(
-        gone.is_some(),
-        "programs left loaded: {:?}",
-        loaded_bpf_program_names()
-    );
+    let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
+    assert!(gone.is_some(), "programs left loaded: {:?}", left());
     let _ = std::fs::remove_dir_all(&storage);
 }
 
@@ -501,55 +489,8 @@ fn the_overhead_guard_detaches_the_busiest_function() {
     );
 }
 
-/// The kernel's name of program `id`, or `None` once no such program is loaded.
-fn program_name(id: u32) -> Option<String> {
-    // BPF_PROG_GET_FD_BY_ID (13): prog_id first in union bpf_attr.
-    let mut get_fd = [0u32; 4];
-    get_fd[0] = id;
-    // SAFETY: a valid attr buffer of the size passed.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, get_fd.as_mut_ptr(), 16) };
-    if fd < 0 {
-        return None;
-    }
-    // BPF_OBJ_GET_INFO_BY_FD (15); struct bpf_prog_info's name is at offset 64, 16 bytes.
-    let mut info = [0u8; 256];
-    let attr = [
-        (fd as u64) | ((info.len() as u64) << 32),
-        info.as_mut_ptr() as u64,
-    ];
-    // SAFETY: info is writable for info.len() bytes.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), 16) };
-    // SAFETY: closing the fd we got.
-    unsafe { libc::close(fd as i32) };
-    (rc == 0).then(|| {
-        let name = &info[64..80];
-        let len = name.iter().position(|&b| b == 0).unwrap_or(16);
-        String::from_utf8_lossy(&name[..len]).into_owned()
-    })
-}
-
 #[test]
 fn kill_9_leaves_no_probe_or_program_behind() {
-    /// The programs a process holds (through program or link fds): `(id, name)`, from
-    /// /proc/PID/fdinfo's `prog_id` and the kernel's name for each id.
-    fn held_programs(pid: u32) -> Vec<(u32, String)> {
-        let mut held = Vec::new();
-        for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap() {
-            let info = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
-            let id = info
-                .lines()
-                .find_map(|line| line.strip_prefix("prog_id:"))
-                .map(|id| id.trim().parse::<u32>().unwrap());
-            if let Some(id) = id
-                && !held.iter().any(|(known, _)| *known == id)
-            {
-                held.push((id, program_name(id).expect("a held program is loaded")));
-            }
-        }
-        held.sort();
-        held
-    }
-
     let _serial = serial();
     if !privileged() {
         return;

@@ -369,12 +369,6 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
     if !privileged() {
         return;
     }
-    let ours = ["sched_switch", "flush", "process_fork", "process_exit"];
-    let before = loaded_bpf_program_names().unwrap();
-    assert!(
-        !before.iter().any(|name| ours.contains(&name.as_str())),
-        "stale programs: {before:?}"
-    );
     let mut tracer = topdown()
         .args(["stat", "-a", "--pmu", "software", "--format", "json"])
         .stdout(Stdio::piped())
@@ -382,11 +376,14 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
         .spawn()
         .unwrap();
     wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
-    let during = loaded_bpf_program_names().unwrap();
-    assert!(
-        during.iter().any(|name| name == "sched_switch"),
-        "loaded: {during:?}"
-    );
+    // Checked by id, so other tracers running at the same time do not count.
+    let held = held_programs(tracer.id());
+    for name in ["sched_switch", "flush"] {
+        assert!(
+            held.iter().any(|(_, held_name)| held_name == name),
+            "{name} not loaded: {held:?}"
+        );
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
     let output = tracer.wait_with_output().unwrap();
@@ -401,18 +398,13 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
     assert_conserved(&report);
     // The kernel frees programs shortly after their last fd closes (deferred work), so allow
     // it a moment before calling anything left behind.
-    let mut after = loaded_bpf_program_names().unwrap();
-    for _ in 0..50 {
-        if !after.iter().any(|name| ours.contains(&name.as_str())) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        after = loaded_bpf_program_names().unwrap();
-    }
-    assert!(
-        !after.iter().any(|name| ours.contains(&name.as_str())),
-        "left behind: {after:?}"
-    );
+    let left = || -> Vec<(u32, String)> {
+        held.iter()
+            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
+            .collect()
+    };
+    let gone = wait_for(Duration::from_secs(5), || left().is_empty().then_some(()));
+    assert!(gone.is_some(), "left behind: {:?}", left());
 }
 
 #[test]
