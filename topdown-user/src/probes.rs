@@ -302,8 +302,10 @@ impl Probes {
                 function.exits.as_deref(),
             );
         }
+        let loading = session.take_program_load_time();
         eprintln!(
-            "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms",
+            "topdown: probing {} function{} in {} binar{} ({}) attached in {:.1} ms \
+             ({:.1} ms of it loading the probe programs)",
             candidates.len(),
             if candidates.len() == 1 { "" } else { "s" },
             targets.len(),
@@ -313,7 +315,8 @@ impl Probes {
                 Some(AttachMode::PerPoint) => "one uprobe per function",
                 None => "nothing to attach",
             },
-            started.elapsed().as_secs_f64() * 1e3
+            started.elapsed().as_secs_f64() * 1e3,
+            loading.as_secs_f64() * 1e3
         );
         self.targets = targets
             .into_iter()

@@ -577,12 +577,33 @@ fn attach_glob(count: usize) -> Result<&'static str> {
 }
 
 /// Milliseconds in the first line of `text` that holds "attached in": topdown's and
-/// topdown-floor's own report of their attach time.
-fn attached_ms(text: &str) -> Option<f64> {
+/// topdown-floor's own report of their attach time, and of the part of it spent loading the
+/// probe programs ("(N ms of it loading"), which does not grow with the number of functions.
+fn attached_ms(text: &str) -> Option<(f64, f64)> {
     text.lines().find_map(|line| {
         let rest = line.split("attached in ").nth(1)?;
-        rest.trim().trim_end_matches("ms").trim().parse().ok()
+        let total = rest.split_whitespace().next()?.parse().ok()?;
+        let loading = rest
+            .split('(')
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some((total, loading))
     })
+}
+
+/// One line of the attach table: medians in milliseconds.
+struct AttachRow {
+    count: usize,
+    own: f64,
+    own_loading: f64,
+    floor: f64,
+    floor_loading: f64,
+    wall: f64,
+    /// Wall time, or why bpftrace was not measured.
+    bpftrace: std::result::Result<f64, String>,
 }
 
 /// Attach time for 1 to 10000 functions: topdown's own figure beside the floor's (the same
@@ -600,7 +621,9 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
         let glob = attach_glob(count)?;
         let spec = format!("{bin}:{glob}");
         let mut own = Vec::new();
+        let mut own_loading = Vec::new();
         let mut floor_ms = Vec::new();
+        let mut floor_loading = Vec::new();
         let mut topdown_wall = Vec::new();
         let mut bpftrace_wall: Vec<f64> = Vec::new();
         let mut bpftrace_failure = None;
@@ -616,20 +639,20 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
             )?;
             topdown_wall.push(start.elapsed().as_secs_f64() * 1e3);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            own.push(
-                attached_ms(&stderr)
-                    .with_context(|| format!("topdown -u {spec}: no attach time in: {stderr}"))?,
-            );
+            let (total, loading) = attached_ms(&stderr)
+                .with_context(|| format!("topdown -u {spec}: no attach time in: {stderr}"))?;
+            own.push(total);
+            own_loading.push(loading);
 
             let argv = strings(&[&fl, "--pmu", SYNTHETIC, "-u", &spec]);
             let (mut child, lines) = start_tracer_lines(&argv)?;
             // SAFETY: signalling our own child.
             unsafe { libc_kill(child.id() as i32, 2) };
             let _ = child.wait();
-            floor_ms.push(
-                attached_ms(&lines.join("\n"))
-                    .with_context(|| format!("topdown-floor -u {spec}: no attach time"))?,
-            );
+            let (total, loading) = attached_ms(&lines.join("\n"))
+                .with_context(|| format!("topdown-floor -u {spec}: no attach time"))?;
+            floor_ms.push(total);
+            floor_loading.push(loading);
 
             println!(
                 "attach {count}, round {}: topdown {:.1} ms (wall {:.1}), floor {:.1} ms",
@@ -675,20 +698,25 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
             Some(reason) => Err(reason),
             None => Ok(median(&mut bpftrace_wall)),
         };
-        rows.push((
+        rows.push(AttachRow {
             count,
-            median(&mut own),
-            median(&mut floor_ms),
-            median(&mut topdown_wall),
+            own: median(&mut own),
+            own_loading: median(&mut own_loading),
+            floor: median(&mut floor_ms),
+            floor_loading: median(&mut floor_loading),
+            wall: median(&mut topdown_wall),
             bpftrace,
-        ));
+        });
     }
     let mut section = String::from("## Attach time (`cargo xtask bench`)\n\n");
     section += &format!(
         "Same machine; command: `{}`. A generated C program of {max} tiny functions; `-u` with a \
          glob matching 1 to {max} of them, `--pmu {SYNTHETIC}`; {ATTACH_ROUNDS} rounds, median. \
          \"topdown attach\" is topdown's own figure (stderr: the time to attach its \
-         probes, after the functions are resolved); the floor's is \
+         probes, after the functions are resolved), \"loading\" the part of it the kernel spent \
+         loading and verifying the probe programs (once per run, whatever the number of \
+         functions: topdown's programs keep shadow stacks and up to 32 counters, the floor's \
+         only read them), and the last ratio compares what is left; the floor's is \
          `topdown-floor -u` attaching an entry uprobe and a uretprobe per function the same way \
          (one uprobe.multi link per program, as topdown where the kernel has them), timed the \
          same way. The wall-clock columns run the program once under the tool, start to \
@@ -701,15 +729,22 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
         command_text(),
         SLOW_RUN_MS / 1e3
     );
-    section += "| functions | topdown attach (ms) | floor attach (ms) | topdown / floor | topdown wall (ms) | bpftrace wall (ms) | topdown / bpftrace |\n|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (count, own, floor_ms, wall, bpftrace) in &rows {
-        let (bpftrace_text, per_bpftrace) = match bpftrace {
-            Ok(ms) => (format!("{ms:.1}"), format!("{:.2}x", wall / ms)),
-            Err(reason) => (format!("not measured: {reason}"), "-".to_owned()),
+    section += "| functions | topdown attach (ms) | of it loading | floor attach (ms) | of it loading | topdown / floor | without loading | topdown wall (ms) | bpftrace wall (ms) | topdown / bpftrace |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for row in &rows {
+        let (bpftrace_text, per_bpftrace) = match row.bpftrace {
+            Ok(ms) => (format!("{ms:.1}"), format!("{:.2}x", row.wall / ms)),
+            Err(ref reason) => (format!("not measured: {reason}"), "-".to_owned()),
         };
         section += &format!(
-            "| {count} | {own:.1} | {floor_ms:.1} | {:.2}x | {wall:.1} | {bpftrace_text} | {per_bpftrace} |\n",
-            own / floor_ms
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}x | {:.2}x | {:.1} | {bpftrace_text} | {per_bpftrace} |\n",
+            row.count,
+            row.own,
+            row.own_loading,
+            row.floor,
+            row.floor_loading,
+            row.own / row.floor,
+            (row.own - row.own_loading) / (row.floor - row.floor_loading),
+            row.wall,
         );
     }
     write_section("## Attach time", &section)
@@ -1243,14 +1278,18 @@ mod tests {
     #[test]
     fn attach_times_are_read_from_both_tools() {
         assert_eq!(
-            attached_ms("topdown-floor: 20000 probe points attached in 135.7 ms"),
-            Some(135.7)
+            attached_ms(
+                "topdown-floor: 20000 probe points attached in 135.7 ms (1.2 ms of it loading \
+                 the probe programs)"
+            ),
+            Some((135.7, 1.2))
         );
         assert_eq!(
             attached_ms(
-                "x\ntopdown: probing 100 functions in 1 binary (uretprobes) attached in 12.5 ms"
+                "x\ntopdown: probing 100 functions in 1 binary (uretprobes) attached in 12.5 ms \
+                 (10.0 ms of it loading the probe programs)"
             ),
-            Some(12.5)
+            Some((12.5, 10.0))
         );
         assert_eq!(attached_ms("topdown: counting"), None);
         assert_eq!(attach_glob(100).ok(), Some("f000*"));

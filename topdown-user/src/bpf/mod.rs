@@ -117,6 +117,9 @@ pub struct Session {
     exited: Vec<(u32, TaskCounters)>,
     /// The function probes' links, so they can be detached and re-attached (`serve`).
     function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
+    /// Time spent loading (verifying) function-probe programs since last taken: the part of
+    /// an attach that does not grow with the number of functions.
+    program_load_time: std::time::Duration,
     /// The CPUs online at the last check: one that comes back gets its counters re-opened.
     online: Vec<u32>,
     /// Each CPU's read errors at the last check: new ones on an online CPU mean its events
@@ -257,6 +260,7 @@ impl Session {
             groups,
             exited: Vec::new(),
             function_links: Vec::new(),
+            program_load_time: std::time::Duration::ZERO,
             online: crate::counters::online_cpus()?,
             read_errors: HashMap::new(),
         };
@@ -369,7 +373,9 @@ impl Session {
             }
             let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
             if program.fd().is_err() {
+                let started = std::time::Instant::now();
                 program.load().map_err(load_error(program_name))?;
+                self.program_load_time += started.elapsed();
             }
             for ((_, target), target_points) in targets {
                 for scope in &scopes {
@@ -393,6 +399,12 @@ impl Session {
         })
     }
 
+    /// The time spent loading function-probe programs since the last call (the kernel's
+    /// verifier: tens of milliseconds for topdown's, whatever the number of functions).
+    pub fn take_program_load_time(&mut self) -> std::time::Duration {
+        std::mem::take(&mut self.program_load_time)
+    }
+
     /// Probes the points where unwinding ends (`crate::unwinding::catch_points`): each closes
     /// the frames the unwinding left as unwound calls. Detached with the function probes.
     /// Returns the points that could not be attached (a mapping process that exited since its
@@ -409,7 +421,9 @@ impl Session {
         let name = names::PROG_FUNC_CATCH;
         let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
         if program.fd().is_err() {
+            let started = std::time::Instant::now();
             program.load().map_err(load_error(name))?;
+            self.program_load_time += started.elapsed();
         }
         let scopes: Vec<UProbeScope> = if processes.is_empty() {
             vec![UProbeScope::AllProcesses]
