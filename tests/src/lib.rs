@@ -199,6 +199,40 @@ pub fn wait_until_counting(child: &mut Child, timeout: Duration) -> Result<Strin
     )
 }
 
+/// A child process killed (and reaped) when the test ends, however it ends: a failed assertion
+/// must not leave a tracer running and holding BPF programs behind the next tests.
+pub struct KilledOnDrop(Option<std::process::Child>);
+
+impl KilledOnDrop {
+    pub fn new(child: std::process::Child) -> Self {
+        Self(Some(child))
+    }
+
+    pub fn child(&mut self) -> &mut std::process::Child {
+        match self.0.as_mut() {
+            Some(child) => child,
+            None => unreachable!("the child is only taken by wait_with_output, which consumes"),
+        }
+    }
+
+    /// Waits for the child to end on its own, collecting its output.
+    pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
+        match self.0.take() {
+            Some(child) => child.wait_with_output(),
+            None => unreachable!("the child is only taken here"),
+        }
+    }
+}
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Polls `probe` every 100 ms until it gives a value or `timeout` passes.
 pub fn wait_for<T>(
     timeout: std::time::Duration,

@@ -178,29 +178,31 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
         return;
     }
     let out = report_path("system-wide");
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "-a",
-            "-d",
-            "3",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args([
+                "stat",
+                "-a",
+                "-d",
+                "3",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     let workload = std::process::Command::new(WORKLOAD)
         .args(["getppid=5000,getpgid=321"])
         .output()
         .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&workload.stdout));
-    assert!(tracer.wait().unwrap().success());
+    assert!(tracer.child().wait().unwrap().success());
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let worker = task(&report, threads[0].2).expect("workload thread");
     assert_eq!(counter(worker, "slots"), 5000);
@@ -233,28 +235,30 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "-p",
-            &pid,
-            "-d",
-            "3",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args([
+                "stat",
+                "-p",
+                &pid,
+                "-d",
+                "3",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     // topdown stops at 3 s while the thread still spins: its calls are only in the CPU's
     // running delta until the final flush.
-    assert!(tracer.wait().unwrap().success());
+    assert!(tracer.child().wait().unwrap().success());
     assert!(
         ready.exists(),
         "the workload made its calls before topdown stopped"
@@ -331,26 +335,28 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "-p",
-            &pid,
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args([
+                "stat",
+                "-p",
+                &pid,
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let stdout = workload.wait_with_output().unwrap().stdout;
     // No -d: topdown ends by itself once the traced process is gone.
-    assert!(tracer.wait().unwrap().success());
+    assert!(tracer.child().wait().unwrap().success());
     let threads = workload_threads(&String::from_utf8_lossy(&stdout));
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let process = process(&report, threads[0].1).expect("process");
@@ -369,15 +375,17 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
     if !privileged() {
         return;
     }
-    let mut tracer = topdown()
-        .args(["stat", "-a", "--pmu", "software", "--format", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args(["stat", "-a", "--pmu", "software", "--format", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     // Checked by id, so other tracers running at the same time do not count.
-    let held = held_programs(tracer.id());
+    let held = held_programs(tracer.child().id());
     for name in ["sched_switch", "flush"] {
         assert!(
             held.iter().any(|(_, held_name)| held_name == name),
@@ -385,7 +393,7 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
         );
     }
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(tracer.child().id() as i32, libc::SIGINT) };
     let output = tracer.wait_with_output().unwrap();
     assert!(
         output.status.success(),
@@ -699,24 +707,26 @@ fn switches_between_untraced_tasks_take_no_reading() {
         .spawn()
         .unwrap();
     let out = report_path("untraced-switches");
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "--skip-untraced-switches",
-            "-p",
-            &sleeper.id().to_string(),
-            "-d",
-            "3",
-        ])
-        .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
-        .arg(&out)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args([
+                "stat",
+                "--skip-untraced-switches",
+                "-p",
+                &sleeper.id().to_string(),
+                "-d",
+                "3",
+            ])
+            .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
     assert!(pingpong.status.success());
-    assert!(tracer.wait().unwrap().success());
+    assert!(tracer.child().wait().unwrap().success());
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
