@@ -2,12 +2,27 @@
 //! interval once the BPF maps are read, for `TASKS` live threads and `EDGES` call-tree edges.
 //!
 //! Run by `cargo xtask bench` (release build): `refresh_cost [TASKS] [EDGES] [ROUNDS]`, default
-//! 100000 tasks, 10000 edges, 5 rounds; prints one line per step with the median of the rounds
-//! in milliseconds, then `total_ms=`. The snapshots are synthetic (no BPF): two cumulative
-//! snapshots one interval apart, every task and edge having counted in between, the worst case
-//! for the delta and the sort. The model is `intel-spr` at level 2 (9 counters).
+//! 100000 tasks, 10000 edges, 5 rounds; prints one `step_NAME_ms=` line per step with the
+//! median of the rounds in milliseconds, then the two paths a refresh takes:
+//!
+//! - `top_ms=`: what `topdown top` does per refresh: `aggregate` plus `top_screen` (pick the
+//!   rows a 50-line screen shows, name and evaluate them, draw the screen) plus
+//!   `aggregate_drop` (the previous refresh's counts freed);
+//! - `serve_ms=`: what `topdown serve` does per refresh: `aggregate` plus `exporter_update`
+//!   (a fresh exporter: every series is new, the worst case) plus `aggregate_drop`; `scrape`
+//!   (encoding every series) happens per scrape, not per refresh, and is printed on its own.
+//!
+//! Each figure is printed as wall time (`_ms=`) and as this thread's CPU time (`_cpu_ms=`),
+//! which other processes on a busy machine inflate less.
+//!
+//! `report`, `table` and `json` are `stat`'s full output of everything (every thread, process,
+//! function and edge), also printed on their own. The snapshots are synthetic (no BPF): two
+//! cumulative snapshots one interval apart, every task and edge having counted in between, the
+//! worst case for the delta and the sort. The model is `intel-spr` at level 2 (9 counters).
 
 use std::{collections::HashMap, time::Instant};
+
+use ratatui::{buffer::Buffer, layout::Rect};
 
 use topdown::{
     aggregate::{Aggregate, Naming, ReportContext, report_of},
@@ -15,6 +30,10 @@ use topdown::{
     model::base_model,
     report::{By, Format, Weight, render},
     serve::exporter::{Exporter, Limits},
+    top::{
+        Counted,
+        view::{self, Header, Ui},
+    },
 };
 use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};
 
@@ -52,10 +71,12 @@ fn snapshot(tasks: u32, edges: u32, scale: u64) -> Snapshot {
             } else {
                 (edge / FUNCTIONS + function) % FUNCTIONS
             };
+            // Not split by process: `top` and `serve` never split functions by process
+            // (`stat --by function,task` does).
             let key = CallKey {
                 function,
                 parent,
-                tgid: edge / FUNCTIONS,
+                tgid: 0,
                 _pad: 0,
             };
             let stats = CallStats {
@@ -83,6 +104,14 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The terminal `top` draws on here.
+const SCREEN: Rect = Rect {
+    x: 0,
+    y: 0,
+    width: 200,
+    height: 50,
+};
+
 fn main() -> anyhow::Result<()> {
     let arg = |index: usize, default: u32| -> anyhow::Result<u32> {
         match std::env::args().nth(index) {
@@ -107,42 +136,70 @@ fn main() -> anyhow::Result<()> {
     let previous = snapshot(tasks, edges, 1);
     let current = snapshot(tasks, edges, 2);
     let by = [By::Task, By::Process, By::Function];
+    let context = |call_tree: bool| ReportContext {
+        model: model.as_ref(),
+        slot_names: slot_names.clone(),
+        level: 2,
+        scope: "system-wide".into(),
+        duration_s: 1.0,
+        interval: None,
+        cgroup_paths: &cgroup_paths,
+        cgroup_depth: None,
+        functions: &functions,
+        target_returns: &[],
+        call_tree,
+    };
+    let naming = Naming::new(
+        model.as_ref(),
+        &slot_names,
+        2,
+        &cgroup_paths,
+        None,
+        &functions,
+    );
+    let header = Header {
+        cpus: 2,
+        refresh_ms: 1000,
+        overhead_percent: None,
+        counted_level: 2,
+    };
+    let ui = Ui::new(2);
 
-    let mut steps: Vec<(&str, Vec<f64>)> = ["aggregate", "report", "table", "json", "exporter"]
-        .into_iter()
-        .map(|name| (name, Vec::new()))
-        .collect();
+    const STEPS: [&str; 8] = [
+        "aggregate",
+        "top_screen",
+        "exporter_update",
+        "scrape",
+        "report",
+        "table",
+        "json",
+        "aggregate_drop",
+    ];
+    // Per step: (wall, this thread's CPU time) of each round.
+    let mut steps: Vec<Vec<(f64, f64)>> = vec![Vec::new(); STEPS.len()];
+    let mut time = |step: usize, started: Started| {
+        steps[step].push(started.elapsed());
+    };
     let mut rendered = 0usize;
     for _ in 0..rounds {
-        let started = Instant::now();
+        let started = Started::now();
         let aggregate = Aggregate::since(&current, Some(&previous));
-        steps[0].1.push(started.elapsed().as_secs_f64() * 1e3);
+        time(0, started);
 
-        let started = Instant::now();
-        let ctx = ReportContext {
-            model: model.as_ref(),
-            slot_names: slot_names.clone(),
-            level: 2,
-            scope: "system-wide".into(),
+        let started = Started::now();
+        let counted = Counted {
+            aggregate,
             duration_s: 1.0,
-            interval: None,
-            cgroup_paths: &cgroup_paths,
-            cgroup_depth: None,
-            functions: &functions,
-            target_returns: &[],
         };
-        let report = report_of(&ctx, &aggregate);
-        steps[1].1.push(started.elapsed().as_secs_f64() * 1e3);
+        let kept = counted.visible(&naming, &ui, usize::from(SCREEN.height));
+        let shown = report_of(&context(false), &kept);
+        let mut screen = Buffer::empty(SCREEN);
+        view::draw(&mut screen, SCREEN, &shown, &header, &ui);
+        time(1, started);
+        rendered += screen.content.len();
+        let aggregate = counted.aggregate;
 
-        for (step, format) in [(2, Format::Table), (3, Format::Json)] {
-            let started = Instant::now();
-            let mut out = Vec::new();
-            render(&report, format, &by, Weight::Slots, &mut out)?;
-            steps[step].1.push(started.elapsed().as_secs_f64() * 1e3);
-            rendered += out.len();
-        }
-
-        let started = Instant::now();
+        let started = Started::now();
         let mut exporter = Exporter::new(
             model.name(),
             false,
@@ -151,26 +208,85 @@ fn main() -> anyhow::Result<()> {
                 ttl: std::time::Duration::from_secs(300),
             },
         );
-        let naming = Naming::new(
-            model.as_ref(),
-            &slot_names,
-            2,
-            &cgroup_paths,
-            None,
-            &functions,
-        );
         exporter.update(&aggregate, &naming, Instant::now());
+        time(2, started);
+
+        let started = Started::now();
         let text = exporter.encode()?;
-        steps[4].1.push(started.elapsed().as_secs_f64() * 1e3);
+        time(3, started);
         rendered += text.len();
+
+        let started = Started::now();
+        let report = report_of(&context(true), &aggregate);
+        time(4, started);
+
+        for (step, format) in [(5, Format::Table), (6, Format::Json)] {
+            let started = Started::now();
+            let mut out = Vec::new();
+            render(&report, format, &by, Weight::Slots, &mut out)?;
+            time(step, started);
+            rendered += out.len();
+        }
+        // `top` and `serve` drop each refresh's counts when the next arrive.
+        let started = Started::now();
+        drop(aggregate);
+        time(7, started);
     }
     println!("tasks={tasks} edges={edges} rounds={rounds} bytes_rendered={rendered}");
-    let mut total = 0.0;
-    for (name, values) in steps {
-        let value = median(values);
-        total += value;
-        println!("{name}_ms={value:.1}");
+    let wall: Vec<f64> = steps
+        .iter()
+        .map(|rounds| median(rounds.iter().map(|(wall, _)| *wall).collect()))
+        .collect();
+    let cpu: Vec<f64> = steps
+        .iter()
+        .map(|rounds| median(rounds.iter().map(|(_, cpu)| *cpu).collect()))
+        .collect();
+    for ((name, wall), cpu) in STEPS.iter().zip(&wall).zip(&cpu) {
+        println!("step_{name}_ms={wall:.1}");
+        println!("step_{name}_cpu_ms={cpu:.1}");
     }
-    println!("total_ms={total:.1}");
+    println!("top_ms={:.1}", wall[0] + wall[1] + wall[7]);
+    println!("top_cpu_ms={:.1}", cpu[0] + cpu[1] + cpu[7]);
+    println!("serve_ms={:.1}", wall[0] + wall[2] + wall[7]);
+    println!("serve_cpu_ms={:.1}", cpu[0] + cpu[2] + cpu[7]);
     Ok(())
+}
+
+/// When a step started: wall clock and this thread's CPU time, which other processes on a
+/// busy machine do not inflate (they still share its caches).
+#[derive(Clone, Copy)]
+struct Started {
+    wall: Instant,
+    cpu_ms: f64,
+}
+
+impl Started {
+    fn now() -> Self {
+        Self {
+            wall: Instant::now(),
+            cpu_ms: thread_cpu_ms(),
+        }
+    }
+
+    /// (wall, CPU) milliseconds since.
+    fn elapsed(self) -> (f64, f64) {
+        (
+            self.wall.elapsed().as_secs_f64() * 1e3,
+            thread_cpu_ms() - self.cpu_ms,
+        )
+    }
+}
+
+/// This thread's CPU time in milliseconds (`clock_gettime(2)`, `CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_ms() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if status != 0 {
+        return f64::NAN;
+    }
+    now.tv_sec as f64 * 1e3 + now.tv_nsec as f64 / 1e6
 }

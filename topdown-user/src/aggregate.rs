@@ -7,7 +7,7 @@
 //!    rolls cgroups up by depth, sorts. Strings appear only here, at the output.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     iter::Sum,
     ops::{Add, AddAssign, Sub},
 };
@@ -32,6 +32,7 @@ pub struct SlotCounts(pub [u64; MAX_COUNTERS]);
 impl SlotCounts {
     pub const ZERO: Self = Self([0; MAX_COUNTERS]);
 
+    #[inline]
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|&count| count == 0)
     }
@@ -51,6 +52,37 @@ impl SlotCounts {
     }
 }
 
+/// [`SlotCounts::named`] for many entities: the names sorted once, so each entity's map is a
+/// copy of a template with its values filled in, not a sort of its names.
+pub struct SlotNamer {
+    template: Counts,
+    /// The slot of each of `template`'s keys, in key order (the last slot of a repeated name,
+    /// as `named` keeps it).
+    slots: Vec<usize>,
+}
+
+impl SlotNamer {
+    pub fn new(names: &[String]) -> Self {
+        let mut slots: BTreeMap<&String, usize> = BTreeMap::new();
+        for (slot, name) in names.iter().enumerate().take(MAX_COUNTERS) {
+            slots.insert(name, slot);
+        }
+        Self {
+            template: slots.keys().map(|name| ((*name).clone(), 0)).collect(),
+            slots: slots.into_values().collect(),
+        }
+    }
+
+    /// `counts.named(names)` for the names this namer was built with.
+    pub fn named(&self, counts: &SlotCounts) -> Counts {
+        let mut named = self.template.clone();
+        for (value, slot) in named.values_mut().zip(&self.slots) {
+            *value = counts.0[*slot];
+        }
+        named
+    }
+}
+
 impl Default for SlotCounts {
     fn default() -> Self {
         Self::ZERO
@@ -65,6 +97,7 @@ impl From<[u64; MAX_COUNTERS]> for SlotCounts {
 
 impl Add for SlotCounts {
     type Output = Self;
+    #[inline]
     fn add(self, other: Self) -> Self {
         Self(std::array::from_fn(|slot| {
             self.0[slot].wrapping_add(other.0[slot])
@@ -73,13 +106,18 @@ impl Add for SlotCounts {
 }
 
 impl AddAssign for SlotCounts {
+    #[inline]
     fn add_assign(&mut self, other: Self) {
-        *self = *self + other;
+        // In place: a 256-byte value rebuilt per addition costs more than the additions.
+        for (sum, count) in self.0.iter_mut().zip(other.0) {
+            *sum = sum.wrapping_add(count);
+        }
     }
 }
 
 impl Sub for SlotCounts {
     type Output = Self;
+    #[inline]
     fn sub(self, earlier: Self) -> Self {
         Self(std::array::from_fn(|slot| {
             self.0[slot].saturating_sub(earlier.0[slot])
@@ -228,8 +266,15 @@ impl Aggregate {
             cgroups.push((0, cgroup_dropped));
         }
 
-        let calls_before: HashMap<CallKey, CallStats> = previous
-            .map(|previous| previous.calls.iter().copied().collect())
+        // By index: an edge's stats are larger than the map's other bookkeeping.
+        let calls_before: HashMap<CallKey, &CallStats> = previous
+            .map(|previous| {
+                previous
+                    .calls
+                    .iter()
+                    .map(|(key, stats)| (*key, stats))
+                    .collect()
+            })
             .unwrap_or_default();
         let calls = current
             .calls
@@ -435,6 +480,9 @@ pub struct ReportContext<'a> {
     pub functions: &'a [(String, String)],
     /// Each probed target's return mechanism and why.
     pub target_returns: &'a [crate::unwinding::TargetReturns],
+    /// Whether the report lists the caller -> callee edges (`call_tree`): `top` never shows
+    /// them, and evaluating 10000 edges costs more than its whole screen.
+    pub call_tree: bool,
 }
 
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
@@ -451,8 +499,9 @@ pub fn build_report(
 pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
     let names = &ctx.slot_names;
     let evaluator = Evaluator::new(ctx.model, names);
+    let namer = SlotNamer::new(names);
     let entity = |counts: &SlotCounts| -> Entity {
-        let counters = counts.named(names);
+        let counters = namer.named(counts);
         let evaluation = evaluator.evaluate(&counts.0, ctx.level);
         Entity {
             counters,
@@ -508,7 +557,7 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         .iter()
         .map(|(cpu, counts)| CpuEntry {
             cpu: *cpu,
-            counters: counts.named(names),
+            counters: namer.named(counts),
         })
         .collect();
     let diagnostics = aggregate.diagnostics.clone();
@@ -561,80 +610,100 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
 /// to the instance that was live under that tid then, so they consume its previous value first;
 /// live tasks then subtract whatever previous value is left for their tid.
 fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskCounts> {
-    let Some(previous) = previous else {
-        return current
-            .exited
-            .iter()
-            .map(|(tid, task)| task_counts(*tid, task, None, true))
-            .chain(
-                current
-                    .live
-                    .iter()
-                    .map(|(tid, task)| task_counts(*tid, task, None, false)),
-            )
-            .collect();
+    let new_exits = match previous {
+        Some(previous) => current.exited.get(previous.exited.len()..).unwrap_or(&[]),
+        None => &current.exited,
     };
-    let mut before: HashMap<u32, SlotCounts> = previous
-        .live
-        .iter()
-        .map(|(tid, task)| (*tid, SlotCounts(task.counters)))
-        .collect();
-    let new_exits = current.exited.get(previous.exited.len()..).unwrap_or(&[]);
-    let mut deltas: Vec<TaskCounts> = new_exits
-        .iter()
-        .map(|(tid, task)| task_counts(*tid, task, before.remove(tid), true))
-        .collect();
-    deltas.extend(
-        current
-            .live
-            .iter()
-            .map(|(tid, task)| task_counts(*tid, task, before.get(tid).copied(), false)),
-    );
-    deltas.retain(|task| !task.counts.is_zero());
-    deltas
-}
-
-fn task_counts(
-    tid: u32,
-    task: &TaskCounters,
-    before: Option<SlotCounts>,
-    exited: bool,
-) -> TaskCounts {
-    TaskCounts {
-        tid,
-        tgid: task.tgid,
-        comm: comm_string(&task.comm),
-        exited,
-        counts: SlotCounts(task.counters) - before.unwrap_or_default(),
+    let mut tasks = Vec::with_capacity(new_exits.len() + current.live.len());
+    // In interval mode only tasks that counted something.
+    let interval = previous.is_some();
+    let mut visit =
+        |tid: u32, task: &TaskCounters, earlier: Option<&[u64; MAX_COUNTERS]>, exited| {
+            // The saturating difference (`SlotCounts - SlotCounts`), computed in place: this loop
+            // runs once per thread on the machine.
+            let mut counts = SlotCounts(task.counters);
+            if let Some(earlier) = earlier {
+                for (count, before) in counts.0.iter_mut().zip(earlier) {
+                    *count = count.saturating_sub(*before);
+                }
+            }
+            if !(interval && counts.is_zero()) {
+                tasks.push(TaskCounts {
+                    tid,
+                    tgid: task.tgid,
+                    comm: comm_string(&task.comm),
+                    exited,
+                    counts,
+                });
+            }
+        };
+    let Some(previous) = previous else {
+        for (tid, task) in new_exits {
+            visit(*tid, task, None, true);
+        }
+        for (tid, task) in &current.live {
+            visit(*tid, task, None, false);
+        }
+        return tasks;
+    };
+    // Read in place: copying the previous snapshot's tasks into a map of their own would cost
+    // as much as the whole delta. A tid whose new exit record consumed its previous value is
+    // remembered instead of removed. (Summing processes in this same pass measured slower than
+    // a second pass over `tasks`: two streams of random accesses instead of one.)
+    let before = |tid: &u32| previous.live.get(tid).map(|task| &task.counters);
+    let mut consumed: HashSet<u32> = HashSet::with_capacity(new_exits.len());
+    for (tid, task) in new_exits {
+        let earlier = if consumed.insert(*tid) {
+            before(tid)
+        } else {
+            None
+        };
+        visit(*tid, task, earlier, true);
     }
+    for (tid, task) in &current.live {
+        let earlier = if !consumed.is_empty() && consumed.contains(tid) {
+            None
+        } else {
+            before(tid)
+        };
+        visit(*tid, task, earlier, false);
+    }
+    tasks
 }
 
 /// Threads summed into processes, each named by its main thread.
 pub(crate) fn processes_of(tasks: &[TaskCounts]) -> Vec<ProcessCounts> {
-    // pid -> (process, main thread seen)
-    let mut processes: BTreeMap<u32, (ProcessCounts, bool)> = BTreeMap::new();
+    // pid -> index in `processes`; the main thread's name wins, else the first thread's.
+    let mut index: HashMap<u32, usize> = HashMap::with_capacity(tasks.len() / 4);
+    let mut processes: Vec<ProcessCounts> = Vec::with_capacity(tasks.len() / 4);
+    let mut named_by_main: Vec<bool> = Vec::with_capacity(tasks.len() / 4);
     for task in tasks {
-        let (process, named_by_main) = processes.entry(task.tgid).or_insert_with(|| {
-            (
-                ProcessCounts {
-                    pid: task.tgid,
-                    comm: task.comm.clone(),
-                    threads: 0,
-                    counts: SlotCounts::ZERO,
-                },
-                false,
-            )
+        let slot = *index.entry(task.tgid).or_insert_with(|| {
+            processes.push(ProcessCounts {
+                pid: task.tgid,
+                comm: task.comm.clone(),
+                threads: 0,
+                counts: SlotCounts::ZERO,
+            });
+            named_by_main.push(false);
+            processes.len() - 1
         });
+        let process = &mut processes[slot];
         process.counts += task.counts;
         process.threads += 1;
-        if task.tid == task.tgid && !*named_by_main {
-            process.comm = task.comm.clone();
-            *named_by_main = true;
+        if task.tid == task.tgid && !named_by_main[slot] {
+            process.comm.clone_from(&task.comm);
+            named_by_main[slot] = true;
         }
     }
-    processes
-        .into_values()
-        .map(|(process, _)| process)
+    // Ordered by pid through their indices: moving the entries themselves in the sort costs
+    // more than the rest of this.
+    let mut order: Vec<(u32, usize)> = index.into_iter().collect();
+    order.sort_unstable();
+    let mut slots: Vec<Option<ProcessCounts>> = processes.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(|(_, slot)| slots[slot].take())
         .collect()
 }
 
@@ -683,7 +752,12 @@ fn function_entries(
             .unwrap_or_else(|| (String::new(), format!("function #{id}")))
     };
     let pid = |key: &CallKey| (key.tgid != 0).then_some(key.tgid);
-    let edges = aggregate.calls.iter().map(|call| {
+    let shown_edges = if ctx.call_tree {
+        aggregate.calls.as_slice()
+    } else {
+        &[]
+    };
+    let edges = shown_edges.iter().map(|call| {
         let key = &call.key;
         CallEdge {
             caller: (key.parent != ROOT_FUNCTION).then(|| name(key.parent).1),
@@ -696,11 +770,18 @@ fn function_entries(
     let mut edges: Vec<CallEdge> = edges.collect();
     let mut totals: Vec<((u32, u32), FunctionCounts)> =
         aggregate.function_totals().into_iter().collect();
+    // Compared by reference: a copy of two names per comparison cost more than the sort.
+    let symbol = |id: u32| -> std::borrow::Cow<'_, str> {
+        match ctx.functions.get(id as usize) {
+            Some((_, symbol)) => symbol.as_str().into(),
+            None => format!("function #{id}").into(),
+        }
+    };
     totals.sort_by(|(a_key, a), (b_key, b)| {
         b.inclusive
             .get(weight_slot)
             .cmp(&a.inclusive.get(weight_slot))
-            .then(name(a_key.0).1.cmp(&name(b_key.0).1))
+            .then_with(|| symbol(a_key.0).cmp(&symbol(b_key.0)))
     });
     // Every probed function is listed, a function never called with `calls: 0`: a report must
     // tell "probed, not called" apart from "not probed". Split by process, it is listed once,
@@ -812,6 +893,7 @@ mod tests {
             cgroup_depth: None,
             functions: &[],
             target_returns: &[],
+            call_tree: true,
         }
     }
 
@@ -963,5 +1045,108 @@ mod tests {
         assert_eq!(whole.cgroups.len(), 2);
         assert_eq!(whole.calls.len(), 2);
         assert_eq!(whole.diagnostics.readings, 10);
+    }
+
+    /// The delta as it was first written (a map of every previous task, consumed by the new
+    /// exits), against the one that reads the previous snapshot in place, on random snapshots
+    /// with exits and reused tids.
+    #[test]
+    fn task_deltas_match_the_map_based_reference() {
+        fn task_counts(
+            tid: u32,
+            task: &TaskCounters,
+            before: Option<SlotCounts>,
+            exited: bool,
+        ) -> TaskCounts {
+            TaskCounts {
+                tid,
+                tgid: task.tgid,
+                comm: comm_string(&task.comm),
+                exited,
+                counts: SlotCounts(task.counters) - before.unwrap_or_default(),
+            }
+        }
+
+        fn reference(current: &Snapshot, previous: &Snapshot) -> Vec<TaskCounts> {
+            let mut before: HashMap<u32, SlotCounts> = previous
+                .live
+                .iter()
+                .map(|(tid, task)| (*tid, SlotCounts(task.counters)))
+                .collect();
+            let new_exits = current.exited.get(previous.exited.len()..).unwrap_or(&[]);
+            let mut deltas: Vec<TaskCounts> = new_exits
+                .iter()
+                .map(|(tid, task)| task_counts(*tid, task, before.remove(tid), true))
+                .collect();
+            deltas.extend(
+                current
+                    .live
+                    .iter()
+                    .map(|(tid, task)| task_counts(*tid, task, before.get(tid).copied(), false)),
+            );
+            deltas.retain(|task| !task.counts.is_zero());
+            deltas
+        }
+        let mut state = 7u64;
+        let mut below = |bound: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % bound
+        };
+        for _ in 0..50 {
+            let mut previous = Snapshot::default();
+            let mut current = Snapshot::default();
+            for _ in 0..below(4) {
+                let tid = 1 + below(30) as u32;
+                let exit = (tid, task(tid, "gone", below(100)));
+                previous.exited.push(exit);
+                current.exited.push(exit);
+            }
+            for _ in 0..60 {
+                let tid = 1 + below(30) as u32;
+                previous.live.insert(tid, task(tid, "before", below(500)));
+            }
+            for _ in 0..60 {
+                let tid = 1 + below(30) as u32;
+                current.live.insert(tid, task(tid, "now", below(500)));
+            }
+            for _ in 0..below(6) {
+                let tid = 1 + below(30) as u32;
+                current.exited.push((tid, task(tid, "ended", below(700))));
+            }
+            assert_eq!(
+                task_deltas(&current, Some(&previous)),
+                reference(&current, &previous)
+            );
+            assert_eq!(
+                processes_of(&task_deltas(&current, Some(&previous))),
+                processes_of(&reference(&current, &previous))
+            );
+            // Cumulative: every task instance, unchanged.
+            let whole = task_deltas(&current, None);
+            assert_eq!(whole.len(), current.exited.len() + current.live.len());
+            assert!(
+                whole
+                    .iter()
+                    .zip(&current.exited)
+                    .all(|(task, (tid, exited))| {
+                        task.exited
+                            && task.tid == *tid
+                            && task.counts == SlotCounts(exited.counters)
+                    })
+            );
+        }
+    }
+
+    /// Repeated slot names keep the last slot's count, as `named` does.
+    #[test]
+    fn the_slot_namer_names_like_named() {
+        let names: Vec<String> = ["slots", "b", "a", "b", "cpu-clock"]
+            .map(str::to_owned)
+            .to_vec();
+        let counts = slots(&[1, 2, 3, 4, 5, 6]);
+        assert_eq!(SlotNamer::new(&names).named(&counts), counts.named(&names));
+        assert_eq!(SlotNamer::new(&[]).named(&counts), counts.named(&[]));
     }
 }

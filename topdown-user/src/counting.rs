@@ -289,6 +289,22 @@ impl CountingSession {
         duration_s: f64,
         interval: Option<IntervalInfo>,
     ) -> Report {
+        self.report_with(aggregate, duration_s, interval, true)
+    }
+
+    /// [`Self::report_of`] without the caller -> callee edges, which `top`'s screen never
+    /// shows.
+    pub fn screen_report_of(&mut self, aggregate: &Aggregate, duration_s: f64) -> Report {
+        self.report_with(aggregate, duration_s, None, false)
+    }
+
+    fn report_with(
+        &mut self,
+        aggregate: &Aggregate,
+        duration_s: f64,
+        interval: Option<IntervalInfo>,
+        call_tree: bool,
+    ) -> Report {
         let cgroup_paths = self.cgroup_paths(aggregate);
         let (compensated, compensation) = self.compensate(aggregate);
         let aggregate = compensated.as_ref().unwrap_or(aggregate);
@@ -307,6 +323,7 @@ impl CountingSession {
                 .as_ref()
                 .map(|probes| probes.target_returns())
                 .unwrap_or_default(),
+            call_tree,
         };
         let mut report = report_of(&ctx, aggregate);
         if let Some(probes) = &self.probes {

@@ -503,30 +503,37 @@ fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> Strin
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: &[String]| -> String {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(column, (cell, width))| {
-                let left = match text_columns {
-                    1 => column == 1,
-                    2 => column == 2,
-                    3 => column == 1 || column == 2,
-                    _ => column <= 1,
-                };
-                if left {
-                    format!("{cell:<width$}")
-                } else {
-                    format!("{cell:>width$}")
-                }
-            })
-            .collect();
-        parts.join("  ").trim_end().to_owned() + "\n"
+    // Written straight into one string: a string per padded cell and per line made the table
+    // the slowest of the outputs.
+    let line = |text: &mut String, cells: &[String]| {
+        let start = text.len();
+        for (column, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+            if column > 0 {
+                text.push_str("  ");
+            }
+            let left = match text_columns {
+                1 => column == 1,
+                2 => column == 2,
+                3 => column == 1 || column == 2,
+                _ => column <= 1,
+            };
+            let padding = width.saturating_sub(cell.chars().count());
+            if left {
+                text.push_str(cell);
+                text.extend(std::iter::repeat_n(' ', padding));
+            } else {
+                text.extend(std::iter::repeat_n(' ', padding));
+                text.push_str(cell);
+            }
+        }
+        let kept = text[start..].trim_end().len();
+        text.truncate(start + kept);
+        text.push('\n');
     };
-    let mut text = line(header);
+    let mut text = String::new();
+    line(&mut text, header);
     for row in rows {
-        text += &line(row);
+        line(&mut text, row);
     }
     text
 }

@@ -125,6 +125,50 @@ struct Series {
     last_change: Instant,
 }
 
+impl Series {
+    /// Adds one entity's values (`ratio`: sampled over that fraction of the time); names are
+    /// copied only into a series that does not have them yet.
+    fn accumulate(
+        &mut self,
+        values: Vec<(&str, f64)>,
+        events: Vec<(&str, u64)>,
+        calls: u64,
+        ratio: Option<f64>,
+        changed: bool,
+        now: Instant,
+    ) {
+        for (category, value) in values {
+            let value = match ratio {
+                Some(ratio) => value / ratio,
+                None => value,
+            };
+            match self.values.get_mut(category) {
+                Some(sum) => *sum += value,
+                None => {
+                    self.values.insert(category.to_owned(), 0.0 + value);
+                }
+            }
+        }
+        for (event, count) in events {
+            match self.events.get_mut(event) {
+                Some(tally) => tally.add(count, ratio),
+                None => self
+                    .events
+                    .entry(event.to_owned())
+                    .or_default()
+                    .add(count, ratio),
+            }
+        }
+        self.calls.add(calls, ratio);
+        if ratio.is_some() {
+            self.sampled_calls += calls;
+        }
+        if changed {
+            self.last_change = now;
+        }
+    }
+}
+
 /// An accumulated count: what was counted exactly, plus what was estimated from
 /// `--duty-cycle` samples. The exact part stays an integer, so a series that was never sampled
 /// exports exactly what it always did.
@@ -413,8 +457,8 @@ impl Exporter {
         &mut self,
         family: FamilyKind,
         labels: Labels,
-        values: Vec<(String, f64)>,
-        events: Vec<(String, u64)>,
+        values: Vec<(&str, f64)>,
+        events: Vec<(&str, u64)>,
         calls: u64,
         ratio: Option<f64>,
         now: Instant,
@@ -423,44 +467,34 @@ impl Exporter {
             || values.iter().any(|(_, value)| *value > 0.0)
             || events.iter().any(|(_, count)| *count > 0);
         let mut key = (family, labels);
-        if !self.series.contains_key(&key) {
-            if !changed {
-                return;
-            }
-            if self.series.len() >= self.limits.max_series {
-                // Beyond the bound: into this family's `other` series, so totals still add up.
-                self.overflowed += 1;
-                let other: Labels = key
-                    .1
-                    .iter()
-                    .map(|(name, _)| (name.clone(), OTHER.to_owned()))
-                    .collect();
-                key = (family, other);
-            }
+        // One lookup for the series that exist (nearly all of them after the first refresh).
+        if let Some(series) = self.series.get_mut(&key) {
+            series.accumulate(values, events, calls, ratio, changed, now);
+            return;
         }
-        let series = self.series.entry(key).or_insert_with(|| Series {
-            values: BTreeMap::new(),
-            events: BTreeMap::new(),
-            calls: Tally::default(),
-            sampled_calls: 0,
-            last_change: now,
-        });
-        for (category, value) in values {
-            *series.values.entry(category).or_default() += match ratio {
-                Some(ratio) => value / ratio,
-                None => value,
-            };
+        if !changed {
+            return;
         }
-        for (event, count) in events {
-            series.events.entry(event).or_default().add(count, ratio);
+        if self.series.len() >= self.limits.max_series {
+            // Beyond the bound: into this family's `other` series, so totals still add up.
+            self.overflowed += 1;
+            let other: Labels = key
+                .1
+                .iter()
+                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
+                .collect();
+            key = (family, other);
         }
-        series.calls.add(calls, ratio);
-        if ratio.is_some() {
-            series.sampled_calls += calls;
-        }
-        if changed {
-            series.last_change = now;
-        }
+        self.series
+            .entry(key)
+            .or_insert_with(|| Series {
+                values: BTreeMap::new(),
+                events: BTreeMap::new(),
+                calls: Tally::default(),
+                sampled_calls: 0,
+                last_change: now,
+            })
+            .accumulate(values, events, calls, ratio, changed, now);
     }
 
     /// Drops series whose entity has not counted anything for the TTL (vanished processes,
@@ -530,29 +564,30 @@ impl<'n, 'a> Valuation<'n, 'a> {
     }
 
     /// `total` and each category's slots.
-    fn slots(&self, slots: &SlotCounts) -> Vec<(String, f64)> {
+    fn slots(&self, slots: &SlotCounts) -> Vec<(&str, f64)> {
         let total = slots.get(self.weight) as f64;
         let metrics = self
             .naming
             .evaluator
             .evaluate(&slots.0, self.naming.level)
             .metrics;
-        let mut values = vec![("total".to_owned(), total)];
+        let mut values = Vec::with_capacity(self.categories.len() + 1);
+        values.push(("total", total));
         for name in &self.categories {
             if let Some(Some(fraction)) = metrics.get(name) {
                 // A refresh's fraction can dip below 0 by the formulas' own rounding
                 // (e.g. Intel's dropped-uop correction); a counter never goes down.
-                values.push((name.clone(), (total * fraction).max(0.0)));
+                values.push((name.as_str(), (total * fraction).max(0.0)));
             }
         }
         values
     }
 
-    fn events(&self, slots: &SlotCounts) -> Vec<(String, u64)> {
+    fn events(&self, slots: &SlotCounts) -> Vec<(&'n str, u64)> {
         self.naming
             .events
             .iter()
-            .map(|(event, slot)| (event.clone(), slots.get(*slot)))
+            .map(|(event, slot)| (event.as_str(), slots.get(*slot)))
             .collect()
     }
 }
@@ -827,18 +862,16 @@ impl Families {
         self.0
             .into_values()
             .map(|mut family| {
+                // Compared in place: a copy of the label values per comparison made this
+                // sort the exporter's largest cost.
                 family.mut_metric().sort_by(|a, b| {
-                    let values = |metric: &proto::Metric| {
-                        metric
-                            .get_label()
-                            .iter()
-                            .map(|pair| pair.value().to_owned())
-                            .collect::<Vec<_>>()
-                    };
+                    fn values(metric: &proto::Metric) -> impl Iterator<Item = &str> {
+                        metric.get_label().iter().map(|pair| pair.value())
+                    }
                     a.get_label()
                         .len()
                         .cmp(&b.get_label().len())
-                        .then_with(|| values(a).cmp(&values(b)))
+                        .then_with(|| values(a).cmp(values(b)))
                 });
                 family
             })

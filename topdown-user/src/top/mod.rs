@@ -2,9 +2,11 @@
 //! and options), and every refresh draws that refresh's deltas (like `serve`) as one row per
 //! process, thread, cgroup or function with a stacked bar of its TopDown categories.
 
+pub mod select;
 pub mod view;
 
 use std::{
+    collections::HashMap,
     io::IsTerminal as _,
     os::fd::RawFd,
     sync::{
@@ -24,6 +26,7 @@ use tokio::{
 };
 
 use crate::{
+    aggregate::{Aggregate, Naming},
     bpf::Snapshot,
     cli::TopArgs,
     counting::{self, CountingSession, Targets},
@@ -116,7 +119,10 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         counted_level: args.counting.level,
     };
     let mut ui = Ui::new(args.counting.level);
-    let mut report = session.report(&previous.0, Some(&previous.0), 0.0, None);
+    let mut shown = Counted {
+        aggregate: Aggregate::since(&previous.0, Some(&previous.0)),
+        duration_s: 0.0,
+    };
 
     let mut screen = Screen::enter()?;
     let keys = KeyReader::start();
@@ -135,6 +141,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     let exits = register(session.bpf.exits_fd()).context("polling the exit ring buffer")?;
     let mut command_status = None;
 
+    let mut report = shown.report(&mut session, &ui, screen.rows()?);
     screen.draw(&report, &header, &ui)?;
     loop {
         let mut redraw = false;
@@ -156,7 +163,10 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
                     // hold only the few milliseconds since the tick before.
                     let last = session.snapshot(false)?;
                     let whole = baseline_at.elapsed();
-                    report = session.report(&last, Some(&baseline), whole.as_secs_f64(), None);
+                    shown = Counted {
+                        aggregate: Aggregate::since(&last, Some(&baseline)),
+                        duration_s: whole.as_secs_f64(),
+                    };
                     previous = (last, Instant::now());
                     if let Some(pid) = command_pid.take() {
                         command_status = wait_command(pid).await;
@@ -177,7 +187,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
                     header.overhead_percent = overhead(&session, &mut run_time, header.cpus);
                 }
                 if !ui.paused {
-                    report = fresh;
+                    shown = fresh;
                     redraw = true;
                 }
             }
@@ -196,6 +206,8 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
             }
         }
         if redraw {
+            // Rebuilt on keys too: the sort, filter and view pick the rows to name.
+            report = shown.report(&mut session, &ui, screen.rows()?);
             screen.draw(&report, &header, &ui)?;
         }
     }
@@ -233,24 +245,70 @@ fn overhead(
     percent
 }
 
-/// Reads the maps and evaluates the deltas since the last refresh; forgets exited tasks and
+/// What the screen shows: one refresh's counts (or the targets' whole run), typed. Only the
+/// rows the screen can hold are named and evaluated, each time it is drawn.
+pub struct Counted {
+    pub aggregate: Aggregate,
+    pub duration_s: f64,
+}
+
+impl Counted {
+    /// The report of what `ui` shows on `capacity` rows: totals, cgroups and functions whole,
+    /// threads and processes cut to the rows on screen (`select::visible`), no call-tree edges.
+    pub fn report(&self, session: &mut CountingSession, ui: &Ui, capacity: usize) -> Report {
+        let kept = {
+            let no_paths = HashMap::new();
+            let naming = session.naming(&no_paths);
+            self.visible(&naming, ui, capacity)
+        };
+        session.screen_report_of(&kept, self.duration_s)
+    }
+
+    /// The aggregate cut to what `ui` shows on `capacity` rows, for a report named by `naming`.
+    pub fn visible(&self, naming: &Naming<'_>, ui: &Ui, capacity: usize) -> Aggregate {
+        let categories = match ui.sort {
+            view::Sort::Category(_) => {
+                let totals = naming
+                    .evaluator
+                    .evaluate(&self.aggregate.totals.0, naming.level)
+                    .metrics;
+                view::categories_of(naming.level, totals.keys(), ui.level)
+            }
+            _ => Vec::new(),
+        };
+        select::visible(
+            &self.aggregate,
+            ui,
+            &select::Shown {
+                naming,
+                categories: &categories,
+                capacity,
+            },
+        )
+    }
+}
+
+/// Reads the maps and aggregates the deltas since the last refresh; forgets exited tasks and
 /// removed cgroups when `forget` (as serve does) so a long view's memory stays bounded.
 fn refresh(
     session: &mut CountingSession,
     previous: &mut (Snapshot, Instant),
     forget: bool,
-) -> Result<Report> {
+) -> Result<Counted> {
     let mut snapshot = session.snapshot(false)?;
     let now = Instant::now();
     let duration_s = now.duration_since(previous.1).as_secs_f64();
-    let report = session.report(&snapshot, Some(&previous.0), duration_s, None);
+    let aggregate = Aggregate::since(&snapshot, Some(&previous.0));
     if forget {
         session.forget_removed_cgroups(&mut snapshot)?;
         session.bpf.forget_exited();
         snapshot.exited.clear();
     }
     *previous = (snapshot, now);
-    Ok(report)
+    Ok(Counted {
+        aggregate,
+        duration_s,
+    })
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -350,6 +408,15 @@ impl Screen {
             .context("setting up the terminal")?;
         std::mem::forget(restore);
         Ok(Self { terminal })
+    }
+
+    /// The screen's height: more rows than the table can show.
+    fn rows(&self) -> Result<usize> {
+        let size = self
+            .terminal
+            .size()
+            .context("reading the terminal's size")?;
+        Ok(usize::from(size.height))
     }
 
     fn draw(&mut self, report: &Report, header: &Header, ui: &Ui) -> Result<()> {

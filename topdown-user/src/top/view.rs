@@ -117,15 +117,25 @@ pub struct Row {
 /// The categories shown at `level` for `report`, in fixed order (level-1 extras such as AMD's
 /// `smt_contention` after the standard four); none for the software model (level 0).
 pub fn categories(report: &Report, level: u8) -> Vec<String> {
-    if report.level == 0 {
+    categories_of(report.level, report.totals.metrics.keys(), level)
+}
+
+/// [`categories`] of a report counted at `counted_level` whose totals have the metrics
+/// `metric_names`.
+pub fn categories_of<'k>(
+    counted_level: u8,
+    metric_names: impl Iterator<Item = &'k String>,
+    level: u8,
+) -> Vec<String> {
+    if counted_level == 0 {
         return Vec::new();
     }
-    let extra = report.totals.metrics.keys().filter(|name| {
+    let extra = metric_names.filter(|name| {
         !name.contains('.')
             && !L1_METRICS.contains(&name.as_str())
             && !L2_METRICS.contains(&name.as_str())
     });
-    if level >= 2 && report.level >= 2 {
+    if level >= 2 && counted_level >= 2 {
         L2_METRICS
             .iter()
             .map(|name| (*name).to_owned())

@@ -231,6 +231,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         cgroup_depth: None,
         functions: &[],
         target_returns: &[],
+        call_tree: true,
     };
     let report = report_of(&ctx, &built.aggregate);
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
