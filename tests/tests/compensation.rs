@@ -97,7 +97,7 @@ fn cpu_clock(figures: &Value) -> f64 {
 }
 
 /// A run whose calibration failed reports raw figures and says why on stderr; on a loaded
-/// machine that happened 2 times in ~40 runs with a CPU hog (counter readings failing), so it
+/// machine that happened twice in ~60 runs beside a CPU hog (counter readings failing), so it
 /// fails the attempt, with topdown's reason, not the test.
 fn calibrated(report: &Value, stderr: &str) -> Result<(), String> {
     if report.get("probe_compensation").is_some() {
