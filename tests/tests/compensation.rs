@@ -96,6 +96,17 @@ fn cpu_clock(figures: &Value) -> f64 {
         .unwrap_or_else(|| panic!("no cpu-clock in {figures}")) as f64
 }
 
+/// A run whose calibration failed reports raw figures and says why on stderr; on a loaded
+/// machine that happened twice in ~60 runs beside a CPU hog (counter readings failing), so it
+/// fails the attempt, with topdown's reason, not the test.
+fn calibrated(report: &Value, stderr: &str) -> Result<(), String> {
+    if report.get("probe_compensation").is_some() {
+        Ok(())
+    } else {
+        Err(format!("not calibrated: {}", stderr.trim()))
+    }
+}
+
 /// The one calibration of `mechanism` in the report.
 fn cost<'a>(report: &'a Value, mechanism: &str) -> &'a Value {
     let costs: Vec<&Value> = report["probe_compensation"]["costs"]
@@ -128,9 +139,10 @@ fn synthetic_counts_compensate_by_exactly_zero() {
         args.extend(["-u", &leaf, "-u", &mid, "--", &c, "leafmid", "7", "10", "5"]);
         let (report, stderr) = stat(&args);
         let cost = cost(&report, mechanism);
-        // 20,000 calls; a hit whose reading kept racing with context switches may be dropped.
+        // 2,048 calls on a synthetic model (its cost can only be 0); a hit whose reading kept
+        // racing with context switches may be dropped.
         let samples = cost["samples"].as_u64().unwrap();
-        assert!((19_800..=20_000).contains(&samples), "{cost}");
+        assert!((2_028..=2_048).contains(&samples), "{cost}");
         assert!(
             stderr.contains("subtracted from function figures"),
             "{stderr}"
@@ -231,45 +243,39 @@ fn hybrid_models_calibrate_each_core_type() {
 }
 
 /// An empty function probed 20,000 times: its raw on-CPU time is all probe, and the
-/// compensated figure must be within 30% of that raw figure from zero. Issue 10 asks for 10%;
-/// with exit-instruction probes this VM leaves 15-24% (the calibration's back-to-back calls
-/// run with the trap path warmer than a workload's, README), so this bound guards the
-/// subtraction against regressions without claiming the 10%. The subtraction is
-/// recomputed from the calibration as the report gives it, so an over-compensation hidden by
-/// the clamp at zero still fails.
+/// compensated figure must be within 10% of that raw figure from zero (issue 10). The
+/// subtraction is recomputed from the calibration as the report gives it, so an
+/// over-compensation hidden by the clamp at zero still fails. Each return mechanism in turn:
+/// the calibration must match the one the function is probed with.
 #[test]
-fn empty_function_compensates_most_of_its_probe_cost() {
+fn empty_function_compensates_to_within_ten_percent_of_zero() {
     let _serial = serial();
     if !privileged() {
         return;
     }
     let w = path(&binaries().compensation);
     let empty = format!("{w}:empty");
-    // Timing on a shared VM: up to three runs, each checked in full; one within the bound
-    // passes (a systematic error fails all three).
-    let mut failures = Vec::new();
-    for _ in 0..3 {
-        match empty_function_attempt(&w, &empty) {
-            Ok(()) => return,
-            Err(failure) => failures.push(failure),
-        }
+    for returns in ["--returns=exit", "--returns=uretprobe"] {
+        // Timing on a shared VM: its speed moves by 10-15% from one second to the next
+        // (README), between the calibration and the workload's calls. Up to three runs, each
+        // checked in full; one within the bound passes (a systematic error fails all three).
+        let mut failures = Vec::new();
+        let passed = (0..3).any(|_| match empty_function_attempt(&w, &empty, returns) {
+            Ok(()) => true,
+            Err(failure) => {
+                failures.push(failure);
+                false
+            }
+        });
+        assert!(passed, "{returns}, in three runs: {failures:#?}");
     }
-    panic!("in three runs: {failures:#?}");
 }
 
-fn empty_function_attempt(w: &str, empty: &str) -> Result<(), String> {
-    // Exit-instruction probes: the costlier mechanism, where the compensation matters most.
-    let (report, _) = stat(&[
-        "--pmu",
-        "software",
-        "--returns=exit",
-        "-u",
-        empty,
-        "--",
-        w,
-        "empty",
-        "20000",
+fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<(), String> {
+    let (report, stderr) = stat(&[
+        "--pmu", "software", returns, "-u", empty, "--", w, "empty", "20000",
     ]);
+    calibrated(&report, &stderr)?;
     let calls = 20_000.0;
     assert_eq!(function(&report, "empty")["calls"], 20_000);
     let raw = cpu_clock(&raw_function(&report, "empty")["inclusive"]);
@@ -280,17 +286,25 @@ fn empty_function_attempt(w: &str, empty: &str) -> Result<(), String> {
     let per_call = cost(&report, &mechanism)["per_call"]["cpu-clock"]
         .as_f64()
         .unwrap();
-    let compensated_unclamped = raw - calls * per_call;
+    // topdown subtracts whole counts: the cost of all calls, rounded.
+    let compensated_unclamped = raw - (calls * per_call).round();
     let reported = cpu_clock(&function(&report, "empty")["inclusive"]);
-    assert_eq!(reported, compensated_unclamped.max(0.0).round(), "{report}");
+    // One count either way: serde_json's default float parsing may miss the cost by an ulp,
+    // which moves a product landing on .5 to the other whole count.
+    assert!(
+        (reported - compensated_unclamped.max(0.0)).abs() <= 1.0,
+        "reported {reported}, expected {compensated_unclamped}: {report}"
+    );
     assert!(raw > 0.0, "a probed call costs on-CPU time: {report}");
-    if compensated_unclamped.abs() <= 0.30 * raw {
+    let share = 100.0 * compensated_unclamped / raw;
+    // The spread over runs is what this check is about on a shared machine (`--nocapture`).
+    eprintln!("empty() ({mechanism}): compensated {share:+.1}% of raw");
+    if compensated_unclamped.abs() <= 0.10 * raw {
         Ok(())
     } else {
         Err(format!(
-            "empty(): raw {raw} ns, compensated {compensated_unclamped} ns ({:.1}% of raw), \
-             calibrated {per_call} ns per call",
-            100.0 * compensated_unclamped / raw
+            "empty() ({mechanism}): raw {raw} ns, compensated {compensated_unclamped} ns \
+             ({share:.1}% of raw), calibrated {per_call} ns per call",
         ))
     }
 }
@@ -333,7 +347,8 @@ fn known_work_matches_its_unprobed_time_within_five_percent() {
 }
 
 fn known_work_attempt(args: &[&str], units: f64) -> Result<(), String> {
-    let (report, _) = stat(args);
+    let (report, stderr) = stat(args);
+    calibrated(&report, &stderr)?;
     assert_eq!(function(&report, "outer")["calls"], 1000);
     assert_eq!(function(&report, "reference")["calls"], 100);
     let reference = cpu_clock(&function(&report, "reference")["inclusive"]) / units;
@@ -341,6 +356,11 @@ fn known_work_attempt(args: &[&str], units: f64) -> Result<(), String> {
     let spin = cpu_clock(&function(&report, "spin")["inclusive"]) / units;
     let raw_outer = cpu_clock(&raw_function(&report, "outer")["inclusive"]) / units;
     let within = |value: f64| (value - reference).abs() <= 0.05 * reference;
+    eprintln!(
+        "outer(): compensated {:+.1}%, raw {:+.1}% of its unprobed time",
+        100.0 * (outer - reference) / reference,
+        100.0 * (raw_outer - reference) / reference
+    );
     if within(raw_outer) {
         return Err(format!(
             "the probes' cost should show in outer's raw figure: raw {raw_outer:.0} ns vs \

@@ -33,23 +33,37 @@
 //! (its own maps, the same counter fds, only topdown's process tracked) and for each return
 //! mechanism the run's probes use, on one CPU of each core type:
 //!
-//! - run A, caller and empty both probed, `N` calls: `P = inclusive(empty) / N` (the empty
-//!   body's four instructions are counted as probe cost; they are what an empty function is).
+//! - run C, the empty function probed and called by an unprobed loop, `N` calls:
+//!   `P = inclusive(empty) / N` (the empty body's four instructions are counted as probe cost;
+//!   they are what an empty function is). Called from a probed caller instead (run A's empty
+//!   function), the same traps measured 6-7% less here, in the same process and run, than
+//!   called from a loop, as ordinary probed functions are: the calibration took P from there
+//!   before, and every probed call kept that part of P.
+//! - run A, caller and empty both probed, `N` calls of the caller.
 //! - run B, only the caller probed, `N` calls: the caller's inclusive holds its body, the empty
 //!   function's unprobed body and `P`. Run A's caller held the same plus `T`, so
 //!   `T = (inclusive_A(caller) - inclusive_B(caller)) / N`.
 //!
-//! The calls are split into rounds alternating A and B, each after a warm-up whose counts are
-//! left out (page faults, cold caches), so a drift of the machine's speed during the
-//! calibration weighs on A and B alike. Negative estimates (noise) become 0. Counters of a hybrid PMU (`cpu_core/...`) take the figures of a
-//! CPU of that type; counters counted on every CPU the mean over the core types measured.
+//! The calls are split into rounds alternating A and C (one attachment, taking turns) with B,
+//! each after a warm-up whose counts are left out (page faults, cold caches), so a drift of the
+//! machine's speed during the calibration weighs on all three alike. Each run's calls are
+//! measured in 32 pieces of a few ms, and each figure is the mean of the pieces' per-call means
+//! without the fastest and slowest quarter (`trimmed_mean`): on the 2-vCPU test VM single
+//! pieces ran up to 40% slow or 20% fast (steal time, other tenants), a plain mean takes such
+//! a burst in by its length. Negative estimates (noise) become 0. Counters of a hybrid PMU
+//! (`cpu_core/...`) take the figures of a CPU of that type; counters counted on every CPU the
+//! mean over the core types measured.
 //!
 //! # What is not compensated
 //!
 //! Task, process, cgroup and CPU totals stay raw: the traps really ran on those CPUs in those
-//! tasks. The calibration calls run back to back, so they measure traps whose kernel path is
-//! warm; after a long stretch of user work a trap costs more (on the 2-vCPU test VM, with
-//! ~15 us of work between calls, ~+40% per probed callee and ~+10% per call), so functions
+//! tasks. The machine's speed at the calibration is not its speed later: on the test VM the
+//! same traps cost 10-15% more or less from one run to the next (the calibration's own figure
+//! moves that much between runs seconds apart, and a workload 10 times longer varied as much),
+//! so a run's compensated figure of an empty function can be off by as much. The calibration
+//! calls run back to back, so they measure traps whose kernel path is warm; after a long
+//! stretch of user work a trap costs more (on the 2-vCPU test VM, with ~15 us of work between
+//! calls, ~+40% per probed callee and ~+10% per call), so functions
 //! that do much work between probe hits keep part of the probes' cost (a few % of their time
 //! where the probes are ~10% of it). A function whose first instruction the kernel
 //! single-steps instead of emulating pays more per entry than the calibration functions do,
@@ -76,13 +90,21 @@ use crate::{
     tracefs::Tracefs,
 };
 
-/// Calls per run: enough that the per-call means settle to well under 1% on a VM whose traps
-/// cost ~10 us (each run then takes ~0.3 s there).
-pub const CALIBRATION_CALLS: u64 = 20_000;
+/// Calls per run: 32 pieces of 500 (`trimmed_mean`), each a few ms on the 2-vCPU test VM whose
+/// traps cost ~2-20 us; the whole calibration takes ~1-2.5 s there.
+pub const CALIBRATION_CALLS: u64 = 16_000;
+/// Calls per run on a synthetic model: its counters count syscalls, which neither the traps
+/// nor the BPF programs make, so the calibration only confirms a cost of exactly 0. Both are
+/// multiples of the 32 pieces.
+pub const SYNTHETIC_CALIBRATION_CALLS: u64 = 2_048;
 /// Calls before each measured run, not counted.
 const WARM_UP_CALLS: u64 = 250;
-/// Rounds of A and B (module documentation) the calls are split into.
-const ROUNDS: u64 = 4;
+/// Rounds of A, B and C (module documentation) the calls are split into.
+const ROUNDS: u64 = 2;
+/// Pieces each round's calls are measured in (`trimmed_mean`).
+const PIECES: u64 = 16;
+/// Share of the pieces left out at each end of the sorted per-call means.
+const TRIM: f64 = 0.25;
 
 /// How a probed function's return is caught (`--returns`, per target).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -117,7 +139,8 @@ pub struct ProbeCost {
     pub core_type: Option<String>,
     /// The CPU measured on; `null`: not pinned (one core type).
     pub cpu: Option<u32>,
-    /// Probed calls each figure is the mean of.
+    /// Probed calls measured; each figure is a trimmed mean over pieces of them
+    /// (`trimmed_mean`).
     pub samples: u64,
     /// Counter -> counts a probed call adds to its own inclusive and exclusive figures (P).
     pub per_call: BTreeMap<String, f64>,
@@ -477,16 +500,28 @@ fn locate() -> Result<Located> {
     bail!("probe-cost calibration is implemented for x86-64 only")
 }
 
+/// Which calibration function a run's loop calls.
+#[derive(Clone, Copy, Debug)]
+enum Calls {
+    /// The caller, which calls the empty function once.
+    Caller,
+    /// The empty function itself, from an unprobed loop.
+    Empty,
+}
+
 #[cfg(target_arch = "x86_64")]
-fn call_caller(times: u64) {
-    let caller: extern "C" fn() = std::hint::black_box(functions::topdown_calibration_caller);
+fn call(calls: Calls, times: u64) {
+    let function: extern "C" fn() = std::hint::black_box(match calls {
+        Calls::Caller => functions::topdown_calibration_caller,
+        Calls::Empty => functions::topdown_calibration_empty,
+    });
     for _ in 0..times {
-        caller();
+        function();
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn call_caller(_times: u64) {}
+fn call(_calls: Calls, _times: u64) {}
 
 /// Function ids inside the calibration session (its own maps: they never meet the run's).
 const CALLER_ID: u32 = 0;
@@ -561,52 +596,74 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         };
         let caller = point(CALLER_ID, located.caller, located.caller_ret);
         let empty = point(EMPTY_ID, located.empty, located.empty_ret);
-        let both = [caller.clone(), empty];
-        // A and B alternate in rounds, so a drift of the machine's speed during the
-        // calibration lands in both and cancels out of T = A - B.
+        let both = [caller.clone(), empty.clone()];
+        // A, B and C alternate in rounds, so a drift of the machine's speed during the
+        // calibration lands in all three and cancels out of T = A - B.
         let per_round = (setup.calls / ROUNDS).max(1);
-        let samples = per_round * ROUNDS;
-        let mut run_a = vec![HashMap::new(); core_types.len()];
-        let mut run_b = vec![HashMap::new(); core_types.len()];
+        let samples = (per_round / PIECES).max(1) * PIECES * ROUNDS;
+        let mut run_a: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
+        let mut run_b: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
+        let mut run_c: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
         for _ in 0..ROUNDS {
-            let a = measure(&mut session, &both, &core_types, per_round, pid)?;
-            add_runs(&mut run_a, a);
-            let b = measure(
+            // A and C share the attachment: the loop calling the empty function directly
+            // records it as called from outside any probed function.
+            let a_and_c = measure(
                 &mut session,
-                std::slice::from_ref(&caller),
+                &both,
+                &[Calls::Caller, Calls::Empty],
                 &core_types,
                 per_round,
                 pid,
             )?;
-            add_runs(&mut run_b, b);
+            for ((a, c), mut loops) in run_a.iter_mut().zip(&mut run_c).zip(a_and_c) {
+                c.extend(loops.pop().unwrap_or_default());
+                a.extend(loops.pop().unwrap_or_default());
+            }
+            let b = measure(
+                &mut session,
+                std::slice::from_ref(&caller),
+                &[Calls::Caller],
+                &core_types,
+                per_round,
+                pid,
+            )?;
+            for (b, mut loops) in run_b.iter_mut().zip(b) {
+                b.extend(loops.pop().unwrap_or_default());
+            }
         }
-        for ((core_type, cpu), (a, b)) in core_types.iter().zip(run_a.iter().zip(&run_b)) {
-            let empty_key = key(EMPTY_ID, CALLER_ID);
+        for ((core_type, cpu), ((a, b), c)) in
+            core_types.iter().zip(run_a.iter().zip(&run_b).zip(&run_c))
+        {
+            let mean = |pieces: &[Piece], key: CallKey| -> Result<(u64, Vec<f64>)> {
+                let (recorded, means) = trimmed_mean(pieces, key, slot_names.len());
+                if recorded == 0 {
+                    bail!("the calibration probes recorded no calls ({mechanism:?})");
+                }
+                // A hit whose counter reading kept racing with context switches is dropped
+                // (eBPF `functions`: read_failures); a few of those leave the mean sound.
+                if recorded * 100 < samples * 99 {
+                    bail!(
+                        "the calibration probes recorded {recorded} of {samples} calls \
+                         ({mechanism:?})"
+                    );
+                }
+                Ok((recorded, means))
+            };
+            // P from the empty function called by an unprobed loop, as an ordinary probed
+            // function is; called from a probed caller (run A) it costs less here (module
+            // documentation), which left a part of P in every function's figures.
+            let (recorded, per_call) = mean(c, key(EMPTY_ID, ROOT_FUNCTION))?;
             let caller_key = key(CALLER_ID, ROOT_FUNCTION);
-            let mean =
-                |counts: &HashMap<CallKey, CallCounts>, key: CallKey| -> Result<(u64, Vec<f64>)> {
-                    let call = counts.get(&key).ok_or_else(|| {
-                        anyhow!("the calibration probes recorded no calls ({mechanism:?})")
-                    })?;
-                    // A hit whose counter reading kept racing with context switches is dropped
-                    // (eBPF `functions`: read_failures); a few of those leave the mean sound.
-                    if call.calls * 100 < samples * 99 {
-                        bail!(
-                            "the calibration probes recorded {} of {samples} calls ({mechanism:?})",
-                            call.calls,
-                        );
-                    }
-                    Ok((
-                        call.calls,
-                        call.inclusive.0[..slot_names.len()]
-                            .iter()
-                            .map(|count| *count as f64 / call.calls as f64)
-                            .collect(),
-                    ))
-                };
-            let (recorded, per_call) = mean(a, empty_key)?;
             let (_, with_callee) = mean(a, caller_key)?;
             let (_, without_callee) = mean(b, caller_key)?;
+            if log::log_enabled!(log::Level::Debug) {
+                let (_, nested) = mean(a, key(EMPTY_ID, CALLER_ID))?;
+                log::debug!(
+                    "calibration ({mechanism:?}): per call {per_call:.0?} called from a loop, \
+                     {nested:.0?} called from a probed caller; pieces' per call: {:.0?}",
+                    piece_means(c, key(EMPTY_ID, ROOT_FUNCTION)),
+                );
+            }
             let per_callee: Vec<f64> = with_callee
                 .iter()
                 .zip(&without_callee)
@@ -641,20 +698,47 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
     ))
 }
 
-/// Adds one round's per-core-type counts to the sums so far.
-fn add_runs(sums: &mut [HashMap<CallKey, CallCounts>], round: Vec<HashMap<CallKey, CallCounts>>) {
-    for (sum, round) in sums.iter_mut().zip(round) {
-        for (key, call) in round {
-            sum.entry(key)
-                .and_modify(|total: &mut CallCounts| {
-                    total.calls += call.calls;
-                    total.inclusive += call.inclusive;
-                    total.exclusive += call.exclusive;
-                    total.callee_calls += call.callee_calls;
-                })
-                .or_insert(call);
-        }
-    }
+/// One piece of a run: what its calls recorded, by call-tree edge.
+type Piece = HashMap<CallKey, CallCounts>;
+
+/// Each piece's per-call mean of the first counter (`-vv`).
+fn piece_means(pieces: &[Piece], key: CallKey) -> Vec<f64> {
+    pieces
+        .iter()
+        .filter_map(|piece| piece.get(&key))
+        .filter(|call| call.calls > 0)
+        .map(|call| call.inclusive.0[0] as f64 / call.calls as f64)
+        .collect()
+}
+
+/// Calls recorded at `key` in all pieces, and per counter the mean of the pieces' per-call
+/// means after leaving out the highest and lowest `TRIM` of them. A piece lasts a few ms:
+/// one that a burst of steal time or an interrupt storm slowed says nothing about the probes,
+/// and weighs on a plain mean by as much as the burst lasted (here single pieces ran 40% slow).
+fn trimmed_mean(pieces: &[Piece], key: CallKey, slots: usize) -> (u64, Vec<f64>) {
+    let calls: Vec<&CallCounts> = pieces
+        .iter()
+        .filter_map(|piece| piece.get(&key))
+        .filter(|call| call.calls > 0)
+        .collect();
+    let recorded = calls.iter().map(|call| call.calls).sum();
+    let means = (0..slots)
+        .map(|slot| {
+            let mut per_call: Vec<f64> = calls
+                .iter()
+                .map(|call| call.inclusive.0[slot] as f64 / call.calls as f64)
+                .collect();
+            per_call.sort_by(f64::total_cmp);
+            let cut = (per_call.len() as f64 * TRIM).floor() as usize;
+            let kept = &per_call[cut..per_call.len() - cut];
+            if kept.is_empty() {
+                0.0
+            } else {
+                kept.iter().sum::<f64>() / kept.len() as f64
+            }
+        })
+        .collect();
+    (recorded, means)
 }
 
 fn key(function: u32, parent: u32) -> CallKey {
@@ -666,33 +750,44 @@ fn key(function: u32, parent: u32) -> CallKey {
     }
 }
 
-/// Attaches `points`, runs the calibration calls on each core type and returns, per core type,
-/// what they recorded (warm-up left out); detaches before returning.
+/// Attaches `points`, runs the calibration calls on each core type and returns, per core type
+/// and per loop of `called`, what each of `PIECES` pieces of `calls` calls recorded (warm-up
+/// left out; the loops take turns piece by piece); detaches before returning.
 fn measure(
     session: &mut Session,
     points: &[FunctionProbes],
+    called: &[Calls],
     core_types: &[(Option<String>, Option<u32>)],
     calls: u64,
     pid: u32,
-) -> Result<Vec<HashMap<CallKey, CallCounts>>> {
+) -> Result<Vec<Vec<Vec<Piece>>>> {
     session
         .attach_functions(points, &[pid])
         .context("attaching the calibration probes")?;
     let measured = (|| {
         let mut results = Vec::new();
         for (_, cpu) in core_types {
-            run_on(*cpu, WARM_UP_CALLS)?;
-            let before = session.snapshot()?;
-            run_on(*cpu, calls)?;
-            let after = session.snapshot()?;
-            let delta = Aggregate::since(&after, Some(&before));
-            results.push(
-                delta
-                    .calls
-                    .into_iter()
-                    .map(|call| (call.key, call))
-                    .collect(),
-            );
+            for &loop_calls in called {
+                run_on(*cpu, loop_calls, WARM_UP_CALLS)?;
+            }
+            let mut before = session.snapshot()?;
+            let mut pieces = vec![Vec::new(); called.len()];
+            for _ in 0..PIECES {
+                for (&loop_calls, pieces) in called.iter().zip(&mut pieces) {
+                    run_on(*cpu, loop_calls, (calls / PIECES).max(1))?;
+                    let after = session.snapshot()?;
+                    let delta = Aggregate::since(&after, Some(&before));
+                    pieces.push(
+                        delta
+                            .calls
+                            .into_iter()
+                            .map(|call| (call.key, call))
+                            .collect(),
+                    );
+                    before = after;
+                }
+            }
+            results.push(pieces);
         }
         Ok(results)
     })();
@@ -701,14 +796,14 @@ fn measure(
 }
 
 /// Calls the calibration caller `times` times on a thread of its own, pinned to `cpu` if given.
-fn run_on(cpu: Option<u32>, times: u64) -> Result<()> {
+fn run_on(cpu: Option<u32>, called: Calls, times: u64) -> Result<()> {
     std::thread::scope(|scope| {
         scope
             .spawn(move || -> Result<()> {
                 if let Some(cpu) = cpu {
                     pin_to(cpu)?;
                 }
-                call_caller(times);
+                call(called, times);
                 Ok(())
             })
             .join()
@@ -852,6 +947,26 @@ mod tests {
         assert_eq!((raw.symbol.as_str(), raw.calls), ("work", 2));
         assert_eq!(raw.inclusive["cpu-clock"], 100);
         assert_eq!(raw.exclusive["cpu-clock"], 100);
+    }
+
+    /// Eight pieces of 10 calls: the two slowest and the two fastest per-call means are left
+    /// out, whatever their size; the calls recorded count all pieces.
+    #[test]
+    fn trimmed_mean_leaves_out_each_end() {
+        let per_call = [1000, 10, 102, 98, 100, 104, 96, 0];
+        let pieces: Vec<Piece> = per_call
+            .iter()
+            .map(|ns| {
+                let call = edge(EMPTY_ID, ROOT_FUNCTION, 10, 0, ns * 10, ns * 10);
+                HashMap::from([(call.key, call)])
+            })
+            .collect();
+        let (recorded, means) = trimmed_mean(&pieces, key(EMPTY_ID, ROOT_FUNCTION), 1);
+        assert_eq!(recorded, 80);
+        // Sorted: 0, 10, | 96, 98, 100, 102, | 104, 1000.
+        assert_eq!(means, vec![99.0]);
+        let (recorded, _) = trimmed_mean(&pieces, key(CALLER_ID, ROOT_FUNCTION), 1);
+        assert_eq!(recorded, 0);
     }
 
     /// Hybrid: a `cpu_atom/` slot takes the atom CPU's figures, a slot counted everywhere the

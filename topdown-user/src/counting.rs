@@ -14,7 +14,10 @@ use anyhow::Result;
 use crate::{
     aggregate::{Aggregate, Naming, ReportContext, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
-    calibration::{CALIBRATION_CALLS, Calibration, CompensationReport, Setup, calibrate},
+    calibration::{
+        CALIBRATION_CALLS, Calibration, CompensationReport, SYNTHETIC_CALIBRATION_CALLS, Setup,
+        calibrate,
+    },
     cgroup::CgroupTree,
     cli::CountingArgs,
     counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
@@ -189,7 +192,11 @@ impl Prepared {
                 tracefs: &self.tracefs,
                 mechanisms: probes.mechanisms_in_use(),
                 hybrid_cpus,
-                calls: CALIBRATION_CALLS,
+                calls: if self.model.is_synthetic() {
+                    SYNTHETIC_CALIBRATION_CALLS
+                } else {
+                    CALIBRATION_CALLS
+                },
             }),
             _ => None,
         };
