@@ -247,8 +247,15 @@ fn hybrid_models_calibrate_each_core_type() {
 /// subtraction is recomputed from the calibration as the report gives it, so an
 /// over-compensation hidden by the clamp at zero still fails. Each return mechanism in turn:
 /// the calibration must match the one the function is probed with.
+///
+/// Judged on the mean of several runs: on a shared VM the machine's speed moves between the
+/// calibration and the workload's calls, and one run's residual has a standard deviation of
+/// 12-13% here (README), wider than the bound itself. Each run pairs its own calibration with
+/// its own calls, so the mean over runs keeps a systematic error (what the check is for) and
+/// averages the drift away.
 #[test]
 fn empty_function_compensates_to_within_ten_percent_of_zero() {
+    const RUNS: usize = 6;
     let _serial = serial();
     if !privileged() {
         return;
@@ -256,22 +263,33 @@ fn empty_function_compensates_to_within_ten_percent_of_zero() {
     let w = path(&binaries().compensation);
     let empty = format!("{w}:empty");
     for returns in ["--returns=exit", "--returns=uretprobe"] {
-        // Timing on a shared VM: its speed moves by 10-15% from one second to the next
-        // (README), between the calibration and the workload's calls. Up to three runs, each
-        // checked in full; one within the bound passes (a systematic error fails all three).
+        let mut shares = Vec::new();
         let mut failures = Vec::new();
-        let passed = (0..3).any(|_| match empty_function_attempt(&w, &empty, returns) {
-            Ok(()) => true,
-            Err(failure) => {
-                failures.push(failure);
-                false
+        for _ in 0..RUNS {
+            match empty_function_attempt(&w, &empty, returns) {
+                Ok(share) => shares.push(share),
+                Err(failure) => failures.push(failure),
             }
-        });
-        assert!(passed, "{returns}, in three runs: {failures:#?}");
+        }
+        // A calibration can fail beside heavy load (counter read errors): such a run says so
+        // and is left out, but most runs must give a figure.
+        assert!(
+            shares.len() * 3 >= RUNS * 2,
+            "{returns}: {} of {RUNS} runs failed: {failures:#?}",
+            failures.len()
+        );
+        let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+        eprintln!("empty() {returns}: mean residual {mean:+.1}% of raw over {shares:.1?}");
+        assert!(
+            mean.abs() <= 10.0,
+            "{returns}: the compensated figure is {mean:+.1}% of the raw one on average \
+             (runs: {shares:.1?}; failed: {failures:#?})"
+        );
     }
 }
 
-fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<(), String> {
+/// One run: the empty function's compensated residual as a percentage of its raw figure.
+fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<f64, String> {
     let (report, stderr) = stat(&[
         "--pmu", "software", returns, "-u", empty, "--", w, "empty", "20000",
     ]);
@@ -298,15 +316,11 @@ fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<(), Str
     assert!(raw > 0.0, "a probed call costs on-CPU time: {report}");
     let share = 100.0 * compensated_unclamped / raw;
     // The spread over runs is what this check is about on a shared machine (`--nocapture`).
-    eprintln!("empty() ({mechanism}): compensated {share:+.1}% of raw");
-    if compensated_unclamped.abs() <= 0.10 * raw {
-        Ok(())
-    } else {
-        Err(format!(
-            "empty() ({mechanism}): raw {raw} ns, compensated {compensated_unclamped} ns \
-             ({share:.1}% of raw), calibrated {per_call} ns per call",
-        ))
-    }
+    eprintln!(
+        "empty() ({mechanism}): raw {raw} ns, compensated {compensated_unclamped} ns \
+         ({share:+.1}% of raw), calibrated {per_call} ns per call"
+    );
+    Ok(share)
 }
 
 /// Known work: outer() runs spin(n) and empty(), all three probed; reference() runs the same
