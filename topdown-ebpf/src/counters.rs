@@ -415,7 +415,9 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 
 /// True if a function probe on this CPU is taking a reading (`recover_reading`), which this
 /// program interrupted: it then leaves the state alone (its delta goes to a later reading) and
-/// tells the probe so.
+/// tells the probe so. Only a flush's IPI or, on preemptible kernels, a switch can land in that
+/// window of a few hundred instructions; a task dying at such a switch keeps its entry (its
+/// counts stay in the report, as a task not known to have exited).
 #[inline(always)]
 pub(crate) fn interrupted_probe(state: *mut CpuState) -> bool {
     // SAFETY: as in `attribute`; the probe cannot run until this program is done.

@@ -1122,20 +1122,29 @@ fn write_switches(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]
         let floor = added.added[empty];
         section += &format!(
             "\n`-p` of an idle process, synthetic (7 counters): {:+.1} ns per switch against \
-             {floor:+.1} ns for the empty aya program, {:.2}x by wall clock",
-            added.added[idle_p],
-            added.added[idle_p] / floor
+             {floor:+.1} ns for the empty aya program",
+            added.added[idle_p]
         );
+        // Other load can leave the empty program's small cost below the noise: no ratio then.
+        if floor > 0.0 {
+            section += &format!(", {:.2}x by wall clock", added.added[idle_p] / floor);
+        } else {
+            section += " (below this run's noise: no wall-clock ratio)";
+        }
         if let (Some(empty_run), Some(filtered_run)) = (run_times[empty], run_times[idle_p]) {
             // Both pay the same hook; they differ by what their programs do, which the kernel's
             // run times measure without the wall-clock noise.
             let extra = filtered_run - empty_run;
             section += &format!(
                 "; its program runs {filtered_run:.1} ns per switch against {empty_run:.1} ns, \
-                 {extra:+.1} ns, so with the empty program's wall-clock cost it adds an estimated \
-                 {:.2}x",
-                (floor + extra) / floor
+                 {extra:+.1} ns"
             );
+            if floor > 0.0 {
+                section += &format!(
+                    ", so with the empty program's wall-clock cost it adds an estimated {:.2}x",
+                    (floor + extra) / floor
+                );
+            }
         }
         section += " (issue 11's target: at most 1.2x).\n";
     }
