@@ -1012,7 +1012,8 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
 /// Scope), so the command often runs without its arrival being seen: with readings skipped at
 /// untraced switches (the default with `-- CMD`) it is credited from the reading taken when the
 /// CPU went idle, and its probes claim that, so every call and every count is still its own.
-/// Before that, 4 to 7 of its calls (and counts) per run went to `untracked` here.
+/// Before that, up to 7 of its calls (and counts) per run went to `untracked` here (4, 7 and 0
+/// in three runs).
 #[test]
 fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
     let _serial = serial();
