@@ -468,13 +468,7 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     let sleeper = held_workload(&tree.dir("chosen"), "getppid=1");
     let report = traced(
         "switch-filter-idle",
-        &[
-            "--skip-untraced-switches",
-            "-G",
-            &chosen,
-            "--by",
-            "task,cgroup",
-        ],
+        &["-G", &chosen, "--by", "task,cgroup"],
         || {
             let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
             assert!(pingpong.status.success());
@@ -499,13 +493,7 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
 
     let report = traced(
         "switch-filter-busy",
-        &[
-            "--skip-untraced-switches",
-            "-G",
-            &chosen,
-            "--by",
-            "task,cgroup",
-        ],
+        &["-G", &chosen, "--by", "task,cgroup"],
         || {
             let inside = held_workload(&tree.dir("chosen"), "cpu=0,getppid=30000,getpgid=3000");
             let twin = held_workload(&tree.dir("other"), "cpu=0,getppid=50000,getpgid=5000");

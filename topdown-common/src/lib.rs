@@ -191,16 +191,23 @@ pub struct CpuState {
     /// The `GENERATIONS` value this CPU's baseline was taken under: user space bumps it when it
     /// re-opens the CPU's counters (CPU hotplug), and a new value means "re-baseline".
     pub generation: u32,
-    /// With `SKIP_UNTRACED`: the traced task that alone has run on this CPU since the last
-    /// reading, if `owner` says one has (see `reading_owner`).
-    pub owner_tid: u32,
+    pub _pad: u32,
     /// Processes that moved themselves to another cgroup while the cgroup they left was not
     /// known (`PROCESS_CGROUPS` had no entry): their counts since the CPU's last reading went
     /// to the cgroup they moved to.
     pub unsplit_migrations: u64,
-    /// A `reading_owner` value: whose counts the delta since the last reading holds.
-    pub owner: u32,
-    pub _pad: u32,
+    /// With `SKIP_UNTRACED`: whose counts the delta since the last reading holds, a
+    /// `reading_owner::pack`ed kind and tid in one word, so a function probe can claim it with
+    /// one compare-and-swap.
+    pub owner: u64,
+    /// With `SKIP_UNTRACED`: times a task was found running on this CPU although no
+    /// sched_switch brought it there (the kernel does not fire the tracepoint for every
+    /// switch: see `reading_owner`).
+    pub unseen_switches: u64,
+    /// Nonzero while a function probe takes a reading (`SKIP_UNTRACED`): probes run with
+    /// interrupts on and, on preemptible kernels, preemptibly, so a switch or flush that
+    /// interrupts one leaves the state alone and sets it to 2, which tells the probe.
+    pub busy: u64,
 }
 
 impl CpuState {
@@ -224,10 +231,11 @@ impl CpuState {
         initialized: 0,
         frozen: 0,
         generation: 0,
-        owner_tid: 0,
-        unsplit_migrations: 0,
-        owner: reading_owner::NONE,
         _pad: 0,
+        unsplit_migrations: 0,
+        owner: 0,
+        unseen_switches: 0,
+        busy: 0,
     };
 }
 
@@ -257,15 +265,44 @@ impl TaskCounters {
 }
 
 /// With filters (`-p`, `-- CMD`, `-G`) the sched_switch program reads the counters only at
-/// switches where the task leaving or the task arriving is traced. Each CPU remembers whose
-/// counts the delta since its last reading holds: a traced task leaving needs a reading only if
-/// it alone ran since the last one; any other delta (untraced tasks, idle, or several tasks)
-/// goes to `untracked`.
+/// switches where the task leaving or the task arriving is traced, and when a CPU goes idle.
+/// Each CPU remembers whose counts the delta since its last reading holds (`CpuState::owner`):
+/// a traced task leaving is credited only if it alone ran since the last reading; any other
+/// delta (untraced tasks, idle, or several tasks) goes to `untracked`.
+///
+/// Not every context switch fires `sched_switch`. Measured on this project's VM kernel
+/// (6.18.44-fc, a PVM guest): `/proc/stat` `ctxt` (the scheduler's own switch count) grew 3-15%
+/// more than the `sched_switch` events an ftrace instance recorded over the same seconds, with
+/// no ring-buffer loss; ftrace and topdown's program missed the same switches; all of them were
+/// switches away from the idle task (about half of its switch-outs) or from PID 1's threads
+/// (none of their switch-outs fired). The task that arrives at such a switch runs without its
+/// switch-in being read. `UNTRACED` makes that recoverable: when the last reading was taken as
+/// an untraced task (or idle) arrived, and a traced task is found running instead (at its next
+/// switch-out, a flush, or one of its function probes), the delta since that reading is the
+/// untraced task's tail and the traced one's own stretch, which is credited to the traced task
+/// (what reading at every switch does with the same unseen switch). Counted in
+/// `CpuState::unseen_switches`.
 pub mod reading_owner {
-    /// No traced task has run alone since the last reading (or nothing is known: zeroed state).
+    /// Nothing known: the delta since the last reading spans several tasks (zeroed state).
     pub const NONE: u32 = 0;
-    /// Only `owner_tid`, a traced task, ran since the last reading: its switch-out reads.
+    /// Only the packed tid, a traced task, ran since the last reading: its switch-out reads.
     pub const TRACED: u32 = 1;
+    /// The last reading was taken as the packed tid, an untraced task or idle (tid 0),
+    /// arrived; it alone ran since, as far as sched_switch saw.
+    pub const UNTRACED: u32 = 2;
+
+    /// `CpuState::owner` of `kind` and `tid`.
+    pub const fn pack(kind: u32, tid: u32) -> u64 {
+        ((kind as u64) << 32) | tid as u64
+    }
+
+    pub const fn kind(owner: u64) -> u32 {
+        (owner >> 32) as u32
+    }
+
+    pub const fn tid(owner: u64) -> u32 {
+        owner as u32
+    }
 }
 
 /// Indexes of `KERNEL_OFFSETS`: byte offsets of kernel structure fields, from the kernel's BTF,
@@ -408,7 +445,9 @@ pub struct ProbeStats {
     pub unmatched_returns: u64,
     /// Shadow stacks or call entries that did not fit their maps.
     pub map_full: u64,
-    /// Probe hits whose counter reading failed or kept racing with context switches.
+    /// Probe hits whose counter reading failed or kept racing with context switches, or (with
+    /// `SKIP_UNTRACED`) whose traced task was running without its counts since arriving being
+    /// known (`reading_owner`): none of these calls is in any total.
     pub read_failures: u64,
     /// Calls closed at a tail-call jump because the callee's end cannot be known (its returns
     /// are not probed): their inclusive figure stops at the jump.

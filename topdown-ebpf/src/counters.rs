@@ -20,8 +20,8 @@ use topdown_common::{
 use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
     FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SKIP_UNTRACED,
-    SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, generation, global,
-    kernel_field_offset, tracked_bit, untrack,
+    SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, atomic_swap,
+    generation, global, kernel_field_offset, tracked_bit, untrack,
 };
 
 /// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
@@ -384,51 +384,128 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
     let (next_tid, next_traced) = arriving(next);
     // SAFETY: as in `attribute`.
-    let owner_traced = unsafe { (*state).owner == reading_owner::TRACED };
-    if !owner_traced && !next_traced && !dying {
+    let owner = unsafe { (*state).owner };
+    if reading_owner::kind(owner) == reading_owner::NONE && !next_traced && next_tid != 0 && !dying
+    {
         // The common case, kept to the fewest helper calls: nobody traced, no reading, and
         // the delta since the last one already spans several tasks.
         return 0;
     }
+    if interrupted_probe(state) {
+        return 0;
+    }
     let (tid, tgid) = current_ids();
-    {
+    let credit = delta_belongs_to(state, owner, tid, tgid);
+    // A CPU going idle is read (costing nothing anyone waits for): half of the switches away
+    // from idle do not fire sched_switch here (`reading_owner`), and a traced task woken on an
+    // idle CPU is then credited from this reading on.
+    if !credit && !next_traced && next_tid != 0 {
+        // Nobody traced: no reading. The delta since the last one now spans `next` too.
         // SAFETY: as in `attribute`.
         let state = unsafe { &mut *state };
-        let leaving_traced = owner_traced && state.owner_tid == tid;
-        if !leaving_traced && !next_traced {
-            // Nobody traced: no reading. The delta since the last one now spans `next` too.
-            state.owner = reading_owner::NONE;
-            if dying {
-                retire_unread(state, tid, tgid);
-            }
-            return 0;
+        state.owner = reading_owner::pack(reading_owner::NONE, 0);
+        if dying {
+            retire_unread(state, tid, tgid);
         }
+        return 0;
     }
-    settle(state, tid, tgid, dying, None, next_tid, next_traced);
+    settle(state, tid, tgid, dying, None, credit, next_tid, next_traced);
     0
 }
 
-/// Under `SKIP_UNTRACED`, a reading on behalf of `current` (`tid`): the delta goes to it (through
-/// `attribute`, or `credit` with `cgroup` when given) only if it is traced and alone ran since
-/// the last reading; otherwise to `untracked`, idle time included (switches to and from the
-/// idle task are not read either, so idle cannot be told apart from untraced tasks). Then
-/// `owner_tid` is the task that runs from here on.
+/// True if a function probe on this CPU is taking a reading (`recover_reading`), which this
+/// program interrupted: it then leaves the state alone (its delta goes to a later reading) and
+/// tells the probe so. Only a flush's IPI or, on preemptible kernels, a switch can land in that
+/// window of a few hundred instructions; a task dying at such a switch keeps its entry (its
+/// counts stay in the report, as a task not known to have exited).
 #[inline(always)]
+pub(crate) fn interrupted_probe(state: *mut CpuState) -> bool {
+    // SAFETY: as in `attribute`; the probe cannot run until this program is done.
+    unsafe {
+        if (*state).busy == 0 {
+            return false;
+        }
+        (*state).busy = 2;
+    }
+    true
+}
+
+/// From a function probe of `tid`, a traced task running although the CPU's delta since its
+/// last reading is not known to be its own (`reading_owner::NONE`: it arrived unseen): reads
+/// the counters, gives that delta to `untracked` and makes `tid` the owner, so the task's
+/// calls and counts from here on are its own. False if no reading was taken.
+#[inline(always)]
+pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
+    // SAFETY: an aligned u64 of a live per-CPU map value; atomic against a preempted probe
+    // of another task on this CPU.
+    if unsafe { atomic_swap(&raw mut (*state_ptr).busy, 1) } != 0 {
+        return false;
+    }
+    // SAFETY: as in `attribute`; interrupting programs leave it alone while `busy`.
+    let state = unsafe { &mut *state_ptr };
+    let read = take_delta(state);
+    if read {
+        add(
+            &mut state.untracked,
+            &state.now,
+            global(&NUM_COUNTERS) as usize,
+        );
+        state.owner = reading_owner::pack(reading_owner::TRACED, tid);
+    }
+    // SAFETY: as above.
+    if unsafe { atomic_swap(&raw mut (*state_ptr).busy, 0) } != 1 {
+        // A switch or flush ran meanwhile: who runs now is not known.
+        // SAFETY: as above.
+        unsafe { (*state_ptr).owner = reading_owner::pack(reading_owner::NONE, 0) };
+        return false;
+    }
+    if read {
+        // SAFETY: as above.
+        unsafe { atomic_add(&raw mut (*state_ptr).unseen_switches, 1) };
+    }
+    read
+}
+
+/// Whether the delta since the last reading is all `tid`'s (`current`), given the CPU's
+/// `owner`: it is when `tid` is the traced task the last reading saw arrive, or when that
+/// reading saw an untraced task (or idle) arrive and `tid`, traced, is running instead, an
+/// arrival sched_switch did not report (`reading_owner`). Counts such arrivals.
+#[inline(always)]
+pub(crate) fn delta_belongs_to(state: *mut CpuState, owner: u64, tid: u32, tgid: u32) -> bool {
+    let arrived = reading_owner::tid(owner);
+    let kind = reading_owner::kind(owner);
+    if kind == reading_owner::NONE || arrived == tid {
+        return kind == reading_owner::TRACED;
+    }
+    // SAFETY: as in `attribute`.
+    unsafe { (*state).unseen_switches += 1 };
+    // A traced task that left unseen: its last stretch and whatever ran since are one delta.
+    kind == reading_owner::UNTRACED && current_is_traced(tid, tgid)
+}
+
+/// Under `SKIP_UNTRACED`, a reading on behalf of `current` (`tid`): the delta goes to it (through
+/// `attribute`, or `credit` with `cgroup` when given) if `credit` (`delta_belongs_to`);
+/// otherwise to `untracked`, idle time included (idle cannot be told apart from untraced tasks:
+/// not every switch to and from it is read). Then `owner` names the task that runs from here
+/// on, `next_tid`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn settle(
     state_ptr: *mut CpuState,
     tid: u32,
     tgid: u32,
     dying: bool,
     cgroup: Option<u64>,
-    owner_tid: u32,
-    owner_traced: bool,
+    credit: bool,
+    next_tid: u32,
+    next_traced: bool,
 ) {
     // SAFETY: as in `attribute`.
     let state = unsafe { &mut *state_ptr };
     let seq = state.seq;
-    if state.owner == reading_owner::TRACED && state.owner_tid == tid {
+    if credit {
         match cgroup {
-            Some(cgroup) => credit(state, tid, tgid, dying, cgroup),
+            Some(cgroup) => self::credit(state, tid, tgid, dying, cgroup),
             None => attribute(state_ptr, tid, tgid, dying),
         }
     } else {
@@ -445,16 +522,13 @@ pub(crate) fn settle(
     }
     // SAFETY: as above; `attribute` is done with it.
     let state = unsafe { &mut *state_ptr };
-    if state.seq == seq {
+    state.owner = if state.seq == seq {
         // No reading (failed, or frozen): the next delta spans whatever runs until then.
-        state.owner = reading_owner::NONE;
-        return;
-    }
-    state.owner_tid = owner_tid;
-    state.owner = if owner_traced {
-        reading_owner::TRACED
+        reading_owner::pack(reading_owner::NONE, 0)
+    } else if next_traced {
+        reading_owner::pack(reading_owner::TRACED, next_tid)
     } else {
-        reading_owner::NONE
+        reading_owner::pack(reading_owner::UNTRACED, next_tid)
     };
 }
 
@@ -463,8 +537,11 @@ pub(crate) fn settle(
 /// into or out of a chosen cgroup).
 #[inline(always)]
 pub(crate) fn settle_current(state: *mut CpuState, tid: u32, tgid: u32, cgroup: Option<u64>) {
+    // SAFETY: as in `attribute`.
+    let owner = unsafe { (*state).owner };
+    let credit = delta_belongs_to(state, owner, tid, tgid);
     let traced = current_is_traced(tid, tgid);
-    settle(state, tid, tgid, false, cgroup, tid, traced);
+    settle(state, tid, tgid, false, cgroup, credit, tid, traced);
 }
 
 /// A task dying at a switch that takes no reading for it: its entry, if it has one, is still
@@ -512,7 +589,7 @@ fn arriving(next: u64) -> (u32, bool) {
 
 /// The same decision as `arriving`, for `current`.
 #[inline(always)]
-fn current_is_traced(tid: u32, tgid: u32) -> bool {
+pub(crate) fn current_is_traced(tid: u32, tgid: u32) -> bool {
     if tid == 0 || (global(&FILTER_TGIDS) != 0 && !has_entry_or_is_tracked(tid, tgid)) {
         return false;
     }
@@ -635,7 +712,9 @@ pub fn flush(ctx: RawTracePointContext) -> i32 {
     let mode: u64 = ctx.arg(0);
     let (tid, tgid) = current_ids();
     if global(&SKIP_UNTRACED) != 0 {
-        settle_current(state, tid, tgid, None);
+        if !interrupted_probe(state) {
+            settle_current(state, tid, tgid, None);
+        }
     } else {
         attribute(state, tid, tgid, false);
     }

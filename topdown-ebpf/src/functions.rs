@@ -16,11 +16,11 @@ use topdown_common::{
 };
 
 use crate::{
-    counters::{add, current_ids, is_tracked, read_slots},
+    counters::{add, current_ids, current_is_traced, is_tracked, read_slots, recover_reading},
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
         SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK,
-        atomic_add, generation, global,
+        atomic_add, atomic_swap, generation, global,
     },
 };
 
@@ -119,20 +119,50 @@ fn probed_task() -> Option<(u32, u32)> {
         // Readings are skipped at untraced switches: `last` is this task's own baseline only
         // if the CPU's last reading was at or after its switch-in, which is what a traced
         // owner means (`topdown_common::reading_owner`).
-        let state = CPU_STATE.get_ptr(0)?;
-        // SAFETY: a per-CPU map value; volatile because a switch may change it under us.
-        let (owner, owner_tid) = unsafe {
-            (
-                core::ptr::read_volatile(&(*state).owner),
-                core::ptr::read_volatile(&(*state).owner_tid),
-            )
-        };
-        return (owner == reading_owner::TRACED && owner_tid == tid).then_some((tid, tgid));
+        let state = CPU_STATE.get_ptr_mut(0)?;
+        // SAFETY: a per-CPU map value; volatile because a switch (or a flush's IPI) may change
+        // it under us.
+        let owner = unsafe { core::ptr::read_volatile(&(*state).owner) };
+        let owned = reading_owner::pack(reading_owner::TRACED, tid);
+        if owner == owned {
+            return Some((tid, tgid));
+        }
+        if !current_is_traced(tid, tgid) {
+            return None;
+        }
+        if claimable(owner, tid) {
+            // The last reading saw an untraced task (or idle) arrive, and this traced one runs
+            // instead: a switch sched_switch did not report. What ran since that reading is
+            // that task's tail and this one's own stretch: claim it (`delta_belongs_to`).
+            // SAFETY: an aligned u64 of a live per-CPU map value. Atomic, and checked again:
+            // on preemptible kernels a switch may run between the load above and this.
+            let before = unsafe { atomic_swap(&raw mut (*state).owner, owned) };
+            if before == owner || before == owned || claimable(before, tid) {
+                // SAFETY: as above.
+                unsafe { atomic_add(&raw mut (*state).unseen_switches, 1) };
+                return Some((tid, tgid));
+            }
+            // SAFETY: as above. Put back what the switch left.
+            unsafe { core::ptr::write_volatile(&raw mut (*state).owner, before) };
+        } else if recover_reading(state, tid) {
+            // Arrived unseen with the delta spanning other tasks: it went to `untracked`.
+            return Some((tid, tgid));
+        }
+        if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+        return None;
     }
     if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
         return None;
     }
     Some((tid, tgid))
+}
+
+/// An owner `tid` may claim: the last reading saw another, untraced task arrive.
+#[inline(always)]
+fn claimable(owner: u64, tid: u32) -> bool {
+    reading_owner::kind(owner) == reading_owner::UNTRACED && reading_owner::tid(owner) != tid
 }
 
 /// Per-point attach (one perf link per function): kernels without uprobe.multi.

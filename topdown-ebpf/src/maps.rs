@@ -238,3 +238,14 @@ pub(crate) unsafe fn atomic_add(target: *mut u64, value: u64) {
     // SAFETY: guaranteed by the caller.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
 }
+
+/// Stores `new` at `target` and returns what it held.
+///
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+pub(crate) unsafe fn atomic_swap(target: *mut u64, new: u64) -> u64 {
+    use core::intrinsics::{AtomicOrdering, atomic_xchg};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(target, new) }
+}

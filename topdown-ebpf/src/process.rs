@@ -8,7 +8,10 @@ use aya_log_ebpf::warn;
 use topdown_common::FIELD_ABSENT;
 
 use crate::{
-    counters::{TRACKED_EXITING, credit, current_ids, is_tracked, remember_cgroup, settle_current},
+    counters::{
+        TRACKED_EXITING, credit, current_ids, interrupted_probe, is_tracked, remember_cgroup,
+        settle_current,
+    },
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
@@ -147,11 +150,13 @@ pub fn cgroup_attach(ctx: TracePointContext) -> i32 {
     if global(&SKIP_UNTRACED) != 0 {
         // Always a reading: the task may have just entered or left a chosen cgroup (`-G`), and
         // from here on its counts are judged by where it is now.
-        if left.is_none() {
-            // SAFETY: as below.
-            unsafe { (*state).unsplit_migrations += 1 };
+        if !interrupted_probe(state) {
+            if left.is_none() {
+                // SAFETY: as below.
+                unsafe { (*state).unsplit_migrations += 1 };
+            }
+            settle_current(state, tid, tgid, Some(left.unwrap_or(destination)));
         }
-        settle_current(state, tid, tgid, Some(left.unwrap_or(destination)));
     } else {
         // SAFETY: a per-CPU map value; this program runs with interrupts off, like the switches.
         let state = unsafe { &mut *state };

@@ -159,6 +159,7 @@ impl Sub for Diagnostics {
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
+            unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
         }
     }
 }
@@ -734,6 +735,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         sum.exit_records_lost += state.exit_records_lost;
         sum.cgroup_map_full += state.cgroup_map_full;
         sum.unsplit_migrations += state.unsplit_migrations;
+        sum.unseen_switches += state.unseen_switches;
         sum
     })
 }

@@ -284,9 +284,18 @@ pub struct CountingArgs {
     #[arg(long = "no-compensation")]
     pub no_compensation: bool,
 
-    /// With -p, -- CMD or -G: read the counters only at context switches where a traced task
-    /// leaves or arrives, not at every switch on the machine (cheaper; experimental: see README).
-    #[arg(long = "skip-untraced-switches")]
+    /// With -p, -- CMD or -G: read the counters at every context switch on the machine, as -a
+    /// does, instead of only where a traced task leaves or arrives and where a CPU goes idle
+    /// (costlier; see README, Scope).
+    #[arg(long = "read-every-switch")]
+    pub read_every_switch: bool,
+
+    /// Former opt-in for what is now the default with a filter; accepted and ignored.
+    #[arg(
+        long = "skip-untraced-switches",
+        hide = true,
+        conflicts_with = "read_every_switch"
+    )]
     pub skip_untraced_switches: bool,
 
     /// Capacity of the BPF map of per-function totals (one entry per caller -> callee edge, and

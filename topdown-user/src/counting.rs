@@ -164,7 +164,7 @@ impl Prepared {
             num_slots: self.plan.slots.len() as u32,
             slot_sources: self.plan.slot_sources(),
             trigger: self.trigger,
-            skip_untraced_switches: args.skip_untraced_switches,
+            skip_untraced_switches: !args.read_every_switch,
         };
         // Duplicated before the run's session takes the counters: the calibration reads them too.
         let calibration_counters = if self.probe_specs.is_empty() || args.no_compensation {

@@ -67,8 +67,8 @@ pub struct SessionConfig {
     /// What runs the attribution: every context switch, or only cgroup switches (cgroup-only
     /// breakdowns, no per-task entries).
     pub trigger: Trigger,
-    /// `--skip-untraced-switches`: with a filter, read the counters only at switches where a
-    /// traced task leaves or arrives (opt-in: see `skip_untraced_switches`).
+    /// With a filter, read the counters only at switches where a traced task leaves or arrives
+    /// and where a CPU goes idle (`skip_untraced_switches`); false with `--read-every-switch`.
     pub skip_untraced_switches: bool,
 }
 
@@ -981,16 +981,25 @@ fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
         .context("writing the tracked-pid bitmap")
 }
 
-/// Whether sched_switch may skip switches between untraced tasks (asked for, a filter is on and
-/// the arriving task's fields were found in the kernel's BTF), and the offsets it reads them at.
-/// Without them it reads at every switch, as with `-a`, and says why (shown with `-v`).
+/// Whether sched_switch may skip switches between untraced tasks (not refused with
+/// `--read-every-switch`, a filter is on and the arriving task's fields were found in the
+/// kernel's BTF), and the offsets it reads them at. Without them it reads at every switch, as
+/// with `-a`, and says why (shown with `-v`).
 ///
-/// Opt-in: skipping relies on seeing every switch *into* a traced task, since the delta up to
-/// the next reading is only the task's own if its switch-in was read. In runs on a busy test VM
-/// (other topdown sessions, builds) a CPU-bound traced task was occasionally found running
-/// without that reading, and its counts until its next switch-in went to `untracked` (from 130
-/// of 101,000 to 40% of them); the cause is not known yet. Reading at every switch has no such
-/// failure mode: a reading missed there only merges two deltas.
+/// Skipping depends on knowing whose counts the delta since a CPU's last reading holds, which
+/// sched_switch alone does not tell: the kernel does not fire it at every context switch. On
+/// this project's VM (a PVM guest kernel, 6.18.44-fc) `/proc/stat` `ctxt` grew 3-15% more than
+/// an ftrace instance's `sched_switch` events over the same seconds (no ring-buffer loss); the
+/// unreported switches were all away from the idle task (about half of its switch-outs) or
+/// from PID 1's threads (every one of theirs), and topdown's program missed exactly the
+/// switches ftrace missed. A traced task arriving at one ran without its switch-in being read:
+/// that was the loss (up to 40% of a run's calls) that kept skipping opt-in. The BPF side now
+/// reads when a CPU goes idle and when an untraced task follows a traced one, and credits a
+/// traced task found running after such a reading with the delta since it (as reading at every
+/// switch does); its function probes claim or, after a switch nobody read, take a reading
+/// themselves (`topdown_common::reading_owner`; `unseen_switches` in the diagnostics counts
+/// both). What a task arriving unseen after a switch nobody read runs before its first probe,
+/// flush or switch-out still goes to `untracked`.
 fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::COUNT]) {
     let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
     let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();

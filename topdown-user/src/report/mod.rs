@@ -310,6 +310,11 @@ pub struct Diagnostics {
     /// their counts since their CPU's last reading went to the cgroup they moved to.
     #[serde(default)]
     pub unsplit_migrations: u64,
+    /// Tasks found running although no `sched_switch` reported their arrival (the kernel does
+    /// not fire it for every switch); with `-p`, `-- CMD` or `-G` those arriving after an
+    /// untraced task's reading are credited from it (README, Scope).
+    #[serde(default)]
+    pub unseen_switches: u64,
 }
 
 /// Output formats.
