@@ -233,6 +233,25 @@ impl Drop for KilledOnDrop {
     }
 }
 
+/// Times the CPUs entered an idle state (cpuidle's per-state `usage`), or `None` without cpuidle.
+pub fn idle_entries() -> Option<u64> {
+    let mut total = None;
+    for cpu in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
+        let Ok(states) = std::fs::read_dir(cpu.path().join("cpuidle")) else {
+            continue;
+        };
+        for state in states.flatten() {
+            if let Some(usage) = std::fs::read_to_string(state.path().join("usage"))
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+            {
+                *total.get_or_insert(0) += usage;
+            }
+        }
+    }
+    total
+}
+
 /// Polls `probe` every 100 ms until it gives a value or `timeout` passes.
 pub fn wait_for<T>(
     timeout: std::time::Duration,

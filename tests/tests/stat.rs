@@ -691,25 +691,6 @@ fn untraced_pingpong(round_trips: u32) -> std::process::Child {
         .unwrap()
 }
 
-/// Times the CPUs entered an idle state (cpuidle's per-state `usage`), or `None` without cpuidle.
-fn idle_entries() -> Option<u64> {
-    let mut total = None;
-    for cpu in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
-        let Ok(states) = std::fs::read_dir(cpu.path().join("cpuidle")) else {
-            continue;
-        };
-        for state in states.flatten() {
-            if let Some(usage) = std::fs::read_to_string(state.path().join("usage"))
-                .ok()
-                .and_then(|text| text.trim().parse::<u64>().ok())
-            {
-                *total.get_or_insert(0) += usage;
-            }
-        }
-    }
-    total
-}
-
 /// With `-p`, switches between untraced tasks take no reading. The traced process sleeps on
 /// stdin the whole run, so the only readings are the baseline and the final flush on each CPU
 /// (2 per CPU) and one each time a CPU goes idle (at most about as many as cpuidle counts
@@ -727,7 +708,9 @@ fn switches_between_untraced_tasks_take_no_reading() {
         .spawn()
         .unwrap();
     let out = report_path("untraced-switches");
-    let idle_before = idle_entries().expect("no cpuidle states in sysfs: idle entries unknown");
+    // Without cpuidle in sysfs the idle entries are unknown: then only the bound of a tenth of
+    // the ping-pong's switches holds.
+    let idle_before = idle_entries();
     let mut tracer = KilledOnDrop::new(
         topdown()
             .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
@@ -741,7 +724,9 @@ fn switches_between_untraced_tasks_take_no_reading() {
     let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
     assert!(pingpong.status.success());
     assert!(tracer.child().wait().unwrap().success());
-    let idle = idle_entries().unwrap_or(u64::MAX) - idle_before;
+    let idle = idle_before
+        .zip(idle_entries())
+        .and_then(|(before, after)| after.checked_sub(before));
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
@@ -753,10 +738,12 @@ fn switches_between_untraced_tasks_take_no_reading() {
     let readings = report["diagnostics"]["readings"]
         .as_u64()
         .unwrap_or(u64::MAX);
-    let most = 2 * cpus + 4 + idle + idle / 4 + 64;
+    let most = idle.map_or(4_000, |idle| {
+        (2 * cpus + 4 + idle + idle / 4 + 64).min(4_000)
+    });
     assert!(
-        (2 * cpus..=most).contains(&readings) && readings < 4_000,
-        "{readings} readings, {idle} idle entries: {report}"
+        (2 * cpus..=most).contains(&readings),
+        "{readings} readings, {idle:?} idle entries: {report}"
     );
     assert_eq!(report["tasks"].as_array().unwrap().len(), 0, "it never ran");
     assert_conserved(&report);
