@@ -217,6 +217,41 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
     let _ = std::fs::remove_file(out);
 }
 
+/// A `-p` target that exits while topdown is still loading its programs: the run ends with
+/// a report instead of waiting for an exit it already missed (it waited forever before).
+#[test]
+fn a_target_gone_before_counting_starts_ends_the_run() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let out = report_path("gone-at-start");
+    let mut target = KilledOnDrop::new(
+        std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap(),
+    );
+    let mut tracer = KilledOnDrop::new(
+        topdown()
+            .args(["stat", "-p", &target.child().id().to_string()])
+            .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(target.child().wait().unwrap().success());
+    let ended = wait_for(Duration::from_secs(30), || {
+        tracer.child().try_wait().ok().flatten()
+    });
+    let status = ended.expect("topdown still running 30 s after its only target exited");
+    assert!(status.success(), "{status}");
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    assert_conserved(&report);
+    let _ = std::fs::remove_file(out);
+}
+
 #[test]
 fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
     let _serial = serial();

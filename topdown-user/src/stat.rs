@@ -102,11 +102,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         None => None,
     };
     let mut watches = Vec::new();
+    let watching = !watched_pids.is_empty();
     for pid in watched_pids {
         if let Some(watch) = ProcessWatch::new(pid)? {
             watches.push(watch);
         }
     }
+    // Every target exited while the session started: nothing would ever end the run.
+    let all_gone = watching && watches.is_empty();
     eprintln!(
         "topdown: counting {} with model {} ({} counters x {} CPUs){}",
         scope.describe(),
@@ -127,16 +130,21 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         previous: None,
         previous_end: Duration::ZERO,
     });
-    let stop = event_loop(
-        &mut signals,
-        &mut session,
-        &args,
-        &mut watches,
-        &mut interval_state,
-        started,
-        &mut output,
-    )
-    .await?;
+    let stop = if all_gone {
+        eprintln!("topdown: every traced process exited before counting started");
+        Stop::TargetsGone
+    } else {
+        event_loop(
+            &mut signals,
+            &mut session,
+            &args,
+            &mut watches,
+            &mut interval_state,
+            started,
+            &mut output,
+        )
+        .await?
+    };
 
     if let (Some(pid), Stop::Signal(signo)) = (command_pid, &stop) {
         // The command may not have seen the signal (kill to topdown alone): pass it on and let
