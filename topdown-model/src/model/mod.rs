@@ -306,6 +306,14 @@ pub fn standard_metric_names(level: u8, extra: &[&str]) -> Vec<String> {
 pub const LEVEL_ONE_AT: usize = 0;
 pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
 
+/// Where the level-2 metric `name` (one of [`L2_METRICS`]) is in [`standard_metric_names`]'
+/// order at level 2; a name that is not one of them is a bug in a model's formulas.
+pub fn level_two_position(name: &str) -> usize {
+    let position = L2_METRICS.iter().position(|metric| *metric == name);
+    debug_assert!(position.is_some(), "{name} is not a level-2 metric");
+    LEVEL_TWO_AT + position.unwrap_or(0)
+}
+
 /// Where a model's [`standard_metric_names`] extras start at `level`.
 pub fn extras_at(level: u8) -> usize {
     if level >= 2 {
