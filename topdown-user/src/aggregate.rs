@@ -720,7 +720,8 @@ impl Earlier {
 /// Threads summed into processes, each named by its main thread.
 pub(crate) fn processes_of(tasks: &[TaskCounts]) -> Vec<ProcessCounts> {
     // pid -> index in `processes`; the main thread's name wins, else the first thread's.
-    let mut index: HashMap<u32, usize> = HashMap::with_capacity(tasks.len() / 4);
+    let mut index: HashMap<u32, usize, FixedState> =
+        HashMap::with_capacity_and_hasher(tasks.len() / 4, FixedState::default());
     let mut processes: Vec<ProcessCounts> = Vec::with_capacity(tasks.len() / 4);
     let mut named_by_main: Vec<bool> = Vec::with_capacity(tasks.len() / 4);
     for task in tasks {
