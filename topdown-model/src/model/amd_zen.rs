@@ -7,7 +7,10 @@
 //! of each level-2 ratio share that group, so the ratios are exact even while rotating; only their
 //! product with a level-1 bucket is an estimate.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, extras_at, metrics_by_name, ratio,
+    standard_metric_names, value,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
@@ -158,6 +161,14 @@ impl Model for AmdZen {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, self.extra_l1_metrics())
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |index: usize| value(values, index);
         let width = self.width() as f64;
         // total_dispatch_slots = W * ls_not_halted_cyc (§4.2).
@@ -172,19 +183,16 @@ impl Model for AmdZen {
         let smt_contention = ratio(get(at::SMT), slots);
         let retiring = ratio(get(at::RETIRED), slots);
 
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-            ("smt_contention", smt_contention),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order, then the extra bucket (last at either level).
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
+        out[extras_at(level)] = smt_contention;
         if level < 2 {
-            return metrics;
+            return;
         }
 
         // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets.
@@ -224,22 +232,17 @@ impl Model for AmdZen {
             .zip(microcode_share)
             .map(|(ret, share)| ret * share);
 
-        metrics.extend(
-            [
-                ("light_operations", light_operations),
-                ("heavy_operations", heavy_operations),
-                ("branch_mispredicts", branch_mispredicts),
-                ("machine_clears", machine_clears),
-                ("fetch_latency", fetch_latency),
-                ("fetch_bandwidth", fetch_bandwidth),
-                ("memory_bound", memory_bound),
-                ("core_bound", core_bound),
-            ]
-            .into_iter()
-            .map(|(name, value)| (name.to_owned(), value)),
-        );
-        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
-        metrics
+        // In L2_METRICS order.
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+            light_operations,
+            heavy_operations,
+            branch_mispredicts,
+            machine_clears,
+            fetch_latency,
+            fetch_bandwidth,
+            memory_bound,
+            core_bound,
+        ]);
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -11,7 +11,10 @@
 //! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
 //! Neoverse cores have no SMT.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, level_two_position,
+    metrics_by_name, ratio, standard_metric_names,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
@@ -258,6 +261,14 @@ impl Model for ArmNeoverse {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |input: usize| self.at.read(values, input);
         let cycles = get(input::CPU_CYCLES);
         let slots = self.slots as f64;
@@ -328,18 +339,15 @@ impl Model for ArmNeoverse {
             }
         };
 
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level >= 2 {
-            metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+            out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
             if matches!(self.core, Core::V3 | Core::N3) {
                 // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
                 // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
@@ -349,17 +357,12 @@ impl Model for ArmNeoverse {
                 let stalled = get(input::STALL_BACKEND);
                 let memory_share = ratio(get(input::STALL_BACKEND_MEMBOUND), stalled);
                 let core_share = ratio(get(input::STALL_BACKEND_CPUBOUND), stalled);
-                metrics.insert(
-                    "memory_bound".to_owned(),
-                    backend.zip(memory_share).map(|(be, share)| be * share),
-                );
-                metrics.insert(
-                    "core_bound".to_owned(),
-                    backend.zip(core_share).map(|(be, share)| be * share),
-                );
+                out[level_two_position("memory_bound")] =
+                    backend.zip(memory_share).map(|(be, share)| be * share);
+                out[level_two_position("core_bound")] =
+                    backend.zip(core_share).map(|(be, share)| be * share);
             }
         }
-        metrics
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -43,6 +43,23 @@ pub struct Evaluator<'a> {
     inputs: Vec<Input>,
     slot_names: Vec<String>,
     level_one: Vec<&'static str>,
+    /// The model's [`Model::metric_names`] at levels 0, 1 and 2, resolved once.
+    metric_names: [MetricNames; 3],
+}
+
+/// A model's metric names at one level and which of them are level-2 names.
+struct MetricNames {
+    names: Vec<String>,
+    level_two: Vec<bool>,
+    level_one: Vec<bool>,
+}
+
+/// Which levels' inputs were scaled from rotated counters for one entity (see
+/// [`Evaluator::evaluate_into`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scaled {
+    level_one: bool,
+    level_two: bool,
 }
 
 impl<'a> Evaluator<'a> {
@@ -76,17 +93,64 @@ impl<'a> Evaluator<'a> {
                 }
             })
             .collect();
-        let level_one = L1_METRICS
+        let level_one: Vec<&'static str> = L1_METRICS
             .iter()
             .copied()
             .chain(model.extra_l1_metrics().iter().copied())
             .collect();
+        let metric_names = [0, 1, 2].map(|level| {
+            let names = model.metric_names(level);
+            MetricNames {
+                level_two: names
+                    .iter()
+                    .map(|name| L2_METRICS.contains(&name.as_str()))
+                    .collect(),
+                level_one: names
+                    .iter()
+                    .map(|name| level_one.contains(&name.as_str()))
+                    .collect(),
+                names,
+            }
+        });
         Self {
             model,
             inputs,
             slot_names,
             level_one,
+            metric_names,
         }
+    }
+
+    /// The names of the metrics at `level`, in the order [`Evaluator::evaluate_into`] writes
+    /// them (the model's [`Model::metric_names`]).
+    pub fn metric_names(&self, level: u8) -> &[String] {
+        &self.metric_names[usize::from(level.min(2))].names
+    }
+
+    /// The typed evaluation of one entity's slot values: [`Evaluator::evaluate`]'s metrics,
+    /// written into `out` by position in [`Evaluator::metric_names`] (`out` is that long),
+    /// without allocating for the built-in models. What it returns says which of them are
+    /// estimates ([`Evaluator::is_estimated`]).
+    pub fn evaluate_into(&self, slots: &[u64], level: u8, out: &mut [Option<f64>]) -> Scaled {
+        self.evaluate_with_into(|slot| slots.get(slot).copied(), level, out)
+    }
+
+    /// Whether metric `index` of [`Evaluator::metric_names`] at `level`, evaluated to `value`
+    /// with `scaled`, is an estimate (computed from scaled counts).
+    pub fn is_estimated(
+        &self,
+        level: u8,
+        index: usize,
+        scaled: Scaled,
+        value: Option<f64>,
+    ) -> bool {
+        let is_level_one = self.metric_names[usize::from(level.min(2))].level_one[index];
+        let scaled_input = if is_level_one {
+            scaled.level_one
+        } else {
+            scaled.level_one || scaled.level_two
+        };
+        scaled_input && value.is_some()
     }
 
     /// Evaluates at `level` one entity's slot values, in the order of the slot names this
@@ -112,6 +176,31 @@ impl<'a> Evaluator<'a> {
     /// ran for this entity leaves the metrics of its level unknown (`None`) instead of
     /// computing them from a zero.
     fn evaluate_with(&self, slot: impl Fn(usize) -> Option<u64>, level: u8) -> Evaluation {
+        let names = &self.metric_names[usize::from(level.min(2))].names;
+        let mut values = vec![None; names.len()];
+        let scaled = self.evaluate_with_into(slot, level, &mut values);
+        let metrics: Metrics = names.iter().cloned().zip(values).collect();
+        let mut estimated = Vec::new();
+        for (name, value) in &metrics {
+            let is_level_one = self.level_one.contains(&name.as_str());
+            let scaled_input = if is_level_one {
+                scaled.level_one
+            } else {
+                scaled.level_one || scaled.level_two
+            };
+            if scaled_input && value.is_some() {
+                estimated.push(name.clone());
+            }
+        }
+        Evaluation { metrics, estimated }
+    }
+
+    fn evaluate_with_into(
+        &self,
+        slot: impl Fn(usize) -> Option<u64>,
+        level: u8,
+        out: &mut [Option<f64>],
+    ) -> Scaled {
         let mut inline = [0u64; INLINE_VALUES];
         let mut heap = Vec::new();
         let values: &mut [u64] = if self.inputs.len() <= INLINE_VALUES {
@@ -147,29 +236,19 @@ impl<'a> Evaluator<'a> {
                 *value = estimate.round() as u64;
             }
         }
-        let mut metrics = self.model.metrics(values, level);
+        self.model.metrics_into(values, level, out);
         if unknown[1] {
-            metrics.values_mut().for_each(|value| *value = None);
+            out.fill(None);
         } else if unknown[2] {
-            for name in L2_METRICS {
-                if let Some(value) = metrics.get_mut(name) {
-                    *value = None;
-                }
+            let level_two = &self.metric_names[usize::from(level.min(2))].level_two;
+            for (value, _) in out.iter_mut().zip(level_two).filter(|(_, two)| **two) {
+                *value = None;
             }
         }
-        let mut estimated = Vec::new();
-        for (name, value) in &metrics {
-            let is_level_one = self.level_one.contains(&name.as_str());
-            let scaled_input = if is_level_one {
-                rotated[1]
-            } else {
-                rotated[1] || rotated[2]
-            };
-            if scaled_input && value.is_some() {
-                estimated.push(name.clone());
-            }
+        Scaled {
+            level_one: rotated[1],
+            level_two: rotated[2],
         }
-        Evaluation { metrics, estimated }
     }
 }
 
@@ -424,5 +503,42 @@ mod tests {
         let result = evaluator.evaluate(&[1000, 250, 10, 40, 999], 2);
         assert_eq!(result.metrics["retiring"], Some(0.25));
         assert_eq!(result.metrics["heavy_operations"], Some(0.01));
+    }
+}
+
+#[cfg(test)]
+mod typed_tests {
+    use crate::model::{Metrics, Model, all_models, base_model, model_by_name};
+
+    /// The typed evaluation, named by `metric_names`, is exactly the map of `metrics` for every
+    /// model, hybrid pairing and synthetic wrapper, at both levels, whatever the values (the
+    /// default `metric_names` takes the keys from empty values, so this also checks that a
+    /// model's names do not depend on its values).
+    #[test]
+    fn typed_evaluation_names_match_the_metrics_map_for_every_model() {
+        let mut models: Vec<Box<dyn Model>> = all_models();
+        models.push(base_model("hybrid:intel-spr+intel-grt").expect("hybrid pairing"));
+        models.push(model_by_name("synthetic:intel-icl", &[]).expect("synthetic model"));
+        models.push(model_by_name("synthetic:amd-zen4", &[]).expect("synthetic model"));
+        for model in &models {
+            let count = model.counters().len();
+            // Distinct, nonzero values so that every ratio is defined somewhere.
+            let values: Vec<u64> = (0..count as u64).map(|k| 1000 + 37 * k * k).collect();
+            for level in [1, 2] {
+                for values in [&values[..], &[][..]] {
+                    let names = model.metric_names(level);
+                    let mut out = vec![Some(f64::NAN); names.len()];
+                    model.metrics_into(values, level, &mut out);
+                    let typed: Metrics = names.into_iter().zip(out).collect();
+                    let map = model.metrics(values, level);
+                    assert_eq!(
+                        format!("{typed:?}"),
+                        format!("{map:?}"),
+                        "{} at level {level}",
+                        model.name()
+                    );
+                }
+            }
+        }
     }
 }

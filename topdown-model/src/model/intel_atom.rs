@@ -8,7 +8,10 @@
 //! backend); topdown reports Resource_Bound in the `memory_bound` column and says so. E-cores
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, level_two_position,
+    metrics_by_name, ratio, standard_metric_names,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +203,14 @@ impl Model for IntelAtom {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |input: usize| self.at.read(values, input);
         // §3.3: S = width * CPU_CLK_UNHALTED.CORE.
         let slots = self.width() * get(input::CLOCKS);
@@ -216,22 +227,19 @@ impl Model for IntelAtom {
             // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
             Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
         };
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level < 2 {
-            return metrics;
+            return;
         }
         // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl cpu_atom) have
         // no level-2 split of Retiring.
-        metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
@@ -257,9 +265,8 @@ impl Model for IntelAtom {
             ("core_bound", core_bound),
             ("memory_bound", resource_bound),
         ] {
-            metrics.insert(name.to_owned(), value);
+            out[level_two_position(name)] = value;
         }
-        metrics
     }
 
     fn weight_counter(&self) -> &'static str {

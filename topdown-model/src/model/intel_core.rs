@@ -17,7 +17,10 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
 //! counter 1, where the kernel would otherwise put it.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, Positions, ratio};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, metrics_by_name, ratio,
+    standard_metric_names,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,6 +337,14 @@ impl Model for IntelCore {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |input: usize| self.at.read(values, input);
         let clks = get(input::THREAD);
         // SLOTS = 4 * CORE_CLKS
@@ -369,18 +380,15 @@ impl Model for IntelCore {
                 .map(|(fe, issued_share)| 1.0 - fe - issued_share),
         };
 
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level < 2 {
-            return metrics;
+            return;
         }
 
         let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
@@ -450,22 +458,17 @@ impl Model for IntelCore {
         };
         // Light_Operations = Retiring - Heavy_Operations
         let light_operations = minus(retiring, heavy_operations);
-        metrics.extend(
-            [
-                ("light_operations", light_operations),
-                ("heavy_operations", heavy_operations),
-                ("branch_mispredicts", branch_mispredicts),
-                ("machine_clears", machine_clears),
-                ("fetch_latency", fetch_latency),
-                ("fetch_bandwidth", fetch_bandwidth),
-                ("memory_bound", memory_bound),
-                ("core_bound", core_bound),
-            ]
-            .into_iter()
-            .map(|(name, value)| (name.to_owned(), value)),
-        );
-        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
-        metrics
+        // In L2_METRICS order.
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+            light_operations,
+            heavy_operations,
+            branch_mispredicts,
+            machine_clears,
+            fetch_latency,
+            fetch_bandwidth,
+            memory_bound,
+            core_bound,
+        ]);
     }
 
     fn weight_counter(&self) -> &'static str {

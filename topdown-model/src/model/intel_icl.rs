@@ -9,7 +9,10 @@
 //! operations, in three rotating level-2 groups: 20 counters and 6 timing slots, 26 of the 32
 //! BPF counter slots (topdown_common::MAX_COUNTERS).
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, metrics_by_name, ratio,
+    standard_metric_names, value,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// (name, raw config) in group order; level-1 encodings from topdown-formulas.md §1.1 and §1.5,
@@ -114,6 +117,14 @@ impl Model for IntelIcl {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |index: usize| value(values, index);
         let slots = get(SLOTS);
         let retiring_slots = get(RETIRING);
@@ -141,20 +152,16 @@ impl Model for IntelIcl {
             _ => None,
         };
 
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level < 2 {
-            return metrics;
+            return;
         }
-        metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
         let minus_floored =
             |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
         // icl-metrics.json tma_fetch_latency:
@@ -200,19 +207,17 @@ impl Model for IntelIcl {
             .map(|((ms, ret), few_uops)| ms + ret * few_uops);
         // tma_light_operations: max(0, tma_retiring - tma_heavy_operations)
         let light_operations = minus_floored(retiring, heavy_operations);
-        for (name, value) in [
-            ("fetch_latency", fetch_latency),
-            ("fetch_bandwidth", fetch_bandwidth),
-            ("branch_mispredicts", branch_mispredicts),
-            ("machine_clears", machine_clears),
-            ("memory_bound", memory_bound),
-            ("core_bound", core_bound),
-            ("heavy_operations", heavy_operations),
-            ("light_operations", light_operations),
-        ] {
-            metrics.insert(name.to_owned(), value);
-        }
-        metrics
+        // In L2_METRICS order.
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+            light_operations,
+            heavy_operations,
+            branch_mispredicts,
+            machine_clears,
+            fetch_latency,
+            fetch_bandwidth,
+            memory_bound,
+            core_bound,
+        ]);
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -228,6 +233,7 @@ impl Model for IntelIcl {
 mod tests {
     use super::*;
     use crate::model::CounterSource;
+    use crate::model::{L1_METRICS, L2_METRICS};
 
     fn close(value: Option<f64>, expected: f64) -> bool {
         value.is_some_and(|value| (value - expected).abs() < 1e-12)

@@ -14,7 +14,10 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general like the other Intel models' cycle events: the
 //! NMI watchdog holds fixed counter 1. So every scheduling group holds two events.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, level_two_position, metrics_by_name,
+    ratio, standard_metric_names, value,
+};
 use crate::groups::LEVEL_TWO_GROUP;
 
 pub struct IntelKnl;
@@ -104,6 +107,14 @@ impl Model for IntelKnl {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |position: usize| value(values, position);
         let clocks = get(at::CLOCKS);
         // slm_ratios.py level 1: FrontendBound = NOT_DELIVERED / CLKS; BadSpeculation =
@@ -116,20 +127,17 @@ impl Model for IntelKnl {
             .zip(bad_speculation)
             .zip(retiring)
             .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret));
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level < 2 {
-            return metrics;
+            return;
         }
-        metrics.extend(L2_METRICS.iter().map(|name| ((*name).to_owned(), None)));
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
         // knl_ratios.py level 2 (FrontendLatency, from slm_ratios.py): ICacheMisses (KNL: only
         // FETCH_STALL.ICACHE_FILL_PENDING_CYCLES / CLKS, no PDCACHE_WRONG) + ITLBMisses
         // (PAGE_WALKS.I_SIDE_CYCLES / CLKS) + MSSwitches (5 * MS_ENTRY / CLKS) + 5 * BACLEARS.ALL
@@ -140,8 +148,7 @@ impl Model for IntelKnl {
             + get(at::ITLB_WALK_CYCLES)
             + MS_ENTRY_CYCLES * get(at::MS_ENTRY)
             + BACLEAR_CYCLES * get(at::BACLEARS);
-        metrics.insert("fetch_latency".to_owned(), ratio(latency_cycles, clocks));
-        metrics
+        out[level_two_position("fetch_latency")] = ratio(latency_cycles, clocks);
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -156,6 +163,7 @@ impl Model for IntelKnl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::L2_METRICS;
     use crate::model::{CounterSource, CounterUse, PERF_TYPE_RAW, values_of};
     use crate::schedule::plan;
 

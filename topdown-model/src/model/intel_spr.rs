@@ -7,7 +7,10 @@
 //! counter. The kernel reports each metric event as slot-scaled, floored counts (§1.2), so perf
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
-use super::{CounterSpec, L1_METRICS, L2_METRICS, Metrics, Model, ratio, value};
+use super::{
+    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, metrics_by_name, ratio,
+    standard_metric_names, value,
+};
 
 /// Which P-core generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +108,14 @@ impl Model for IntelPerfMetricsL2 {
     }
 
     fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
         let get = |index: usize| value(values, index);
         let slots = get(SLOTS);
         let sum = get(RETIRING) + get(BAD_SPEC) + get(FE_BOUND) + get(BE_BOUND);
@@ -135,18 +146,15 @@ impl Model for IntelPerfMetricsL2 {
             Generation::LionCove => of_sum(BAD_SPEC),
         };
 
-        let mut metrics: Metrics = [
-            ("retiring", retiring),
-            ("bad_speculation", bad_speculation),
-            ("frontend_bound", frontend),
-            ("backend_bound", backend),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value))
-        .collect();
-        debug_assert!(L1_METRICS.iter().all(|name| metrics.contains_key(*name)));
+        // In L1_METRICS order.
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            retiring,
+            bad_speculation,
+            frontend,
+            backend,
+        ]);
         if level < 2 {
-            return metrics;
+            return;
         }
 
         // §1.4 level 2, SPR column; Lion Cove the same without the UOP_DROPPING term (the
@@ -165,22 +173,17 @@ impl Model for IntelPerfMetricsL2 {
         // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
         let heavy_operations = of_sum(HEAVY_OPS);
         let light_operations = clamp_difference(retiring, heavy_operations);
-        metrics.extend(
-            [
-                ("light_operations", light_operations),
-                ("heavy_operations", heavy_operations),
-                ("branch_mispredicts", branch_mispredicts),
-                ("machine_clears", machine_clears),
-                ("fetch_latency", fetch_latency),
-                ("fetch_bandwidth", fetch_bandwidth),
-                ("memory_bound", memory_bound),
-                ("core_bound", core_bound),
-            ]
-            .into_iter()
-            .map(|(name, value)| (name.to_owned(), value)),
-        );
-        debug_assert!(L2_METRICS.iter().all(|name| metrics.contains_key(*name)));
-        metrics
+        // In L2_METRICS order.
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+            light_operations,
+            heavy_operations,
+            branch_mispredicts,
+            machine_clears,
+            fetch_latency,
+            fetch_bandwidth,
+            memory_bound,
+            core_bound,
+        ]);
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -31,7 +31,7 @@ pub mod software;
 pub mod synthetic;
 pub mod with_events;
 
-pub use evaluate::{Evaluation, Evaluator, evaluate};
+pub use evaluate::{Evaluation, Evaluator, Scaled, evaluate};
 
 /// Raw counter values by counter name (the Linux perf event name, e.g. `slots`).
 pub type Counts = BTreeMap<String, u64>;
@@ -165,6 +165,33 @@ pub trait Model: Send + Sync {
     /// compute one or a denominator is zero.
     fn metrics(&self, values: &[u64], level: u8) -> Metrics;
 
+    /// The names of the metrics at `level`, in the order [`Model::metrics_into`] writes them.
+    /// Callers resolve the names they want to positions once (per report, per exporter
+    /// refresh), then read each entity's metrics by position.
+    ///
+    /// The default takes the keys of [`Model::metrics`] on zeroes, which name the same metrics
+    /// whatever the values; models with a typed evaluation list [`standard_metric_names`].
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        let zeroes = vec![0; self.counters().len()];
+        self.metrics(&zeroes, level).into_keys().collect()
+    }
+
+    /// The typed evaluation: the metrics of [`Model::metrics`], written into `out` by position
+    /// in [`Model::metric_names`] (`out` is that long). It runs once per entity of a refresh
+    /// (100,000 tasks, 12,500 processes), so models implement it without allocating and make
+    /// [`Model::metrics`] the wrapper ([`metrics_by_name`]).
+    ///
+    /// The default goes through [`Model::metrics`]' map, whose values come in key order, the
+    /// order of the default [`Model::metric_names`].
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+        for (slot, value) in out
+            .iter_mut()
+            .zip(self.metrics(values, level).into_values())
+        {
+            *slot = value;
+        }
+    }
+
     /// The counter that measures "how much" (slots, or cpu-clock nanoseconds): reports sort by
     /// it and show each entity's share of it.
     fn weight_counter(&self) -> &'static str;
@@ -260,6 +287,49 @@ pub fn model_by_name(
         bail!("--synthetic only applies to a synthetic model: use --pmu synthetic:{name}");
     }
     base_model(name)
+}
+
+/// The metric order of the models with a typed evaluation: [`L1_METRICS`], then at level 2
+/// [`L2_METRICS`], then `extra` (buckets such as AMD's `smt_contention`, at every level).
+pub fn standard_metric_names(level: u8, extra: &[&str]) -> Vec<String> {
+    let level_two: &[&str] = if level >= 2 { &L2_METRICS } else { &[] };
+    L1_METRICS
+        .iter()
+        .chain(level_two)
+        .chain(extra)
+        .map(|name| (*name).to_owned())
+        .collect()
+}
+
+/// Where the level-1 metrics start in [`standard_metric_names`]' order; the level-2 ones start
+/// at [`LEVEL_TWO_AT`] and the extras after those at level 2, at [`L1_METRICS`]' end at level 1.
+pub const LEVEL_ONE_AT: usize = 0;
+pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
+
+/// Where the level-2 metric `name` (one of [`L2_METRICS`]) is in [`standard_metric_names`]'
+/// order at level 2; a name that is not one of them is a bug in a model's formulas.
+pub fn level_two_position(name: &str) -> usize {
+    let position = L2_METRICS.iter().position(|metric| *metric == name);
+    debug_assert!(position.is_some(), "{name} is not a level-2 metric");
+    LEVEL_TWO_AT + position.unwrap_or(0)
+}
+
+/// Where a model's [`standard_metric_names`] extras start at `level`.
+pub fn extras_at(level: u8) -> usize {
+    if level >= 2 {
+        LEVEL_TWO_AT + L2_METRICS.len()
+    } else {
+        LEVEL_TWO_AT
+    }
+}
+
+/// [`Model::metrics`] of a model with a typed evaluation: its [`Model::metrics_into`] named by
+/// its [`Model::metric_names`].
+pub fn metrics_by_name(model: &(impl Model + ?Sized), values: &[u64], level: u8) -> Metrics {
+    let names = model.metric_names(level);
+    let mut out = vec![None; names.len()];
+    model.metrics_into(values, level, &mut out);
+    names.into_iter().zip(out).collect()
 }
 
 /// The value at `index` of a model's counter values (see [`Model::metrics`]) as a float; 0 past

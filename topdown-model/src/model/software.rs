@@ -2,7 +2,8 @@
 //! TopDown PMU exists (a VM without a virtual PMU), announced by the caller.
 
 use super::{
-    CounterSource, CounterSpec, CounterUse, L1_METRICS, L2_METRICS, Metrics, Model, value,
+    CounterSource, CounterSpec, CounterUse, Metrics, Model, metrics_by_name, standard_metric_names,
+    value,
 };
 
 /// `PERF_COUNT_SW_CPU_CLOCK` (include/uapi/linux/perf_event.h).
@@ -43,11 +44,17 @@ impl Model for Software {
         0
     }
 
-    fn metrics(&self, _values: &[u64], level: u8) -> Metrics {
-        let names = L1_METRICS
-            .iter()
-            .chain(if level >= 2 { &L2_METRICS[..] } else { &[] });
-        names.map(|name| ((*name).to_owned(), None)).collect()
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
+
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        standard_metric_names(level, &[])
+    }
+
+    /// No TopDown: every metric unknown.
+    fn metrics_into(&self, _values: &[u64], _level: u8, out: &mut [Option<f64>]) {
+        out.fill(None);
     }
 
     fn weight_counter(&self) -> &'static str {

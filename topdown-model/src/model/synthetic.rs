@@ -182,6 +182,14 @@ impl Model for Synthetic {
         self.inner.metrics(values, level)
     }
 
+    fn metric_names(&self, level: u8) -> Vec<String> {
+        self.inner.metric_names(level)
+    }
+
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+        self.inner.metrics_into(values, level, out)
+    }
+
     fn weight_counter(&self) -> &'static str {
         self.inner.weight_counter()
     }

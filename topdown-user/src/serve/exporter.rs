@@ -296,7 +296,7 @@ impl Exporter {
             calls: window.calls,
             ..Aggregate::default()
         };
-        let valuation = Valuation::new(naming, &counts.totals);
+        let valuation = Valuation::new(naming);
         self.add_functions(&counts, &valuation, naming, now, Some(ratio));
     }
 
@@ -320,7 +320,7 @@ impl Exporter {
     /// summed by id and named only for their labels.
     pub fn update(&mut self, counts: &Aggregate, naming: &Naming<'_>, now: Instant) {
         let weight = naming.weight_slot();
-        let valuation = Valuation::new(naming, &counts.totals);
+        let valuation = Valuation::new(naming);
         let category_slots = |slots: &SlotCounts| valuation.slots(slots);
         let event_counts = |slots: &SlotCounts| valuation.events(slots);
         // Heaviest first in every family: with --max-series they keep their own series and the
@@ -528,12 +528,19 @@ struct Valuation<'n, 'a> {
     naming: &'n Naming<'a>,
     weight: usize,
     /// The level's categories, then level-1 buckets some models add (AMD's smt_contention);
-    /// not the hybrid per-core-type `cpu_core.*` names.
-    categories: Vec<String>,
+    /// not the hybrid per-core-type `cpu_core.*` names. Each with its position among the
+    /// evaluator's metric names, resolved once so that each entity is evaluated by position.
+    categories: Vec<(String, Option<usize>)>,
+    /// How many metrics the evaluator writes at this level.
+    metric_count: usize,
 }
 
+/// Metrics evaluated on the stack for up to this many names (every built-in model and hybrid
+/// pairing has fewer); more take one allocation per entity.
+const INLINE_METRICS: usize = 64;
+
 impl<'n, 'a> Valuation<'n, 'a> {
-    fn new(naming: &'n Naming<'a>, totals: &SlotCounts) -> Self {
+    fn new(naming: &'n Naming<'a>) -> Self {
         let level = naming.level;
         let mut categories: Vec<String> = match level {
             0 => Vec::new(),
@@ -544,37 +551,53 @@ impl<'n, 'a> Valuation<'n, 'a> {
                 .map(|name| name.to_string())
                 .collect(),
         };
-        categories.extend(
-            naming
-                .evaluator
-                .evaluate(&totals.0, level)
-                .metrics
-                .into_keys()
-                .filter(|name| {
-                    !name.contains('.')
-                        && !L1_METRICS.contains(&name.as_str())
-                        && !L2_METRICS.contains(&name.as_str())
-                }),
-        );
+        let names = naming.evaluator.metric_names(level);
+        let mut extras: Vec<String> = names
+            .iter()
+            .filter(|name| {
+                !name.contains('.')
+                    && !L1_METRICS.contains(&name.as_str())
+                    && !L2_METRICS.contains(&name.as_str())
+            })
+            .cloned()
+            .collect();
+        // In name order, as the metrics map listed them.
+        extras.sort();
+        extras.dedup();
+        categories.extend(extras);
+        let categories = categories
+            .into_iter()
+            .map(|name| {
+                let index = names.iter().position(|metric| *metric == name);
+                (name, index)
+            })
+            .collect();
         Self {
             naming,
             weight: naming.weight_slot(),
             categories,
+            metric_count: names.len(),
         }
     }
 
     /// `total` and each category's slots.
     fn slots(&self, slots: &SlotCounts) -> Vec<(&str, f64)> {
         let total = slots.get(self.weight) as f64;
-        let metrics = self
-            .naming
+        let mut inline = [None; INLINE_METRICS];
+        let mut heap = Vec::new();
+        let metrics: &mut [Option<f64>] = if self.metric_count <= INLINE_METRICS {
+            &mut inline[..self.metric_count]
+        } else {
+            heap.resize(self.metric_count, None);
+            &mut heap
+        };
+        self.naming
             .evaluator
-            .evaluate(&slots.0, self.naming.level)
-            .metrics;
+            .evaluate_into(&slots.0, self.naming.level, metrics);
         let mut values = Vec::with_capacity(self.categories.len() + 1);
         values.push(("total", total));
-        for name in &self.categories {
-            if let Some(Some(fraction)) = metrics.get(name) {
+        for (name, index) in &self.categories {
+            if let Some(Some(fraction)) = index.map(|index| metrics[index]) {
                 // A refresh's fraction can dip below 0 by the formulas' own rounding
                 // (e.g. Intel's dropped-uop correction); a counter never goes down.
                 values.push((name.as_str(), (total * fraction).max(0.0)));
