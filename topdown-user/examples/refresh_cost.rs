@@ -5,12 +5,19 @@
 //! 100000 tasks, 10000 edges, 5 rounds; prints one `step_NAME_ms=` line per step with the
 //! median of the rounds in milliseconds, then the two paths a refresh takes:
 //!
-//! - `top_ms=`: what `topdown top` does per refresh: `aggregate` plus `top_screen` (pick the
-//!   rows a 50-line screen shows, name and evaluate them, draw the screen) plus
-//!   `aggregate_drop` (the previous refresh's counts freed);
-//! - `serve_ms=`: what `topdown serve` does per refresh: `aggregate` plus `exporter_update`
-//!   (a fresh exporter: every series is new, the worst case) plus `aggregate_drop`; `scrape`
-//!   (encoding every series) happens per scrape, not per refresh, and is printed on its own.
+//! - `top_ms=`: what `topdown top` does per refresh: `order` (index the task map's entries by
+//!   tid, `LiveTasks::from_entries`) plus `aggregate` plus `top_screen` (pick the rows a
+//!   50-line screen shows, name and evaluate them, draw the screen) plus `aggregate_drop` (the
+//!   previous refresh's counts freed);
+//! - `serve_ms=`: what `topdown serve` does per refresh: `order` plus `aggregate` plus
+//!   `exporter_update` (a fresh exporter: every series is new, the worst case) plus
+//!   `aggregate_drop`; `scrape` (encoding every series) happens per scrape, not per refresh,
+//!   and is printed on its own.
+//!
+//! Reading the task map itself is the kernel's work and printed on its own: `map_read` (the
+//! batched read `Session::snapshot` makes) and `map_read_by_entry` (aya's iterator, two system
+//! calls per entry), on a kernel hash map of `TASKS` entries laid out as topdown's task map.
+//! Creating it needs `CAP_BPF`; without, `map_read=not measured: REASON` is printed instead.
 //!
 //! Each figure is printed as wall time (`_ms=`) and as this thread's CPU time (`_cpu_ms=`),
 //! which other processes on a busy machine inflate less.
@@ -20,13 +27,19 @@
 //! cumulative snapshots one interval apart, every task and edge having counted in between, the
 //! worst case for the delta and the sort. The model is `intel-spr` at level 2 (9 counters).
 
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd as _, OwnedFd},
+    time::Instant,
+};
+
+use aya::maps::MapData;
 
 use ratatui::{buffer::Buffer, layout::Rect};
 
 use topdown::{
     aggregate::{Aggregate, Naming, ReportContext, report_of},
-    bpf::Snapshot,
+    bpf::{LiveTasks, Snapshot, batch},
     model::base_model,
     report::{By, Format, Weight, render},
     serve::exporter::{Exporter, Limits},
@@ -48,21 +61,36 @@ fn counts(seed: u64, scale: u64) -> [u64; MAX_COUNTERS] {
     counters
 }
 
-fn snapshot(tasks: u32, edges: u32, scale: u64) -> Snapshot {
+/// The task map's entries as a snapshot reads them: in the map's own order, which is its hash
+/// order (here a fixed pseudo-random permutation of the tids).
+fn task_entries(tasks: u32, scale: u64) -> (Vec<u32>, Vec<TaskCounters>) {
     let mut comm = [0u8; 16];
     comm[..6].copy_from_slice(b"worker");
-    let live: HashMap<u32, TaskCounters> = (1..=tasks)
-        .map(|tid| {
-            let task = TaskCounters {
-                counters: counts(u64::from(tid), scale),
-                switches: u64::from(tid) * scale,
-                tgid: 1 + tid / 8,
-                comm,
-                ..TaskCounters::ZERO
-            };
-            (tid, task)
+    let mut tids: Vec<u32> = (1..=tasks).collect();
+    // Fisher-Yates with a fixed LCG: the same order for both snapshots, as one map gives.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for index in (1..tids.len()).rev() {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        tids.swap(index, (state >> 33) as usize % (index + 1));
+    }
+    let counters = tids
+        .iter()
+        .map(|&tid| TaskCounters {
+            counters: counts(u64::from(tid), scale),
+            switches: u64::from(tid) * scale,
+            tgid: 1 + tid / 8,
+            comm,
+            ..TaskCounters::ZERO
         })
         .collect();
+    (tids, counters)
+}
+
+fn snapshot(tasks: u32, edges: u32, scale: u64) -> Snapshot {
+    let (tids, counters) = task_entries(tasks, scale);
+    let live = LiveTasks::from_entries(tids, counters);
     let calls = (0..edges)
         .map(|edge| {
             let function = edge % FUNCTIONS;
@@ -165,7 +193,10 @@ fn main() -> anyhow::Result<()> {
     };
     let ui = Ui::new(2);
 
-    const STEPS: [&str; 8] = [
+    const STEPS: [&str; 11] = [
+        "map_read",
+        "map_read_by_entry",
+        "order",
         "aggregate",
         "top_screen",
         "exporter_update",
@@ -180,11 +211,43 @@ fn main() -> anyhow::Result<()> {
     let mut time = |step: usize, started: Started| {
         steps[step].push(started.elapsed());
     };
+    let task_map = match kernel_task_map(tasks) {
+        Ok(map) => Some(map),
+        Err(err) => {
+            println!("map_read=not measured: {err:#}");
+            None
+        }
+    };
+    let (unordered_tids, unordered_counters) = task_entries(tasks, 2);
     let mut rendered = 0usize;
     for _ in 0..rounds {
+        if let Some((batch_fd, by_entry)) = &task_map {
+            // What `Session::snapshot` does with the task map: batched, then (the kernel's
+            // fallback before 5.6) one entry at a time, as aya's iterator reads.
+            let started = Started::now();
+            let (mut tids, mut counters) = (Vec::<u32>::new(), Vec::<TaskCounters>::new());
+            batch::lookup_all(batch_fd.as_fd(), &mut tids, &mut counters)
+                .map_err(|err| anyhow::anyhow!("batch read: {err:?}"))?;
+            time(0, started);
+            rendered += tids.len();
+            let started = Started::now();
+            let mut read = 0usize;
+            for entry in by_entry.iter() {
+                read += usize::from(entry.is_ok());
+            }
+            time(1, started);
+            rendered += read;
+        }
+
+        let (tids, counters) = (unordered_tids.clone(), unordered_counters.clone());
+        let started = Started::now();
+        let ordered = LiveTasks::from_entries(tids, counters);
+        time(2, started);
+        rendered += ordered.len();
+
         let started = Started::now();
         let aggregate = Aggregate::since(&current, Some(&previous));
-        time(0, started);
+        time(3, started);
 
         let started = Started::now();
         let counted = Counted {
@@ -195,7 +258,7 @@ fn main() -> anyhow::Result<()> {
         let shown = report_of(&context(false), &kept);
         let mut screen = Buffer::empty(SCREEN);
         view::draw(&mut screen, SCREEN, &shown, &header, &ui);
-        time(1, started);
+        time(4, started);
         rendered += screen.content.len();
         let aggregate = counted.aggregate;
 
@@ -209,18 +272,18 @@ fn main() -> anyhow::Result<()> {
             },
         );
         exporter.update(&aggregate, &naming, Instant::now());
-        time(2, started);
+        time(5, started);
 
         let started = Started::now();
         let text = exporter.encode()?;
-        time(3, started);
+        time(6, started);
         rendered += text.len();
 
         let started = Started::now();
         let report = report_of(&context(true), &aggregate);
-        time(4, started);
+        time(7, started);
 
-        for (step, format) in [(5, Format::Table), (6, Format::Json)] {
+        for (step, format) in [(8, Format::Table), (9, Format::Json)] {
             let started = Started::now();
             let mut out = Vec::new();
             render(&report, format, &by, Weight::Slots, &mut out)?;
@@ -230,26 +293,51 @@ fn main() -> anyhow::Result<()> {
         // `top` and `serve` drop each refresh's counts when the next arrive.
         let started = Started::now();
         drop(aggregate);
-        time(7, started);
+        time(10, started);
     }
     println!("tasks={tasks} edges={edges} rounds={rounds} bytes_rendered={rendered}");
-    let wall: Vec<f64> = steps
-        .iter()
-        .map(|rounds| median(rounds.iter().map(|(wall, _)| *wall).collect()))
-        .collect();
-    let cpu: Vec<f64> = steps
-        .iter()
-        .map(|rounds| median(rounds.iter().map(|(_, cpu)| *cpu).collect()))
-        .collect();
+    let medians = |pick: fn(&(f64, f64)) -> f64| -> Vec<Option<f64>> {
+        steps
+            .iter()
+            .map(|rounds| (!rounds.is_empty()).then(|| median(rounds.iter().map(pick).collect())))
+            .collect()
+    };
+    let (wall, cpu) = (medians(|(wall, _)| *wall), medians(|(_, cpu)| *cpu));
     for ((name, wall), cpu) in STEPS.iter().zip(&wall).zip(&cpu) {
-        println!("step_{name}_ms={wall:.1}");
-        println!("step_{name}_cpu_ms={cpu:.1}");
+        if let (Some(wall), Some(cpu)) = (wall, cpu) {
+            println!("step_{name}_ms={wall:.1}");
+            println!("step_{name}_cpu_ms={cpu:.1}");
+        }
     }
-    println!("top_ms={:.1}", wall[0] + wall[1] + wall[7]);
-    println!("top_cpu_ms={:.1}", cpu[0] + cpu[1] + cpu[7]);
-    println!("serve_ms={:.1}", wall[0] + wall[2] + wall[7]);
-    println!("serve_cpu_ms={:.1}", cpu[0] + cpu[2] + cpu[7]);
+    // The user-space paths: ordering the read entries, the deltas, the path's own step, drop.
+    let path = |figures: &[Option<f64>], own: usize| -> f64 {
+        [2, 3, own, 10]
+            .iter()
+            .map(|&step| figures[step].unwrap_or(f64::NAN))
+            .sum()
+    };
+    println!("top_ms={:.1}", path(&wall, 4));
+    println!("top_cpu_ms={:.1}", path(&cpu, 4));
+    println!("serve_ms={:.1}", path(&wall, 5));
+    println!("serve_cpu_ms={:.1}", path(&cpu, 5));
     Ok(())
+}
+
+/// A kernel hash map laid out as topdown's task map, holding `tasks` tasks: the batch reader's
+/// descriptor, and the same map opened through aya for the entry-by-entry read. Needs
+/// `CAP_BPF`.
+fn kernel_task_map(
+    tasks: u32,
+) -> anyhow::Result<(OwnedFd, aya::maps::HashMap<MapData, u32, TaskCounters>)> {
+    let map = batch::scratch_hash_map::<u32, TaskCounters>(tasks)
+        .map_err(|err| anyhow::anyhow!("creating a BPF hash map needs CAP_BPF: {err}"))?;
+    let (tids, counters) = task_entries(tasks, 2);
+    for (tid, task) in tids.iter().zip(&counters) {
+        batch::insert(map.as_fd(), tid, task)?;
+    }
+    let by_entry = MapData::from_fd(map.try_clone()?)?;
+    let by_entry = aya::maps::HashMap::try_from(aya::maps::Map::HashMap(by_entry))?;
+    Ok((map, by_entry))
 }
 
 /// When a step started: wall clock and this thread's CPU time, which other processes on a

@@ -759,21 +759,25 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
         "Same machine; command: `{}`, which runs `refresh_cost TASKS EDGES {REFRESH_ROUNDS}` (release build of \
          `topdown-user/examples/refresh_cost.rs`) on two synthetic cumulative snapshots in which \
          every task and edge counted (model intel-spr, level 2); median of {REFRESH_ROUNDS} rounds, in ms. \
-         Issue 11's target is under {REFRESH_TARGET_MS:.0} ms with 100000 tasks and 10000 function edges, \
-         for what each refresh costs once the BPF maps are read:\n\n\
-         - **top** = aggregate (the deltas, typed) + top screen (pick the rows a 50-line screen \
-         shows in the default view, name and evaluate only those, draw it) + drop (the previous \
-         refresh's counts freed);\n\
-         - **serve** = aggregate + exporter update (a fresh exporter, so every series is new) + \
-         drop.\n\n\
-         Wall time, and in parentheses the refreshing thread's CPU time, which other work on a \
-         busy machine inflates less; the step columns are wall time. The other columns are not \
-         per refresh: a scrape encodes every series; report, table and JSON are `stat`'s full \
-         output of every thread, process, function and edge. Edges are not split by process \
-         (`top` and `serve` never split them).\n\n",
+         Issue 11's target is under {REFRESH_TARGET_MS:.0} ms with 100000 tasks and 10000 function edges \
+         for the user-space cost of one refresh, once the BPF maps are read:\n\n\
+         - **top** = order (index the task map's entries by tid) + aggregate (the deltas, typed) \
+         + top screen (pick the rows a 50-line screen shows in the default view, name and \
+         evaluate only those, draw it) + drop (the previous refresh's counts freed);\n\
+         - **serve** = order + aggregate + exporter update (a fresh exporter, so every series is \
+         new) + drop.\n\n\
+         Reading the task map is the kernel's work (system calls), shown on its own: **map read** \
+         is what `Session::snapshot` does (`BPF_MAP_LOOKUP_BATCH`), **entry by entry** what it did \
+         before and still does on kernels before 5.6 (aya's iterator: two system calls per task), \
+         both on a kernel hash map of TASKS entries laid out as topdown's task map (needs root; \
+         `-` where not measured). Wall time, and in parentheses the refreshing thread's CPU time, \
+         which other work on a busy machine inflates less; the step columns are wall time. The \
+         other columns are not per refresh: a scrape encodes every series; report, table and JSON \
+         are `stat`'s full output of every thread, process, function and edge. Edges are not split \
+         by process (`top` and `serve` never split them).\n\n",
         command_text()
     );
-    section += "| tasks | call edges | top: wall (CPU) | serve: wall (CPU) | under 50 ms: top, serve (wall; CPU) | aggregate | top screen | exporter update | drop | scrape | full report | + table | + JSON |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    section += "| tasks | call edges | top: wall (CPU) | serve: wall (CPU) | under 50 ms: top, serve (wall; CPU) | map read | entry by entry | order | aggregate | top screen | exporter update | drop | scrape | full report | + table | + JSON |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (tasks, edges) in REFRESH_SIZES {
         let out = cmd::output(Command::new(&example).args([
             tasks.to_string(),
@@ -797,12 +801,17 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
         let (top, serve) = (value("top")?, value("serve")?);
         let (top_cpu, serve_cpu) = (value("top_cpu")?, value("serve_cpu")?);
         let verdict = |ms: f64| if ms < REFRESH_TARGET_MS { "yes" } else { "no" };
+        let optional =
+            |key: &str| value(key).map_or_else(|_| "-".to_owned(), |ms| format!("{ms:.1}"));
         section += &format!(
-            "| {tasks} | {edges} | {top:.1} ({top_cpu:.1}) | {serve:.1} ({serve_cpu:.1}) | {}, {}; {}, {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            "| {tasks} | {edges} | {top:.1} ({top_cpu:.1}) | {serve:.1} ({serve_cpu:.1}) | {}, {}; {}, {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             verdict(top),
             verdict(serve),
             verdict(top_cpu),
             verdict(serve_cpu),
+            optional("step_map_read"),
+            optional("step_map_read_by_entry"),
+            value("step_order")?,
             value("step_aggregate")?,
             value("step_top_screen")?,
             value("step_exporter_update")?,

@@ -5,10 +5,13 @@
 //! attached after topdown exits (the kernel also frees all of it when the process dies, even on
 //! `kill -9`, since nothing is pinned).
 
+pub mod batch;
 mod kernel_types;
+mod live_tasks;
 mod records;
 
 pub use kernel_types::switch_offsets;
+pub use live_tasks::LiveTasks;
 
 use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
 
@@ -96,7 +99,7 @@ pub struct Snapshot {
     /// Per-CPU state, by CPU number.
     pub cpus: Vec<(u32, CpuState)>,
     /// Tasks still in the map (alive at their last switch).
-    pub live: HashMap<u32, TaskCounters>,
+    pub live: LiveTasks,
     /// Tasks that died, in the order their exit records arrived: `(tid, totals)`.
     pub exited: Vec<(u32, TaskCounters)>,
     /// Function totals per caller -> callee edge.
@@ -658,29 +661,24 @@ impl Session {
         self.drain_exits();
         let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =
             map_mut(&mut self.ebpf, names::TASKS)?;
-        let mut live = HashMap::new();
-        let mut dead = Vec::new();
-        for entry in tasks.iter() {
-            let (tid, task) = match entry {
-                Ok(entry) => entry,
-                // An entry removed while iterating; the next snapshot sees the rest.
-                Err(aya::maps::MapError::KeyNotFound) => continue,
-                Err(err) => return Err(err).context("reading the task map"),
-            };
-            if task.exited != 0 {
-                dead.push((tid, task));
-            } else {
-                live.insert(tid, task);
-            }
-        }
-        for (tid, task) in dead {
+        let (mut tids, mut counters) = (Vec::new(), Vec::new());
+        read_whole(&tasks, &mut tids, &mut counters).context("reading the task map")?;
+        let dead: Vec<(usize, u32)> = counters
+            .iter()
+            .zip(&tids)
+            .enumerate()
+            .filter(|(_, (task, _))| task.exited != 0)
+            .map(|(index, (_, tid))| (index, *tid))
+            .collect();
+        // From the last, so that each `swap_remove` moves only entries already looked at.
+        for (index, tid) in dead.into_iter().rev() {
             // Only forget it once it is gone from the map, so a failed delete is retried later.
             if tasks.remove(&tid).is_ok() {
-                self.exited.push((tid, task));
-            } else {
-                live.insert(tid, task);
+                self.exited.push((tid, counters.swap_remove(index)));
+                tids.swap_remove(index);
             }
         }
+        let live = LiveTasks::from_entries(tids, counters);
         let cpu_state: PerCpuArray<&MapData, CpuState> = map(&self.ebpf, names::CPU_STATE)?;
         let per_cpu = cpu_state.get(&0, 0).context("reading per-CPU state")?;
         let cpus = self
@@ -689,14 +687,10 @@ impl Session {
             .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
             .collect();
         let calls_map: BpfHashMap<&MapData, CallKey, CallStats> = map(&self.ebpf, names::CALLS)?;
-        let mut calls = Vec::new();
-        for entry in calls_map.iter() {
-            match entry {
-                Ok(entry) => calls.push(entry),
-                Err(aya::maps::MapError::KeyNotFound) => continue,
-                Err(err) => return Err(err).context("reading the function map"),
-            }
-        }
+        let (mut call_keys, mut call_stats) = (Vec::new(), Vec::new());
+        read_whole(&calls_map, &mut call_keys, &mut call_stats)
+            .context("reading the function map")?;
+        let calls = call_keys.into_iter().zip(call_stats).collect();
         let probe_map: PerCpuArray<&MapData, ProbeStats> = map(&self.ebpf, names::PROBE_STATS)?;
         let probes = probe_map
             .get(&0, 0)
@@ -712,14 +706,10 @@ impl Session {
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(&self.ebpf, names::CGROUPS)?;
-        let mut cgroups = Vec::new();
-        for entry in cgroup_map.iter() {
-            match entry {
-                Ok(entry) => cgroups.push(entry),
-                Err(aya::maps::MapError::KeyNotFound) => continue,
-                Err(err) => return Err(err).context("reading the cgroup map"),
-            }
-        }
+        let (mut cgroup_ids, mut cgroup_counters) = (Vec::new(), Vec::new());
+        read_whole(&cgroup_map, &mut cgroup_ids, &mut cgroup_counters)
+            .context("reading the cgroup map")?;
+        let cgroups = cgroup_ids.into_iter().zip(cgroup_counters).collect();
         Ok(Snapshot {
             cpus,
             live,
@@ -916,6 +906,36 @@ where
         .program_mut(name)
         .ok_or_else(|| anyhow!("BPF object has no program {name}"))?;
     Ok(program.try_into()?)
+}
+
+/// Every entry of a BPF hash map, appended to `keys` and `values` in the map's order: by batch
+/// (`batch::lookup_all`) where the kernel has it, else entry by entry.
+fn read_whole<T: std::borrow::Borrow<MapData>, K: aya::Pod, V: aya::Pod>(
+    map: &BpfHashMap<T, K, V>,
+    keys: &mut Vec<K>,
+    values: &mut Vec<V>,
+) -> Result<()> {
+    use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
+    match batch::lookup_all(map.map().fd().as_fd(), keys, values) {
+        Ok(()) => return Ok(()),
+        Err(batch::BatchError::Failed(err)) => return Err(err.into()),
+        Err(batch::BatchError::Unsupported) => {}
+    }
+    keys.clear();
+    values.clear();
+    for entry in map.iter() {
+        match entry {
+            Ok((key, value)) => {
+                keys.push(key);
+                values.push(value);
+            }
+            // An entry removed while iterating; the next snapshot sees the rest.
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
 }
 
 fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<T>

@@ -238,7 +238,7 @@ mod tests {
                 TaskCounts {
                     tid,
                     tgid: 1 + tid / 4,
-                    comm: names[random.below(names.len() as u64) as usize].to_owned(),
+                    comm: names[random.below(names.len() as u64) as usize].into(),
                     exited: index % 7 == 0,
                     counts,
                 }

@@ -412,7 +412,7 @@ fn build_aggregate(
         tasks.push(TaskCounts {
             tid,
             tgid: *tgid,
-            comm: tally.comm_of(tid, command_name),
+            comm: tally.comm_of(tid, command_name).into(),
             exited: true,
             counts: slot_counts(plan, values),
         });
@@ -429,7 +429,7 @@ fn build_aggregate(
     tasks.push(TaskCounts {
         tid: pid,
         tgid: pid,
-        comm: tally.comm_of(pid, command_name),
+        comm: tally.comm_of(pid, command_name).into(),
         exited: command_exited,
         counts: slot_counts(plan, &remainder),
     });
@@ -547,7 +547,7 @@ mod tests {
                 .tasks
                 .iter()
                 .find(|task| task.tid == tid)
-                .map(|task| (task.counts.get(0), task.comm.clone()))
+                .map(|task| (task.counts.get(0), task.comm.to_string()))
         };
         assert_eq!(slots(10), Some((300, "work".to_owned())));
         assert_eq!(slots(11), Some((200, "work".to_owned())));
