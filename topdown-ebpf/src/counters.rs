@@ -14,14 +14,14 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use topdown_common::{
     CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode, flush_result, kernel_offset, reading_owner, slot_source,
+    flush_mode, flush_result, kernel_offset, reading_owner, slot_source, unseen_leavers,
 };
 
 use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COUNTERS, CPU_STATE, EXITS, FILTER_CGROUPS,
     FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS, SKIP_UNTRACED,
-    SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add, atomic_swap,
-    generation, global, kernel_field_offset, tracked_bit, untrack,
+    SLOT_SOURCES, STACKS, TASKS, TRACKED, UNSEEN_LEAVERS, ZERO_CGROUP, ZERO_TASK, atomic_add,
+    atomic_or, atomic_swap, generation, global, kernel_field_offset, tracked_bit, untrack,
 };
 
 /// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
@@ -382,24 +382,32 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let next: u64 = ctx.arg(2);
-    let (next_tid, next_traced) = arriving(next);
+    let (next_tid, next_tgid, next_traced) = arriving(next);
+    let prev: u64 = ctx.arg(1);
+    let next_marked = note_switch(state, task_ids(prev).0, next_tid, next_tgid);
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
-    if reading_owner::kind(owner) == reading_owner::NONE && !next_traced && next_tid != 0 && !dying
+    if reading_owner::kind(owner) == reading_owner::NONE
+        && !next_traced
+        && !next_marked
+        && next_tid != 0
+        && !dying
     {
-        // The common case, kept to the fewest helper calls: nobody traced, no reading, and
-        // the delta since the last one already spans several tasks.
+        // The common case, kept to the fewest helper calls and no map lookup beyond
+        // `arriving`'s: nobody traced, no reading, and the delta since the last one already
+        // spans several tasks.
         return 0;
     }
     if interrupted_probe(state) {
         return 0;
     }
     let (tid, tgid) = current_ids();
-    let credit = delta_belongs_to(state, owner, tid, tgid);
+    let credit = delta_belongs_to(owner, tid, tgid);
     // A CPU going idle is read (costing nothing anyone waits for): half of the switches away
     // from idle do not fire sched_switch here (`reading_owner`), and a traced task woken on an
-    // idle CPU is then credited from this reading on.
-    if !credit && !next_traced && next_tid != 0 {
+    // idle CPU is then credited from this reading on. So is a process whose switch-outs go
+    // unseen (`unseen_leavers`), for a traced task that follows it unseen.
+    if !credit && !next_traced && !next_marked && next_tid != 0 {
         // Nobody traced: no reading. The delta since the last one now spans `next` too.
         // SAFETY: as in `attribute`.
         let state = unsafe { &mut *state };
@@ -459,28 +467,71 @@ pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
         unsafe { (*state_ptr).owner = reading_owner::pack(reading_owner::NONE, 0) };
         return false;
     }
-    if read {
-        // SAFETY: as above.
-        unsafe { atomic_add(&raw mut (*state_ptr).unseen_switches, 1) };
-    }
     read
 }
 
 /// Whether the delta since the last reading is all `tid`'s (`current`), given the CPU's
 /// `owner`: it is when `tid` is the traced task the last reading saw arrive, or when that
 /// reading saw an untraced task (or idle) arrive and `tid`, traced, is running instead, an
-/// arrival sched_switch did not report (`reading_owner`). Counts such arrivals.
+/// arrival sched_switch did not report (`reading_owner`).
 #[inline(always)]
-pub(crate) fn delta_belongs_to(state: *mut CpuState, owner: u64, tid: u32, tgid: u32) -> bool {
+pub(crate) fn delta_belongs_to(owner: u64, tid: u32, tgid: u32) -> bool {
     let arrived = reading_owner::tid(owner);
     let kind = reading_owner::kind(owner);
     if kind == reading_owner::NONE || arrived == tid {
         return kind == reading_owner::TRACED;
     }
-    // SAFETY: as in `attribute`.
-    unsafe { (*state).unseen_switches += 1 };
     // A traced task that left unseen: its last stretch and whatever ran since are one delta.
     kind == reading_owner::UNTRACED && current_is_traced(tid, tgid)
+}
+
+/// Keeps `CpuState::arrived` at a switch from `prev_tid` to `next_tid`: when the task that
+/// arrived last is not `prev_tid`, it left through a switch sched_switch did not report,
+/// counted in `unseen_switches`, and its process is marked in `UNSEEN_LEAVERS` (idle needs no
+/// mark: a switch to it is always read). True if `next_tgid` is marked: the switch is read
+/// (`topdown_common::reading_owner`). Loads and stores only, no map lookup: it runs at every
+/// switch, skipped ones included.
+#[inline(always)]
+fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> bool {
+    // SAFETY: as in `attribute`.
+    let state = unsafe { &mut *state };
+    if let Some((tid, tgid)) =
+        unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid)
+    {
+        state.unseen_switches += 1;
+        if tid != 0 {
+            mark_unseen_leaver(tgid);
+        }
+    }
+    // SAFETY: a word of a global array; set bits only ever stay set, so a stale read only
+    // costs a missed reading.
+    let word = unsafe {
+        core::ptr::read_volatile(
+            (&raw const UNSEEN_LEAVERS)
+                .cast::<u64>()
+                .add(unseen_leavers::word(next_tgid)),
+        )
+    };
+    word & unseen_leavers::bit(next_tgid) != 0
+}
+
+/// Sets `tgid`'s bit in `UNSEEN_LEAVERS`, unless set: a store to the shared word only the
+/// first time, not at each unseen switch.
+#[inline(always)]
+fn mark_unseen_leaver(tgid: u32) {
+    // SAFETY: `word` is below `WORDS`: an aligned u64 of a global array.
+    let word = unsafe {
+        (&raw mut UNSEEN_LEAVERS)
+            .cast::<u64>()
+            .add(unseen_leavers::word(tgid))
+    };
+    let bit = unseen_leavers::bit(tgid);
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(word) } & bit == 0 {
+        // Several CPUs may mark one word at once.
+        // SAFETY: as above.
+        unsafe { atomic_or(word, bit) };
+    }
 }
 
 /// Under `SKIP_UNTRACED`, a reading on behalf of `current` (`tid`): the delta goes to it (through
@@ -539,7 +590,7 @@ pub(crate) fn settle(
 pub(crate) fn settle_current(state: *mut CpuState, tid: u32, tgid: u32, cgroup: Option<u64>) {
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
-    let credit = delta_belongs_to(state, owner, tid, tgid);
+    let credit = delta_belongs_to(owner, tid, tgid);
     let traced = current_is_traced(tid, tgid);
     settle(state, tid, tgid, false, cgroup, credit, tid, traced);
 }
@@ -557,32 +608,39 @@ fn retire_unread(state: &mut CpuState, tid: u32, tgid: u32) {
     }
 }
 
-/// The arriving task's tid and whether it is traced, read from its `struct task_struct` at the
+/// A task's tid and tgid, read from its `struct task_struct` (a sched_switch argument) at the
 /// offsets user space found in the kernel's BTF.
 #[inline(always)]
-fn arriving(next: u64) -> (u32, bool) {
-    // `next` is a BTF pointer (tp_btf argument) and the offset a constant of the frozen
+fn task_ids(task: u64) -> (u32, u32) {
+    // `task` is a BTF pointer (tp_btf argument) and the offset a constant of the frozen
     // .rodata, so the verifier checks these loads against `struct task_struct` and turns them
     // into fault-safe loads: cheaper than a `bpf_probe_read_kernel` call on every switch.
     // `tgid` follows `pid` (user space checks it).
-    let pid = next.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
+    let pid = task.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
     // SAFETY: as above; a bad address reads as zero instead of faulting.
-    let (tid, tgid) = unsafe {
+    unsafe {
         (
             core::ptr::read_volatile(pid as *const u32),
             core::ptr::read_volatile((pid + 4) as *const u32),
         )
-    };
+    }
+}
+
+/// The arriving task's tid, tgid and whether it is traced.
+#[inline(always)]
+fn arriving(next: u64) -> (u32, u32, bool) {
+    let (tid, tgid) = task_ids(next);
     if tid == 0 {
-        return (0, false);
+        return (0, 0, false);
     }
     // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
     // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
     if global(&FILTER_TGIDS) != 0 && !tracked_bit(tgid) {
-        return (tid, false);
+        return (tid, tgid, false);
     }
     (
         tid,
+        tgid,
         global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next),
     )
 }

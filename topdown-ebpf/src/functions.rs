@@ -138,8 +138,6 @@ fn probed_task() -> Option<(u32, u32)> {
             // on preemptible kernels a switch may run between the load above and this.
             let before = unsafe { atomic_swap(&raw mut (*state).owner, owned) };
             if before == owner || before == owned || claimable(before, tid) {
-                // SAFETY: as above.
-                unsafe { atomic_add(&raw mut (*state).unseen_switches, 1) };
                 return Some((tid, tgid));
             }
             // SAFETY: as above. Put back what the switch left.

@@ -9,6 +9,7 @@ use aya_ebpf::{
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, IndirectJump,
     MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, slot_source,
+    unseen_leavers,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -115,6 +116,12 @@ pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0)
 /// beyond its end (pid_max raised during the run) is looked up in `TRACKED` instead.
 #[map]
 pub(crate) static TRACKED_BITS: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Processes whose switch-outs sched_switch did not report (`topdown_common::unseen_leavers`).
+/// A global (.bss), not a map: its words are loaded straight from their address, so the test
+/// at every switch costs no map lookup.
+#[unsafe(no_mangle)]
+pub(crate) static mut UNSEEN_LEAVERS: [u64; unseen_leavers::WORDS] = [0; unseen_leavers::WORDS];
 
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
