@@ -1017,9 +1017,12 @@ fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
 /// reads when a CPU goes idle and when an untraced task follows a traced one, and credits a
 /// traced task found running after such a reading with the delta since it (as reading at every
 /// switch does); its function probes claim or, after a switch nobody read, take a reading
-/// themselves (`topdown_common::reading_owner`; `unseen_switches` in the diagnostics counts
-/// both). What a task arriving unseen after a switch nobody read runs before its first probe,
-/// flush or switch-out still goes to `untracked`.
+/// themselves (`topdown_common::reading_owner`). A process found leaving unseen (a switch's
+/// `prev` is not the task the CPU last saw arrive) is marked, and every switch into it is read
+/// from then on (`unseen_leavers`; `unseen_switches` in the diagnostics counts such switches).
+/// What still goes to `untracked`: a traced task arriving unseen at a process's first unseen
+/// switch-out of the run, before that process is known, until the task's first probe, flush or
+/// switch-out.
 fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::COUNT]) {
     let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
     let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
