@@ -1628,6 +1628,11 @@ fn write_switches(
         }
         section += ".\n";
     }
+    section += "\nThe measured ratio is what this run shows. The program-time estimate also \
+                assumes that the two programs cost the same outside their own run time (both \
+                are `tp_btf` programs on one hook, attached the same way), which the `added − \
+                program` column supports only to within this run's noise; its interval comes \
+                from the empty program's measured added cost alone.\n";
     if let (Some(old), Some(new)) = (
         index_of(&format!(
             "baseline: topdown stat -p IDLE_PID --pmu {SYNTHETIC}"
