@@ -20,10 +20,23 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd;
 
-/// Rounds of the context-switch and cgroup sections, and ping-pong length per round.
-const ROUNDS: usize = 5;
+/// Rounds of the cgroup section, and ping-pong length per round.
 const CGROUP_ROUNDS: usize = 3;
 const ROUND_TRIPS: &str = "200000";
+/// Rounds of the context-switch section: `SWITCH_ROUNDS` with the kernel's BPF run-time
+/// statistics off (the CPU-time figures), then `STATS_ROUNDS` with them on (the program
+/// run-time columns). Each configuration's ping-pong is `SWITCH_ROUND_TRIPS` `sched_yield`
+/// calls per thread.
+const SWITCH_ROUNDS: usize = 20;
+/// Times per round issue 11's configurations (the empty program and `-p` of an idle process)
+/// are measured.
+const FOCUS_REPEATS: usize = 4;
+const STATS_ROUNDS: usize = 3;
+const SWITCH_ROUND_TRIPS: &str = "50000";
+const SWITCH_VIA: &str = "yield";
+/// Bootstrap resamples for issue 11's ratio, and its bound.
+const BOOTSTRAP_RESAMPLES: usize = 4000;
+const ISSUE_11_BOUND: f64 = 1.2;
 /// Rounds and calls per round of the per-call section.
 const CALL_ROUNDS: usize = 3;
 const CALLS: &str = "100000";
@@ -189,11 +202,36 @@ fn switch_floor_name(pmu: &str) -> String {
 
 /// What tracing adds per context switch: `-a` and `-p` of an idle process, beside the floor
 /// reading the same counters, the empty aya program and an empty bpftrace one.
+///
+/// The figure is CPU time, not wall clock: the ping-pong (`tests/src/bin/pingpong.rs`, two
+/// SCHED_FIFO threads pinned to CPU 0 alternating by `sched_yield`: the cheapest switch there
+/// is, so a program's cost is the largest fraction of it, and no ordinary task runs on the CPU
+/// between hops) reports both threads' own run time per switch into one of them. `__schedule`
+/// charges what it does after updating the run-queue clock, the `sched_switch` programs
+/// included, to the task switched in, and that clock leaves out the time the hypervisor took
+/// the vCPU away (steal) and the time other tasks ran, which made the wall-clock figure wander
+/// by more than an empty program costs. The `added − program` column checks that accounting: a
+/// program that reads counters for ~1 µs must add about that much CPU time, plus the hook's
+/// fixed cost that the empty program also pays.
+///
+/// Many short rounds, each running every configuration in a rotating order (the tracer is
+/// started for each; issue 11's configurations several times) with an untraced ping-pong
+/// before the first and after each: a configuration's added cost in a measurement is its
+/// figure less the mean of the untraced figures just before and after it, so the machine's
+/// drift over those seconds cancels to first order. Each figure is the median of the
+/// measurements, with the interquartile range beside it. The
+/// kernel's BPF run-time statistics add two clock reads to every program run, so the CPU-time
+/// rounds run without them and a few further rounds with them give the program run-time
+/// columns. Issue 11's ratio (`-p` of an idle process against the empty program) comes with a
+/// bootstrap interval over the rounds, so the text says whether its 1.2x bound is met, not
+/// met, or not resolved by the run; a second estimate takes the two programs' difference from
+/// the kernel's timing (both hang on the same hook the same way, so the rest of what they add
+/// is the same) over the empty program's measured added cost.
 fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str) -> Result<()> {
     let td = topdown.display().to_string();
     let fl = floor.display().to_string();
     let mut configs = vec![
-        Config::new("no tracing", None, None),
+        Config::new(NO_TRACING, None, None),
         Config::new(FLOOR_NAME, Some(vec![fl.clone()]), None),
     ];
     for pmu in [SOFTWARE, SYNTHETIC] {
@@ -205,7 +243,7 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
     }
     for pmu in [SOFTWARE, SYNTHETIC] {
         configs.push(Config::new(
-            format!("topdown stat -p IDLE_PID --pmu {pmu}"),
+            idle_p_name(pmu),
             Some(stat_argv(&td, &["-p", idle_pid, "--pmu", pmu])),
             Some(switch_floor_name(pmu)),
         ));
@@ -249,35 +287,307 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
             ));
         }
     }
-    // The kernel's per-program run times: unlike the ping-pong's wall-clock figure, they do not
-    // move with whatever else the machine runs.
-    let stats = enable_bpf_stats();
-    if let Err(err) = &stats {
-        println!("no BPF run-time statistics: {err:#}");
+    let mut machine = MachineLoad::start();
+    // Per configuration and round: CPU ns per switch under it, and that less the untraced
+    // ping-pongs run just before and just after it (the mean of the two, so drift over the
+    // seconds between them cancels to first order).
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut added: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut program: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut switches: Vec<f64> = Vec::new();
+    // Rounds meant to run without statistics in which a program's run count moved anyway:
+    // something else on the machine had them on.
+    let mut stats_on_elsewhere = 0;
+    let untraced = Config::new(NO_TRACING, None, None);
+    // Issue 11's ratio is between these: measured more often, as the empty program's small
+    // added cost is its denominator.
+    let focused = [
+        FLOOR_NAME.to_owned(),
+        idle_p_name(SOFTWARE),
+        idle_p_name(SYNTHETIC),
+    ];
+    let traced: Vec<usize> = (0..configs.len())
+        .filter(|&index| configs[index].tracer.is_some())
+        .collect();
+    for round in 0..SWITCH_ROUNDS + STATS_ROUNDS {
+        let stats = if round < SWITCH_ROUNDS {
+            None
+        } else {
+            match enable_bpf_stats() {
+                Ok(fd) => Some(fd),
+                Err(err) => {
+                    println!("no BPF run-time statistics: {err:#}");
+                    break;
+                }
+            }
+        };
+        let label = format!(
+            "round {}{}",
+            round + 1,
+            if stats.is_some() { " (BPF stats)" } else { "" }
+        );
+        let mut before = measure_switches(&untraced, pingpong)
+            .with_context(|| format!("{label}: {NO_TRACING}"))?;
+        let mut first = true;
+        for offset in 0..traced.len() {
+            let index = traced[(offset + round) % traced.len()];
+            let config = &configs[index];
+            let repeats = if stats.is_none() && focused.contains(&config.name) {
+                FOCUS_REPEATS
+            } else {
+                1
+            };
+            for _ in 0..repeats {
+                let sample = measure_switches(config, pingpong)
+                    .with_context(|| format!("{label}: {}", config.name))?;
+                let after = measure_switches(&untraced, pingpong)
+                    .with_context(|| format!("{label}: {NO_TRACING}"))?;
+                let baseline = (before.cpu_ns + after.cpu_ns) / 2.0;
+                println!(
+                    "{label}: {:<60} cpu {:>7.1} ns/switch ({:+6.1} over untraced), wall {:>7.1}, {} switches, program {} ns/run",
+                    config.name,
+                    sample.cpu_ns,
+                    sample.cpu_ns - baseline,
+                    sample.wall_ns,
+                    sample.switches,
+                    sample
+                        .program_ns
+                        .map_or("-".to_owned(), |ns| format!("{ns:.1}"))
+                );
+                if stats.is_some() {
+                    program[index].extend(sample.program_ns);
+                } else {
+                    stats_on_elsewhere += usize::from(sample.program_ns.is_some());
+                    cpu[index].push(sample.cpu_ns);
+                    added[index].push(sample.cpu_ns - baseline);
+                    wall[index].push(sample.wall_ns);
+                    switches.push(sample.switches as f64);
+                    if first {
+                        cpu[0].push(before.cpu_ns);
+                        wall[0].push(before.wall_ns);
+                        first = false;
+                    }
+                    cpu[0].push(after.cpu_ns);
+                    wall[0].push(after.wall_ns);
+                    added[0].push(0.0);
+                }
+                before = after;
+            }
+        }
+        machine.sample();
     }
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut run_times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..ROUNDS {
-        for (index, config) in configs.iter().enumerate() {
-            let (value, run_time) = measure_switches(config, pingpong)
-                .with_context(|| format!("round {round}: {}", config.name))?;
-            println!(
-                "round {}: {:<55} {value:>9.1} ns/switch, program {} ns/run",
-                round + 1,
-                config.name,
-                run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}"))
-            );
-            samples[index].push(value);
-            run_times[index].extend(run_time);
+    let median_of = |values: &Vec<f64>| Spread::of(values).median;
+    let summaries = SwitchSummaries {
+        cpu: cpu.iter().map(median_of).collect(),
+        added: added.iter().map(|values| Spread::of(values)).collect(),
+        wall: wall.iter().map(median_of).collect(),
+        program: program
+            .iter()
+            .map(|values| (!values.is_empty()).then(|| median_of(values)))
+            .collect(),
+        switches: Spread::of(&switches).median,
+        stats_on_elsewhere,
+    };
+    write_switches(&configs, &added, &summaries, &machine.finish())
+}
+
+const NO_TRACING: &str = "no tracing";
+
+fn idle_p_name(pmu: &str) -> String {
+    format!("topdown stat -p IDLE_PID --pmu {pmu}")
+}
+
+/// One ping-pong under one configuration.
+struct SwitchSample {
+    /// Wall clock per hop.
+    wall_ns: f64,
+    /// Both threads' run time per switch into one of them.
+    cpu_ns: f64,
+    switches: u64,
+    /// Mean run time of the tracer's sched_switch program, when the kernel timed it.
+    program_ns: Option<f64>,
+}
+
+/// The per-configuration figures of the context-switch section.
+struct SwitchSummaries {
+    /// Median CPU ns per switch.
+    cpu: Vec<f64>,
+    /// CPU ns per switch added over the untraced ping-pongs beside it, over the rounds.
+    added: Vec<Spread>,
+    /// Median wall-clock ns per hop.
+    wall: Vec<f64>,
+    /// Median program run time, ns per run.
+    program: Vec<Option<f64>>,
+    /// Median switches per ping-pong.
+    switches: f64,
+    stats_on_elsewhere: usize,
+}
+
+/// Median, quartiles and extremes of per-round values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    q1: f64,
+    q3: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Self {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Self {
+            median: quantile(&sorted, 0.5),
+            q1: quantile(&sorted, 0.25),
+            q3: quantile(&sorted, 0.75),
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
         }
     }
-    drop(stats);
-    let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    let run_times: Vec<Option<f64>> = run_times
-        .iter_mut()
-        .map(|values| (!values.is_empty()).then(|| median(values)))
-        .collect();
-    write_switches(&configs, &medians, &run_times)
+}
+
+/// The `q` quantile of sorted values, linearly interpolated between the closest ranks (Hyndman
+/// and Fan's definition 7, the default of R and NumPy).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return f64::NAN;
+    };
+    let rank = q * last as f64;
+    let below = rank.floor() as usize;
+    let above = rank.ceil() as usize;
+    sorted[below] + (sorted[above] - sorted[below]) * (rank - below as f64)
+}
+
+/// A ratio and its 95% percentile-bootstrap interval; `high` is infinite when some resample's
+/// denominator was not above zero (the denominator is not resolved).
+#[derive(Debug, PartialEq)]
+struct RatioInterval {
+    estimate: f64,
+    low: f64,
+    high: f64,
+}
+
+/// `median(num) / median(den)` of added costs, with a bootstrap interval that resamples
+/// indices (the same for both: the k-th measurements of both come from the same round, so
+/// what a round shares, such as the machine's load at that time, stays paired). Efron and Tibshirani, "An Introduction to the
+/// Bootstrap" (1993), ch. 13, percentile interval.
+fn added_ratio(num: &[f64], den: &[f64], resamples: usize) -> RatioInterval {
+    let ratio = |num: &[f64], den: &[f64]| {
+        let denominator = Spread::of(den).median;
+        (denominator > 0.0).then(|| Spread::of(num).median / denominator)
+    };
+    let estimate = ratio(num, den).unwrap_or(f64::NAN);
+    let rounds = num.len().min(den.len());
+    // A fixed seed: the same rounds give the same interval.
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut ratios = Vec::with_capacity(resamples);
+    let mut unresolved = rounds == 0;
+    for _ in 0..resamples {
+        let picks: Vec<usize> = (0..rounds).map(|_| rng.usize(..rounds.max(1))).collect();
+        let resample = |values: &[f64]| picks.iter().map(|&i| values[i]).collect::<Vec<_>>();
+        match ratio(&resample(num), &resample(den)) {
+            Some(value) => ratios.push(value),
+            None => unresolved = true,
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    RatioInterval {
+        estimate,
+        low: quantile(&ratios, 0.025),
+        high: if unresolved {
+            f64::INFINITY
+        } else {
+            quantile(&ratios, 0.975)
+        },
+    }
+}
+
+/// "1.05x (95% interval 0.90x..1.20x): **met**".
+fn interval_text(interval: &RatioInterval) -> String {
+    format!(
+        "{:.2}x (95% interval {:.2}x..{}): **{}**",
+        interval.estimate,
+        interval.low,
+        if interval.high.is_finite() {
+            format!("{:.2}x", interval.high)
+        } else {
+            "unbounded".to_owned()
+        },
+        verdict(interval, ISSUE_11_BOUND)
+    )
+}
+
+/// What issue 11's bound says of a ratio interval.
+fn verdict(ratio: &RatioInterval, bound: f64) -> &'static str {
+    if ratio.high <= bound {
+        "met"
+    } else if ratio.low > bound && ratio.estimate.is_finite() {
+        "not met"
+    } else {
+        "not resolved by this measurement"
+    }
+}
+
+/// The load on the shared machine while a section runs: the 1-minute load average after each
+/// round, and CPU 0's steal time.
+struct MachineLoad {
+    loads: Vec<f64>,
+    cpu0_start: Option<(u64, u64)>,
+}
+
+/// The machine's load over a run, for the text.
+struct LoadReport {
+    load_min: f64,
+    load_max: f64,
+    /// Steal time as a share of CPU 0's time, when /proc/stat has it.
+    cpu0_steal: Option<f64>,
+}
+
+impl MachineLoad {
+    fn start() -> Self {
+        Self {
+            loads: Vec::new(),
+            cpu0_start: cpu0_times(),
+        }
+    }
+
+    fn sample(&mut self) {
+        let load: Option<f64> = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|text| text.split_whitespace().next()?.parse().ok());
+        self.loads.extend(load);
+    }
+
+    fn finish(&self) -> LoadReport {
+        let spread = Spread::of(&self.loads);
+        let cpu0_steal = match (self.cpu0_start, cpu0_times()) {
+            (Some((total0, steal0)), Some((total1, steal1))) if total1 > total0 => {
+                Some((steal1 - steal0) as f64 / (total1 - total0) as f64)
+            }
+            _ => None,
+        };
+        LoadReport {
+            load_min: spread.min,
+            load_max: spread.max,
+            cpu0_steal,
+        }
+    }
+}
+
+/// CPU 0's total and steal time in ticks (proc(5), /proc/stat: user nice system idle iowait irq
+/// softirq steal ...).
+fn cpu0_times() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|line| line.starts_with("cpu0 "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    Some((fields.iter().sum(), *fields.get(7)?))
 }
 
 /// What each configuration adds over `medians[0]` (the untraced run), and that as a multiple of
@@ -361,10 +671,19 @@ fn switch_program_runs(pid: u32) -> Option<(u64, u64)> {
     busiest
 }
 
-/// `measure`, plus the mean run time of the tracer's sched_switch program during the
-/// ping-pong (None without a tracer or statistics).
-fn measure_switches(config: &Config, pingpong: &Path) -> Result<(f64, Option<f64>)> {
-    let args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"].map(str::to_owned);
+/// One ping-pong under `config`'s tracer, with the mean run time of the tracer's sched_switch
+/// program during it (None without a tracer or with the kernel's statistics off).
+fn measure_switches(config: &Config, pingpong: &Path) -> Result<SwitchSample> {
+    let args = [
+        "--round-trips",
+        SWITCH_ROUND_TRIPS,
+        "--cpu",
+        "0",
+        "--via",
+        SWITCH_VIA,
+        "--fifo",
+    ]
+    .map(str::to_owned);
     let mut tracer = match &config.tracer {
         Some(argv) => Some(start_tracer(argv)?),
         None => None,
@@ -372,7 +691,7 @@ fn measure_switches(config: &Config, pingpong: &Path) -> Result<(f64, Option<f64
     let before = tracer
         .as_ref()
         .and_then(|child| switch_program_runs(child.id()));
-    let result = run_pingpong(pingpong, &args);
+    let result = run_switch_pingpong(pingpong, &args);
     let after = tracer
         .as_ref()
         .and_then(|child| switch_program_runs(child.id()));
@@ -381,13 +700,19 @@ fn measure_switches(config: &Config, pingpong: &Path) -> Result<(f64, Option<f64
         unsafe { libc_kill(child.id() as i32, 2) };
         let _ = child.wait();
     }
-    let run_time = match (before, after) {
+    let program_ns = match (before, after) {
         (Some((ns0, runs0)), Some((ns1, runs1))) if runs1 > runs0 && ns1 > ns0 => {
             Some((ns1 - ns0) as f64 / (runs1 - runs0) as f64)
         }
         _ => None,
     };
-    Ok((result?, run_time))
+    let (wall_ns, cpu_ns, switches) = result?;
+    Ok(SwitchSample {
+        wall_ns,
+        cpu_ns,
+        switches,
+        program_ns,
+    })
 }
 
 /// How a per-call configuration runs: a command that runs callbench itself (topdown's
@@ -1032,15 +1357,34 @@ fn measure_with(config: &Config, pingpong: &Path, args: &[String]) -> Result<f64
 }
 
 fn run_pingpong(pingpong: &Path, args: &[String]) -> Result<f64> {
+    let text = pingpong_output(pingpong, args)?;
+    pingpong_field(&text, "ns_per_switch")
+}
+
+/// A thread ping-pong's wall-clock ns per hop, CPU ns per switch and switch count.
+fn run_switch_pingpong(pingpong: &Path, args: &[String]) -> Result<(f64, f64, u64)> {
+    let text = pingpong_output(pingpong, args)?;
+    Ok((
+        pingpong_field(&text, "ns_per_switch")?,
+        pingpong_field(&text, "cpu_ns_per_switch")?,
+        pingpong_field(&text, "switches")? as u64,
+    ))
+}
+
+fn pingpong_output(pingpong: &Path, args: &[String]) -> Result<String> {
     let out = cmd::output(Command::new(pingpong).args(args))?;
     if !out.status.success() {
         bail!("pingpong failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.trim()
-        .strip_prefix("ns_per_switch=")
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `name=VALUE` from pingpong's output line.
+fn pingpong_field(text: &str, name: &str) -> Result<f64> {
+    text.split_whitespace()
+        .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
-        .with_context(|| format!("unexpected pingpong output: {text}"))
+        .with_context(|| format!("no {name} in pingpong output: {text}"))
 }
 
 /// Starts a tracer and waits until it says it is attached (topdown: "counting" on stderr;
@@ -1073,17 +1417,22 @@ fn start_tracer_lines(argv: &[String]) -> Result<(Child, Vec<String>)> {
     drop(sender);
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut lines = Vec::new();
+    // bpftrace's "Attaching" line sometimes stays in its stdout buffer until it exits (seen
+    // with bpftrace 0.17 writing to a pipe): an attached tracepoint (a perf event beside a BPF
+    // program among its fds) says the same.
+    let is_bpftrace = argv[0] == "bpftrace";
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match receiver.recv_timeout(left) {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(200));
+        let attached = match receiver.recv_timeout(left) {
             Ok(line) => {
                 let attached = line.contains("counting") || line.contains("Attaching");
                 lines.push(line);
-                if attached {
-                    // Attached means probes are live; let it settle.
-                    std::thread::sleep(Duration::from_millis(300));
-                    return Ok((child, lines));
-                }
+                attached
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                is_bpftrace && holds_attached_tracepoint(child.id())
             }
             Err(_) => {
                 let _ = child.kill();
@@ -1094,8 +1443,27 @@ fn start_tracer_lines(argv: &[String]) -> Result<(Child, Vec<String>)> {
                     lines.join(" / ")
                 )
             }
+        };
+        if attached {
+            // Attached means probes are live; let it settle.
+            std::thread::sleep(Duration::from_millis(300));
+            return Ok((child, lines));
         }
     }
+}
+
+/// Whether process `pid` holds a BPF program and a perf event (a tracepoint attached the
+/// perf way, as bpftrace attaches them).
+fn holds_attached_tracepoint(pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let targets: Vec<_> = entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .collect();
+    let holds = |kind: &str| targets.iter().any(|target| target.as_os_str() == kind);
+    holds("anon_inode:bpf-prog") && holds("anon_inode:[perf_event]")
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -1111,7 +1479,7 @@ fn program_per_floor(configs: &[Config], run_times: &[Option<f64>], index: usize
     Some(run_times[index]? / run_times[floor]?)
 }
 
-fn write_switches(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]) -> Result<()> {
+fn machine_text() -> String {
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {
@@ -1125,84 +1493,160 @@ fn write_switches(configs: &[Config], medians: &[f64], run_times: &[Option<f64>]
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
+    format!(
+        "Machine: {cpus} vCPUs, {cpu_model}, Linux {}, a KVM guest without a hardware PMU (so the \
+         synthetic model stands in for TopDown counters; hardware counter reads are not measured \
+         here).",
+        kernel.trim()
+    )
+}
+
+fn write_switches(
+    configs: &[Config],
+    added_rounds: &[Vec<f64>],
+    summaries: &SwitchSummaries,
+    load: &LoadReport,
+) -> Result<()> {
+    let added_medians: Vec<f64> = summaries.added.iter().map(|s| s.median).collect();
+    let run_times = &summaries.program;
     let mut section = String::new();
     section += "## Context-switch cost (`cargo xtask bench`)\n\n";
+    section += &machine_text();
     section += &format!(
-        "Machine: {cpus} vCPUs, {cpu_model}, Linux {}, a VM without a hardware PMU (so the synthetic \
-         model stands in for TopDown counters; hardware counter reads are not measured here).\n\n",
-        kernel.trim()
+        " The machine is shared: other sessions' builds and tests ran during the measurement \
+         (1-minute load average {:.2} to {:.2} over the run{}).\n\n",
+        load.load_min,
+        load.load_max,
+        load.cpu0_steal.map_or(String::new(), |share| format!(
+            "; steal was {:.1}% of CPU 0's time",
+            share * 100.0
+        ))
     );
     let command = command_text();
     section += &format!(
-        "Command: `{command}`. A ping-pong of two threads pinned to CPU 0 ({ROUND_TRIPS} round \
-         trips, two context switches each), {ROUNDS} alternating rounds per configuration, median. \
-         Each topdown row's floor is `topdown-floor --pmu MODEL --read`: an aya \
-         `tp_btf/sched_switch` program that reads the same counters (topdown's counter plan for \
-         that model, opened the same way) into a scratch map and does nothing else.\n\n"
+        "Command: `{command}`. Two SCHED_FIFO threads pinned to CPU 0 alternate by \
+         `sched_yield` ({SWITCH_ROUND_TRIPS} calls each, {:.0} switches per ping-pong, median; \
+         real-time so that no ordinary task runs on the CPU between hops); the figure is \
+         the CPU time both threads were charged per switch into one of them \
+         (`CLOCK_THREAD_CPUTIME_ID` over `sched_info.pcount`, `tests/src/bin/pingpong.rs`), \
+         which includes the `sched_switch` programs (the scheduler charges them to the task \
+         switched in) and leaves out steal time and other tasks. {SWITCH_ROUNDS} rounds; each \
+         runs every configuration in a rotating order with the tracer started for it (the \
+         empty program and the two `-p IDLE_PID` rows {FOCUS_REPEATS} times, the others once), \
+         and an untraced ping-pong before the first and after each, so a configuration's added \
+         cost in a measurement is its figure less the mean of the untraced ones just before \
+         and after it (drift over those seconds cancels). Medians of the measurements, and the \
+         interquartile range (IQR) of the added cost. Each topdown row's floor is \
+         `topdown-floor --pmu MODEL --read`: an aya `tp_btf/sched_switch` program that reads \
+         the same counters (topdown's counter plan for that model, opened the same way) into a \
+         scratch map and does nothing else.\n\n",
+        summaries.switches
     );
-    let added = added_over(configs, medians, BPFTRACE_NAME);
-    section += "| configuration | ns per context switch | added over no tracing | added / its floor's | added / bpftrace's | sched_switch program, ns per run | program / its floor's program |\n|---|---:|---:|---:|---:|---:|---:|\n";
-    for (index, ((config, value), run_time)) in
-        configs.iter().zip(medians).zip(run_times).enumerate()
-    {
+    let added = added_over(configs, &added_medians, BPFTRACE_NAME);
+    section += "| configuration | CPU ns per switch | added over no tracing | IQR of added | added / its floor's | added / bpftrace's | wall ns per switch | sched_switch program, ns per run | program / its floor's program | added − program |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (index, config) in configs.iter().enumerate() {
+        let spread = summaries.added[index];
+        let run_time = run_times[index];
+        let (iqr, beyond_program) = if config.tracer.is_some() {
+            (
+                format!("{:+.1}..{:+.1}", spread.q1, spread.q3),
+                run_time.map_or("-".to_owned(), |ns| {
+                    format!("{:+.1}", added.added[index] - ns)
+                }),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
         section += &format!(
-            "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} |\n",
+            "| {} | {:.1} | {:+.1} | {iqr} | {} | {} | {:.1} | {} | {} | {beyond_program} |\n",
             config.name,
+            summaries.cpu[index],
             added.added[index],
             ratio(added.per_floor[index]),
             ratio(added.per_bpftrace[index]),
+            summaries.wall[index],
             run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}")),
             ratio(program_per_floor(configs, run_times, index))
         );
     }
-    section += "\nThe last two columns are the kernel's own timing of the tracer's sched_switch \
-                program (`BPF_ENABLE_STATS`, mean run time over the ping-pong's switches, median \
-                of the rounds) and that as a multiple of its floor's: the program's work alone, \
-                without the hook's fixed cost, and steady when other load on the machine makes \
-                the wall-clock columns wander.\n";
+    section += &format!(
+        "\n\"wall ns per switch\" is the ping-pong's wall clock per hop, for comparison: it also \
+         counts steal and other tasks. The program columns are the kernel's own timing of the \
+         tracer's sched_switch program (`BPF_ENABLE_STATS`: mean run time over the ping-pong's \
+         switches, median of {STATS_ROUNDS} further rounds run with the statistics on; the \
+         CPU-time rounds run with them off, as they add two clock reads to every program \
+         run{}). \"added − program\" is the added CPU time less the program's own run time: \
+         what the hook costs around the program. If it stays of a size whether the program is \
+         empty or reads counters for a microsecond, the programs' cost is charged to the \
+         ping-pong's threads, as the CPU-time figure assumes.\n",
+        if summaries.stats_on_elsewhere > 0 {
+            format!(
+                "; but in {} of the CPU-time measurements something else on the machine had \
+                 them on (another process's `BPF_ENABLE_STATS`, or `kernel.bpf_stats_enabled`), \
+                 so those include the clock reads too, which adds the same to every program, \
+                 the empty one and `-p`'s included, and pulls issue 11's ratio toward 1",
+                summaries.stats_on_elsewhere
+            )
+        } else {
+            String::new()
+        }
+    );
     section += "\n`IDLE_PID` is a process that sleeps throughout, so with `-p` no switch of the \
                 ping-pong is traced: those switches take no counter reading (the default with a \
                 filter), and its floor (a program that reads at every switch) is above what it \
                 needs; the empty aya program is the floor that matters there. With \
                 `--read-every-switch` every switch is read.\n";
     let index_of = |name: &str| configs.iter().position(|config| config.name == name);
-    let empty = index_of(FLOOR_NAME);
-    let idle_p = index_of(&format!("topdown stat -p IDLE_PID --pmu {SYNTHETIC}"));
-    if let (Some(empty), Some(idle_p)) = (empty, idle_p) {
-        let floor = added.added[empty];
-        section += &format!(
-            "\n`-p` of an idle process, synthetic (7 counters): {:+.1} ns per switch against \
-             {floor:+.1} ns for the empty aya program",
-            added.added[idle_p]
+    let Some(empty) = index_of(FLOOR_NAME) else {
+        return write_section("## Context-switch cost", &section);
+    };
+    section += &format!(
+        "\nIssue 11's bound, `stat -p IDLE_PID` adding at most {ISSUE_11_BOUND}x what an empty \
+         sched_switch program adds per switch (added CPU time; 95% percentile bootstrap \
+         interval, {BOOTSTRAP_RESAMPLES} resamples of the measurements, the k-th of each \
+         configuration drawn together as they come from the same round):\n\n"
+    );
+    for pmu in [SOFTWARE, SYNTHETIC] {
+        let Some(idle_p) = index_of(&idle_p_name(pmu)) else {
+            continue;
+        };
+        let interval = added_ratio(
+            &added_rounds[idle_p],
+            &added_rounds[empty],
+            BOOTSTRAP_RESAMPLES,
         );
-        // Other load can leave the empty program's small cost below the noise: no ratio then.
-        if floor > 0.0 {
-            section += &format!(", {:.2}x by wall clock", added.added[idle_p] / floor);
-        } else {
-            section += " (below this run's noise: no wall-clock ratio)";
-        }
-        if let (Some(empty_run), Some(filtered_run)) = (run_times[empty], run_times[idle_p]) {
-            // Both pay the same hook; they differ by what their programs do, which the kernel's
-            // run times measure without the wall-clock noise.
+        section += &format!(
+            "- `--pmu {pmu}`, measured: {:+.1} ns against {:+.1} ns, {}",
+            added.added[idle_p],
+            added.added[empty],
+            interval_text(&interval)
+        );
+        if let (Some(filtered_run), Some(empty_run)) = (run_times[idle_p], run_times[empty]) {
+            // Both programs are tp_btf programs on the same hook, so what they add apart from
+            // their own run time is the same; the kernel times their difference without the
+            // CPU-time figure's noise.
             let extra = filtered_run - empty_run;
+            let shifted: Vec<f64> = added_rounds[empty].iter().map(|ns| ns + extra).collect();
+            let by_program = added_ratio(&shifted, &added_rounds[empty], BOOTSTRAP_RESAMPLES);
             section += &format!(
-                "; its program runs {filtered_run:.1} ns per switch against {empty_run:.1} ns, \
-                 {extra:+.1} ns"
+                "; by program run time: the empty program's {:+.1} ns plus the {extra:+.1} ns \
+                 its program runs longer ({filtered_run:.1} against {empty_run:.1} ns), {}",
+                added.added[empty],
+                interval_text(&by_program)
             );
-            if floor > 0.0 {
-                section += &format!(
-                    ", so with the empty program's wall-clock cost it adds an estimated {:.2}x",
-                    (floor + extra) / floor
-                );
-            }
         }
-        section += " (issue 11's target: at most 1.2x).\n";
+        section += ".\n";
     }
+    section += "\nThe measured ratio is what this run shows. The program-time estimate also \
+                assumes that the two programs cost the same outside their own run time (both \
+                are `tp_btf` programs on one hook, attached the same way), which the `added − \
+                program` column supports only to within this run's noise; its interval comes \
+                from the empty program's measured added cost alone.\n";
     if let (Some(old), Some(new)) = (
         index_of(&format!(
             "baseline: topdown stat -p IDLE_PID --pmu {SYNTHETIC}"
         )),
-        idle_p,
+        index_of(&idle_p_name(SYNTHETIC)),
     ) {
         section += &format!(
             "\n`-p` of an idle process, synthetic (7 counters), this build against the baseline \
@@ -1295,6 +1739,64 @@ mod tests {
         let run_times = [None, Some(50.0), Some(75.0), Some(40.0)];
         assert_eq!(program_per_floor(&configs, &run_times, 2), Some(1.5));
         assert_eq!(program_per_floor(&configs, &run_times, 1), None);
+    }
+
+    #[test]
+    fn spreads_use_interpolated_quartiles() {
+        let spread = Spread::of(&[4.0, 1.0, 3.0, 2.0, 5.0]);
+        assert_eq!(
+            spread,
+            Spread {
+                median: 3.0,
+                q1: 2.0,
+                q3: 4.0,
+                min: 1.0,
+                max: 5.0
+            }
+        );
+        // Between ranks: 0.25 of the way from 10 to 20.
+        assert_eq!(quantile(&[10.0, 20.0], 0.25), 12.5);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn ratio_intervals_decide_the_bound_only_when_resolved() {
+        // Every round exactly 1.1x: the interval is that point, below 1.2x.
+        let den = [100.0, 120.0, 80.0, 110.0, 90.0];
+        let num: Vec<f64> = den.iter().map(|ns| ns * 1.1).collect();
+        let tight = added_ratio(&num, &den, 500);
+        assert!((tight.estimate - 1.1).abs() < 1e-9, "{tight:?}");
+        assert!(
+            tight.low >= 1.1 - 1e-9 && tight.high <= 1.1 + 1e-9,
+            "{tight:?}"
+        );
+        assert_eq!(verdict(&tight, 1.2), "met");
+        // 1.5x in every round: not met.
+        let num: Vec<f64> = den.iter().map(|ns| ns * 1.5).collect();
+        assert_eq!(verdict(&added_ratio(&num, &den, 500), 1.2), "not met");
+        // A denominator that is sometimes not above zero: unbounded, not resolved.
+        let noisy = added_ratio(&[50.0, 60.0, 40.0], &[-30.0, 40.0, -10.0], 500);
+        assert_eq!(noisy.high, f64::INFINITY);
+        assert_eq!(verdict(&noisy, 1.2), "not resolved by this measurement");
+        // An interval straddling the bound: not resolved.
+        let straddling = RatioInterval {
+            estimate: 1.1,
+            low: 0.9,
+            high: 1.3,
+        };
+        assert_eq!(
+            verdict(&straddling, 1.2),
+            "not resolved by this measurement"
+        );
+    }
+
+    #[test]
+    fn pingpong_fields_are_read_by_name() {
+        let line = "ns_per_switch=2024.0 cpu_ns_per_switch=1817.1 switches=20000\n";
+        assert_eq!(pingpong_field(line, "ns_per_switch").ok(), Some(2024.0));
+        assert_eq!(pingpong_field(line, "cpu_ns_per_switch").ok(), Some(1817.1));
+        assert_eq!(pingpong_field(line, "switches").ok(), Some(20000.0));
+        assert!(pingpong_field(line, "steal").is_err());
     }
 
     #[test]

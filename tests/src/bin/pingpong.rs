@@ -1,12 +1,42 @@
-//! Context-switch ping-pong for `cargo xtask bench`: two threads pinned to one CPU pass a byte
-//! back and forth through two pipes, so every hop is a context switch.
+//! Context-switch ping-pong for `cargo xtask bench`: two threads pinned to one CPU hand control
+//! back and forth, so every hop is a context switch.
 //!
-//! `pingpong [--round-trips N] [--cpu C]` prints `ns_per_switch=<f64>`.
-//! `--processes --cgroup-a DIR --cgroup-b DIR`: the two sides are processes, each moving itself
-//! into its cgroup v2 directory first, so every hop is also a cgroup switch.
+//! `pingpong [--round-trips N] [--cpu C] [--via pipe|futex|yield] [--fifo]` prints one line,
+//! `ns_per_switch=<wall> cpu_ns_per_switch=<cpu> switches=<count>` (the last two only where
+//! the kernel has `/proc/thread-self/schedstat`):
+//! - `ns_per_switch`: wall-clock time over `2 N` hops; it includes whatever else ran on the CPU
+//!   and, in a VM, the time the hypervisor took the vCPU away (steal).
+//! - `switches`: how many times one of the two threads was switched in (the third field of
+//!   `/proc/thread-self/schedstat`, `sched_info.pcount`, counted in `sched_info_arrive` only
+//!   when the scheduler really changes task), over both threads' loops.
+//! - `cpu_ns_per_switch`: both threads' own run time (`CLOCK_THREAD_CPUTIME_ID`, the
+//!   scheduler's `sum_exec_runtime`) over those switches. `__schedule` updates the run-queue
+//!   clock before it picks the next task and starts the next task's run time from that clock,
+//!   then fires `sched_switch` and switches: what a `sched_switch` program costs is charged to
+//!   the task switched in. The run-queue task clock leaves out steal time
+//!   (`CONFIG_PARAVIRT_TIME_ACCOUNTING`) and the time other tasks ran.
+//!
+//! `--via`: how a hop hands over. `pipe` (default): each side writes a byte to the other's pipe
+//! and reads its own; `futex`: a shared word and `FUTEX_WAKE`/`FUTEX_WAIT`; `yield`: each side
+//! calls `sched_yield` N times and the scheduler alternates them (no wake-up path at all, so
+//! the cheapest switch; its switch count is whatever the scheduler did, hence `switches`).
+//!
+//! `--fifo`: both threads run SCHED_FIFO (priority 1), so ordinary tasks do not run on the CPU
+//! between hops (only in the kernel's real-time throttling share, 5% by default) and do not
+//! evict the ping-pong's caches there; `yield` then alternates the two strictly.
+//!
+//! `--processes --cgroup-a DIR --cgroup-b DIR` (pipes only): the two sides are processes, each
+//! moving itself into its cgroup v2 directory first, so every hop is also a cgroup switch; only
+//! `ns_per_switch` is measured then.
 //! `--waker MS`: instead, wake up every MS milliseconds forever (background cgroup activity).
 
-use std::time::Instant;
+use std::{
+    sync::{
+        Arc, Barrier,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Instant,
+};
 
 fn pin(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t with one bit set, passed with its size.
@@ -20,6 +50,21 @@ fn pin(cpu: usize) {
             );
             std::process::exit(2);
         }
+    }
+}
+
+/// SCHED_FIFO at the lowest real-time priority: the two sides then alternate strictly
+/// (`sched_yield` puts the caller behind the other), and ordinary tasks do not run on the CPU
+/// between their hops except for the kernel's real-time throttling share (5% by default).
+fn realtime() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: a valid sched_param for this thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        eprintln!(
+            "pingpong: cannot switch to SCHED_FIFO: {}",
+            std::io::Error::last_os_error()
+        );
+        std::process::exit(2);
     }
 }
 
@@ -47,9 +92,36 @@ fn hop(read_fd: libc::c_int, write_fd: libc::c_int, first: bool) {
     }
 }
 
+/// Waits until `turn` holds `mine`, then passes the turn to the other side and wakes it.
+fn futex_hop(turn: &AtomicU32, mine: u32) {
+    while turn.load(Ordering::Acquire) != mine {
+        // SAFETY: FUTEX_WAIT on a live aligned u32; it returns at once if the value changed.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                turn.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                mine ^ 1,
+                std::ptr::null::<libc::timespec>(),
+            );
+        }
+    }
+    turn.store(mine ^ 1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on a live aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            turn.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
+
 fn usage() -> ! {
     eprintln!(
-        "usage: pingpong [--round-trips N] [--cpu C] [--processes --cgroup-a DIR --cgroup-b DIR] | --waker MS"
+        "usage: pingpong [--round-trips N] [--cpu C] [--via pipe|futex|yield] [--fifo] \
+         [--processes --cgroup-a DIR --cgroup-b DIR] | --waker MS"
     );
     std::process::exit(2);
 }
@@ -63,15 +135,69 @@ fn join_cgroup(dir: &str) {
     }
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    Pipe,
+    Futex,
+    Yield,
+}
+
+/// This thread's run time (ns) and how often it has been switched in (None without
+/// `/proc/thread-self/schedstat`, which needs `CONFIG_SCHED_INFO`).
+#[derive(Clone, Copy, Default)]
+struct ThreadClock {
+    run_ns: u64,
+    switched_in: Option<u64>,
+}
+
+impl ThreadClock {
+    fn now() -> Self {
+        let mut time = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime fills the timespec.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut time) } != 0 {
+            eprintln!(
+                "pingpong: CLOCK_THREAD_CPUTIME_ID: {}",
+                std::io::Error::last_os_error()
+            );
+            std::process::exit(2);
+        }
+        // Documentation/scheduler/sched-stats.rst: "time spent on the cpu", "time spent
+        // waiting on a runqueue", "# of timeslices run on this cpu".
+        let switched_in = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|text| text.split_whitespace().nth(2)?.parse().ok());
+        Self {
+            run_ns: time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64,
+            switched_in,
+        }
+    }
+
+    fn since(self, start: Self) -> Self {
+        Self {
+            run_ns: self.run_ns - start.run_ns,
+            switched_in: self
+                .switched_in
+                .zip(start.switched_in)
+                .map(|(now, then)| now - then),
+        }
+    }
+}
+
 fn main() {
     let mut round_trips: u64 = 100_000;
     let mut cpu = 0usize;
+    let mut via = Via::Pipe;
+    let mut fifo = false;
     let mut processes = false;
     let mut cgroups: (Option<String>, Option<String>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--processes" => processes = true,
+            "--fifo" => fifo = true,
             "--cgroup-a" => cgroups.0 = Some(args.next().unwrap_or_else(|| usage())),
             "--cgroup-b" => cgroups.1 = Some(args.next().unwrap_or_else(|| usage())),
             "--waker" => {
@@ -96,35 +222,95 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or_else(|| usage())
             }
+            "--via" => {
+                via = match args.next().as_deref() {
+                    Some("pipe") => Via::Pipe,
+                    Some("futex") => Via::Futex,
+                    Some("yield") => Via::Yield,
+                    _ => usage(),
+                }
+            }
             _ => usage(),
         }
     }
+    if processes {
+        if via != Via::Pipe || fifo {
+            usage();
+        }
+        processes_pingpong(round_trips, cpu, &cgroups);
+        return;
+    }
     let ping = pipe();
     let pong = pipe();
-    let peer = move || {
+    let turn = Arc::new(AtomicU32::new(0));
+    // Both sides pinned before either starts, so neither loop runs alone at first.
+    let ready = Arc::new(Barrier::new(2));
+    let side = move |first: bool, turn: Arc<AtomicU32>, ready: Arc<Barrier>| {
+        pin(cpu);
+        if fifo {
+            realtime();
+        }
+        ready.wait();
+        let start = ThreadClock::now();
+        for _ in 0..round_trips {
+            match via {
+                Via::Pipe if first => hop(pong[0], ping[1], true),
+                Via::Pipe => hop(ping[0], pong[1], false),
+                Via::Futex => futex_hop(&turn, u32::from(!first)),
+                // SAFETY: sched_yield has no arguments.
+                Via::Yield => unsafe {
+                    libc::sched_yield();
+                },
+            }
+        }
+        ThreadClock::now().since(start)
+    };
+    let peer = {
+        let (turn, ready) = (turn.clone(), ready.clone());
+        std::thread::spawn(move || side(false, turn, ready))
+    };
+    let wall = Instant::now();
+    let mine = side(true, turn, ready);
+    let elapsed = wall.elapsed();
+    let Ok(theirs) = peer.join() else {
+        eprintln!("pingpong: the other side panicked");
+        std::process::exit(2);
+    };
+    let wall_ns = elapsed.as_nanos() as f64 / (2 * round_trips) as f64;
+    match mine.switched_in.zip(theirs.switched_in) {
+        Some((a, b)) => println!(
+            "ns_per_switch={wall_ns:.1} cpu_ns_per_switch={:.1} switches={}",
+            (mine.run_ns + theirs.run_ns) as f64 / (a + b).max(1) as f64,
+            a + b
+        ),
+        None => {
+            eprintln!(
+                "pingpong: no /proc/thread-self/schedstat (needs CONFIG_SCHED_INFO): CPU time \
+                 per switch not measured"
+            );
+            println!("ns_per_switch={wall_ns:.1}");
+        }
+    }
+}
+
+/// The two sides as processes, optionally each in its own cgroup: wall clock only.
+fn processes_pingpong(round_trips: u64, cpu: usize, cgroups: &(Option<String>, Option<String>)) {
+    let ping = pipe();
+    let pong = pipe();
+    // SAFETY: the child runs only its loop before exiting.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        if let Some(dir) = &cgroups.1 {
+            join_cgroup(dir);
+        }
         pin(cpu);
         for _ in 0..round_trips {
             hop(ping[0], pong[1], false);
         }
-    };
-    let mut child = None;
-    let mut thread = None;
-    if processes {
-        // SAFETY: the child runs only the loop above before exiting.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            if let Some(dir) = &cgroups.1 {
-                join_cgroup(dir);
-            }
-            peer();
-            std::process::exit(0);
-        }
-        child = Some(pid);
-        if let Some(dir) = &cgroups.0 {
-            join_cgroup(dir);
-        }
-    } else {
-        thread = Some(std::thread::spawn(peer));
+        std::process::exit(0);
+    }
+    if let Some(dir) = &cgroups.0 {
+        join_cgroup(dir);
     }
     pin(cpu);
     let start = Instant::now();
@@ -132,14 +318,9 @@ fn main() {
         hop(pong[0], ping[1], true);
     }
     let elapsed = start.elapsed();
-    if let Some(thread) = thread {
-        let _ = thread.join();
-    }
-    if let Some(pid) = child {
-        let mut status = 0;
-        // SAFETY: reaping our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-    }
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
     println!(
         "ns_per_switch={:.1}",
         elapsed.as_nanos() as f64 / (2 * round_trips) as f64
