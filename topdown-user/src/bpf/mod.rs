@@ -918,12 +918,19 @@ fn read_whole<T: std::borrow::Borrow<MapData>, K: aya::Pod, V: aya::Pod>(
     use aya::maps::IterableMap as _;
     use std::os::fd::AsFd as _;
     match batch::lookup_all(map.map().fd().as_fd(), keys, values) {
-        Ok(()) => return Ok(()),
-        Err(batch::BatchError::Failed(err)) => return Err(err.into()),
-        Err(batch::BatchError::Unsupported) => {}
+        Ok(()) => Ok(()),
+        Err(batch::BatchError::Failed(err)) => Err(err.into()),
+        // Nothing was appended: read it the old way.
+        Err(batch::BatchError::Unsupported) => read_by_entry(map, keys, values),
     }
-    keys.clear();
-    values.clear();
+}
+
+/// `read_whole` on kernels before 5.6: aya's iterator, two system calls per entry.
+fn read_by_entry<T: std::borrow::Borrow<MapData>, K: aya::Pod, V: aya::Pod>(
+    map: &BpfHashMap<T, K, V>,
+    keys: &mut Vec<K>,
+    values: &mut Vec<V>,
+) -> Result<()> {
     for entry in map.iter() {
         match entry {
             Ok((key, value)) => {
@@ -1056,5 +1063,73 @@ fn check_btf() -> Result<()> {
                  sched_switch program needs"
             ),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::os::fd::AsFd as _;
+
+    /// The batched read and the entry-by-entry one (the fallback before Linux 5.6) give the
+    /// same entries, appended after what the vectors held. Needs `CAP_BPF` (root in CI).
+    #[test]
+    fn both_ways_of_reading_a_map_give_the_same_entries() {
+        let map = match batch::scratch_hash_map::<u32, TaskCounters>(5000) {
+            Ok(map) => map,
+            Err(err) if std::env::var_os("CI").is_none() => {
+                eprintln!("SKIPPED both_ways_of_reading_a_map_give_the_same_entries: {err}");
+                return;
+            }
+            Err(err) => panic!("creating a BPF hash map (CI runs as root): {err}"),
+        };
+        for tid in 1..=5000u32 {
+            let task = TaskCounters {
+                switches: u64::from(tid) * 3,
+                tgid: tid / 4,
+                ..TaskCounters::ZERO
+            };
+            if let Err(err) = batch::insert(map.as_fd(), &tid, &task) {
+                panic!("inserting tid {tid}: {err}");
+            }
+        }
+        let opened = map
+            .try_clone()
+            .map_err(anyhow::Error::from)
+            .and_then(|fd| Ok(MapData::from_fd(fd)?))
+            .and_then(|data| Ok(BpfHashMap::try_from(aya::maps::Map::HashMap(data))?));
+        let tasks: BpfHashMap<MapData, u32, TaskCounters> = match opened {
+            Ok(tasks) => tasks,
+            Err(err) => panic!("opening the map through aya: {err:#}"),
+        };
+        let read = |whole: bool| -> Vec<(u32, u64, u32)> {
+            let (mut tids, mut counters) = (vec![0], vec![TaskCounters::ZERO]);
+            let result = if whole {
+                read_whole(&tasks, &mut tids, &mut counters)
+            } else {
+                read_by_entry(&tasks, &mut tids, &mut counters)
+            };
+            if let Err(err) = result {
+                panic!("reading (batched: {whole}): {err:#}");
+            }
+            let mut entries: Vec<(u32, u64, u32)> = tids
+                .iter()
+                .zip(&counters)
+                .map(|(tid, task)| (*tid, task.switches, task.tgid))
+                .collect();
+            entries.sort_unstable();
+            entries
+        };
+        let batched = read(true);
+        assert_eq!(batched.len(), 5001);
+        assert_eq!(batched[0], (0, 0, 0), "what the vectors held is kept");
+        assert!(
+            batched[1..]
+                .iter()
+                .zip(1u32..)
+                .all(|(entry, tid)| *entry == (tid, u64::from(tid) * 3, tid / 4))
+        );
+        assert_eq!(read(false), batched);
     }
 }
