@@ -248,29 +248,35 @@ fn hybrid_models_calibrate_each_core_type() {
 /// over-compensation hidden by the clamp at zero still fails. Each return mechanism in turn:
 /// the calibration must match the one the function is probed with.
 ///
-/// Judged on the mean of several runs: on a shared VM the machine's speed moves between the
-/// calibration and the workload's calls, and one run's residual has a standard deviation of
-/// 12-13% here (README), wider than the bound itself. Each run pairs its own calibration with
-/// its own calls, so the mean over runs keeps a systematic error (what the check is for) and
-/// averages the drift away.
+/// Judged on the mean of many runs: on a shared VM the cost of a uprobe trap moves from one
+/// second to the next, so one run's calibration and its workload's calls see different costs.
+/// Measured here: one run's residual spreads 15-20% (standard deviation), pinned to one CPU or
+/// not, with 20000 or 200000 calls alike, wider than the bound itself; six runs in a row also
+/// drifted together (+21% mean over one 15-second stretch). Each run pairs its own calibration
+/// with its own calls, so the mean over runs keeps a systematic error (what the check is for)
+/// and averages the drift away; the two mechanisms take turns, so both sample the whole
+/// minute rather than one stretch each.
 #[test]
 fn empty_function_compensates_to_within_ten_percent_of_zero() {
-    const RUNS: usize = 6;
+    const RUNS: usize = 24;
+    const MECHANISMS: [&str; 2] = ["--returns=exit", "--returns=uretprobe"];
     let _serial = serial();
     if !privileged() {
         return;
     }
     let w = path(&binaries().compensation);
     let empty = format!("{w}:empty");
-    for returns in ["--returns=exit", "--returns=uretprobe"] {
-        let mut shares = Vec::new();
-        let mut failures = Vec::new();
-        for _ in 0..RUNS {
+    let mut shares: [Vec<f64>; 2] = Default::default();
+    let mut failures: [Vec<String>; 2] = Default::default();
+    for _ in 0..RUNS {
+        for (index, returns) in MECHANISMS.iter().enumerate() {
             match empty_function_attempt(&w, &empty, returns) {
-                Ok(share) => shares.push(share),
-                Err(failure) => failures.push(failure),
+                Ok(share) => shares[index].push(share),
+                Err(failure) => failures[index].push(failure),
             }
         }
+    }
+    for ((returns, shares), failures) in MECHANISMS.iter().zip(&shares).zip(&failures) {
         // A calibration can fail beside heavy load (counter read errors): such a run says so
         // and is left out, but most runs must give a figure.
         assert!(
@@ -288,7 +294,6 @@ fn empty_function_compensates_to_within_ten_percent_of_zero() {
     }
 }
 
-/// One run: the empty function's compensated residual as a percentage of its raw figure.
 fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<f64, String> {
     let (report, stderr) = stat(&[
         "--pmu", "software", returns, "-u", empty, "--", w, "empty", "20000",
