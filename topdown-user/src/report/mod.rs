@@ -164,6 +164,9 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
     for function in &mut report.functions {
         visit(&mut function.inclusive);
         visit(&mut function.exclusive);
+        if let Some(distribution) = &mut function.distribution {
+            distribution.entities_mut().for_each(&mut visit);
+        }
     }
     report
         .call_tree
@@ -247,6 +250,10 @@ pub struct FunctionEntry {
     pub inclusive: Entity,
     /// Inclusive minus the inclusive counts of probed callees.
     pub exclusive: Entity,
+    /// Its calls by inclusive weight per call, each bucket with its own TopDown split
+    /// (`crate::distribution`); absent where no call was recorded in a histogram.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<crate::distribution::Distribution>,
 }
 
 /// A caller -> callee edge of the probed call tree.
@@ -355,6 +362,12 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
         entity.metrics = evaluation.metrics;
         entity.estimated = evaluation.estimated;
     });
+    // Percentiles, like metrics, follow from what the file counted, not from what it says.
+    for function in &mut report.functions {
+        if let Some(distribution) = &mut function.distribution {
+            distribution.percentiles = distribution.estimate_percentiles();
+        }
+    }
     fill_derived(report);
 }
 
