@@ -166,10 +166,46 @@ impl Distribution {
         Some(self.buckets.len() - 1)
     }
 
+    /// The band of calls around `quantile`: the percentile's value and the bucket holding it.
+    pub fn band(&self, quantile: f64) -> Option<(f64, &Bucket)> {
+        Some((
+            self.percentile(quantile)?,
+            &self.buckets[self.bucket_of(quantile)?],
+        ))
+    }
+
     /// Every bucket's entity, for recomputing metrics.
     pub fn entities_mut(&mut self) -> impl Iterator<Item = &mut Entity> {
         self.buckets.iter_mut().map(|bucket| &mut bucket.entity)
     }
+}
+
+/// Why calls of `entity` are slow, in a few words: its largest level-1 category and, where
+/// the report has level 2, the largest level-2 one, e.g. `backend_bound 62% (memory_bound
+/// 48%)`; `None` without TopDown metrics (the software model).
+pub fn dominant_categories(entity: &Entity) -> Option<String> {
+    use crate::model::{L1_METRICS, L2_METRICS};
+    let largest = |names: &[&str]| -> Option<(String, f64)> {
+        names
+            .iter()
+            .filter_map(|name| {
+                let value = entity.metrics.get(*name).copied().flatten()?;
+                value.is_finite().then(|| ((*name).to_owned(), value))
+            })
+            .fold(
+                None,
+                |best: Option<(String, f64)>, (name, value)| match best {
+                    Some((_, top)) if top >= value => best,
+                    _ => Some((name, value)),
+                },
+            )
+    };
+    let (level_one, share) = largest(&L1_METRICS)?;
+    let mut text = format!("{level_one} {:.0}%", 100.0 * share);
+    if let Some((level_two, share)) = largest(&L2_METRICS) {
+        text += &format!(" ({level_two} {:.0}%)", 100.0 * share);
+    }
+    Some(text)
 }
 
 #[cfg(test)]

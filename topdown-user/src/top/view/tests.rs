@@ -342,6 +342,7 @@ fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
         entry_single_step: false,
         inclusive: entity("slots", 500, &level_one(0.5, 0.0, 0.25, 0.25)),
         exclusive: entity("slots", 400, &level_one(0.5, 0.0, 0.25, 0.25)),
+        distribution: None,
     }];
     let mut ui = Ui::new(1);
     ui.view = View::Functions;
