@@ -132,6 +132,9 @@ int main(int argc, char **argv) {
         // argv[2] calls of band(argv[3], 0), then argv[4] calls of band(argv[5], 1).
         for (int i = 0; i < atoi(argv[2]); i++) band(atoi(argv[3]), 0);
         for (int i = 0; i < atoi(argv[4]); i++) band(atoi(argv[5]), 1);
+    } else if (!strcmp(argv[1], "bandlist") && argc >= 3) {
+        // band(N, 0) once for each N given.
+        for (int i = 2; i < argc; i++) band(atoi(argv[i]), 0);
     } else if (!strcmp(argv[1], "libc") && argc == 3) {
         via_libc(atoi(argv[2]));
     } else if (!strcmp(argv[1], "wait") && argc == 5) {

@@ -162,6 +162,7 @@ impl Sub for Diagnostics {
                 .saturating_sub(earlier.probe_read_failures),
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
             tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
+            histogram_full: self.histogram_full.saturating_sub(earlier.histogram_full),
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
@@ -835,6 +836,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         probe_read_failures: snapshot.probes.read_failures,
         probe_map_full: snapshot.probes.map_full,
         tail_calls_cut: snapshot.probes.tail_calls_cut,
+        histogram_full: snapshot.probes.histogram_full,
         ..Diagnostics::default()
     };
     snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {

@@ -309,6 +309,10 @@ pub struct Diagnostics {
     /// Shadow stacks or function entries that did not fit their maps.
     #[serde(default)]
     pub probe_map_full: u64,
+    /// Probed calls in the function totals but in no per-call histogram: their bucket was new
+    /// and the histogram map full (raise `--max-buckets`).
+    #[serde(default)]
+    pub histogram_full: u64,
     /// Probed calls that ended in a tail call to a function whose end cannot be known (its
     /// returns are not probed: another library, a PLT stub, no symbol): their inclusive figure
     /// stops at the jump.

@@ -286,6 +286,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.tail_calls_cut
         );
     }
+    if d.histogram_full > 0 {
+        text += &format!(
+            "note: {} probed calls are in the function totals but in no per-call distribution (the histogram map was full): raise --max-buckets\n",
+            d.histogram_full
+        );
+    }
     if d.cgroup_map_full > 0 {
         text += &format!(
             "note: the cgroup map was full {} times: raise --max-cgroups\n",

@@ -419,6 +419,7 @@ impl Exporter {
             ("task_map_full", d.task_map_full),
             ("cgroup_map_full", d.cgroup_map_full),
             ("probe_map_full", d.probe_map_full),
+            ("histogram_full", d.histogram_full),
             ("missed_returns", d.missed_returns),
             ("overflows", d.overflows),
         ] {
