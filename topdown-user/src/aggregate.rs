@@ -1170,6 +1170,36 @@ mod tests {
         assert_eq!(aggregate.cpus, vec![(0, slots(&[150]))]);
         assert_eq!(aggregate.diagnostics.readings, 0);
         // Cumulative: everything, unchanged entries included.
+        // Histogram buckets: only those with calls in the interval, by what they gained.
+        let bucket = |index: u32, calls: u64, slots: u64| {
+            let mut bucket = HistogramBucket::ZERO;
+            bucket.calls = calls;
+            bucket.counters[0] = slots;
+            (
+                HistogramKey {
+                    kind: histogram::FUNCTION,
+                    owner: 1,
+                    tgid: 0,
+                    bucket: index,
+                },
+                bucket,
+            )
+        };
+        let before = Snapshot {
+            histograms: vec![bucket(9, 5, 50), bucket(35, 1, 1000)],
+            ..previous.clone()
+        };
+        let after = Snapshot {
+            histograms: vec![bucket(9, 5, 50), bucket(35, 3, 3000), bucket(40, 1, 2000)],
+            ..current.clone()
+        };
+        let moved = Aggregate::since(&after, Some(&before));
+        let gained: Vec<(u32, u64, u64)> = moved
+            .histograms
+            .iter()
+            .map(|b| (b.key.bucket, b.calls, b.counts.0[0]))
+            .collect();
+        assert_eq!(gained, [(35, 2, 2000), (40, 1, 2000)]);
         let whole = Aggregate::since(&current, None);
         assert_eq!(whole.cgroups.len(), 2);
         assert_eq!(whole.calls.len(), 2);

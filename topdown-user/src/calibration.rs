@@ -963,6 +963,54 @@ mod tests {
         );
     }
 
+    /// The same run's histograms: mid's two calls in one bucket (270 each), leaf's four in
+    /// another (60 each; its calls have no probed callees). Each bucket loses `calls x P +
+    /// callee_calls x T`, so the buckets still add up to the compensated inclusive figures.
+    #[test]
+    fn histogram_buckets_lose_what_their_calls_carry() {
+        use crate::aggregate::HistogramCounts;
+        use topdown_common::{HistogramKey, histogram};
+        let calibration = Calibration::new(
+            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
+            &["cpu-clock".to_owned()],
+            &[None],
+        );
+        let calls = vec![
+            edge(0, ROOT_FUNCTION, 2, 4, 540, 300),
+            edge(1, 0, 4, 0, 240, 240),
+        ];
+        let bucket = |owner: u32, per_call: u64, calls: u64, callee_calls: u64| {
+            let mut counts = SlotCounts::ZERO;
+            counts.0[0] = per_call * calls;
+            HistogramCounts {
+                key: HistogramKey {
+                    kind: histogram::FUNCTION,
+                    owner,
+                    tgid: 0,
+                    bucket: histogram::bucket(per_call),
+                },
+                calls,
+                callee_calls,
+                counts,
+            }
+        };
+        let mut buckets = vec![bucket(0, 270, 2, 4), bucket(1, 60, 4, 0)];
+        let clamped = calibration
+            .compensate_histograms(&mut buckets, &calls, &|_| Some(ReturnMechanism::Exit));
+        assert_eq!(clamped, 0);
+        assert_eq!(buckets[0].counts.0[0], 2 * 200);
+        assert_eq!(buckets[1].counts.0[0], 4 * 50);
+        // The bounds stay those of the raw figures: 270 is in [256, 320).
+        assert_eq!(histogram::bounds(buckets[0].key.bucket), (256, 320));
+        assert_eq!(
+            calibration.weight_costs(ReturnMechanism::Exit, 0),
+            Some(crate::distribution::ProbeCost {
+                per_call: 10.0,
+                per_callee: 30.0
+            })
+        );
+    }
+
     #[test]
     fn clamps_at_zero_and_counts_it() {
         let calibration = Calibration::new(
