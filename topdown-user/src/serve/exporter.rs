@@ -1263,6 +1263,7 @@ mod tests {
     const EVERY_FAMILY: &str = r##"# HELP topdown_bpf_events_total BPF-side diagnostics: readings, read errors, full maps, missed returns
 # TYPE topdown_bpf_events_total counter
 topdown_bpf_events_total{kind="cgroup_map_full"} 0
+topdown_bpf_events_total{kind="histogram_full"} 0
 topdown_bpf_events_total{kind="missed_returns"} 1
 topdown_bpf_events_total{kind="not_running_readings"} 0
 topdown_bpf_events_total{kind="overflows"} 0

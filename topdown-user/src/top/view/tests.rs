@@ -168,7 +168,8 @@ fn the_screen_shows_header_legend_rows_and_proportional_bars() {
     assert_eq!(text(&buf, 5), "");
     assert_eq!(
         text(&buf, 6),
-        "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause"
+        // Cut at the buffer's 100 columns.
+        "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause  \u{2191}\u{2193} sele"
     );
 }
 
