@@ -1035,3 +1035,220 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
         assert_eq!(report["diagnostics"]["probe_read_failures"], 0);
     }
 }
+
+/// `(low, high, calls, slots)` of each bucket of a function's distribution.
+fn buckets(function: &Value) -> Vec<(u64, u64, u64, u64)> {
+    function["distribution"]["buckets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no distribution in {function}"))
+        .iter()
+        .map(|bucket| {
+            (
+                bucket["low"].as_u64().unwrap(),
+                bucket["high"].as_u64().unwrap(),
+                bucket["calls"].as_u64().unwrap(),
+                counter(bucket, "slots"),
+            )
+        })
+        .collect()
+}
+
+/// The case, exact on synthetic counters: 1000 calls of band(10, retiring) and 30 of
+/// band(1000, backend bound) give one bucket of exactly 1000 calls and 10000 slots and one of
+/// 30 calls and 30000, each with its own TopDown split, the p50 in the first and the p99 in
+/// the second; the buckets add up to the function's inclusive figures, and `record -> report
+/// -i` keeps all of it.
+#[test]
+fn per_call_distributions_are_exact_and_survive_a_replay() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().c);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("distribution-replay");
+    std::fs::create_dir_all(&dir).unwrap();
+    let recorded = dir.join("run.json");
+    for returns in ["uretprobe", "exit"] {
+        run_ok(
+            topdown()
+                .args([
+                    "stat",
+                    "--pmu",
+                    "synthetic:intel-icl",
+                    "--format",
+                    "json",
+                    "-o",
+                ])
+                .arg(&recorded)
+                .args(["--returns", returns, "-u", &format!("{c}:band"), "--"])
+                .args([c, "bands", "1000", "10", "30", "1000"]),
+        )
+        .unwrap();
+        let report = parse_json(&std::fs::read(&recorded).unwrap()).unwrap();
+        let band = function(&report, "band");
+        assert_eq!(band["calls"], 1030, "{returns}");
+        assert_eq!(
+            buckets(band),
+            [(10, 12, 1000, 10_000), (896, 1024, 30, 30_000)],
+            "{returns}"
+        );
+        let distribution = &band["distribution"];
+        assert_eq!(distribution["weight"], "slots");
+        let fast = &distribution["buckets"][0];
+        let slow = &distribution["buckets"][1];
+        assert_eq!(counter(fast, "topdown-retiring"), 10_000);
+        assert_eq!(counter(slow, "topdown-be-bound"), 30_000);
+        assert_eq!(fast["metrics"]["retiring"].as_f64(), Some(1.0));
+        assert_eq!(slow["metrics"]["backend_bound"].as_f64(), Some(1.0));
+        let percentile = |name: &str| distribution["percentiles"][name].as_f64().unwrap();
+        assert!((10.0..12.0).contains(&percentile("p50")), "{distribution}");
+        assert!(
+            (896.0..1024.0).contains(&percentile("p99")),
+            "{distribution}"
+        );
+        // Every counter of the buckets adds up to the function's inclusive figure.
+        for name in report["counter_names"].as_array().unwrap() {
+            let name = name.as_str().unwrap();
+            assert_eq!(
+                counter(fast, name) + counter(slow, name),
+                counter(&band["inclusive"], name),
+                "{returns} {name}"
+            );
+        }
+        assert_eq!(report["diagnostics"]["histogram_full"], 0);
+
+        // The replay keeps the distribution as recorded.
+        let replayed = run_ok(
+            topdown()
+                .args(["report", "--format", "json", "--by", "function", "-i"])
+                .arg(&recorded),
+        )
+        .unwrap();
+        let replayed = parse_json(&replayed.stdout).unwrap();
+        assert_eq!(
+            function(&replayed, "band")["distribution"],
+            band["distribution"],
+            "{returns}"
+        );
+        // And the table says which calls are slow, and why.
+        let table = String::from_utf8(
+            run_ok(
+                topdown()
+                    .args(["report", "--by", "function", "-i"])
+                    .arg(&recorded),
+            )
+            .unwrap()
+            .stdout,
+        )
+        .unwrap();
+        let line = |band: &str| -> Vec<String> {
+            table
+                .lines()
+                .find(|line| line.starts_with("band ") && line.contains(&format!(" {band} ")))
+                .unwrap_or_else(|| panic!("no {band} line in {table}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        let fast_line = line("p50");
+        let slow_line = line("p99");
+        assert_eq!(
+            fast_line[fast_line.len() - 5..],
+            ["12)", "1000", "10000", "retiring", "100%"]
+        );
+        assert_eq!(
+            slow_line[slow_line.len() - 5..],
+            ["1024)", "30", "30000", "backend_bound", "100%"]
+        );
+    }
+}
+
+/// bpftrace as the oracle of the bucket layout: its `hist(n, 2)` is `hist` over powers of two
+/// (bpftrace 0.17, Debian's, has no second argument) split by `lhist` into 4 linear parts of
+/// each power of two; the same calls' buckets from bpftrace (of `band`'s argument, which is its
+/// slots per call) and from topdown's BPF side must be the same, bucket for bucket.
+#[test]
+fn histogram_buckets_match_bpftraces() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    if !Path::new("/usr/bin/bpftrace").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "bpftrace missing: cargo xtask setup installs it"
+        );
+        skipped("bpftrace not installed");
+        return;
+    }
+    let c = path(&binaries().c);
+    // Every value below 20, both ends and the middle of several powers of two, and repeats.
+    let mut values: Vec<u64> = (0..20).collect();
+    values.extend([
+        23, 31, 32, 33, 47, 48, 63, 64, 100, 127, 128, 255, 256, 257, 383, 384, 511, 700, 1000,
+        1023, 1024, 1500, 2047, 2048, 3000, 3071, 3072,
+    ]);
+    values.extend([5, 5, 100, 1000, 1000, 3000]);
+    let arguments: Vec<String> = values.iter().map(u64::to_string).collect();
+
+    let mut program = format!("uprobe:{c}:band {{ @small = lhist(arg0, 0, 4, 1); ");
+    for e in 2..12 {
+        let low = 1u64 << e;
+        program += &format!("@e{e} = lhist(arg0, {low}, {}, {}); ", 2 * low, low / 4);
+    }
+    program += "}";
+    let command = format!("{c} bandlist {}", arguments.join(" "));
+    let output = Command::new("bpftrace")
+        .args(["-e", &program, "-c", &command])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "bpftrace: {}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // `[low, high)   count |@@@|` lines with both bounds numbers (not the out-of-range ones);
+    // bpftrace writes multiples of 1024 as `1K`, `3K`, `1M`.
+    let number = |text: &str| -> Option<u64> {
+        match text.strip_suffix('K') {
+            Some(kilo) => kilo.parse::<u64>().ok().map(|n| n << 10),
+            None => match text.strip_suffix('M') {
+                Some(mega) => mega.parse::<u64>().ok().map(|n| n << 20),
+                None => text.parse().ok(),
+            },
+        }
+    };
+    let mut oracle: Vec<(u64, u64, u64)> = stdout
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix('[')?;
+            let (range, tail) = rest.split_once(')')?;
+            let (low, high) = range.split_once(", ")?;
+            let count = tail.split_whitespace().next()?.parse::<u64>().ok()?;
+            Some((number(low)?, number(high)?, count))
+        })
+        .filter(|(_, _, count)| *count > 0)
+        .collect();
+    oracle.sort_unstable();
+    assert_eq!(
+        oracle.iter().map(|(_, _, count)| count).sum::<u64>(),
+        values.len() as u64,
+        "every value in one bpftrace bucket: {stdout}"
+    );
+
+    let mut args = vec!["-u".to_owned(), format!("{c}:band"), "--".to_owned()];
+    args.extend([c.to_owned(), "bandlist".to_owned()]);
+    args.extend(arguments);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let report = stat(&args);
+    let ours: Vec<(u64, u64, u64)> = buckets(function(&report, "band"))
+        .into_iter()
+        .map(|(low, high, calls, slots)| {
+            let expected: u64 = values.iter().filter(|v| (low..high).contains(*v)).sum();
+            assert_eq!(slots, expected, "[{low}, {high})");
+            (low, high, calls)
+        })
+        .collect();
+    assert_eq!(ours, oracle);
+}

@@ -1530,3 +1530,89 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
         "{stderr}"
     );
 }
+
+/// The per-call histogram of a probed function: `band` makes 1000 calls of 10 slots (10
+/// getppid, 10 getpgid: retiring) and 30 of 1000 slots (1000 getppid, 1000 getresuid: backend
+/// bound). Buckets `[10, 12)` and `[896, 1024)`: `le` 11 and 1023, cumulative, `_count` the
+/// calls, `_sum` their slots; the p99's bucket is the slow one, all backend bound. promtool
+/// lints the exposition.
+#[test]
+fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let funcs = funcs_binary("serve-distribution");
+    let funcs = funcs.to_str().unwrap();
+    let port = free_port();
+    let exporter = start_serve(port, &["-u", &format!("{funcs}:band")]);
+    run_ok(Command::new(funcs).args(["bands", "1000", "10", "30", "1000"])).unwrap();
+    let labels = format!(r#"function="band",target="{funcs}""#);
+    let count = format!("topdown_function_call_slots_count{{{labels}}}");
+    let metrics = wait_for(Duration::from_secs(10), || {
+        let (_, body) = http_get(port, "/metrics")?;
+        (sample(&body, &count) == Some(1030.0)).then_some(body)
+    })
+    .unwrap_or_else(|| panic!("{count} never reached 1030"));
+    let buckets: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("topdown_function_call_slots_bucket{{{labels}")))
+        .collect();
+    assert_eq!(
+        buckets,
+        [
+            format!(r#"topdown_function_call_slots_bucket{{{labels},le="11"}} 1000"#),
+            format!(r#"topdown_function_call_slots_bucket{{{labels},le="1023"}} 1030"#),
+            format!(r#"topdown_function_call_slots_bucket{{{labels},le="+Inf"}} 1030"#),
+        ],
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("topdown_function_call_slots_sum{{{labels}}}")
+        ),
+        Some(40_000.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("topdown_function_p99_band_le{{{labels}}}")
+        ),
+        Some(1023.0)
+    );
+    let band = |category: &str| {
+        sample(
+            &metrics,
+            &format!(
+                r#"topdown_function_p99_band_slots{{category="{category}",function="band",model="intel-icl",target="{funcs}"}}"#
+            ),
+        )
+    };
+    assert_eq!(
+        (band("total"), band("backend_bound"), band("retiring")),
+        (Some(30_000.0), Some(30_000.0), Some(0.0)),
+        "{metrics}"
+    );
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let linted = promtool.wait_with_output().unwrap();
+    assert!(
+        linted.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&linted.stdout),
+        String::from_utf8_lossy(&linted.stderr)
+    );
+    drop(exporter);
+}

@@ -175,6 +175,78 @@ fn top_shows_the_commands_topdown_and_gives_the_terminal_back() {
     pane.assert_restored();
 }
 
+/// The functions view's `d`: the selected function's calls by bucket, each with why. `band`
+/// makes 1000 calls of 10 getppid + 10 getpgid (slots, retiring) and 30 of 1000 getppid +
+/// 1000 getresuid (slots, backend bound).
+#[test]
+fn top_shows_the_selected_functions_distribution() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("top-distribution");
+    std::fs::create_dir_all(&dir).unwrap();
+    let funcs = dir.join("funcs");
+    let built = Command::new("cc")
+        .args(["-O0", "-g", "-pthread", "-o"])
+        .arg(&funcs)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/funcs.c"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let funcs = funcs.display().to_string();
+    let probe = format!("{funcs}:band");
+    let pane = Pane::start(
+        "distribution",
+        &[
+            "top",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--refresh-ms",
+            "5000",
+            "-u",
+            &probe,
+            "--",
+            &funcs,
+            "bands",
+            "1000",
+            "10",
+            "30",
+            "1000",
+        ],
+    );
+    pane.wait_for("the command exited (status 0)");
+    pane.keys(&["d"]);
+    pane.wait_for("d shows the selected function's distribution: switch to functions with f");
+    pane.keys(&["f", "Down", "d"]);
+    let screen = pane.wait_for("band: inclusive slots per call");
+    assert!(
+        screen.contains("band: inclusive slots per call  p50 11  p90 12  p99 980"),
+        "{screen}"
+    );
+    let fast = row(&screen, "[10, 12)");
+    assert_eq!(
+        [fast[2], fast[4], fast[5]],
+        ["1000", "retiring", "100%"],
+        "{screen}"
+    );
+    let slow = row(&screen, "[896, 1024)");
+    assert_eq!(
+        [slow[2], slow[4], slow[5]],
+        ["30", "backend_bound", "100%"],
+        "{screen}"
+    );
+    // `d` again hides it.
+    pane.keys(&["d"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pane.screen().contains("[896, 1024)") {
+        assert!(Instant::now() < deadline, "{}", pane.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    pane.keys(&["q"]);
+    pane.assert_restored();
+}
+
 #[test]
 fn top_with_the_software_model_shows_on_cpu_time() {
     if !privileged() {

@@ -28,6 +28,19 @@ __attribute__((noinline)) int recurse(int depth) {
     return 1;
 }
 
+// N getppid (slots) and N calls of the category's syscall: getpgid (retiring) for kind 0,
+// getresuid (backend bound) for kind 1, so fast and slow calls differ in why.
+__attribute__((noinline)) void band(int n, int kind) {
+    unsigned r, e, s;
+    for (int i = 0; i < n; i++) syscall(SYS_getppid);
+    for (int i = 0; i < n; i++) {
+        if (kind == 0)
+            syscall(SYS_getpgid, 0);
+        else
+            syscall(SYS_getresuid, &r, &e, &s);
+    }
+}
+
 static jmp_buf env;
 
 __attribute__((noinline)) void jumper(int n) {
@@ -115,6 +128,13 @@ int main(int argc, char **argv) {
         pthread_join(thread, NULL);
     } else if (!strcmp(argv[1], "steady") && argc == 4) {
         steady(atol(argv[2]), atof(argv[3]));
+    } else if (!strcmp(argv[1], "bands") && argc == 6) {
+        // argv[2] calls of band(argv[3], 0), then argv[4] calls of band(argv[5], 1).
+        for (int i = 0; i < atoi(argv[2]); i++) band(atoi(argv[3]), 0);
+        for (int i = 0; i < atoi(argv[4]); i++) band(atoi(argv[5]), 1);
+    } else if (!strcmp(argv[1], "bandlist") && argc >= 3) {
+        // band(N, 0) once for each N given.
+        for (int i = 2; i < argc; i++) band(atoi(argv[i]), 0);
     } else if (!strcmp(argv[1], "libc") && argc == 3) {
         via_libc(atoi(argv[2]));
     } else if (!strcmp(argv[1], "wait") && argc == 5) {

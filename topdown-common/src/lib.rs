@@ -89,6 +89,8 @@ pub mod names {
     pub const PROCESS_CGROUPS: &str = "PROCESS_CGROUPS";
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
+    pub const HISTOGRAMS: &str = "HISTOGRAMS";
+    pub const GLOBAL_WEIGHT_SLOT: &str = "WEIGHT_SLOT";
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
@@ -515,6 +517,9 @@ pub struct ProbeStats {
     /// Calls closed at a tail-call jump because the callee's end cannot be known (its returns
     /// are not probed): their inclusive figure stops at the jump.
     pub tail_calls_cut: u64,
+    /// Calls in every total but in no per-call histogram: their bucket was new and `HISTOGRAMS`
+    /// was full (`--max-buckets`).
+    pub histogram_full: u64,
 }
 
 /// Exit-instruction probes: what the attach cookie of a probe on an exit instruction says.
@@ -601,8 +606,106 @@ pub struct FileAddress {
     pub address: u64,
 }
 
+/// Per-call histograms: each probed call's inclusive count of the weight counter (`slots`;
+/// `cpu-clock` ns in the software model) picks a bucket, which adds up the calls and every
+/// counter of the calls in it, so each bucket has a TopDown split of its own.
+///
+/// The layout is bpftrace's `hist(n, 2)` (its `log2` helper with k = 2) less bpftrace's bucket
+/// for negative values: a value `v` below 4 has a bucket of its own, `[v, v + 1)`; any other
+/// lies in the power-of-two range `[2^e, 2^(e+1))` with `e = floor(log2 v)` >= 2, split in 4
+/// equal sub-buckets of width `2^(e-2)`, and `v` is in sub-bucket `x = (v >> (e-2)) & 3`:
+/// `[(4 + x) << (e-2), (5 + x) << (e-2))`. Bucket indexes count up with the values: `v` for
+/// `v < 4`, then `4 (e - 1) + x`, 0 to 251 (bpftrace's index is this plus one).
+pub mod histogram {
+    /// Linear sub-buckets per power of two: `2^SUB_BITS` (bpftrace's `k`).
+    pub const SUB_BITS: u32 = 2;
+    const SUB_BUCKETS: u64 = 1 << SUB_BITS;
+    /// Bucket indexes: 0..BUCKETS.
+    pub const BUCKETS: u32 = 252;
+
+    /// `HistogramKey::kind` of a probed function's calls (`owner`: its id).
+    pub const FUNCTION: u32 = 0;
+
+    /// `floor(log2 v)` for `v > 0`, by halving the search range: no loop the verifier has to
+    /// unroll, and no count-leading-zeros, which BPF has no instruction for.
+    #[inline(always)]
+    pub const fn log2(value: u64) -> u32 {
+        let mut v = value;
+        let mut log = 0;
+        let mut step = 32;
+        while step > 0 {
+            if v >= 1 << step {
+                v >>= step;
+                log += step;
+            }
+            step /= 2;
+        }
+        log
+    }
+
+    /// The bucket index of `value`.
+    #[inline(always)]
+    pub const fn bucket(value: u64) -> u32 {
+        if value < SUB_BUCKETS {
+            return value as u32;
+        }
+        let e = log2(value);
+        let sub = ((value >> (e - SUB_BITS)) & (SUB_BUCKETS - 1)) as u32;
+        ((e - SUB_BITS + 1) << SUB_BITS) + sub
+    }
+
+    /// The values of bucket `index`: `[low, high)`. The last bucket's `high` would be 2^64: it
+    /// is `u64::MAX`, and holds `u64::MAX` too.
+    pub const fn bounds(index: u32) -> (u64, u64) {
+        if index < SUB_BUCKETS as u32 {
+            return (index as u64, index as u64 + 1);
+        }
+        let index = if index >= BUCKETS { BUCKETS - 1 } else { index };
+        let e = (index >> SUB_BITS) + SUB_BITS - 1;
+        let sub = (index & (SUB_BUCKETS as u32 - 1)) as u64;
+        let width = 1u64 << (e - SUB_BITS);
+        let low = (SUB_BUCKETS + sub) * width;
+        (low, low.saturating_add(width))
+    }
+}
+
+/// Key of `HISTOGRAMS`: one bucket of one owner's per-call histogram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HistogramKey {
+    /// What the calls are of (`histogram::FUNCTION`).
+    pub kind: u32,
+    /// The function's id (the attach cookie user space gave it).
+    pub owner: u32,
+    /// The process, or 0 when functions are not split by process.
+    pub tgid: u32,
+    /// `histogram::bucket` of the calls' weight.
+    pub bucket: u32,
+}
+
+/// Value of `HISTOGRAMS`: the calls of one bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HistogramBucket {
+    pub calls: u64,
+    /// Returns of probed callees during these calls (for the probes' cost, as `CallStats`).
+    pub callee_calls: u64,
+    /// Sums of the calls' inclusive counts, per counter slot.
+    pub counters: [u64; MAX_COUNTERS],
+}
+
+impl HistogramBucket {
+    pub const ZERO: Self = Self {
+        calls: 0,
+        callee_calls: 0,
+        counters: [0; MAX_COUNTERS],
+    };
+}
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::HistogramKey {}
+    unsafe impl aya::Pod for super::HistogramBucket {}
     unsafe impl aya::Pod for super::CgroupCounters {}
     unsafe impl aya::Pod for super::CallKey {}
     unsafe impl aya::Pod for super::CallStats {}
@@ -619,6 +722,65 @@ mod user {
 mod tests {
     extern crate std;
     use std::{vec, vec::Vec};
+
+    use super::histogram::{BUCKETS, bounds, bucket, log2};
+
+    #[test]
+    fn log2_is_the_highest_set_bit() {
+        for shift in 0..64 {
+            let power = 1u64 << shift;
+            assert_eq!(log2(power), shift);
+            assert_eq!(log2(power | (power >> 1)), shift);
+            assert_eq!(log2(power.wrapping_mul(2).wrapping_sub(1)), shift);
+        }
+    }
+
+    /// Every bucket's bounds hold exactly the values `bucket` gives it, with no gap or overlap
+    /// from 0 to u64::MAX: checked at both ends and the middle of every bucket.
+    #[test]
+    fn buckets_tile_the_values_in_order() {
+        let mut next_low = 0;
+        for index in 0..BUCKETS {
+            let (low, high) = bounds(index);
+            assert_eq!(low, next_low, "bucket {index}");
+            assert!(high > low, "bucket {index}");
+            assert_eq!(bucket(low), index);
+            assert_eq!(bucket(high - 1), index);
+            assert_eq!(bucket(low + (high - low) / 2), index);
+            next_low = high;
+        }
+        assert_eq!(next_low, u64::MAX);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    /// The layout written out: single values below 4, then four equal parts of each power of
+    /// two (bpftrace's `hist(n, 2)`: 225 = 0b11100001 is its index 28, ours 27).
+    #[test]
+    fn the_layout_is_four_linear_parts_per_power_of_two() {
+        let buckets: Vec<(u64, u64)> = (0..12).map(bounds).collect();
+        assert_eq!(
+            buckets,
+            [
+                (0, 1),
+                (1, 2),
+                (2, 3),
+                (3, 4),
+                (4, 5),
+                (5, 6),
+                (6, 7),
+                (7, 8),
+                (8, 10),
+                (10, 12),
+                (12, 14),
+                (14, 16)
+            ]
+        );
+        assert_eq!(bucket(225), 27);
+        assert_eq!(bounds(27), (224, 256));
+        assert_eq!(bounds(bucket(10)), (10, 12));
+        assert_eq!(bounds(bucket(1000)), (896, 1024));
+        assert_eq!(bounds(bucket(1 << 40)), (1 << 40, 5 << 38));
+    }
 
     use super::unseen_leavers::{WORDS, bit, marked, note_switch, word};
 

@@ -12,11 +12,13 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, FileAddress, MAX_COUNTERS, MAX_DEPTH, MAX_FUNCTION_RANGES, ProbeStats, ROOT_FUNCTION,
-    ShadowStack, entry_cookie, exit_point, frame_flags, pt_regs_word, reading_owner,
+    ShadowStack, entry_cookie, exit_point, frame_flags, histogram as histogram_kind, pt_regs_word,
+    reading_owner,
 };
 
 use crate::{
     counters::{add, current_ids, current_is_traced, is_tracked, read_slots, recover_reading},
+    histogram,
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
         SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK,
@@ -553,6 +555,17 @@ fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
             atomic_add(&raw mut (*stats).exclusive[slot], exclusive);
         }
         slot += 1;
+    }
+    if !histogram::record(
+        histogram_kind::FUNCTION,
+        function,
+        key.tgid,
+        &stack.now,
+        used,
+        callee_calls,
+    ) && let Some(stats) = probe_stats()
+    {
+        stats.histogram_full += 1;
     }
     true
 }

@@ -176,6 +176,7 @@ fn main() -> anyhow::Result<()> {
         functions: &functions,
         target_returns: &[],
         call_tree,
+        distribution_probe_costs: &|_| None,
     };
     let naming = Naming::new(
         model.as_ref(),

@@ -14,10 +14,14 @@ use std::{
 
 use compact_str::CompactString;
 use foldhash::fast::RandomState as FastHash;
-use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};
+use topdown_common::{
+    CallKey, CallStats, CpuState, HistogramBucket, HistogramKey, MAX_COUNTERS, ROOT_FUNCTION,
+    TaskCounters, histogram,
+};
 
 use crate::{
     bpf::Snapshot,
+    distribution::{BucketCounts, Distribution},
     model::{Counts, Evaluator, Model},
     report::{
         CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
@@ -158,6 +162,7 @@ impl Sub for Diagnostics {
                 .saturating_sub(earlier.probe_read_failures),
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
             tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
+            histogram_full: self.histogram_full.saturating_sub(earlier.histogram_full),
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
@@ -205,6 +210,36 @@ pub struct CallCounts {
     pub callee_calls: u64,
 }
 
+/// One bucket of a per-call histogram (`topdown_common::histogram`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HistogramCounts {
+    pub key: HistogramKey,
+    pub calls: u64,
+    /// Returns of probed callees during these calls.
+    pub callee_calls: u64,
+    /// The calls' inclusive counts, summed.
+    pub counts: SlotCounts,
+}
+
+impl HistogramCounts {
+    fn of(key: &HistogramKey, bucket: &HistogramBucket) -> Self {
+        Self {
+            key: *key,
+            calls: bucket.calls,
+            callee_calls: bucket.callee_calls,
+            counts: SlotCounts(bucket.counters),
+        }
+    }
+
+    pub fn bucket(&self) -> BucketCounts {
+        BucketCounts {
+            bucket: self.key.bucket,
+            calls: self.calls,
+            counts: self.counts,
+        }
+    }
+}
+
 /// Everything counted, by entity, as typed counts: cumulative since the baseline, or the
 /// deltas between two snapshots.
 #[derive(Clone, Debug, Default)]
@@ -224,6 +259,8 @@ pub struct Aggregate {
     pub cgroups: Vec<(u64, SlotCounts)>,
     /// In interval mode only edges with calls in the interval.
     pub calls: Vec<CallCounts>,
+    /// Per-call histogram buckets; in interval mode only those with calls in the interval.
+    pub histograms: Vec<HistogramCounts>,
     /// Per CPU totals.
     pub cpus: Vec<(u32, SlotCounts)>,
     pub diagnostics: Diagnostics,
@@ -311,6 +348,8 @@ impl Aggregate {
             .filter(|call| previous.is_none() || call.calls != 0)
             .collect();
 
+        let histograms = histogram_deltas(current, previous);
+
         let cpus = current
             .cpus
             .iter()
@@ -336,10 +375,44 @@ impl Aggregate {
             processes,
             cgroups,
             calls,
+            histograms,
             cpus,
             diagnostics,
         }
     }
+}
+
+/// Every histogram bucket, or (interval mode) what each gained since `previous`.
+fn histogram_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<HistogramCounts> {
+    let Some(previous) = previous else {
+        return current
+            .histograms
+            .iter()
+            .map(|(key, bucket)| HistogramCounts::of(key, bucket))
+            .collect();
+    };
+    let before: FastMap<HistogramKey, &HistogramBucket> = previous
+        .histograms
+        .iter()
+        .map(|(key, bucket)| (*key, bucket))
+        .collect();
+    current
+        .histograms
+        .iter()
+        .map(|(key, bucket)| {
+            let now = HistogramCounts::of(key, bucket);
+            match before.get(key) {
+                Some(old) => HistogramCounts {
+                    calls: now.calls.saturating_sub(old.calls),
+                    callee_calls: now.callee_calls.saturating_sub(old.callee_calls),
+                    counts: now.counts - SlotCounts(old.counters),
+                    ..now
+                },
+                None => now,
+            }
+        })
+        .filter(|bucket| bucket.calls != 0)
+        .collect()
 }
 
 /// One probed function's counts, summed over its callers (a `CallCounts` per caller edge).
@@ -366,6 +439,20 @@ impl Aggregate {
             total.exclusive += call.exclusive;
         }
         totals
+    }
+
+    /// Per `(function id, tgid)`, its per-call histogram buckets.
+    pub fn function_histograms(&self) -> BTreeMap<(u32, u32), Vec<BucketCounts>> {
+        let mut buckets: BTreeMap<(u32, u32), Vec<BucketCounts>> = BTreeMap::new();
+        for entry in &self.histograms {
+            if entry.key.kind == histogram::FUNCTION {
+                buckets
+                    .entry((entry.key.owner, entry.key.tgid))
+                    .or_default()
+                    .push(entry.bucket());
+            }
+        }
+        buckets
     }
 
     /// Each cgroup's counts with its path (from `paths`; unnamed ids keep `None`): flat, each
@@ -491,6 +578,9 @@ pub struct ReportContext<'a> {
     /// Whether the report lists the caller -> callee edges (`call_tree`): `top` never shows
     /// them, and evaluating 10000 edges costs more than its whole screen.
     pub call_tree: bool,
+    /// The probes' cost per call and per probed callee in the weight counter, by function id,
+    /// where it was taken out of the per-call histograms (`crate::distribution`).
+    pub distribution_probe_costs: &'a dyn Fn(u32) -> Option<crate::distribution::ProbeCost>,
 }
 
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
@@ -746,6 +836,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         probe_read_failures: snapshot.probes.read_failures,
         probe_map_full: snapshot.probes.map_full,
         tail_calls_cut: snapshot.probes.tail_calls_cut,
+        histogram_full: snapshot.probes.histogram_full,
         ..Diagnostics::default()
     };
     snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {
@@ -816,9 +907,16 @@ fn function_entries(
             .filter(|id| !called.contains(id))
             .map(|id| ((id, 0), FunctionCounts::default())),
     );
+    let mut histograms = aggregate.function_histograms();
+    let weight = ctx.model.weight_counter();
     let functions = totals
         .into_iter()
         .map(|((function, tgid), total)| {
+            let distribution = histograms.remove(&(function, tgid)).map(|buckets| {
+                let mut distribution = Distribution::of(weight, buckets, entity);
+                distribution.probe_cost = (ctx.distribution_probe_costs)(function);
+                distribution
+            });
             let (target, symbol) = name(function);
             let returns = ctx
                 .target_returns
@@ -835,6 +933,7 @@ fn function_entries(
                 entry_single_step: false,
                 inclusive: entity(&total.inclusive),
                 exclusive: entity(&total.exclusive),
+                distribution,
             }
         })
         .collect();
@@ -917,6 +1016,7 @@ mod tests {
             functions: &[],
             target_returns: &[],
             call_tree: true,
+            distribution_probe_costs: &|_| None,
         }
     }
 
@@ -1070,6 +1170,36 @@ mod tests {
         assert_eq!(aggregate.cpus, vec![(0, slots(&[150]))]);
         assert_eq!(aggregate.diagnostics.readings, 0);
         // Cumulative: everything, unchanged entries included.
+        // Histogram buckets: only those with calls in the interval, by what they gained.
+        let bucket = |index: u32, calls: u64, slots: u64| {
+            let mut bucket = HistogramBucket::ZERO;
+            bucket.calls = calls;
+            bucket.counters[0] = slots;
+            (
+                HistogramKey {
+                    kind: histogram::FUNCTION,
+                    owner: 1,
+                    tgid: 0,
+                    bucket: index,
+                },
+                bucket,
+            )
+        };
+        let before = Snapshot {
+            histograms: vec![bucket(9, 5, 50), bucket(35, 1, 1000)],
+            ..previous.clone()
+        };
+        let after = Snapshot {
+            histograms: vec![bucket(9, 5, 50), bucket(35, 3, 3000), bucket(40, 1, 2000)],
+            ..current.clone()
+        };
+        let moved = Aggregate::since(&after, Some(&before));
+        let gained: Vec<(u32, u64, u64)> = moved
+            .histograms
+            .iter()
+            .map(|b| (b.key.bucket, b.calls, b.counts.0[0]))
+            .collect();
+        assert_eq!(gained, [(35, 2, 2000), (40, 1, 2000)]);
         let whole = Aggregate::since(&current, None);
         assert_eq!(whole.cgroups.len(), 2);
         assert_eq!(whole.calls.len(), 2);

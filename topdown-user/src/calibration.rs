@@ -252,7 +252,9 @@ impl Calibration {
         slot_names: &[String],
     ) -> (Aggregate, CompensationReport) {
         let mut compensated = aggregate.clone();
-        let clamped = self.compensate_calls(&mut compensated.calls, mechanism_of);
+        let mut clamped = self.compensate_calls(&mut compensated.calls, mechanism_of);
+        clamped +=
+            self.compensate_histograms(&mut compensated.histograms, &aggregate.calls, mechanism_of);
         let raw_functions = aggregate
             .function_totals()
             .into_iter()
@@ -281,6 +283,58 @@ impl Calibration {
         )
     }
 
+    /// `P` and `T` of `mechanism` in `slot` (the weight counter's), as subtracted.
+    pub fn weight_costs(
+        &self,
+        mechanism: ReturnMechanism,
+        slot: usize,
+    ) -> Option<crate::distribution::ProbeCost> {
+        let costs = self.by_mechanism.get(&mechanism)?;
+        Some(crate::distribution::ProbeCost {
+            per_call: costs.per_call.get(slot).copied().unwrap_or(0.0),
+            per_callee: costs.per_callee.get(slot).copied().unwrap_or(0.0),
+        })
+    }
+
+    /// Takes the probes' cost out of each per-call histogram bucket of a function, as out of
+    /// its inclusive figures (`calls x P + callee_calls x T`, T weighted by the mix of the
+    /// callees of the function's edges in `calls`), so the buckets still add up to them.
+    /// Returns how many figures were clamped at zero.
+    fn compensate_histograms(
+        &self,
+        histograms: &mut [crate::aggregate::HistogramCounts],
+        calls: &[CallCounts],
+        mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
+    ) -> u64 {
+        let zero = SlotCosts::default();
+        let costs_of = |function: u32| {
+            mechanism_of(function)
+                .and_then(|mechanism| self.by_mechanism.get(&mechanism))
+                .unwrap_or(&zero)
+        };
+        let mix = callee_mix(calls, &costs_of);
+        let mut clamped = 0;
+        for bucket in histograms.iter_mut() {
+            if bucket.key.kind != topdown_common::histogram::FUNCTION {
+                continue;
+            }
+            let function = bucket.key.owner;
+            let own = costs_of(function);
+            let callees = mix
+                .get(&(function, bucket.key.tgid))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for slot in 0..own.per_call.len().max(per_callee_len(callees)) {
+                let per_call = own.per_call.get(slot).copied().unwrap_or(0.0);
+                let (per_callee, _) = mean_callee_costs(callees, slot);
+                let amount =
+                    bucket.calls as f64 * per_call + bucket.callee_calls as f64 * per_callee;
+                clamped += subtract(&mut bucket.counts.0, slot, amount);
+            }
+        }
+        clamped
+    }
+
     /// Subtracts in place; returns how many figures were clamped at zero.
     fn compensate_calls(
         &self,
@@ -293,19 +347,7 @@ impl Calibration {
                 .and_then(|mechanism| self.by_mechanism.get(&mechanism))
                 .unwrap_or(&zero)
         };
-        // Per (caller, process): its probed callees' returns, by the callee's costs. The BPF
-        // side counts callee returns per edge but not by mechanism; this split is exact when
-        // one mechanism is in use, and the callee mix of the caller's whole run otherwise.
-        let mut callee_mix: HashMap<(u32, u32), Vec<(u64, &SlotCosts)>> = HashMap::new();
-        for call in calls.iter() {
-            if call.key.parent == ROOT_FUNCTION {
-                continue;
-            }
-            callee_mix
-                .entry((call.key.parent, call.key.tgid))
-                .or_default()
-                .push((call.calls, costs_of(call.key.function)));
-        }
+        let callee_mix = callee_mix(calls, &costs_of);
         let mut clamped = 0;
         for call in calls.iter_mut() {
             let own = costs_of(call.key.function);
@@ -313,20 +355,9 @@ impl Calibration {
                 .get(&(call.key.function, call.key.tgid))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let mix_total: u64 = mix.iter().map(|(calls, _)| calls).sum();
             for slot in 0..own.per_call.len().max(per_callee_len(mix)) {
                 let per_call = own.per_call.get(slot).copied().unwrap_or(0.0);
-                // Mean T and T - P over the callees, weighted by their calls.
-                let (callee_inclusive, callee_exclusive) = if mix_total == 0 {
-                    (0.0, 0.0)
-                } else {
-                    mix.iter().fold((0.0, 0.0), |(inc, exc), (calls, costs)| {
-                        let weight = *calls as f64 / mix_total as f64;
-                        let t = costs.per_callee.get(slot).copied().unwrap_or(0.0);
-                        let p = costs.per_call.get(slot).copied().unwrap_or(0.0);
-                        (inc + weight * t, exc + weight * (t - p).max(0.0))
-                    })
-                };
+                let (callee_inclusive, callee_exclusive) = mean_callee_costs(mix, slot);
                 let calls_f = call.calls as f64;
                 let callees_f = call.callee_calls as f64;
                 let inclusive = calls_f * per_call + callees_f * callee_inclusive;
@@ -337,6 +368,39 @@ impl Calibration {
         }
         clamped
     }
+}
+
+/// Per (caller, process): its probed callees' returns, by the callee's costs. The BPF side
+/// counts callee returns per edge but not by mechanism; this split is exact when one mechanism
+/// is in use, and the callee mix of the caller's whole run otherwise.
+fn callee_mix<'c>(
+    calls: &[CallCounts],
+    costs_of: &dyn Fn(u32) -> &'c SlotCosts,
+) -> HashMap<(u32, u32), Vec<(u64, &'c SlotCosts)>> {
+    let mut mix: HashMap<(u32, u32), Vec<(u64, &SlotCosts)>> = HashMap::new();
+    for call in calls {
+        if call.key.parent == ROOT_FUNCTION {
+            continue;
+        }
+        mix.entry((call.key.parent, call.key.tgid))
+            .or_default()
+            .push((call.calls, costs_of(call.key.function)));
+    }
+    mix
+}
+
+/// Mean T and T - P in `slot` over the callees of `mix`, weighted by their calls.
+fn mean_callee_costs(mix: &[(u64, &SlotCosts)], slot: usize) -> (f64, f64) {
+    let total: u64 = mix.iter().map(|(calls, _)| calls).sum();
+    if total == 0 {
+        return (0.0, 0.0);
+    }
+    mix.iter().fold((0.0, 0.0), |(inc, exc), (calls, costs)| {
+        let weight = *calls as f64 / total as f64;
+        let t = costs.per_callee.get(slot).copied().unwrap_or(0.0);
+        let p = costs.per_call.get(slot).copied().unwrap_or(0.0);
+        (inc + weight * t, exc + weight * (t - p).max(0.0))
+    })
 }
 
 fn per_callee_len(mix: &[(u64, &SlotCosts)]) -> usize {
@@ -538,6 +602,8 @@ pub struct Setup<'a> {
     /// `CounterGroups::hybrid_cpus` of the run's counters.
     pub hybrid_cpus: Vec<(String, Vec<u32>)>,
     pub calls: u64,
+    /// The run's `SessionConfig::weight_slot`.
+    pub weight_slot: u32,
 }
 
 /// Measures P and T (module documentation) for each mechanism on each core type.
@@ -555,6 +621,10 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         split_functions_by_process: false,
         max_stacks: 64,
         max_calls: 16,
+        // The run's probes update a histogram bucket per call: so do the calibration's, whose
+        // cost is part of what they measure. No preallocation: only buckets reached use memory.
+        max_buckets: 1024,
+        weight_slot: setup.weight_slot,
         by_cgroup: false,
         cgroup_filter: None,
         max_cgroups: 16,
@@ -890,6 +960,54 @@ mod tests {
             calls[0].inclusive.0[1..MAX_COUNTERS]
                 .iter()
                 .all(|c| *c == 0)
+        );
+    }
+
+    /// The same run's histograms: mid's two calls in one bucket (270 each), leaf's four in
+    /// another (60 each; its calls have no probed callees). Each bucket loses `calls x P +
+    /// callee_calls x T`, so the buckets still add up to the compensated inclusive figures.
+    #[test]
+    fn histogram_buckets_lose_what_their_calls_carry() {
+        use crate::aggregate::HistogramCounts;
+        use topdown_common::{HistogramKey, histogram};
+        let calibration = Calibration::new(
+            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
+            &["cpu-clock".to_owned()],
+            &[None],
+        );
+        let calls = vec![
+            edge(0, ROOT_FUNCTION, 2, 4, 540, 300),
+            edge(1, 0, 4, 0, 240, 240),
+        ];
+        let bucket = |owner: u32, per_call: u64, calls: u64, callee_calls: u64| {
+            let mut counts = SlotCounts::ZERO;
+            counts.0[0] = per_call * calls;
+            HistogramCounts {
+                key: HistogramKey {
+                    kind: histogram::FUNCTION,
+                    owner,
+                    tgid: 0,
+                    bucket: histogram::bucket(per_call),
+                },
+                calls,
+                callee_calls,
+                counts,
+            }
+        };
+        let mut buckets = vec![bucket(0, 270, 2, 4), bucket(1, 60, 4, 0)];
+        let clamped = calibration
+            .compensate_histograms(&mut buckets, &calls, &|_| Some(ReturnMechanism::Exit));
+        assert_eq!(clamped, 0);
+        assert_eq!(buckets[0].counts.0[0], 2 * 200);
+        assert_eq!(buckets[1].counts.0[0], 4 * 50);
+        // The bounds stay those of the raw figures: 270 is in [256, 320).
+        assert_eq!(histogram::bounds(buckets[0].key.bucket), (256, 320));
+        assert_eq!(
+            calibration.weight_costs(ReturnMechanism::Exit, 0),
+            Some(crate::distribution::ProbeCost {
+                per_call: 10.0,
+                per_callee: 30.0
+            })
         );
     }
 

@@ -303,6 +303,12 @@ pub struct CountingArgs {
     #[arg(long = "max-calls", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_calls: u32,
 
+    /// Capacity of the BPF map of per-call histogram buckets (one entry per function and bucket
+    /// in use, allocated as calls reach it); calls whose bucket does not fit are counted in the
+    /// totals but not in the distribution (`histogram_full` in the diagnostics).
+    #[arg(long = "max-buckets", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_buckets: u32,
+
     /// Capacity of the BPF map of per-thread shadow stacks (threads inside probed functions).
     #[arg(long = "max-stacks", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_stacks: u32,

@@ -21,6 +21,7 @@ use crate::{
     cgroup::CgroupTree,
     cli::CountingArgs,
     counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+    distribution::ProbeCost,
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
     probes::Probes,
@@ -149,6 +150,12 @@ impl Prepared {
         targets: Targets,
         verbose: bool,
     ) -> Result<CountingSession> {
+        let weight_slot = self
+            .plan
+            .slot_names()
+            .iter()
+            .position(|name| name == self.model.weight_counter())
+            .unwrap_or(0) as u32;
         let config = SessionConfig {
             tracked_tgids: targets.tracked_tgids.clone(),
             follow_forks: targets.follow_forks,
@@ -158,6 +165,8 @@ impl Prepared {
             split_functions_by_process: targets.functions_per_process,
             max_stacks: args.max_stacks,
             max_calls: args.max_calls,
+            max_buckets: args.max_buckets,
+            weight_slot,
             by_cgroup: self.cgroups.is_some(),
             cgroup_filter: self.cgroup_filter,
             max_cgroups: args.max_cgroups,
@@ -197,6 +206,7 @@ impl Prepared {
                 } else {
                     CALIBRATION_CALLS
                 },
+                weight_slot,
             }),
             _ => None,
         };
@@ -315,6 +325,15 @@ impl CountingSession {
         let cgroup_paths = self.cgroup_paths(aggregate);
         let (compensated, compensation) = self.compensate(aggregate);
         let aggregate = compensated.as_ref().unwrap_or(aggregate);
+        let weight_slot = self
+            .slot_names
+            .iter()
+            .position(|name| name == self.model.weight_counter());
+        let distribution_probe_costs = |function: u32| -> Option<ProbeCost> {
+            let calibration = compensation.as_ref().and(self.calibration.as_ref())?;
+            let mechanism = self.probes.as_ref()?.mechanism(function)?;
+            calibration.weight_costs(mechanism, weight_slot?)
+        };
         let ctx = ReportContext {
             model: self.model.as_ref(),
             slot_names: self.slot_names.clone(),
@@ -331,6 +350,7 @@ impl CountingSession {
                 .map(|probes| probes.target_returns())
                 .unwrap_or_default(),
             call_tree,
+            distribution_probe_costs: &distribution_probe_costs,
         };
         let mut report = report_of(&ctx, aggregate);
         if let Some(probes) = &self.probes {

@@ -746,8 +746,9 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     let fl = floor.display().to_string();
-    let topdown_run = |pmu: &str, returns: Option<&str>| {
-        let mut argv = strings(&[&td, "stat", "--pmu", pmu, "--format", "json", "-o"]);
+    let baseline = baseline_build();
+    let topdown_run = |td: &str, pmu: &str, returns: Option<&str>| {
+        let mut argv = strings(&[td, "stat", "--pmu", pmu, "--format", "json", "-o"]);
         argv.extend(strings(&["/dev/null", "-u", &format!("{bench}:tiny")]));
         if let Some(returns) = returns {
             argv.extend(strings(&["--returns", returns]));
@@ -786,7 +787,15 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 None,
                 Some(call_floor_name(pmu, returns)),
             ));
-            runs.push(CallRun::Alone(topdown_run(pmu, Some(returns))));
+            runs.push(CallRun::Alone(topdown_run(&td, pmu, Some(returns))));
+            if let Some(old) = &baseline {
+                configs.push(Config::new(
+                    format!("baseline: topdown -u --returns {returns} --pmu {pmu}"),
+                    None,
+                    Some(call_floor_name(pmu, returns)),
+                ));
+                runs.push(CallRun::Alone(topdown_run(old, pmu, Some(returns))));
+            }
         }
     }
     // `auto` gives this plain C program uretprobes: its floor is theirs.
@@ -795,7 +804,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         None,
         Some(call_floor_name(SYNTHETIC, "uretprobe")),
     ));
-    runs.push(CallRun::Alone(topdown_run(SYNTHETIC, None)));
+    runs.push(CallRun::Alone(topdown_run(&td, SYNTHETIC, None)));
 
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..CALL_ROUNDS {
@@ -824,6 +833,10 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
          figures.\n\n",
         command_text()
     );
+    if baseline.is_some() {
+        section += "`baseline:` rows are an earlier build of topdown (`TOPDOWN_BENCH_BASELINE`) \
+                    measured in the same rounds, against the same floors.\n\n";
+    }
     section += "| configuration | ns per call | added over no probes | added / its floor's | added / bpftrace's |\n|---|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
         section += &format!(

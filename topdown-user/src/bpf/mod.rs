@@ -25,8 +25,9 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, IndirectJump, MAX_COUNTERS,
-    ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset, names,
+    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, HistogramBucket, HistogramKey,
+    IndirectJump, MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset,
+    names,
 };
 
 use crate::{
@@ -58,6 +59,10 @@ pub struct SessionConfig {
     pub max_stacks: u32,
     /// Capacity of the per-function (per call edge) map.
     pub max_calls: u32,
+    /// Capacity of the per-call histogram map (buckets in use, over all functions).
+    pub max_buckets: u32,
+    /// The counter slot whose per-call count picks a call's histogram bucket.
+    pub weight_slot: u32,
     /// Also attribute per cgroup v2 (`--by cgroup`).
     pub by_cgroup: bool,
     /// `-G`: only tasks in these cgroups (and their descendants) count.
@@ -104,6 +109,8 @@ pub struct Snapshot {
     pub exited: Vec<(u32, TaskCounters)>,
     /// Function totals per caller -> callee edge.
     pub calls: Vec<(CallKey, CallStats)>,
+    /// Per-call histogram buckets in use.
+    pub histograms: Vec<(HistogramKey, HistogramBucket)>,
     /// Function-probe anomalies, summed over CPUs.
     pub probes: ProbeStats,
     /// Per-cgroup totals by cgroup id.
@@ -175,6 +182,8 @@ impl Session {
             .override_global(names::GLOBAL_FILTER_CGROUPS, &filter_cgroups, true)
             .override_global(names::GLOBAL_SKIP_UNTRACED, &skip_untraced, true)
             .override_global(names::GLOBAL_KERNEL_OFFSETS, &kernel_offsets, true)
+            .override_global(names::GLOBAL_WEIGHT_SLOT, &config.weight_slot, true)
+            .map_max_entries(names::HISTOGRAMS, config.max_buckets)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
@@ -691,6 +700,12 @@ impl Session {
         read_whole(&calls_map, &mut call_keys, &mut call_stats)
             .context("reading the function map")?;
         let calls = call_keys.into_iter().zip(call_stats).collect();
+        let histogram_map: BpfHashMap<&MapData, HistogramKey, HistogramBucket> =
+            map(&self.ebpf, names::HISTOGRAMS)?;
+        let (mut bucket_keys, mut buckets) = (Vec::new(), Vec::new());
+        read_whole(&histogram_map, &mut bucket_keys, &mut buckets)
+            .context("reading the per-call histogram map")?;
+        let histograms = bucket_keys.into_iter().zip(buckets).collect();
         let probe_map: PerCpuArray<&MapData, ProbeStats> = map(&self.ebpf, names::PROBE_STATS)?;
         let probes = probe_map
             .get(&0, 0)
@@ -703,6 +718,7 @@ impl Session {
                 map_full: sum.map_full + cpu.map_full,
                 read_failures: sum.read_failures + cpu.read_failures,
                 tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
+                histogram_full: sum.histogram_full + cpu.histogram_full,
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(&self.ebpf, names::CGROUPS)?;
@@ -715,6 +731,7 @@ impl Session {
             live,
             exited: self.exited.clone(),
             calls,
+            histograms,
             probes,
             cgroups,
         })

@@ -13,6 +13,7 @@ use crate::model::{Counts, Metrics};
 pub mod csv;
 pub mod json;
 pub mod svg;
+pub mod svg_distribution;
 pub mod table;
 
 /// One run's (or one interval's) results.
@@ -164,6 +165,9 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
     for function in &mut report.functions {
         visit(&mut function.inclusive);
         visit(&mut function.exclusive);
+        if let Some(distribution) = &mut function.distribution {
+            distribution.entities_mut().for_each(&mut visit);
+        }
     }
     report
         .call_tree
@@ -247,6 +251,10 @@ pub struct FunctionEntry {
     pub inclusive: Entity,
     /// Inclusive minus the inclusive counts of probed callees.
     pub exclusive: Entity,
+    /// Its calls by inclusive weight per call, each bucket with its own TopDown split
+    /// (`crate::distribution`); absent where no call was recorded in a histogram.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<crate::distribution::Distribution>,
 }
 
 /// A caller -> callee edge of the probed call tree.
@@ -301,6 +309,10 @@ pub struct Diagnostics {
     /// Shadow stacks or function entries that did not fit their maps.
     #[serde(default)]
     pub probe_map_full: u64,
+    /// Probed calls in the function totals but in no per-call histogram: their bucket was new
+    /// and the histogram map full (raise `--max-buckets`).
+    #[serde(default)]
+    pub histogram_full: u64,
     /// Probed calls that ended in a tail call to a function whose end cannot be known (its
     /// returns are not probed: another library, a PLT stub, no symbol): their inclusive figure
     /// stops at the jump.
@@ -355,6 +367,12 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
         entity.metrics = evaluation.metrics;
         entity.estimated = evaluation.estimated;
     });
+    // Percentiles, like metrics, follow from what the file counted, not from what it says.
+    for function in &mut report.functions {
+        if let Some(distribution) = &mut function.distribution {
+            distribution.percentiles = distribution.estimate_percentiles();
+        }
+    }
     fill_derived(report);
 }
 
@@ -553,6 +571,7 @@ pub(crate) mod tests {
                     entry_single_step: false,
                     inclusive: entity(model, level, 7),
                     exclusive: entity(model, level, 6),
+                    distribution: None,
                 },
                 FunctionEntry {
                     target: "/lib/libc.so.6".into(),
@@ -565,6 +584,7 @@ pub(crate) mod tests {
                     entry_single_step: false,
                     inclusive: entity(model, level, 8),
                     exclusive: entity(model, level, 8),
+                    distribution: None,
                 },
             ],
             call_tree: vec![CallEdge {
@@ -770,6 +790,126 @@ pub(crate) mod tests {
         let table = String::from_utf8(table).unwrap();
         assert!(table.contains("parse<i32>"), "{table}");
         assert!(table.contains("system.slice"), "{table}");
+    }
+
+    /// A distribution survives `--format json` -> `report -i`: buckets, bounds and counters as
+    /// written; metrics and percentiles recomputed from them (a level-2 replay of a level-1
+    /// recording gives every bucket its level-2 split), never taken from the file.
+    #[test]
+    fn distributions_round_trip_and_are_recomputed() {
+        use crate::aggregate::SlotCounts;
+        use crate::distribution::{BucketCounts, Distribution};
+        let model = crate::model::base_model("intel-spr").unwrap();
+        let names: Vec<String> = model.counters().into_iter().map(|spec| spec.name).collect();
+        let evaluator = crate::model::Evaluator::new(model.as_ref(), &names);
+        let entity = |counts: &SlotCounts| {
+            let evaluation = evaluator.evaluate(&counts.0, 1);
+            Entity {
+                counters: counts.named(&names),
+                metrics: evaluation.metrics,
+                estimated: evaluation.estimated,
+                ..Entity::default()
+            }
+        };
+        let mut fast = SlotCounts::ZERO;
+        let mut slow = SlotCounts::ZERO;
+        for slot in 0..names.len() {
+            fast.0[slot] = 10_000 + 37 * slot as u64;
+            slow.0[slot] = 30_000 + 911 * slot as u64;
+        }
+        let mut report = report_of("intel-spr", 1);
+        report.functions[0].distribution = Some(Distribution::of(
+            "slots",
+            [
+                BucketCounts {
+                    bucket: topdown_common::histogram::bucket(10),
+                    calls: 1000,
+                    counts: fast,
+                },
+                BucketCounts {
+                    bucket: topdown_common::histogram::bucket(1000),
+                    calls: 30,
+                    counts: slow,
+                },
+            ],
+            &entity,
+        ));
+        let written = report.functions[0].distribution.clone().unwrap();
+        let mut json = Vec::new();
+        render(
+            &report,
+            Format::Json,
+            &[By::Function],
+            Weight::Slots,
+            &mut json,
+        )
+        .unwrap();
+        let mut edited: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let distribution = &mut edited["functions"][0]["distribution"];
+        assert_eq!(distribution["weight"], "slots");
+        assert_eq!(distribution["buckets"][0]["low"], 10);
+        assert_eq!(distribution["buckets"][1]["high"], 1024);
+        assert_eq!(distribution["buckets"][1]["calls"], 30);
+        // Edited figures are recomputed, not trusted.
+        distribution["percentiles"]["p50"] = serde_json::json!(1e9);
+        distribution["buckets"][0]["metrics"]["retiring"] = serde_json::json!(2.0);
+        let mut back: Report = serde_json::from_value(edited).unwrap();
+        recompute(&mut back, model.as_ref(), 1);
+        let read = back.functions[0].distribution.as_ref().unwrap();
+        assert_eq!(read.buckets.len(), 2);
+        for (read, written) in read.buckets.iter().zip(&written.buckets) {
+            assert_eq!(
+                (read.low, read.high, read.calls, &read.entity.counters),
+                (
+                    written.low,
+                    written.high,
+                    written.calls,
+                    &written.entity.counters
+                )
+            );
+            for (key, value) in &read.entity.metrics {
+                let expected = written.entity.metrics[key];
+                assert!((value.unwrap() - expected.unwrap()).abs() < 1e-12, "{key}");
+            }
+        }
+        assert_eq!(read.percentiles, written.percentiles);
+        recompute(&mut back, model.as_ref(), 2);
+        let level_two = back.functions[0].distribution.as_ref().unwrap();
+        for bucket in &level_two.buckets {
+            assert_eq!(bucket.entity.metrics.len(), 12);
+            let expected = crate::model::evaluate(model.as_ref(), &bucket.entity.counters, 2);
+            assert_eq!(bucket.entity.metrics, expected.metrics);
+        }
+        // The table's fast and slow lines.
+        let mut table = Vec::new();
+        render(
+            &back,
+            Format::Table,
+            &[By::Function],
+            Weight::Slots,
+            &mut table,
+        )
+        .unwrap();
+        let table = String::from_utf8(table).unwrap();
+        let band = |label: &str| -> Vec<String> {
+            table
+                .lines()
+                .find(|line| line.starts_with("parse<i32>") && line.contains(&format!(" {label} ")))
+                .unwrap_or_else(|| panic!("no {label} line in {table}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(
+            band("p50")[2..7],
+            ["100", "11", "[10,", "12)", "1000"],
+            "{table}"
+        );
+        assert_eq!(
+            band("p99")[2..7],
+            ["100", "980", "[896,", "1024)", "30"],
+            "{table}"
+        );
     }
 
     /// A `-u` run with no completed call still says so: `"functions": []`, not no key.

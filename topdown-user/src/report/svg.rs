@@ -582,7 +582,8 @@ pub fn write_svg(
     let tree_height = depth as f64 * FRAME_HEIGHT;
     let bars_y = tree_y + tree_height + 24.0;
     let rows = report.functions.len() as f64;
-    let height = bars_y + 24.0 + rows * (BAR_HEIGHT + 4.0) + MARGIN;
+    let histograms_y = bars_y + 24.0 + rows * (BAR_HEIGHT + 4.0);
+    let height = histograms_y + super::svg_distribution::height(report) + MARGIN;
 
     let mut svg = String::new();
     let _ = writeln!(
@@ -657,6 +658,7 @@ pub fn write_svg(
         svg.push_str("</g>\n");
     }
     bars(report, bars_y, show_pid, &mut svg);
+    super::svg_distribution::draw(report, histograms_y, show_pid, &mut svg);
     svg.push_str("</svg>\n");
     out.write_all(svg.as_bytes())?;
     Ok(())
@@ -708,6 +710,7 @@ mod tests {
             entry_single_step: false,
             inclusive: exclusive.clone(),
             exclusive,
+            distribution: None,
         }
     }
 
@@ -984,6 +987,7 @@ mod tests {
             entry_single_step: false,
             inclusive: clock(500),
             exclusive: clock(500),
+            distribution: None,
         }];
         report.call_tree = vec![CallEdge {
             caller: None,

@@ -286,6 +286,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.tail_calls_cut
         );
     }
+    if d.histogram_full > 0 {
+        text += &format!(
+            "note: {} probed calls are in the function totals but in no per-call distribution (the histogram map was full): raise --max-buckets\n",
+            d.histogram_full
+        );
+    }
     if d.cgroup_map_full > 0 {
         text += &format!(
             "note: the cgroup map was full {} times: raise --max-cgroups\n",
@@ -411,6 +417,8 @@ fn functions_text(
         );
     }
 
+    text += &distributions_text(report, weight, &show);
+
     text += "\nCall tree (probed functions; calls, inclusive ";
     text += weight_title;
     text += ")\n";
@@ -494,8 +502,85 @@ fn functions_text(
     walk_state.text
 }
 
+/// Per function with a distribution, a line for its fast calls (the bucket of the median
+/// call) and one for its slow calls (the bucket of the 99th percentile): the per-call weight
+/// there, the bucket's calls and why they take that long.
+fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> String) -> String {
+    let per_call = |value: f64| {
+        if weight == "cpu-clock" {
+            format!("{:.3}", value / 1e3)
+        } else {
+            format!("{value:.0}")
+        }
+    };
+    let unit = if weight == "cpu-clock" {
+        "cpu us"
+    } else {
+        weight
+    };
+    let split = report
+        .functions
+        .iter()
+        .any(|function| function.pid.is_some());
+    let mut header = vec!["FUNCTION".to_owned(), "BAND".to_owned()];
+    if split {
+        header.push("PID".to_owned());
+    }
+    header.extend([
+        format!("{unit}/call"),
+        "BUCKET".to_owned(),
+        "IN BUCKET".to_owned(),
+        format!(
+            "bucket {}",
+            if weight == "cpu-clock" {
+                "cpu ms"
+            } else {
+                weight
+            }
+        ),
+        "WHY".to_owned(),
+    ]);
+    let mut rows = Vec::new();
+    for function in &report.functions {
+        let Some(distribution) = &function.distribution else {
+            continue;
+        };
+        for (label, quantile) in [("p50", 0.50), ("p99", 0.99)] {
+            let Some((value, bucket)) = distribution.band(quantile) else {
+                continue;
+            };
+            let mut row = vec![function.symbol.clone(), label.to_owned()];
+            if split {
+                row.push(function.pid.map(|pid| pid.to_string()).unwrap_or_default());
+            }
+            row.extend([
+                per_call(value),
+                format!(
+                    "[{}, {})",
+                    per_call(bucket.low as f64),
+                    per_call(bucket.high as f64)
+                ),
+                bucket.calls.to_string(),
+                show(bucket.entity.counters.get(weight).copied().unwrap_or(0)),
+                crate::distribution::dominant_categories(&bucket.entity)
+                    .unwrap_or_else(|| "-".to_owned()),
+            ]);
+            rows.push(row);
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut text = format!(
+        "\nPer-call distribution (inclusive {unit} per call; p50: the median call's bucket, \
+         p99: the 99th percentile's)\n"
+    );
+    text += &layout(&header, &rows, 5);
+    text
+}
+
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
-/// and 2, 4 = columns 0 and 1), right-aligns the numbers.
+/// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
 fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
@@ -515,6 +600,7 @@ fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> Strin
                 1 => column == 1,
                 2 => column == 2,
                 3 => column == 1 || column == 2,
+                5 => column <= 1 || column + 1 == cells.len(),
                 _ => column <= 1,
             };
             let padding = width.saturating_sub(cell.chars().count());

@@ -14,7 +14,10 @@ use prometheus::{
     proto::{self, LabelPair, MetricFamily, MetricType},
 };
 
-use super::duty_cycle::Window;
+use super::{
+    distributions::{self, CallHistograms},
+    duty_cycle::Window,
+};
 use crate::{
     aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
     cgroup::container::describe,
@@ -240,6 +243,8 @@ pub struct Exporter {
     pub config_reloads: Reloads,
     /// With `--duty-cycle`: function series are estimates from its windows.
     sampling: Option<Sampling>,
+    /// Per-call histograms of the functions with series of their own.
+    histograms: CallHistograms,
 }
 
 /// Configuration reloads by outcome.
@@ -267,6 +272,7 @@ impl Exporter {
             map_entries: [("tasks", 0), ("cgroups", 0)],
             config_reloads: Reloads::default(),
             sampling: None,
+            histograms: CallHistograms::default(),
         }
     }
 
@@ -392,6 +398,19 @@ impl Exporter {
         }
         // With --duty-cycle, serve holds the function counts back for `add_window`.
         self.add_functions(counts, &valuation, naming, now, None);
+        let series = &self.series;
+        self.histograms.update(
+            counts,
+            naming,
+            &|slots| {
+                valuation
+                    .slots(slots)
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect()
+            },
+            &|labels| series.contains_key(&function_key(labels)),
+        );
         let d = &counts.diagnostics;
         for (name, value) in [
             ("readings", d.readings),
@@ -400,6 +419,7 @@ impl Exporter {
             ("task_map_full", d.task_map_full),
             ("cgroup_map_full", d.cgroup_map_full),
             ("probe_map_full", d.probe_map_full),
+            ("histogram_full", d.histogram_full),
             ("missed_returns", d.missed_returns),
             ("overflows", d.overflows),
         ] {
@@ -519,6 +539,9 @@ impl Exporter {
                 || now.duration_since(series.last_change) < ttl
         });
         self.expired += (before - self.series.len()) as u64;
+        let series = &self.series;
+        self.histograms
+            .retain(&|labels| series.contains_key(&function_key(labels)));
     }
 
     /// The Prometheus text exposition of every series and of the exporter itself, encoded
@@ -526,6 +549,17 @@ impl Exporter {
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.collect())
     }
+}
+
+/// The key of a function's inclusive series, whose presence exports its histogram.
+fn function_key((function, target): &distributions::FunctionLabels) -> (FamilyKind, Labels) {
+    (
+        FamilyKind::FunctionInclusive,
+        vec![
+            ("function".to_owned(), function.clone()),
+            ("target".to_owned(), target.clone()),
+        ],
+    )
 }
 
 /// What one entity's slots become: the weight counter's total and each category's share of it,
@@ -623,7 +657,7 @@ impl<'n, 'a> Valuation<'n, 'a> {
 
 /// One exported family as `Desc` and the text encoder take it.
 #[derive(Clone, Copy, Debug)]
-struct Spec {
+pub(super) struct Spec {
     name: &'static str,
     help: &'static str,
     kind: MetricType,
@@ -631,7 +665,7 @@ struct Spec {
     labels: &'static [&'static str],
 }
 
-const fn spec(
+pub(super) const fn spec(
     name: &'static str,
     help: &'static str,
     kind: MetricType,
@@ -818,6 +852,9 @@ fn specs() -> impl Iterator<Item = Spec> {
             ATTACHED_SECONDS,
             WINDOW_SECONDS,
             PROBES_ATTACHED,
+            distributions::CALL_SLOTS,
+            distributions::P99_BAND_SLOTS,
+            distributions::P99_BAND_LE,
         ])
 }
 
@@ -843,26 +880,36 @@ static DESCS: LazyLock<Vec<Desc>> = LazyLock::new(|| {
 /// The families of one collection, keyed (and so ordered) by name as `Registry::gather` orders
 /// them.
 #[derive(Default)]
-struct Families(BTreeMap<&'static str, MetricFamily>);
+pub(super) struct Families(BTreeMap<&'static str, MetricFamily>);
 
 impl Families {
+    /// Adds one histogram sample: `buckets` are `(le, cumulative calls)` by increasing `le`.
+    pub(super) fn push_histogram(
+        &mut self,
+        spec: Spec,
+        values: &[&str],
+        buckets: &[(f64, u64)],
+        count: u64,
+        sum: f64,
+    ) {
+        let mut metric = proto::Metric::from_label(label_pairs(spec, values));
+        metric.set_histogram(distributions::histogram_metric(buckets, count, sum));
+        self.family(spec).mut_metric().push(metric);
+    }
+
+    fn family(&mut self, spec: Spec) -> &mut MetricFamily {
+        self.0.entry(spec.name).or_insert_with(|| {
+            let mut family = MetricFamily::default();
+            family.set_name(spec.name.to_owned());
+            family.set_help(spec.help.to_owned());
+            family.set_field_type(spec.kind);
+            family
+        })
+    }
+
     /// Adds one sample; `values` are the values of `spec.labels`, in that order.
-    fn push(&mut self, spec: Spec, values: &[&str], value: f64) {
-        debug_assert_eq!(values.len(), spec.labels.len(), "{}", spec.name);
-        let mut labels: Vec<LabelPair> = spec
-            .labels
-            .iter()
-            .zip(values)
-            .map(|(name, value)| {
-                let mut pair = LabelPair::default();
-                pair.set_name((*name).to_owned());
-                pair.set_value((*value).to_owned());
-                pair
-            })
-            .collect();
-        // Label pairs by name, as the crate's own metrics write them.
-        labels.sort();
-        let mut metric = proto::Metric::from_label(labels);
+    pub(super) fn push(&mut self, spec: Spec, values: &[&str], value: f64) {
+        let mut metric = proto::Metric::from_label(label_pairs(spec, values));
         if spec.kind == MetricType::GAUGE {
             let mut gauge = proto::Gauge::default();
             gauge.set_value(value);
@@ -872,17 +919,7 @@ impl Families {
             counter.set_value(value);
             metric.set_counter(counter);
         }
-        self.0
-            .entry(spec.name)
-            .or_insert_with(|| {
-                let mut family = MetricFamily::default();
-                family.set_name(spec.name.to_owned());
-                family.set_help(spec.help.to_owned());
-                family.set_field_type(spec.kind);
-                family
-            })
-            .mut_metric()
-            .push(metric);
+        self.family(spec).mut_metric().push(metric);
     }
 
     /// The families by name, each one's samples by label values: `Registry::gather`'s order
@@ -906,6 +943,24 @@ impl Families {
             })
             .collect()
     }
+}
+
+/// `values` as `spec`'s label pairs, sorted by name as the crate's own metrics write them.
+fn label_pairs(spec: Spec, values: &[&str]) -> Vec<LabelPair> {
+    debug_assert_eq!(values.len(), spec.labels.len(), "{}", spec.name);
+    let mut labels: Vec<LabelPair> = spec
+        .labels
+        .iter()
+        .zip(values)
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name((*name).to_owned());
+            pair.set_value((*value).to_owned());
+            pair
+        })
+        .collect();
+    labels.sort();
+    labels
 }
 
 /// The exporter is a collector over its live series: each collection reads the store as the
@@ -993,6 +1048,7 @@ impl Collector for Exporter {
         for (map, count) in self.map_entries {
             families.push(MAP_ENTRIES, &[map], count as f64);
         }
+        self.histograms.collect(&mut families, &self.model);
         families.finish()
     }
 }
@@ -1207,6 +1263,7 @@ mod tests {
     const EVERY_FAMILY: &str = r##"# HELP topdown_bpf_events_total BPF-side diagnostics: readings, read errors, full maps, missed returns
 # TYPE topdown_bpf_events_total counter
 topdown_bpf_events_total{kind="cgroup_map_full"} 0
+topdown_bpf_events_total{kind="histogram_full"} 0
 topdown_bpf_events_total{kind="missed_returns"} 1
 topdown_bpf_events_total{kind="not_running_readings"} 0
 topdown_bpf_events_total{kind="overflows"} 0

@@ -2,6 +2,7 @@
 //! refresh's deltas into Prometheus series (`exporter`), and serves them over HTTP (`http`).
 
 pub mod config;
+mod distributions;
 pub mod duty_cycle;
 pub mod exporter;
 pub mod http;
@@ -324,7 +325,10 @@ fn refresh(
     // The series show function figures without the probes' own cost, as reports do; the
     // overhead guard gets the raw counts, which are what the probes cost.
     let (compensated, _) = session.compensate(&aggregate);
-    let raw_calls = compensated.map(|shown| std::mem::replace(&mut aggregate.calls, shown.calls));
+    let raw_calls = compensated.map(|shown| {
+        aggregate.histograms = shown.histograms;
+        std::mem::replace(&mut aggregate.calls, shown.calls)
+    });
     // With a duty cycle, function figures are held until their window closes.
     let held = sampler.map(|sampler| {
         sampler.hold(&aggregate.calls);

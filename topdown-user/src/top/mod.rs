@@ -382,6 +382,20 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
             }
         }
         KeyCode::Char(' ') => ui.paused = !ui.paused,
+        KeyCode::Up => ui.selected = ui.selected.saturating_sub(1),
+        KeyCode::Down => {
+            ui.selected = (ui.selected + 1).min(report.functions.len().saturating_sub(1));
+        }
+        KeyCode::Char('d') => {
+            if ui.view == View::Functions {
+                ui.distribution = !ui.distribution;
+            } else {
+                ui.message = Some(
+                    "d shows the selected function's distribution: switch to functions with f"
+                        .to_owned(),
+                );
+            }
+        }
         _ => {}
     }
     Action::Continue

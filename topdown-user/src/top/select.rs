@@ -86,6 +86,11 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
             View::Functions => aggregate.calls.clone(),
             _ => aggregate.calls.iter().take(1).copied().collect(),
         },
+        // The functions view shows the selected function's distribution.
+        histograms: match ui.view {
+            View::Functions => aggregate.histograms.clone(),
+            _ => Vec::new(),
+        },
         cpus: aggregate.cpus.clone(),
         diagnostics: aggregate.diagnostics.clone(),
     };
@@ -272,6 +277,7 @@ mod tests {
             functions: &[],
             target_returns: &[],
             call_tree: true,
+            distribution_probe_costs: &|_| None,
         };
         report_of(&ctx, aggregate)
     }

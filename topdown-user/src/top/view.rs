@@ -65,6 +65,10 @@ pub struct Ui {
     pub paused: bool,
     /// A one-line note for the user (a key that cannot apply, the command's exit).
     pub message: Option<String>,
+    /// The functions view's selected row (from the top; up and down move it).
+    pub selected: usize,
+    /// `d`: the functions view shows the selected function's per-call distribution.
+    pub distribution: bool,
 }
 
 impl Ui {
@@ -77,6 +81,8 @@ impl Ui {
             level: level.clamp(1, 2),
             paused: false,
             message: None,
+            selected: 0,
+            distribution: false,
         }
     }
 
@@ -112,6 +118,8 @@ pub struct Row {
     pub weight: u64,
     /// Fraction (0..1) of each shown category; `None` where the model has no value.
     pub fractions: Vec<Option<f64>>,
+    /// In the functions view: the row's index in the report's `functions`.
+    pub function: Option<usize>,
 }
 
 /// The categories shown at `level` for `report`, in fixed order (level-1 extras such as AMD's
@@ -199,6 +207,7 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
             .iter()
             .map(|category| entity.metrics.get(category).copied().flatten())
             .collect(),
+        function: None,
     };
     let mut rows: Vec<Row> = match ui.view {
         View::Processes => report
@@ -226,18 +235,22 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
         View::Functions => report
             .functions
             .iter()
-            .filter(|f| f.calls > 0)
-            .map(|f| {
+            .enumerate()
+            .filter(|(_, f)| f.calls > 0)
+            .map(|(index, f)| {
                 // The binary's file name: its directory rarely fits and seldom tells apart.
                 let target = std::path::Path::new(&f.target).file_name().map_or_else(
                     || f.target.clone(),
                     |name| name.to_string_lossy().into_owned(),
                 );
-                row(
-                    f.calls.to_string(),
-                    format!("{} ({target})", f.symbol),
-                    &f.inclusive,
-                )
+                Row {
+                    function: Some(index),
+                    ..row(
+                        f.calls.to_string(),
+                        format!("{} ({target})", f.symbol),
+                        &f.inclusive,
+                    )
+                }
             })
             .collect(),
     };
@@ -416,20 +429,47 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     let help = match &ui.editing {
         Some(text) => format!("filter: {text}_   (Enter keeps it, Esc clears it)"),
         None => ui.message.clone().unwrap_or_else(|| {
-            "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause".to_owned()
+            "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause  \u{2191}\u{2193} select  d distribution".to_owned()
         }),
     };
-    let rows_bottom = bottom.saturating_sub(1);
+    let help_y = bottom.saturating_sub(1);
+    let mut rows_bottom = help_y;
+    let rows = rows(report, ui, &categories);
+    let selected =
+        (ui.view == View::Functions && !rows.is_empty()).then(|| ui.selected.min(rows.len() - 1));
+    if ui.distribution && ui.view == View::Functions {
+        // The lower part of the screen, up to half of it, shows the selected function's calls.
+        let room = (rows_bottom.saturating_sub(y)) / 2;
+        let function = selected
+            .and_then(|index| rows[index].function)
+            .and_then(|index| report.functions.get(index));
+        let panel_top = rows_bottom.saturating_sub(room);
+        distribution_panel(
+            buf,
+            area,
+            panel_top,
+            rows_bottom,
+            report,
+            function,
+            &categories,
+        );
+        rows_bottom = panel_top;
+    }
     let total_weight = report
         .totals
         .counters
         .get(&report.weight_counter)
         .copied()
         .unwrap_or(0);
-    for row in rows(report, ui, &categories) {
+    for (index, row) in rows.into_iter().enumerate() {
         if y >= rows_bottom {
             break;
         }
+        let row_style = if selected == Some(index) {
+            Style::default().add_modifier(Modifier::REVERSED)
+        } else {
+            Style::default()
+        };
         let share = if total_weight == 0 {
             None
         } else {
@@ -458,7 +498,7 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
                 w = usize::from(category_width - 1)
             );
         }
-        let mut x = line(buf, &mut y, area.x, &text, Style::default());
+        let mut x = line(buf, &mut y, area.x, &text, row_style);
         // The software model has no categories: its bar is the row's share of on-CPU time.
         let (widths, colours): (Vec<u16>, Vec<Color>) = if categories.is_empty() {
             (segments(&[share], bar_width), vec![Color::Cyan])
@@ -478,9 +518,126 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
         }
         y += 1;
     }
-    if rows_bottom > area.y + 2 {
-        let mut help_y = rows_bottom;
+    if help_y > area.y + 2 {
+        let mut help_y = help_y;
         line(buf, &mut help_y, area.x, &help, Style::default());
+    }
+}
+
+/// The selected function's per-call distribution (`crate::distribution`) between `top` and
+/// `bottom`: a title with its percentiles, then a line per bucket, slowest at the bottom, with
+/// its bounds, calls, a bar of its calls (log scale) in its categories' colours and why its
+/// calls take that long. Keeps to the last buckets when they do not all fit.
+fn distribution_panel(
+    buf: &mut Buffer,
+    area: Rect,
+    top: u16,
+    bottom: u16,
+    report: &Report,
+    function: Option<&crate::report::FunctionEntry>,
+    categories: &[String],
+) {
+    if top >= bottom {
+        return;
+    }
+    let mut y = top;
+    let right = area.x + area.width;
+    let put = |buf: &mut Buffer, x: u16, y: u16, text: &str, style: Style| -> u16 {
+        buf.set_stringn(x, y, text, usize::from(right.saturating_sub(x)), style)
+            .0
+    };
+    let weight = &report.weight_counter;
+    let Some(function) = function else {
+        put(
+            buf,
+            area.x,
+            y,
+            "no function selected (f, then up/down)",
+            Style::default(),
+        );
+        return;
+    };
+    let Some(distribution) = function.distribution.as_ref().filter(|d| d.calls() > 0) else {
+        put(
+            buf,
+            area.x,
+            y,
+            &format!("{}: no calls in a histogram this refresh", function.symbol),
+            Style::default(),
+        );
+        return;
+    };
+    let percentiles = distribution
+        .percentiles
+        .map(|p| format!("p50 {:.0}  p90 {:.0}  p99 {:.0}", p.p50, p.p90, p.p99))
+        .unwrap_or_default();
+    put(
+        buf,
+        area.x,
+        y,
+        &format!(
+            "{}: inclusive {weight} per call  {percentiles}",
+            function.symbol
+        ),
+        Style::default().add_modifier(Modifier::BOLD),
+    );
+    y += 1;
+    let most = distribution
+        .buckets
+        .iter()
+        .map(|bucket| bucket.calls)
+        .max()
+        .unwrap_or(1);
+    let shown = usize::from(bottom - y);
+    let skip = distribution.buckets.len().saturating_sub(shown);
+    const BOUNDS: usize = 24;
+    const CALLS: usize = 9;
+    const WHY: u16 = 34;
+    let bar_width = area
+        .width
+        .saturating_sub((BOUNDS + CALLS) as u16 + WHY + 2)
+        .max(MIN_BAR);
+    for bucket in distribution.buckets.iter().skip(skip) {
+        if y >= bottom {
+            break;
+        }
+        let bounds = format!("[{}, {})", bucket.low, bucket.high);
+        let mut x = put(
+            buf,
+            area.x,
+            y,
+            &format!(
+                "{bounds:>w$} {:>c$} ",
+                bucket.calls,
+                w = BOUNDS - 1,
+                c = CALLS - 1
+            ),
+            Style::default(),
+        );
+        let length = (f64::from(bar_width) * (1.0 + bucket.calls as f64).ln()
+            / (1.0 + most as f64).ln())
+        .round() as u16;
+        let fractions: Vec<Option<f64>> = categories
+            .iter()
+            .map(|category| bucket.entity.metrics.get(category).copied().flatten())
+            .collect();
+        let (widths, colours): (Vec<u16>, Vec<Color>) = if categories.is_empty() {
+            (vec![length.max(1)], vec![Color::Cyan])
+        } else {
+            (
+                segments(&fractions, length.max(1)),
+                categories.iter().map(|c| colour(c)).collect(),
+            )
+        };
+        let bar_end = x + bar_width;
+        for (cells, colour) in widths.into_iter().zip(colours) {
+            for _ in 0..cells {
+                x = put(buf, x, y, BAR, Style::default().fg(colour));
+            }
+        }
+        let why = crate::distribution::dominant_categories(&bucket.entity).unwrap_or_default();
+        put(buf, bar_end.max(x) + 1, y, &why, Style::default());
+        y += 1;
     }
 }
 

@@ -232,6 +232,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         functions: &[],
         target_returns: &[],
         call_tree: true,
+        distribution_probe_costs: &|_| None,
     };
     let report = report_of(&ctx, &built.aggregate);
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;

@@ -168,7 +168,8 @@ fn the_screen_shows_header_legend_rows_and_proportional_bars() {
     assert_eq!(text(&buf, 5), "");
     assert_eq!(
         text(&buf, 6),
-        "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause"
+        // Cut at the buffer's 100 columns.
+        "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause  \u{2191}\u{2193} sele"
     );
 }
 
@@ -342,6 +343,7 @@ fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
         entry_single_step: false,
         inclusive: entity("slots", 500, &level_one(0.5, 0.0, 0.25, 0.25)),
         exclusive: entity("slots", 400, &level_one(0.5, 0.0, 0.25, 0.25)),
+        distribution: None,
     }];
     let mut ui = Ui::new(1);
     ui.view = View::Functions;
