@@ -10,7 +10,7 @@ use super::{By, CallEdge, Entity, Report};
 use crate::model::{L1_METRICS, L2_METRICS};
 
 /// Column titles for the metric names.
-fn title(metric: &str) -> &str {
+pub(crate) fn title(metric: &str) -> &str {
     match metric {
         "retiring" => "Retiring",
         "bad_speculation" => "BadSpec",
