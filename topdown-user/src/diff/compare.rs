@@ -396,3 +396,145 @@ pub fn compare(
         changes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::report_of;
+
+    /// A run of intel-icl with one function per `(name, calls, slots)`.
+    fn run(functions: &[(&str, u64, u64)]) -> Run {
+        let report = report_of("intel-icl", 1);
+        let entities = functions
+            .iter()
+            .map(|(name, calls, slots)| {
+                // Every counter present (a missing one makes the metrics it feeds unknown).
+                let mut counters: Counts = report
+                    .counter_names
+                    .iter()
+                    .map(|name| (name.clone(), 0))
+                    .collect();
+                counters.insert("slots".to_owned(), *slots);
+                counters.insert("topdown-retiring".to_owned(), *slots / 2);
+                counters.insert("topdown-be-bound".to_owned(), *slots / 2);
+                (
+                    Key {
+                        kind: Kind::Function,
+                        name: (*name).to_owned(),
+                    },
+                    Observed {
+                        calls: *calls,
+                        counters: counters.clone(),
+                        exclusive: Some(counters),
+                    },
+                )
+            })
+            .collect();
+        Run {
+            path: "run.json".into(),
+            model: report.model.clone(),
+            weight_counter: "slots".into(),
+            level: 1,
+            counter_names: report.counter_names.clone(),
+            synthetic: false,
+            entities,
+            report,
+        }
+    }
+
+    fn verdicts(comparison: &Comparison) -> Vec<(&str, Verdict, Option<f64>)> {
+        comparison
+            .changes
+            .iter()
+            .map(|change| (change.name.as_str(), change.verdict, change.change_pct))
+            .collect()
+    }
+
+    #[test]
+    fn one_run_per_side_is_judged_by_the_threshold() {
+        let model = crate::model::base_model("intel-icl").unwrap();
+        let base = run(&[
+            ("a", 10, 1000),
+            ("b", 10, 1000),
+            ("c", 10, 1000),
+            ("gone", 1, 5),
+        ]);
+        let new = run(&[
+            ("a", 10, 1060),
+            ("b", 5, 500),
+            ("c", 10, 900),
+            ("fresh", 1, 5),
+        ]);
+        let comparison = compare(model.as_ref(), &[&base], &[&new], 5.0, &Kind::ALL);
+        assert_eq!(
+            verdicts(&comparison),
+            vec![
+                ("a", Verdict::Regressed, Some(6.0)),
+                ("c", Verdict::Improved, Some(-10.0)),
+                ("b", Verdict::WithinThreshold, Some(0.0)),
+                ("fresh", Verdict::Added, None),
+                ("gone", Verdict::Removed, None),
+            ]
+        );
+        assert!(comparison.method.is_none());
+        // The same mix on both sides: every shift is 0 pp.
+        let a = &comparison.changes[0];
+        assert_eq!(a.shifts["retiring"].shift_pp, 0.0);
+        assert_eq!(a.shifts["retiring"].base_pct, 50.0);
+        // With a threshold of 6.5%, +6% is within it: nothing regressed, c still improved.
+        let comparison = compare(model.as_ref(), &[&base], &[&new], 6.5, &[Kind::Function]);
+        assert_eq!(comparison.changes[0].verdict, Verdict::Improved);
+        assert!(comparison.regressions().next().is_none());
+    }
+
+    fn refs(runs: &[Run]) -> Vec<&Run> {
+        runs.iter().collect()
+    }
+
+    #[test]
+    fn several_runs_need_significance() {
+        let model = crate::model::base_model("intel-icl").unwrap();
+        let base = [run(&[("f", 10, 1000)]), run(&[("f", 10, 1400)])];
+        let noisy = [run(&[("f", 10, 1100)]), run(&[("f", 10, 1500)])];
+        let steady = [run(&[("f", 10, 1500)]), run(&[("f", 10, 1510)])];
+        let comparison = compare(model.as_ref(), &refs(&base), &refs(&noisy), 5.0, &Kind::ALL);
+        let change = &comparison.changes[0];
+        assert_eq!(change.verdict, Verdict::NotSignificant);
+        let test = change.test.as_ref().unwrap();
+        // scipy: stats.ttest_ind([110, 150], [100, 140], equal_var=False).pvalue
+        assert!((test.p_value - 0.757464374963667).abs() < 1e-9, "{test:?}");
+        let comparison = compare(
+            model.as_ref(),
+            &refs(&base),
+            &refs(&steady),
+            5.0,
+            &Kind::ALL,
+        );
+        assert_eq!(comparison.changes[0].verdict, Verdict::NotSignificant);
+        // {100, 140} against {150, 151} per call: +25% but not significant (two runs of
+        // that much scatter leave little certainty); against a steady base it is.
+        let steady_base = [run(&[("f", 10, 1000)]), run(&[("f", 10, 1010)])];
+        let comparison = compare(
+            model.as_ref(),
+            &refs(&steady_base),
+            &refs(&steady),
+            5.0,
+            &Kind::ALL,
+        );
+        let change = &comparison.changes[0];
+        assert_eq!(change.verdict, Verdict::Regressed, "{change:?}");
+        let test = change.test.as_ref().unwrap();
+        assert!(test.p_value < 0.001, "{test:?}");
+        assert!(test.change_low_pct.unwrap() > 40.0 && test.change_high_pct.unwrap() < 60.0);
+    }
+
+    #[test]
+    fn growth_from_zero_cost_regresses() {
+        let model = crate::model::base_model("intel-icl").unwrap();
+        let base = run(&[("f", 10, 0)]);
+        let new = run(&[("f", 10, 100)]);
+        let comparison = compare(model.as_ref(), &[&base], &[&new], 5.0, &Kind::ALL);
+        assert_eq!(comparison.changes[0].verdict, Verdict::Regressed);
+        assert_eq!(comparison.changes[0].change_pct, None);
+    }
+}
