@@ -256,12 +256,7 @@ fn stat_writes_pprof_and_tasks_become_stacks() {
         &tasks_profile,
     );
     let totals = raw_totals(&tasks_profile);
-    let expected: i64 = json["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|task| slots(task))
-        .sum();
+    let expected: i64 = json["tasks"].as_array().unwrap().iter().map(slots).sum();
     assert_eq!(totals["slots"], expected);
     assert_eq!(expected, 20 * 160, "the command's one thread");
     assert_eq!(totals["calls"], 0);
