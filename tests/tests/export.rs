@@ -26,20 +26,7 @@ fn temp(name: &str) -> PathBuf {
 fn workload() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let binary = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("regress-export");
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/regress.c");
-        let output = Command::new("cc")
-            .args(["-O0", "-g", "-o"])
-            .arg(&binary)
-            .arg(source)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        binary
+        build_c_workload(env!("CARGO_TARGET_TMPDIR"), "regress.c", "regress-export")
     })
 }
 

@@ -496,7 +496,7 @@ fn functions_text(
 
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1), right-aligns the numbers.
-fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
+pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -191,7 +191,8 @@ pub fn write_table(comparison: &Comparison, out: &mut dyn std::io::Write) -> Res
     if rows.is_empty() {
         text += "nothing to compare: neither side has functions, call-tree edges, spans, processes or cgroups of the chosen kinds\n";
     } else {
-        text += &layout(&header, &rows);
+        // Kind and name left-aligned, figures right-aligned.
+        text += &crate::report::table::layout(&header, &rows, 4);
     }
     let regressions: Vec<&Change> = comparison.regressions().collect();
     text.push('\n');
@@ -211,38 +212,6 @@ pub fn write_table(comparison: &Comparison, out: &mut dyn std::io::Write) -> Res
     }
     out.write_all(text.as_bytes())
         .context("writing the comparison")
-}
-
-/// Columns 1 (names) left-aligned, the rest right-aligned.
-fn layout(header: &[String], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut text = String::new();
-    let last = header.len() - 1;
-    for cells in std::iter::once(header).chain(rows.iter().map(Vec::as_slice)) {
-        let start = text.len();
-        for (column, (cell, width)) in cells.iter().zip(&widths).enumerate() {
-            if column > 0 {
-                text.push_str("  ");
-            }
-            let padding = width.saturating_sub(cell.chars().count());
-            if column <= 1 || column == last {
-                text.push_str(cell);
-                text.extend(std::iter::repeat_n(' ', padding));
-            } else {
-                text.extend(std::iter::repeat_n(' ', padding));
-                text.push_str(cell);
-            }
-        }
-        let kept = text[start..].trim_end().len();
-        text.truncate(start + kept);
-        text.push('\n');
-    }
-    text
 }
 
 /// Whether any change is a regression (exit status 1).
