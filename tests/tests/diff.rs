@@ -379,6 +379,12 @@ fn bad_input_exits_2_with_one_line() {
     let other_weight_path = temp("other-weight.json");
     std::fs::write(&other_weight_path, other_weight.to_string()).unwrap();
 
+    let mut other_counters: Value =
+        serde_json::from_str(&std::fs::read_to_string(&same[0]).unwrap()).unwrap();
+    other_counters["synthetic"] = false.into();
+    let other_counters_path = temp("other-counters.json");
+    std::fs::write(&other_counters_path, other_counters.to_string()).unwrap();
+
     for (files, expected) in [
         (vec![&same[0], &missing], "cannot read"),
         (vec![&not_topdown, &same[0]], "not a topdown JSON result"),
@@ -387,6 +393,10 @@ fn bad_input_exits_2_with_one_line() {
             "recorded with model intel-icl",
         ),
         (vec![&same[0], &other_weight_path], "weighs by slots"),
+        (
+            vec![&same[0], &other_counters_path],
+            "counted with synthetic counters",
+        ),
         (vec![&same[0]], "topdown diff takes BASE NEW"),
     ] {
         let output = topdown().arg("diff").args(&files).output().unwrap();

@@ -250,7 +250,8 @@ pub fn load(path: &Path) -> anyhow::Result<Run> {
     })
 }
 
-/// Checks that every run can be compared with the first: same model and weight counter.
+/// Checks that every run can be compared with the first: same model, the same kind of
+/// counters (synthetic or not) and the same weight counter.
 pub fn check_comparable(runs: &[&Run]) -> anyhow::Result<()> {
     let Some(first) = runs.first() else {
         return Ok(());
@@ -265,6 +266,25 @@ pub fn check_comparable(runs: &[&Run]) -> anyhow::Result<()> {
                     first.model,
                     run.path.display(),
                     run.model
+                ),
+            ));
+        }
+        if run.synthetic != first.synthetic {
+            let synthetic = |run: &Run| {
+                if run.synthetic {
+                    "synthetic counters"
+                } else {
+                    "hardware counters"
+                }
+            };
+            return Err(fail(
+                Failure::Usage,
+                format!(
+                    "{} was counted with {} and {} with {}: compare runs counted alike",
+                    first.path.display(),
+                    synthetic(first),
+                    run.path.display(),
+                    synthetic(run)
                 ),
             ));
         }
