@@ -105,6 +105,28 @@ pub fn topdown() -> Command {
     command
 }
 
+/// Compiles `tests/workloads/SOURCE` with `cc -O0 -g` into the test target directory as
+/// `binary` and returns its path; fails the test with the compiler's stderr.
+pub fn build_c_workload(target_tmpdir: &str, source: &str, binary: &str) -> PathBuf {
+    let binary = PathBuf::from(target_tmpdir).join(binary);
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("workloads")
+        .join(source);
+    let output = Command::new("cc")
+        .args(["-O0", "-g", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("running cc");
+    assert!(
+        output.status.success(),
+        "cc {}: {}",
+        source.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    binary
+}
+
 /// Runs topdown to completion and returns its output; fails with its stderr if it failed.
 pub fn run_ok(command: &mut Command) -> Result<Output> {
     let output = command.output().context("running topdown")?;

@@ -9,6 +9,7 @@ use clap::{
 
 use crate::{
     bpf::Trigger,
+    diff::{input::Kind, render::DiffFormat},
     list::ListFormat,
     report::{By, Format, Weight},
     serve::duty_cycle::DutyCycle,
@@ -42,6 +43,8 @@ impl Named for Format {
         ("json", Format::Json),
         ("csv", Format::Csv),
         ("svg", Format::Svg),
+        ("pprof", Format::Pprof),
+        ("folded", Format::Folded),
     ];
 }
 
@@ -95,6 +98,96 @@ pub enum Command {
     /// A live terminal view: processes, threads, cgroups or functions with their TopDown
     /// breakdown, refreshed every second.
     Top(Box<TopArgs>),
+    /// Compare JSON results (BASE NEW, or BASE... -- NEW...) per function, call-tree edge,
+    /// span, process and cgroup; exit 1 when a cost grew beyond the threshold, 2 on bad input.
+    Diff(DiffArgs),
+}
+
+impl Named for DiffFormat {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("table", DiffFormat::Table),
+        ("json", DiffFormat::Json),
+        ("svg", DiffFormat::Svg),
+    ];
+}
+
+impl Named for Kind {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("function", Kind::Function),
+        ("edge", Kind::Edge),
+        ("span", Kind::Span),
+        ("process", Kind::Process),
+        ("cgroup", Kind::Cgroup),
+    ];
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// BASE then NEW, two JSON results of `topdown stat --format json -o FILE`; with `--`, the
+    /// files before it are BASE's runs and those after it NEW's.
+    #[arg(value_name = "BASE", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+
+    /// NEW's runs, after `--`.
+    #[arg(last = true, value_name = "NEW")]
+    pub new: Vec<PathBuf>,
+
+    /// A cost that grew by more than PCT percent is a regression (exit 1).
+    #[arg(long = "threshold", value_name = "PCT", default_value = "5", value_parser = parse_threshold)]
+    pub threshold: f64,
+
+    /// Output format: a table, JSON, or an SVG differential icicle of the call tree.
+    #[arg(long = "format", value_parser = named::<DiffFormat>(), default_value = "table")]
+    pub format: DiffFormat,
+
+    /// Write to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Which kinds of entities to compare (and gate on).
+    #[arg(
+        long = "kinds",
+        value_parser = named::<Kind>(),
+        value_delimiter = ',',
+        default_value = "function,edge,span,process,cgroup"
+    )]
+    pub kinds: Vec<Kind>,
+}
+
+impl DiffArgs {
+    /// The typed request: `BASE NEW`, or `BASE... -- NEW...`.
+    pub fn request(&self) -> Result<crate::diff::DiffRequest, String> {
+        let (base, new) = if self.new.is_empty() {
+            match self.files.as_slice() {
+                [base, new] => (vec![base.clone()], vec![new.clone()]),
+                files => {
+                    return Err(format!(
+                        "topdown diff takes BASE NEW, or BASE... -- NEW...; got {} file(s) and no --",
+                        files.len()
+                    ));
+                }
+            }
+        } else {
+            (self.files.clone(), self.new.clone())
+        };
+        Ok(crate::diff::DiffRequest {
+            base,
+            new,
+            threshold_pct: self.threshold,
+            format: self.format,
+            output: self.output.clone(),
+            kinds: self.kinds.clone(),
+        })
+    }
+}
+
+fn parse_threshold(text: &str) -> Result<f64, String> {
+    match text.trim_end_matches('%').parse::<f64>() {
+        Ok(value) if (0.0..=1e6).contains(&value) => Ok(value),
+        _ => Err(format!(
+            "'{text}': give a percentage of at least 0, e.g. 5 or 2.5"
+        )),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -181,7 +274,8 @@ pub struct StatArgs {
     pub output: Option<PathBuf>,
 
     /// With --format svg: what a frame's width measures, the inclusive weight counter (slots,
-    /// or cycles / cpu-clock where the model has no slots) or the probed calls.
+    /// or cycles / cpu-clock where the model has no slots) or the probed calls; with --format
+    /// folded, what each line's number is (exclusive).
     #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
     pub weight: Weight,
 
@@ -227,7 +321,8 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
 
     /// With --format svg: what a frame's width measures, the inclusive weight counter (slots,
-    /// or cycles / cpu-clock where the model has no slots) or the probed calls.
+    /// or cycles / cpu-clock where the model has no slots) or the probed calls; with --format
+    /// folded, what each line's number is (exclusive).
     #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
     pub weight: Weight,
 }

@@ -13,6 +13,7 @@ pub mod check;
 pub mod cli;
 pub mod counters;
 pub mod counting;
+pub mod diff;
 pub mod distribution;
 pub mod error;
 pub mod exit_plan;

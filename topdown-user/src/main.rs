@@ -80,6 +80,12 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
             runtime.block_on(topdown::serve::run(*args, cli.verbose > 0))
         }
+        Command::Diff(args) => {
+            let request = args
+                .request()
+                .map_err(|line| topdown::error::fail(topdown::error::Failure::Usage, line))?;
+            topdown::diff::command(&request)
+        }
         Command::Check(args) => {
             let (model, announcement) = topdown::counting::select_model_by(&args.pmu, None)?;
             let mut out = std::io::stdout().lock();

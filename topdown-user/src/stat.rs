@@ -63,6 +63,12 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             ));
         }
     }
+    if matches!(args.format, Format::Pprof | Format::Folded) && args.interval_ms.is_some() {
+        return Err(fail(
+            Failure::Usage,
+            "--format pprof and folded write one whole run: leave out -I",
+        ));
+    }
     let mut output = Output::open(args.output.as_deref())?;
     let prepared = counting::prepare(&args.counting, &args.by)?;
 

@@ -23,6 +23,10 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// at run time; its tests need it.
 pub const TEST_PACKAGES: [&str; 3] = ["prometheus", "tmux", "libpfm4"];
 
+/// Debian's Go toolchain: `go tool pprof` reads `--format pprof` output in the export tests
+/// (tests/tests/export.rs), the real consumer of profile.proto.
+pub const GO_PACKAGES: [&str; 1] = ["golang-go"];
+
 /// Debian packages of the real-program function-probe tests (tests/tests/real_programs.rs):
 /// bpftrace as the entry-count oracle, the sqlite3 CLI and its library as the program probed.
 pub const REAL_PROGRAM_PACKAGES: [&str; 3] = ["bpftrace", "sqlite3", "libsqlite3-0"];

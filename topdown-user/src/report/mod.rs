@@ -1,4 +1,5 @@
-//! The result of a run, as data, and its renderers (table, JSON, CSV, SVG).
+//! The result of a run, as data, and its renderers (table, JSON, CSV, SVG, pprof, folded
+//! stacks).
 //!
 //! [`Report`] is exactly what `--format json` writes and what `topdown report -i` reads back.
 //! Metrics are always derivable from `counters` with the recorded model, so `report -i`
@@ -11,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Counts, Metrics};
 
 pub mod csv;
+pub mod folded;
 pub mod json;
+pub mod pprof;
+pub mod stacks;
 pub mod svg;
 pub mod svg_distribution;
 pub mod table;
@@ -337,6 +341,10 @@ pub enum Format {
     Csv,
     /// The probed call tree as an icicle graph plus per-function exclusive TopDown bars.
     Svg,
+    /// Gzipped profile.proto: one sample per call path with its exclusive values.
+    Pprof,
+    /// Collapsed stacks, one `frame;frame WEIGHT` line per call path.
+    Folded,
 }
 
 /// What an SVG frame's width measures.
@@ -378,6 +386,14 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
 
 /// Reads a JSON result: one object, or one object per line (`-I` mode).
 pub fn load_reports(path: &std::path::Path) -> anyhow::Result<Vec<Report>> {
+    load_results(path)
+}
+
+/// Reads a JSON result as `T` (a [`Report`], or a view of one with more fields): one object,
+/// or one object per line (`-I` mode).
+pub fn load_results<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<T>> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(path).map_err(|err| {
         crate::error::fail(
@@ -385,7 +401,7 @@ pub fn load_reports(path: &std::path::Path) -> anyhow::Result<Vec<Report>> {
             format!("cannot read {}: {err}", path.display()),
         )
     })?;
-    if let Ok(report) = serde_json::from_str::<Report>(&text) {
+    if let Ok(report) = serde_json::from_str::<T>(&text) {
         return Ok(vec![report]);
     }
     let mut reports = Vec::new();
@@ -430,6 +446,8 @@ pub fn render(
         Format::Json => json::write_json_line(report, out),
         Format::Csv => csv::write_csv(report, by, out),
         Format::Svg => svg::write_svg(report, weight, out),
+        Format::Pprof => pprof::write_pprof(report, by, out),
+        Format::Folded => folded::write_folded(report, by, weight, out),
     }
 }
 

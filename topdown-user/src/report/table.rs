@@ -10,7 +10,7 @@ use super::{By, CallEdge, Entity, Report};
 use crate::model::{L1_METRICS, L2_METRICS};
 
 /// Column titles for the metric names.
-fn title(metric: &str) -> &str {
+pub(crate) fn title(metric: &str) -> &str {
     match metric {
         "retiring" => "Retiring",
         "bad_speculation" => "BadSpec",
@@ -581,7 +581,7 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
 
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
-fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
+pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
