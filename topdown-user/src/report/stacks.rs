@@ -602,6 +602,7 @@ mod tests {
             entry_single_step: false,
             inclusive: entity(inclusive),
             exclusive: entity(exclusive),
+            distribution: None,
         }
     }
 
