@@ -162,6 +162,7 @@ impl Sub for Diagnostics {
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
             unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
+            unsplit_tasks: self.unsplit_tasks.saturating_sub(earlier.unsplit_tasks),
         }
     }
 }

@@ -315,6 +315,11 @@ pub struct Diagnostics {
     /// untraced task's reading are credited from it (README, Scope).
     #[serde(default)]
     pub unseen_switches: u64,
+    /// Without BPF (`--no-bpf`): tasks of the command whose own counts could not be told apart
+    /// (still running at the end, or exit readings lost): their counts are in the command's
+    /// main thread.
+    #[serde(default)]
+    pub unsplit_tasks: u64,
 }
 
 /// Output formats.

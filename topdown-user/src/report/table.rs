@@ -323,6 +323,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.exit_records_lost
         );
     }
+    if d.unsplit_tasks > 0 {
+        text += &format!(
+            "note: {} task(s) of the command could not be split from its main thread (still running at the end, or exit readings lost): their counts are in the main thread's row\n",
+            d.unsplit_tasks
+        );
+    }
     text
 }
 
