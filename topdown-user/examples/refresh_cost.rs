@@ -176,6 +176,8 @@ fn main() -> anyhow::Result<()> {
         functions: &functions,
         target_returns: &[],
         call_tree,
+        command_scope: false,
+        before_command: None,
     };
     let naming = Naming::new(
         model.as_ref(),

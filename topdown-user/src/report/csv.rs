@@ -4,6 +4,8 @@
 //! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls`, then the
 //! counters in the model's order, then the metrics, then the derived figures (`offcore_latency`).
 //! A cell that does not apply to a row's kind is empty, as is a metric the model cannot compute.
+//! With `-- CMD`, kind `command` is the command's own counts over its run and `before_command`
+//! what was counted before it started (start-up, probe calibration), in no other row.
 
 use anyhow::{Context as _, Result};
 
@@ -95,6 +97,12 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
     row("idle", Key::default(), &report.idle)?;
     row("untracked", Key::default(), &report.untracked)?;
     row("dropped", Key::default(), &report.dropped)?;
+    if let Some(command) = &report.command {
+        row("command", Key::default(), command)?;
+    }
+    if let Some(before) = &report.before_command {
+        row("before_command", Key::default(), before)?;
+    }
     if by.contains(&By::Task) {
         for task in &report.tasks {
             let key = Key {

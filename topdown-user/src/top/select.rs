@@ -272,6 +272,8 @@ mod tests {
             functions: &[],
             target_returns: &[],
             call_tree: true,
+            command_scope: false,
+            before_command: None,
         };
         report_of(&ctx, aggregate)
     }

@@ -239,6 +239,9 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         functions: &[],
         target_returns: &[],
         call_tree: true,
+        // The counters start at the command's execve: nothing is counted before it.
+        command_scope: true,
+        before_command: None,
     };
     let report = report_of(&ctx, &built.aggregate);
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
