@@ -168,6 +168,12 @@ pub fn workload_threads(stdout: &str) -> Vec<(usize, u64, u64)> {
     threads
 }
 
+/// How long topdown may take to start (load and verify its BPF programs, attach, calibrate the
+/// probes) before a test gives up on it: a guard against a hang, not a speed check (the
+/// benchmarks measure speed). Beside other engineers' builds on the 2-vCPU VM (load average
+/// 14) a start took over 20 s, and 30 s once (issue 22).
+pub const START_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Waits until topdown says it is counting (its stderr line), returning what it printed.
 pub fn wait_until_counting(child: &mut Child, timeout: Duration) -> Result<String> {
     use std::io::Read as _;
