@@ -4,7 +4,7 @@
 //!
 //! The binaries are those `cargo test --no-run` builds for the integration tests of
 //! `topdown-tests` (tests/tests/*.rs) and `topdown-region` (topdown-region/tests/*.rs), run
-//! from copies in target/repeat/bin (a build meanwhile changes nothing). Each run is the binary
+//! from copies in target/repeat/<start time>/bin (a build meanwhile changes nothing). Each run is the binary
 //! alone, from its package's directory with `TOPDOWN_BIN` set, as `cargo test` runs it. Noise: `build` rebuilds topdown-user into a fresh target directory in a loop
 //! (what other engineers' builds do to this machine), `cpu` keeps every CPU busy with spinning
 //! threads.
@@ -70,8 +70,13 @@ struct Outcome {
 }
 
 pub fn repeat(plan: &Plan) -> Result<bool> {
+    // Each invocation has its own directory, so two can run side by side (one with noise).
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let directory = cmd::workspace_root().join(format!("target/repeat/{started}"));
     // Copies: a build during the runs (fixing what they found) must not change what they run.
-    let copies = cmd::workspace_root().join("target/repeat/bin");
+    let copies = directory.join("bin");
     std::fs::create_dir_all(&copies).with_context(|| format!("creating {}", copies.display()))?;
     let topdown = copy_into(&crate::build_topdown(false)?, &copies, "topdown")?;
     let mut binaries = test_binaries()?;
@@ -96,9 +101,9 @@ pub fn repeat(plan: &Plan) -> Result<bool> {
             names.join(", ")
         );
     }
-    let logs = cmd::workspace_root().join("target/repeat");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let _noise = NoiseGuard::start(plan.noise)?;
+    let logs = directory;
+    println!("repeat: binaries and failure logs in {}", logs.display());
+    let _noise = NoiseGuard::start(plan.noise, started)?;
     let mut outcomes = Vec::new();
     for binary in selected {
         let mut outcome = Outcome::default();
@@ -252,15 +257,18 @@ struct NoiseGuard {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     build: Option<Child>,
+    /// The build loop's target directory, removed when it stops.
+    target: Option<PathBuf>,
 }
 
 impl NoiseGuard {
-    fn start(noise: Noise) -> Result<Self> {
+    fn start(noise: Noise, started: u64) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut guard = Self {
             stop: stop.clone(),
             threads: Vec::new(),
             build: None,
+            target: None,
         };
         match noise {
             Noise::None => {}
@@ -279,7 +287,7 @@ impl NoiseGuard {
                 }
             }
             Noise::Build => {
-                let target = cmd::workspace_root().join("target/repeat-noise");
+                let target = cmd::workspace_root().join(format!("target/repeat-noise-{started}"));
                 let cargo_command = cmd::cargo();
                 let cargo = cmd::describe(&cargo_command);
                 let script = format!(
@@ -305,6 +313,7 @@ impl NoiseGuard {
                     .context("starting the build noise")?;
                 println!("repeat: build noise: {script}");
                 guard.build = Some(child);
+                guard.target = Some(target);
             }
         }
         Ok(guard)
@@ -324,7 +333,9 @@ impl Drop for NoiseGuard {
             }
             let _ = child.wait();
             std::thread::sleep(Duration::from_millis(200));
-            let _ = std::fs::remove_dir_all(cmd::workspace_root().join("target/repeat-noise"));
+        }
+        if let Some(target) = self.target.take() {
+            let _ = std::fs::remove_dir_all(target);
         }
     }
 }
