@@ -196,7 +196,7 @@ fn hybrid_models_calibrate_each_core_type() {
     }
     let c = path(&binaries().funcs);
     let leaf = format!("{c}:leaf");
-    let (report, _) = stat(&[
+    let (report, stderr) = stat(&[
         "--pmu",
         "synthetic:hybrid:intel-spr+intel-grt",
         "--hybrid-cpus",
@@ -210,6 +210,9 @@ fn hybrid_models_calibrate_each_core_type() {
         "10",
         "0",
     ]);
+    // Failed once in 10 runs of cargo xtask repeat beside heavy load (issue 22), without its
+    // reason: topdown says why on stderr, and a failure says it too now.
+    calibrated(&report, &stderr).unwrap();
     let costs = report["probe_compensation"]["costs"].as_array().unwrap();
     let calibrated: Vec<(&str, u64)> = costs
         .iter()
