@@ -251,7 +251,19 @@ fn every_model_end_to_end_on_synthetic_counters() {
             )
         });
         for (name, count) in &golden.counts {
-            assert_eq!(counter(task, name), *count, "{} {name}", golden.model);
+            // Seen once in 35 runs beside a build loop (issue 22: intel-cmt, 41 of 150 `times`
+            // calls on the thread): not reproduced in 180 replays since, so the whole report
+            // goes with a failure.
+            assert_eq!(
+                counter(task, name),
+                *count,
+                "{} {name}: tasks {}, untracked {}, dropped {}, diagnostics {}",
+                golden.model,
+                report["tasks"],
+                report["untracked"],
+                report["dropped"],
+                report["diagnostics"]
+            );
         }
         assert_metrics(golden, &task["metrics"], "synthetic replay");
         *replayed.entry(golden.model.clone()).or_default() += 1;
