@@ -138,7 +138,9 @@ fn metrics_follow_the_model_formulas_exactly() {
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let worker = task(&report, threads[0].2).expect("worker thread");
     for ((name, _), count) in ICL_COUNTERS.iter().zip(counts) {
-        assert_eq!(counter(worker, name), count, "{name}");
+        // Seen once in 14 runs beside a build loop (issue 22: 1 of the 10 `times` calls, the
+        // thread's last ones); not reproduced since, so a failure carries the whole report.
+        assert_eq!(counter(worker, name), count, "{name}: {report}");
     }
     let metric = |name: &str| worker["metrics"][name].as_f64().unwrap_or(f64::NAN);
     for (name, expected) in [
