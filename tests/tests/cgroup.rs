@@ -6,7 +6,6 @@ use std::{
     io::Write as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::Duration,
 };
 
 use serde_json::Value;
@@ -99,28 +98,36 @@ fn cgroup<'a>(report: &'a Value, path: &str) -> Option<&'a Value> {
         .find(|entry| entry["path"].as_str() == Some(path))
 }
 
-/// Runs topdown in the background with `args`, runs `during`, waits for it, returns the report.
+/// Runs topdown in the background with `args`, runs `during`, stops it, returns the report.
 fn traced(name: &str, args: &[&str], during: impl FnOnce()) -> Value {
     traced_with("synthetic:intel-icl", name, args, during).0
 }
 
 /// `traced` with another `--pmu`; also returns what topdown printed on stderr before counting.
+///
+/// topdown counts until `during` is over, then gets SIGINT (a clean stop with the final
+/// report). A fixed `-d 3` ended the count before the work on a loaded machine: the
+/// switch-filter test's two workloads and ping-pong took longer than 3 s beside other
+/// engineers' builds, and the twin's calls were missing from `untracked` (issue 22). `-d`
+/// stays only as a bound should the test hang.
 fn traced_with(pmu: &str, name: &str, args: &[&str], during: impl FnOnce()) -> (Value, String) {
     let out =
         std::env::temp_dir().join(format!("topdown-cgroup-{name}-{}.json", std::process::id()));
     let mut tracer = topdown()
         .args([
-            "stat", "-a", "-d", "3", "--pmu", pmu, "--format", "json", "-o",
+            "stat", "-a", "-d", "300", "--pmu", pmu, "--format", "json", "-o",
         ])
         .arg(&out)
         .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
+    let stderr = wait_until_counting(&mut tracer, START_TIMEOUT).unwrap();
     during();
+    // SAFETY: signals the tracer this test started, still unreaped.
+    unsafe { libc::kill(tracer.id() as libc::pid_t, libc::SIGINT) };
     let status = tracer.wait().unwrap();
-    assert!(status.success());
+    assert!(status.success(), "{status}");
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let _ = std::fs::remove_file(out);
     (report, stderr)
@@ -413,7 +420,19 @@ fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
             assert!(
                 counted + margin >= usage_ns && counted <= usage_ns + margin + steal,
                 "{trigger} {dir}: cpu-clock {counted} ns vs cpu.stat {usage_ns} ns \
-                 (allowed: 2% below, 2% + {steal} ns of steal time above)"
+                 (allowed: 2% below, 2% + {steal} ns of steal time above); diagnostics {}, \
+                 cgroups {}, tasks of the workload {}",
+                report["diagnostics"],
+                report["cgroups"],
+                serde_json::Value::Array(
+                    report["tasks"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|task| task["comm"] == "td-workload")
+                        .cloned()
+                        .collect()
+                )
             );
         }
     }
@@ -469,6 +488,7 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     // Without cpuidle in sysfs the idle entries are unknown: then only the bound of a tenth of
     // the ping-pong's switches holds.
     let idle_before = idle_entries();
+    let agent_before = pid1_switches();
     let report = traced(
         "switch-filter-idle",
         &["-G", &chosen, "--by", "task,cgroup"],
@@ -480,6 +500,8 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     let idle = idle_before
         .zip(idle_entries())
         .and_then(|(before, after)| after.checked_sub(before));
+    // Switches into PID 1 are read (it leaves unseen: `pid1_switches`).
+    let agent = pid1_switches().saturating_sub(agent_before);
     go(sleeper);
     let cpus = report["cpus"].as_array().unwrap().len() as u64;
     // The start and end flush of every CPU, a few switches of the traced (but blocked)
@@ -490,11 +512,11 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
         .as_u64()
         .unwrap_or(u64::MAX);
     let most = idle.map_or(4_000, |idle| {
-        (2 * cpus + 4 + idle + idle / 4 + 64).min(4_000)
+        (2 * cpus + 4 + idle + idle / 4 + agent + 64).min(4_000)
     });
     assert!(
         (2 * cpus..=most).contains(&readings),
-        "{readings} readings, {idle:?} idle entries: {report}"
+        "{readings} readings, {idle:?} idle entries, {agent} switches of PID 1: {report}"
     );
     assert_eq!(
         counter(&report["totals"], "slots"),

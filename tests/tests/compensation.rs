@@ -196,7 +196,7 @@ fn hybrid_models_calibrate_each_core_type() {
     }
     let c = path(&binaries().funcs);
     let leaf = format!("{c}:leaf");
-    let (report, _) = stat(&[
+    let (report, stderr) = stat(&[
         "--pmu",
         "synthetic:hybrid:intel-spr+intel-grt",
         "--hybrid-cpus",
@@ -210,6 +210,9 @@ fn hybrid_models_calibrate_each_core_type() {
         "10",
         "0",
     ]);
+    // Failed once in 10 runs of cargo xtask repeat beside heavy load (issue 22), without its
+    // reason: topdown says why on stderr, and a failure says it too now.
+    calibrated(&report, &stderr).unwrap();
     let costs = report["probe_compensation"]["costs"].as_array().unwrap();
     let calibrated: Vec<(&str, u64)> = costs
         .iter()
@@ -404,6 +407,82 @@ fn known_work_attempt(args: &[&str], units: f64) -> Result<(), String> {
 }
 
 /// `--no-compensation`: no calibration, no `probe_compensation`, the raw figures reported.
+/// The calibration runs before the command (issue 22): none of it is in the command's run.
+/// On the software model every CPU's `cpu-clock` counts wall time, idle included, so the run's
+/// totals are its length on every CPU; the calibration's seconds are reported apart, as
+/// `before_command`, and the table's shares are of the command.
+#[test]
+fn the_calibration_is_not_in_the_command_s_run() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let w = path(&binaries().compensation);
+    let recording = std::env::temp_dir().join(format!(
+        "topdown-compensation-run-{}.json",
+        std::process::id()
+    ));
+    let output = run_ok(
+        topdown()
+            .args(["stat", "--pmu", "software", "-u", &format!("{w}:empty")])
+            .args(["--format", "json", "-o"])
+            .arg(&recording)
+            .args(["--", &w, "empty", "500000"]),
+    )
+    .unwrap();
+    let report = parse_json(&std::fs::read(&recording).unwrap()).unwrap();
+    // Start-up alone is counted before the command too, so a calibration failing under load
+    // (`calibrated`) does not change what is checked here.
+    if let Err(why) = calibrated(&report, &String::from_utf8_lossy(&output.stderr)) {
+        eprintln!("{why}");
+    }
+    let cpus = report["cpus"].as_array().expect("cpus").len() as f64;
+    let wall_ns = report["duration_s"].as_f64().expect("duration_s") * 1e9 * cpus;
+    let totals = cpu_clock(&report["totals"]);
+    // A few ms between the snapshot before the command's release and the run's clock start,
+    // and at its end, on a loaded 2-vCPU VM: 10%. With the calibration in, totals were 2-3
+    // times the run.
+    assert!(
+        (totals / wall_ns - 1.0).abs() < 0.10,
+        "totals {totals} ns over {wall_ns} ns of the run on all CPUs"
+    );
+    let before = cpu_clock(&report["before_command"]);
+    assert!(before > 0.0, "{}", report["before_command"]);
+    let counter = |entity: &Value| entity["counters"]["cpu-clock"].as_u64().unwrap();
+    let command = counter(&report["command"]);
+    assert_eq!(
+        command,
+        counter(&report["totals"]) - counter(&report["idle"]) - counter(&report["untracked"])
+    );
+    let processes = report["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1);
+    assert_eq!(counter(&processes[0]), command);
+
+    // The table (of the recording, as a live run prints it): shares of the command, and what
+    // was counted around it labelled, without a share.
+    let table = run_ok(
+        topdown()
+            .args(["report", "--by", "process", "-i"])
+            .arg(&recording),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(&recording);
+    let table = String::from_utf8_lossy(&table.stdout);
+    let share = |label: &str| {
+        table
+            .lines()
+            .find(|line| line.contains(label) && !line.starts_with("topdown:"))
+            .and_then(|line| line.split_whitespace().last())
+            .unwrap_or_else(|| panic!("no {label} row: {table}"))
+            .to_owned()
+    };
+    assert_eq!(share("compensation"), "100.0%", "{table}");
+    assert_eq!(share("command total"), "100.0%", "{table}");
+    assert_eq!(share("other tasks during its run"), "-", "{table}");
+    assert_eq!(share("all CPUs during its run"), "-", "{table}");
+    assert_eq!(share("before it (start-up"), "-", "{table}");
+}
+
 #[test]
 fn no_compensation_reports_raw_figures() {
     let _serial = serial();

@@ -236,25 +236,34 @@ fn every_model_end_to_end_on_synthetic_counters() {
             let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
             (threads[0].2, report)
         };
-        // Seen once in a dozen runs here: the workload's thread absent from the tasks (its
-        // counts elsewhere), not understood yet. One more run says so on stderr instead of
-        // failing; twice in a row fails.
-        let (mut tid, mut report) = replay();
-        if task(&report, tid).is_none() {
-            eprintln!(
-                "RETRY {} {}: workload thread {tid} not in the report's tasks {}; untracked {}",
-                golden.model, golden.name, report["tasks"], report["untracked"]
-            );
-            (tid, report) = replay();
-        }
+        // Once seen missing from the tasks here (November 2026, when every switch was read):
+        // not reproduced since (issue 22), so a miss fails with what the report holds.
+        let (tid, report) = replay();
         let task = task(&report, tid).unwrap_or_else(|| {
             panic!(
-                "{} {}: workload thread {tid} not in the report's tasks {}; untracked {}",
-                golden.model, golden.name, report["tasks"], report["untracked"]
+                "{} {}: workload thread {tid} not in the report's tasks {}; untracked {}; \
+                 diagnostics {}",
+                golden.model,
+                golden.name,
+                report["tasks"],
+                report["untracked"],
+                report["diagnostics"]
             )
         });
         for (name, count) in &golden.counts {
-            assert_eq!(counter(task, name), *count, "{} {name}", golden.model);
+            // Seen once in 35 runs beside a build loop (issue 22: intel-cmt, 41 of 150 `times`
+            // calls on the thread): not reproduced in 180 replays since, so the whole report
+            // goes with a failure.
+            assert_eq!(
+                counter(task, name),
+                *count,
+                "{} {name}: tasks {}, untracked {}, dropped {}, diagnostics {}",
+                golden.model,
+                report["tasks"],
+                report["untracked"],
+                report["dropped"],
+                report["diagnostics"]
+            );
         }
         assert_metrics(golden, &task["metrics"], "synthetic replay");
         *replayed.entry(golden.model.clone()).or_default() += 1;

@@ -134,9 +134,10 @@ fn csv_and_json_of_one_recording_agree_on_every_value() {
     let array = |key: &str| report[key].as_array().unwrap().clone();
     let (tasks, processes, cgroups) = (array("tasks"), array("processes"), array("cgroups"));
     assert!(!cgroups.is_empty());
+    // total, idle, untracked, dropped, and for a command its run and what came before it.
     assert_eq!(
         rows.len(),
-        4 + tasks.len() + processes.len() + cgroups.len()
+        6 + tasks.len() + processes.len() + cgroups.len()
     );
     let mut seen = (0, 0, 0);
     for row in &rows {
@@ -147,8 +148,9 @@ fn csv_and_json_of_one_recording_agree_on_every_value() {
             Default::default()
         );
         let entity = match cell("kind").as_str() {
-            kind @ ("total" | "idle" | "untracked" | "dropped") => {
+            kind @ ("total" | "idle" | "untracked" | "dropped" | "command" | "before_command") => {
                 let key = if kind == "total" { "totals" } else { kind };
+                assert!(report[key].is_object(), "{kind}: {report}");
                 assert_eq!((cell("tid"), cell("pid"), cell("comm")), Default::default());
                 report[key].clone()
             }

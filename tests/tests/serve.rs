@@ -86,7 +86,7 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
         .spawn()
         .expect("starting topdown serve");
     let mut exporter = Reaped(exporter);
-    wait_for(Duration::from_secs(20), || {
+    wait_for(START_TIMEOUT, || {
         http_get(port, "/healthz").filter(|(status, _)| *status == 200)
     })
     .expect("the exporter becomes healthy");
@@ -378,7 +378,7 @@ fn start_healthy(port: u16, mut command: Command) -> Reaped {
         .spawn()
         .expect("starting topdown serve");
     let exporter = Reaped(child);
-    wait_for(Duration::from_secs(20), || {
+    wait_for(START_TIMEOUT, || {
         http_get(port, "/healthz").filter(|(status, _)| *status == 200)
     })
     .expect("the exporter becomes healthy");
@@ -1019,6 +1019,38 @@ fn sampled(metrics: &str) -> Sampled {
     }
 }
 
+/// Duty-cycle windows of `window` s in all holding `attached` s of probes, checked against a
+/// schedule giving `on` s of every `span` s (the windows' nominal length together).
+///
+/// Closing a uprobe link waits in the kernel for RCU, RCU-tasks-trace and SRCU grace periods
+/// (`bpf_uprobe_multi_link_release` -> `uprobe_unregister_nosync`, `uprobe_unregister_sync`:
+/// the serve thread's kernel stacks during a detach on the loaded 2-vCPU VM), and serve waits
+/// for it: up to 6 s beside two spinning processes, 0.1-1 s otherwise. A detach longer than
+/// the OFF span that follows delays the next attach, so that window is longer than its period
+/// and its share below the nominal one (issue 22: 5 s waits for a 2 s window failed). Serve
+/// measures both times, so the exact relations hold either way; the nominal share is checked
+/// where the schedule was kept, and where it was not, the windows must be longer than nominal
+/// and never hold more probe time than their ON spans.
+fn assert_schedule(on: f64, span: f64, attached: f64, window: f64, context: &str) {
+    if window <= span + 0.2 {
+        assert!(
+            (window - span).abs() < 0.2,
+            "{window} s of windows: {context}"
+        );
+        assert!(
+            (attached / window - on / span).abs() < 0.05,
+            "{attached} s attached in {window} s: {context}"
+        );
+    } else {
+        eprintln!(
+            "{window} s of windows (nominal {span} s) holding {attached} s of probes: a detach \
+             outlasted the OFF span"
+        );
+        assert!(attached <= on + 0.1, "{attached} s attached: {context}");
+        assert!(attached > 0.0, "{context}");
+    }
+}
+
 /// The first /metrics (polled every 10 ms) for which `check` holds.
 fn metrics_when(port: u16, timeout: Duration, what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + timeout;
@@ -1089,9 +1121,10 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
         |body| sampled(body).attached == Some(1.0),
     );
     run();
+    // 15 s: see the stretched windows below.
     let closed = metrics_when(
         port,
-        Duration::from_secs(5),
+        Duration::from_secs(15),
         "the second window closes",
         |body| sampled(body).window_seconds > first.window_seconds,
     );
@@ -1107,8 +1140,7 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     let window = second.window_seconds - first.window_seconds;
     assert!((ratio - attached / window).abs() < 1e-9, "{second:?}");
     assert_ne!(ratio, 0.5, "measured, not nominal");
-    assert!((ratio - 0.5).abs() < 0.05, "{second:?}");
-    assert!((window - 4.0).abs() < 0.2, "{second:?}");
+    assert_schedule(2.0, 4.0, attached, window, &format!("{second:?}"));
     // The estimates: the window's counts divided by its fraction (the first window had none).
     assert_eq!(sample(&closed, &calls), Some(3.0 / ratio), "{closed}");
     assert_eq!(sample(&closed, &inclusive), Some(9.0 / ratio), "{closed}");
@@ -1169,9 +1201,10 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
     let process =
         r#"topdown_process_slots_total{category="total",comm="td-duty-steady",model="intel-icl"}"#;
-    // leaf(1) 1000 times a second for 12 s: one getppid each.
+    // leaf(1) 1000 times a second for 30 s: one getppid each. Long enough for three windows
+    // even stretched (below) to end inside its run.
     let workload = Command::new(&binary)
-        .args(["steady", "1000", "12"])
+        .args(["steady", "1000", "30"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -1183,16 +1216,20 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     // boundary on, over two whole windows, all inside the workload's run.
     let window_seconds = |body: &str| sampled(body).window_seconds;
     let now = http_get(port, "/metrics").expect("/metrics").1;
-    let start = metrics_when(port, Duration::from_secs(5), "a window closes", |body| {
+    let start = metrics_when(port, Duration::from_secs(8), "a window closes", |body| {
         window_seconds(body) > window_seconds(&now)
     });
     let mut end = start.clone();
     for _ in 0..2 {
         let before = window_seconds(&end);
-        end = metrics_when(port, Duration::from_secs(5), "a window closes", |body| {
+        end = metrics_when(port, Duration::from_secs(8), "a window closes", |body| {
             window_seconds(body) > before
         });
     }
+    assert!(
+        workload.0.try_wait().unwrap().is_none(),
+        "the windows measured must lie inside the workload's run"
+    );
     let (a, b) = (sampled(&start), sampled(&end));
     let attached = b.attached_seconds - a.attached_seconds;
     let window = b.window_seconds - a.window_seconds;
@@ -1203,9 +1240,9 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     eprintln!(
         "2 windows: {window:.4} s, attached {attached:.4} s, {counted} calls counted, {estimated:.1} estimated"
     );
-    // The probes' share of the time is bounded by the duty cycle: 1 s of every 2 s, less
-    // what attaching takes.
-    assert!((attached / window - 0.5).abs() < 0.05, "{a:?} {b:?}");
+    // The probes' share of the time is the duty cycle's: 1 s of every 2 s, less what
+    // attaching takes, unless a detach stretched the windows.
+    assert_schedule(2.0, 4.0, attached, window, &format!("{a:?} {b:?}"));
     // Calls are counted only while attached: RATE per attached second. Each window has two
     // edges, and at each the count can be off by the calls in the workload's wake-up lateness
     // and in the part of the attach or detach call that is counted as attached: 20 ms per
@@ -1226,8 +1263,8 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     metrics_when(
         port,
         Duration::from_secs(5),
-        "the workload's 12000 calls",
-        |body| sample(body, process) == Some(12000.0),
+        "the workload's 30000 calls",
+        |body| sample(body, process) == Some(30000.0),
     );
     stop_and_read_stderr(exporter);
 }

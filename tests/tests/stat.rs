@@ -138,7 +138,9 @@ fn metrics_follow_the_model_formulas_exactly() {
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let worker = task(&report, threads[0].2).expect("worker thread");
     for ((name, _), count) in ICL_COUNTERS.iter().zip(counts) {
-        assert_eq!(counter(worker, name), count, "{name}");
+        // Seen once in 14 runs beside a build loop (issue 22: 1 of the 10 `times` calls, the
+        // thread's last ones); not reproduced since, so a failure carries the whole report.
+        assert_eq!(counter(worker, name), count, "{name}: {report}");
     }
     let metric = |name: &str| worker["metrics"][name].as_f64().unwrap_or(f64::NAN);
     for (name, expected) in [
@@ -228,7 +230,7 @@ fn a_target_gone_before_counting_starts_ends_the_run() {
     let out = report_path("gone-at-start");
     let mut target = KilledOnDrop::new(
         std::process::Command::new("sleep")
-            .arg("0.3")
+            .arg("1000")
             .spawn()
             .unwrap(),
     );
@@ -241,7 +243,16 @@ fn a_target_gone_before_counting_starts_ends_the_run() {
             .spawn()
             .unwrap(),
     );
-    assert!(target.child().wait().unwrap().success());
+    // The target ends once topdown is loading its BPF objects: after it found the pid (a pid
+    // gone before that is refused, exit 6: what a fixed `sleep 0.3` met whenever topdown took
+    // longer to get there beside other builds, issue 22) and before its programs count.
+    let tracer_pid = tracer.child().id();
+    wait_for(START_TIMEOUT, || {
+        holds_bpf_objects(tracer_pid).then_some(())
+    })
+    .expect("topdown loads its BPF objects");
+    target.child().kill().unwrap();
+    target.child().wait().unwrap();
     let ended = wait_for(Duration::from_secs(30), || {
         tracer.child().try_wait().ok().flatten()
     });
@@ -250,6 +261,17 @@ fn a_target_gone_before_counting_starts_ends_the_run() {
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_conserved(&report);
     let _ = std::fs::remove_file(out);
+}
+
+/// Whether process `pid` holds a BPF map or program (an fd linking to `anon_inode:bpf-...`).
+fn holds_bpf_objects(pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("anon_inode:bpf-"))
+    })
 }
 
 #[test]
@@ -746,6 +768,7 @@ fn switches_between_untraced_tasks_take_no_reading() {
     // Without cpuidle in sysfs the idle entries are unknown: then only the bound of a tenth of
     // the ping-pong's switches holds.
     let idle_before = idle_entries();
+    let agent_before = pid1_switches();
     let mut tracer = KilledOnDrop::new(
         topdown()
             .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
@@ -762,23 +785,25 @@ fn switches_between_untraced_tasks_take_no_reading() {
     let idle = idle_before
         .zip(idle_entries())
         .and_then(|(before, after)| after.checked_sub(before));
+    let agent = pid1_switches().saturating_sub(agent_before);
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let cpus = report["cpus"].as_array().unwrap().len() as u64;
     // The start and end flush of every CPU, a few switches of the traced (but blocked) sleeper
-    // itself, and the CPUs going idle (a switch to idle that finds work at once enters no idle
-    // state: hence the slack), against the ping-pong's tens of thousands: without the filter
-    // every one of those would be a reading.
+    // itself, the CPUs going idle (a switch to idle that finds work at once enters no idle
+    // state: hence the slack) and the switches into PID 1, which leaves unseen (98 readings
+    // against a bound of 95 without them in 1 of 7 runs beside a build, issue 22), against the
+    // ping-pong's tens of thousands: without the filter every one of those would be a reading.
     let readings = report["diagnostics"]["readings"]
         .as_u64()
         .unwrap_or(u64::MAX);
     let most = idle.map_or(4_000, |idle| {
-        (2 * cpus + 4 + idle + idle / 4 + 64).min(4_000)
+        (2 * cpus + 4 + idle + idle / 4 + agent + 64).min(4_000)
     });
     assert!(
         (2 * cpus..=most).contains(&readings),
-        "{readings} readings, {idle:?} idle entries: {report}"
+        "{readings} readings, {idle:?} idle entries, {agent} switches of PID 1: {report}"
     );
     assert_eq!(report["tasks"].as_array().unwrap().len(), 0, "it never ran");
     assert_conserved(&report);

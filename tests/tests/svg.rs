@@ -286,8 +286,30 @@ fn stat_writes_svg_directly() {
     stat(&args, &svg);
     let text = std::fs::read_to_string(&svg).unwrap();
     check_slot_widths(&text, &report);
-    // Seven exclusive bars, one per probed function.
     let document = roxmltree::Document::parse(&text).unwrap();
+    // The heading gives the command's run (its exact synthetic total), and the frames their
+    // share of it.
+    let command = report["command"]["counters"]["slots"].as_u64().unwrap();
+    assert!(command > 0);
+    let context = document
+        .descendants()
+        .find(|node| node.attribute("class") == Some("context"))
+        .and_then(|node| node.text())
+        .unwrap();
+    assert!(context.contains("; the command's run: "), "{context}");
+    assert!(
+        context.contains(&format!(" s, {command} slots")),
+        "{context}"
+    );
+    assert!(
+        document
+            .descendants()
+            .filter(|node| node.has_tag_name("title"))
+            .filter_map(|node| node.text())
+            .any(|title| title.contains("% of the command's slots")),
+        "{text}"
+    );
+    // Seven exclusive bars, one per probed function.
     let bars: Vec<&str> = document
         .descendants()
         .filter(|node| node.attribute("class") == Some("bar"))

@@ -274,6 +274,7 @@ fn forced_no_bpf_counts_exact_syscalls_per_process_and_thread() {
     assert_eq!(counter(&report["totals"], "slots"), 2474);
     assert_eq!(counter(&report["totals"], "topdown-retiring"), 1554);
     assert_eq!(report["tasks"].as_array().map(Vec::len), Some(6));
+    assert_eq!(report["diagnostics"]["unsplit_tasks"], 0);
 
     // CSV carries the same per-process figures.
     let csv_out = run_ok(topdown().args([
@@ -312,6 +313,73 @@ fn forced_no_bpf_counts_exact_syscalls_per_process_and_thread() {
         .map(|row| &row[slots])
         .collect();
     assert_eq!(processes, ["321"], "{text}");
+}
+
+/// Many threads of two processes exit at the same moment on both CPUs, so their exit readings
+/// are written concurrently: each thread still gets exactly its own count, and none is left
+/// unsplit. With one buffer per CPU for all events (which the kernel writes from one CPU at a
+/// time), about half of such runs lost some threads' readings to the main thread (issue 22).
+#[test]
+fn threads_exiting_at_once_keep_their_own_counts() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    const THREADS: u64 = 48;
+    let out = std::env::temp_dir().join(format!(
+        "topdown-test-no-bpf-exits-{}.json",
+        std::process::id()
+    ));
+    // Thread i makes i + 1 getppid calls; the workload's barrier releases them all at once.
+    let specs: Vec<String> = (1..=THREADS)
+        .map(|calls| format!("getppid={calls}"))
+        .collect();
+    for run in 0..4 {
+        let output = run_ok(
+            topdown()
+                .args([
+                    "stat",
+                    "--no-bpf",
+                    "--pmu",
+                    "synthetic:intel-icl",
+                    "--format",
+                    "json",
+                    "-o",
+                ])
+                .arg(&out)
+                .args(["--", WORKLOAD, "--children", "1"])
+                .args(&specs),
+        )
+        .unwrap();
+        let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+        let _ = std::fs::remove_file(&out);
+        assert_tasks_add_up(&report);
+        assert_eq!(
+            report["diagnostics"]["unsplit_tasks"],
+            0,
+            "run {run}: {}",
+            stderr_of(&output)
+        );
+        let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
+        assert_eq!(threads.len(), 2 * THREADS as usize, "run {run}");
+        for (index, pid, tid) in &threads {
+            let entry = task(&report, *tid).unwrap_or_else(|| panic!("run {run}: no tid {tid}"));
+            assert_eq!(
+                counter(entry, "slots"),
+                *index as u64 + 1,
+                "run {run}: thread {index} of {pid}"
+            );
+        }
+        for pid in threads.iter().map(|(_, pid, _)| *pid) {
+            let main = task(&report, pid).unwrap_or_else(|| panic!("run {run}: no main {pid}"));
+            assert_eq!(counter(main, "slots"), 0, "run {run}: main thread of {pid}");
+        }
+        assert_eq!(
+            counter(&report["totals"], "slots"),
+            THREADS * (THREADS + 1),
+            "run {run}"
+        );
+    }
 }
 
 /// Without root, every option that needs BPF is refused in one line, with exit 2, before
@@ -425,4 +493,6 @@ fn a_task_left_running_is_counted_in_the_main_thread_and_said() {
         .find(|task| task["comm"] == "sh")
         .expect("the shell's entry");
     assert_eq!(counter(shell, "topdown-bad-spec"), 50, "{report}");
+    // The workload's main thread and its one spinning thread.
+    assert_eq!(report["diagnostics"]["unsplit_tasks"], 2, "{stderr}");
 }

@@ -177,6 +177,8 @@ fn main() -> anyhow::Result<()> {
         target_returns: &[],
         call_tree,
         distribution_probe_costs: &|_| None,
+        command_scope: false,
+        before_command: None,
     };
     let naming = Naming::new(
         model.as_ref(),

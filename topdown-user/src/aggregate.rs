@@ -167,6 +167,7 @@ impl Sub for Diagnostics {
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
             unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
+            unsplit_tasks: self.unsplit_tasks.saturating_sub(earlier.unsplit_tasks),
         }
     }
 }
@@ -269,6 +270,18 @@ pub struct Aggregate {
 impl Aggregate {
     /// Everything in `current`, or (interval mode) what happened since `previous`.
     pub fn since(current: &Snapshot, previous: Option<&Snapshot>) -> Self {
+        Self::between(current, previous, previous.is_some())
+    }
+
+    /// What happened since `start` (a command's start: `CountingSession::mark_command_start`),
+    /// every task, cgroup and call edge of `current` listed, as in a whole run's report.
+    pub fn since_start(current: &Snapshot, start: &Snapshot) -> Self {
+        Self::between(current, Some(start), false)
+    }
+
+    /// The difference; `only_active` keeps only the tasks, cgroups and call edges that counted
+    /// something since `previous` (interval mode).
+    fn between(current: &Snapshot, previous: Option<&Snapshot>, only_active: bool) -> Self {
         let per_cpu =
             |snapshot: &Snapshot, pick: fn(&CpuState) -> &[u64; MAX_COUNTERS]| -> SlotCounts {
                 snapshot
@@ -284,7 +297,7 @@ impl Aggregate {
                 None => now,
             }
         };
-        let tasks = task_deltas(current, previous);
+        let tasks = task_deltas(current, previous, only_active);
         let processes = processes_of(&tasks);
 
         let cgroups_before: FastMap<u64, SlotCounts> = previous
@@ -304,7 +317,7 @@ impl Aggregate {
                 let before = cgroups_before.get(id).copied().unwrap_or_default();
                 (*id, now - before)
             })
-            .filter(|(_, counts)| previous.is_none() || !counts.is_zero())
+            .filter(|(_, counts)| !only_active || !counts.is_zero())
             .collect();
         let cgroup_dropped = delta(|state| &state.cgroup_dropped);
         if !cgroup_dropped.is_zero() {
@@ -345,7 +358,7 @@ impl Aggregate {
                     None => now,
                 }
             })
-            .filter(|call| previous.is_none() || call.calls != 0)
+            .filter(|call| !only_active || call.calls != 0)
             .collect();
 
         let histograms = histogram_deltas(current, previous);
@@ -581,6 +594,11 @@ pub struct ReportContext<'a> {
     /// The probes' cost per call and per probed callee in the weight counter, by function id,
     /// where it was taken out of the per-call histograms (`crate::distribution`).
     pub distribution_probe_costs: &'a dyn Fn(u32) -> Option<crate::distribution::ProbeCost>,
+    /// `-- CMD`: the report describes the command's run (its `command` entity).
+    pub command_scope: bool,
+    /// `-- CMD` with BPF: everything counted on all CPUs before the command started (topdown's
+    /// start-up, the probe calibration), left out of every other figure.
+    pub before_command: Option<SlotCounts>,
 }
 
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
@@ -682,6 +700,11 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         idle: entity(&aggregate.idle),
         untracked: entity(&aggregate.untracked),
         dropped: entity(&aggregate.dropped),
+        // What is in scope: everything neither idle nor another task's.
+        command: ctx
+            .command_scope
+            .then(|| entity(&(aggregate.totals - aggregate.idle - aggregate.untracked))),
+        before_command: ctx.before_command.as_ref().map(entity),
         tasks: task_entries,
         processes: process_entries,
         cgroups,
@@ -702,19 +725,22 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
     report
 }
 
-/// Every task instance's counts, or in interval mode what each gained since `previous`.
+/// Every task instance's counts, or what each gained since `previous` (with `only_active`,
+/// interval mode, only the tasks that gained something).
 ///
 /// A tid can die and be reused within a run. Exit records that arrived since `previous` belong
 /// to the instance that was live under that tid then, so they consume its previous value first;
 /// live tasks then subtract whatever previous value is left for their tid.
-fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskCounts> {
+fn task_deltas(
+    current: &Snapshot,
+    previous: Option<&Snapshot>,
+    only_active: bool,
+) -> Vec<TaskCounts> {
     let new_exits = match previous {
         Some(previous) => current.exited.get(previous.exited.len()..).unwrap_or(&[]),
         None => &current.exited,
     };
     let mut tasks = Vec::with_capacity(new_exits.len() + current.live.len());
-    // In interval mode only tasks that counted something.
-    let interval = previous.is_some();
     let mut visit =
         |tid: u32, task: &TaskCounters, earlier: Option<&[u64; MAX_COUNTERS]>, exited| {
             // The saturating difference (`SlotCounts - SlotCounts`), computed in place: this loop
@@ -725,7 +751,7 @@ fn task_deltas(current: &Snapshot, previous: Option<&Snapshot>) -> Vec<TaskCount
                     *count = count.saturating_sub(*before);
                 }
             }
-            if !(interval && counts.is_zero()) {
+            if !(only_active && counts.is_zero()) {
                 tasks.push(TaskCounts {
                     tid,
                     tgid: task.tgid,
@@ -1017,6 +1043,8 @@ mod tests {
             target_returns: &[],
             call_tree: true,
             distribution_probe_costs: &|_| None,
+            command_scope: false,
+            before_command: None,
         }
     }
 
@@ -1049,6 +1077,63 @@ mod tests {
         assert_eq!(server.entity.counters["cpu-clock"], 950);
         assert_eq!(report.processes[0].pid, 10, "sorted by cpu-clock");
         assert_eq!(report.diagnostics.readings, 20);
+    }
+
+    /// `-- CMD`: the report of the command's run subtracts what was counted before its start
+    /// from every figure, keeps the command's tasks that counted nothing (unlike an interval),
+    /// and reports the command and what came before it apart.
+    #[test]
+    fn a_command_run_leaves_out_what_came_before_it() {
+        let mut before = cpu(900, 200);
+        before.untracked[0] = 690;
+        // The held command (tid 30) counted 10 before its exec.
+        let start = Snapshot {
+            cpus: vec![(0, before)],
+            live: [(30, task(30, "held", 10))].into_iter().collect(),
+            ..Snapshot::default()
+        };
+        let mut after = cpu(2200, 500);
+        after.untracked[0] = 990;
+        let current = Snapshot {
+            cpus: vec![(0, after)],
+            live: [(30, task(30, "cmd", 310)), (31, task(30, "cmd", 0))]
+                .into_iter()
+                .collect(),
+            exited: vec![(32, task(32, "child", 400))],
+            ..Snapshot::default()
+        };
+        let aggregate = Aggregate::since_start(&current, &start);
+        assert_eq!(aggregate.totals.get(0), 1300);
+        assert_eq!(aggregate.idle.get(0), 300);
+        assert_eq!(aggregate.untracked.get(0), 300);
+        let tasks: BTreeMap<u32, u64> = aggregate
+            .tasks
+            .iter()
+            .map(|task| (task.tid, task.counts.get(0)))
+            .collect();
+        assert_eq!(tasks, BTreeMap::from([(30, 300), (31, 0), (32, 400)]));
+        assert_eq!(
+            Aggregate::since(&current, Some(&start)).tasks.len(),
+            2,
+            "an interval leaves out tid 31"
+        );
+        let mut ctx = context(&Software);
+        ctx.command_scope = true;
+        ctx.before_command = Some(Aggregate::since(&start, None).totals);
+        let report = report_of(&ctx, &aggregate);
+        let command = report.command.as_ref().expect("the command's entity");
+        assert_eq!(
+            command.counters["cpu-clock"], 700,
+            "its 3 tasks' 300 + 0 + 400"
+        );
+        assert_eq!(report.totals.counters["cpu-clock"], 1300);
+        let before = report.before_command.as_ref().expect("before the command");
+        assert_eq!(before.counters["cpu-clock"], 900);
+        assert!(
+            build_report(&context(&Software), &current, None)
+                .command
+                .is_none()
+        );
     }
 
     #[test]
@@ -1278,15 +1363,15 @@ mod tests {
             previous.live = previous_live.into_iter().collect();
             current.live = current_live.into_iter().collect();
             assert_eq!(
-                task_deltas(&current, Some(&previous)),
+                task_deltas(&current, Some(&previous), true),
                 reference(&current, &previous)
             );
             assert_eq!(
-                processes_of(&task_deltas(&current, Some(&previous))),
+                processes_of(&task_deltas(&current, Some(&previous), true)),
                 processes_of(&reference(&current, &previous))
             );
             // Cumulative: every task instance, unchanged.
-            let whole = task_deltas(&current, None);
+            let whole = task_deltas(&current, None, false);
             assert_eq!(whole.len(), current.exited.len() + current.live.len());
             assert!(
                 whole

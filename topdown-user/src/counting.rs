@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    aggregate::{Aggregate, Naming, ReportContext, report_of},
+    aggregate::{Aggregate, Naming, ReportContext, SlotCounts, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
     calibration::{
         CALIBRATION_CALLS, Calibration, CompensationReport, SYNTHETIC_CALIBRATION_CALLS, Setup,
@@ -223,6 +223,7 @@ impl Prepared {
             cgroups: self.cgroups,
             cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
             scope: targets.scope,
+            command_start: None,
         })
     }
 }
@@ -246,6 +247,8 @@ pub struct CountingSession {
     cgroups: Option<CgroupTree>,
     cgroup_depth: Option<usize>,
     scope: String,
+    /// `-- CMD`: the state when the command started and everything counted before it.
+    command_start: Option<(Snapshot, SlotCounts)>,
 }
 
 impl CountingSession {
@@ -286,8 +289,18 @@ impl CountingSession {
         self.bpf.snapshot()
     }
 
-    /// The report of `snapshot`, or (interval mode, the exporter) of what happened since
-    /// `previous`.
+    /// `-- CMD`, just before the command is released: reports from here on describe its run.
+    /// What was counted until now (topdown's start-up, attaching, the probe calibration) is
+    /// left out of every figure and reported apart (`before_command`).
+    pub fn mark_command_start(&mut self) -> Result<()> {
+        let start = self.snapshot(false)?;
+        let before = Aggregate::since(&start, None).totals;
+        self.command_start = Some((start, before));
+        Ok(())
+    }
+
+    /// The report of `snapshot` (since the command's start with `-- CMD`), or (interval mode,
+    /// the exporter) of what happened since `previous`.
     pub fn report(
         &mut self,
         snapshot: &Snapshot,
@@ -295,7 +308,10 @@ impl CountingSession {
         duration_s: f64,
         interval: Option<IntervalInfo>,
     ) -> Report {
-        let aggregate = Aggregate::since(snapshot, previous);
+        let aggregate = match (previous, &self.command_start) {
+            (None, Some((start, _))) => Aggregate::since_start(snapshot, start),
+            _ => Aggregate::since(snapshot, previous),
+        };
         self.report_of(&aggregate, duration_s, interval)
     }
 
@@ -351,6 +367,8 @@ impl CountingSession {
                 .unwrap_or_default(),
             call_tree,
             distribution_probe_costs: &distribution_probe_costs,
+            command_scope: self.command_start.is_some(),
+            before_command: self.command_start.as_ref().map(|(_, before)| *before),
         };
         let mut report = report_of(&ctx, aggregate);
         if let Some(probes) = &self.probes {

@@ -104,7 +104,10 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // exits without ever running untraced.
     let mut session = prepared.start(&args.counting, targets, verbose)?;
     let command_pid = match pending {
-        Some(pending) => Some(pending.release()?),
+        Some(pending) => {
+            session.mark_command_start()?;
+            Some(pending.release()?)
+        }
         None => None,
     };
     let mut watches = Vec::new();

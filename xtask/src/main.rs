@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | run | test | bench | fuzz | soak`.
+//! Project tasks: `cargo xtask setup | run | test | repeat | bench | fuzz | soak`.
 //!
 //! xtask builds with whatever stable Rust the machine has; everything else runs through the
 //! pinned toolchains it installs (see `toolchain.rs`).
@@ -6,6 +6,7 @@
 mod bench;
 mod cmd;
 mod fuzz;
+mod repeat;
 mod setup;
 mod soak;
 mod toolchain;
@@ -37,6 +38,23 @@ enum Task {
         /// Extra arguments for `cargo test`.
         #[arg(last = true)]
         args: Vec<OsString>,
+    },
+    /// Setup, then run every integration test binary many times (optionally under load), to
+    /// find tests that fail only sometimes; failures' output goes to target/repeat/.
+    Repeat {
+        /// Runs per test binary.
+        #[arg(long, default_value_t = 20)]
+        times: u32,
+        /// Load beside the tests: a topdown build in a fresh target directory over and over,
+        /// or every CPU spinning.
+        #[arg(long, value_enum, default_value_t = repeat::Noise::None)]
+        noise: repeat::Noise,
+        /// Only this test binary (`stat`, `unprivileged`, `c_api`...); repeatable.
+        #[arg(long = "test")]
+        only: Vec<String>,
+        /// Arguments for each test binary (a test name filter, `--exact`...).
+        #[arg(last = true)]
+        test_args: Vec<OsString>,
     },
     /// Setup, then the benchmarks; writes BENCHMARKS.md.
     Bench,
@@ -100,6 +118,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // The parsers never panic: a short fuzzing run of each (`cargo xtask fuzz` for longer).
             fuzz::fuzz(15)?;
             Ok(ExitCode::SUCCESS)
+        }
+        Task::Repeat {
+            times,
+            noise,
+            only,
+            test_args,
+        } => {
+            setup::setup()?;
+            let clean = repeat::repeat(&repeat::Plan {
+                times,
+                noise,
+                only,
+                test_args,
+            })?;
+            Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Task::Bench => {
             setup::setup()?;

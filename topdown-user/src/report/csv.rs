@@ -4,6 +4,8 @@
 //! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls`, then the
 //! counters in the model's order, then the metrics, then the derived figures (`offcore_latency`).
 //! A cell that does not apply to a row's kind is empty, as is a metric the model cannot compute.
+//! With `-- CMD`, kind `command` is the command's own counts over its run and `before_command`
+//! what was counted before it started (start-up, probe calibration), in no other row.
 
 use anyhow::{Context as _, Result};
 
@@ -95,6 +97,12 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
     row("idle", Key::default(), &report.idle)?;
     row("untracked", Key::default(), &report.untracked)?;
     row("dropped", Key::default(), &report.dropped)?;
+    if let Some(command) = &report.command {
+        row("command", Key::default(), command)?;
+    }
+    if let Some(before) = &report.before_command {
+        row("before_command", Key::default(), before)?;
+    }
     if by.contains(&By::Task) {
         for task in &report.tasks {
             let key = Key {
@@ -198,8 +206,9 @@ mod tests {
             header.len(),
             KEY_COLUMNS.len() + report.counter_names.len() + report.totals.metrics.len()
         );
-        // 4 fixed rows, 2 tasks, 1 process, 2 functions x 2, 1 cgroup.
-        assert_eq!(rows.len(), 12);
+        // 6 fixed rows (with `-- CMD`'s command and before_command), 2 tasks, 1 process,
+        // 2 functions x 2, 1 cgroup.
+        assert_eq!(rows.len(), 14);
         let kinds: Vec<&str> = rows.iter().map(|row| &row[column("kind")]).collect();
         assert_eq!(
             kinds,
@@ -208,6 +217,8 @@ mod tests {
                 "idle",
                 "untracked",
                 "dropped",
+                "command",
+                "before_command",
                 "task",
                 "task",
                 "process",
@@ -218,22 +229,26 @@ mod tests {
                 "cgroup"
             ]
         );
-        for (row, entity) in rows[..4].iter().zip([
+        let command = report.command.as_ref().unwrap();
+        let before_command = report.before_command.as_ref().unwrap();
+        for (row, entity) in rows[..6].iter().zip([
             &report.totals,
             &report.idle,
             &report.untracked,
             &report.dropped,
+            command,
+            before_command,
         ]) {
             check_entity(&header, row, entity);
         }
-        for (row, task) in rows[4..6].iter().zip(&report.tasks) {
+        for (row, task) in rows[6..8].iter().zip(&report.tasks) {
             assert_eq!(row[column("tid")].parse::<u32>().unwrap(), task.tid);
             assert_eq!(row[column("pid")].parse::<u32>().unwrap(), task.tgid);
             assert_eq!(&row[column("comm")], task.comm);
             assert_eq!(&row[column("function")], "");
             check_entity(&header, row, &task.entity);
         }
-        let process = &rows[6];
+        let process = &rows[8];
         assert_eq!(&process[column("tid")], "");
         assert_eq!(
             process[column("pid")].parse::<u32>().unwrap(),
@@ -241,7 +256,7 @@ mod tests {
         );
         assert_eq!(&process[column("comm")], report.processes[0].comm);
         check_entity(&header, process, &report.processes[0].entity);
-        for (pair, function) in rows[7..11].chunks(2).zip(&report.functions) {
+        for (pair, function) in rows[9..13].chunks(2).zip(&report.functions) {
             for row in pair {
                 assert_eq!(&row[column("function")], function.symbol);
                 assert_eq!(&row[column("target")], function.target);
@@ -255,7 +270,7 @@ mod tests {
             check_entity(&header, &pair[0], &function.inclusive);
             check_entity(&header, &pair[1], &function.exclusive);
         }
-        let cgroup = &rows[11];
+        let cgroup = &rows[13];
         assert_eq!(&cgroup[column("cgroup")], "/system.slice/a, \"b\".service");
         assert_eq!(&cgroup[column("container")], "docker:0123456789ab");
         assert_eq!(&cgroup[column("comm")], "");

@@ -52,7 +52,8 @@ pub struct Report {
     pub interval: Option<IntervalInfo>,
     /// What was traced: `system-wide`, `pid 123,456`, `command: make -j4`.
     pub scope: String,
-    /// Everything counted on all CPUs (= tasks + idle + untracked + dropped).
+    /// Everything counted on all CPUs (= tasks + idle + untracked + dropped); with `-- CMD`,
+    /// from the command's start to its end.
     pub totals: Entity,
     /// The idle task (pid 0) on all CPUs.
     pub idle: Entity,
@@ -60,6 +61,15 @@ pub struct Report {
     pub untracked: Entity,
     /// Counts of tasks that did not fit in the task map.
     pub dropped: Entity,
+    /// `-- CMD`: the command's own counts over its run, all its threads and processes
+    /// (= totals - idle - untracked). Shares in the table are of this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Entity>,
+    /// `-- CMD` with BPF: everything counted on all CPUs from the start of counting to the
+    /// command's start (topdown's start-up, attaching, the probe calibration). In no other
+    /// figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_command: Option<Entity>,
     /// Per thread (present with `--by task`).
     #[serde(default)]
     pub tasks: Vec<TaskEntry>,
@@ -154,6 +164,8 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
     visit(&mut report.idle);
     visit(&mut report.untracked);
     visit(&mut report.dropped);
+    report.command.iter_mut().for_each(&mut visit);
+    report.before_command.iter_mut().for_each(&mut visit);
     report
         .tasks
         .iter_mut()
@@ -331,6 +343,11 @@ pub struct Diagnostics {
     /// untraced task's reading are credited from it (README, Scope).
     #[serde(default)]
     pub unseen_switches: u64,
+    /// Without BPF (`--no-bpf`): tasks of the command whose own counts could not be told apart
+    /// (still running at the end, or exit readings lost): their counts are in the command's
+    /// main thread.
+    #[serde(default)]
+    pub unsplit_tasks: u64,
 }
 
 /// Output formats.
@@ -544,6 +561,8 @@ pub(crate) mod tests {
             idle: entity(model, level, 1),
             untracked: entity(model, level, 2),
             dropped: entity(model, level, 3),
+            command: Some(entity(model, level, 17)),
+            before_command: Some(entity(model, level, 9)),
             tasks: vec![
                 TaskEntry {
                     tid: 101,
@@ -633,6 +652,13 @@ pub(crate) mod tests {
             ("untracked".to_owned(), &report.untracked),
             ("dropped".to_owned(), &report.dropped),
         ];
+        all.extend(report.command.iter().map(|c| ("command".to_owned(), c)));
+        all.extend(
+            report
+                .before_command
+                .iter()
+                .map(|b| ("before_command".to_owned(), b)),
+        );
         all.extend(
             report
                 .tasks

@@ -393,6 +393,20 @@ fn frame_tooltip(
         0.0
     };
     let _ = write!(text, "\nwidth: {percent:.2}% of all {unit}");
+    // With `-- CMD`: what this frame's calls are of the command's whole run.
+    let command = report
+        .command
+        .as_ref()
+        .and_then(|command| command.counters.get(&report.weight_counter).copied())
+        .filter(|&whole| whole > 0);
+    if let Some(whole) = command {
+        let _ = write!(
+            text,
+            "\n{:.2}% of the command's {}",
+            100.0 * frame.share * counted as f64 / whole as f64,
+            report.weight_counter
+        );
+    }
     if frame.share < 1.0 - 1e-9 {
         let _ = write!(
             text,
@@ -601,6 +615,24 @@ pub fn write_svg(
         "model {}, level {}, {}",
         report.model, report.level, report.scope
     );
+    if let Some(command) = &report.command {
+        // The figures are of the command's run, not of what topdown counted before it.
+        let counted = command
+            .counters
+            .get(&report.weight_counter)
+            .copied()
+            .unwrap_or(0);
+        let amount = if report.weight_counter == "cpu-clock" {
+            format!("{:.3} cpu ms", counted as f64 / 1e6)
+        } else {
+            format!("{counted} {}", report.weight_counter)
+        };
+        let _ = write!(
+            context,
+            "; the command's run: {:.3} s, {amount}",
+            report.duration_s
+        );
+    }
     if report.synthetic {
         context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
     }
@@ -886,13 +918,17 @@ mod tests {
 
     #[test]
     fn tooltips_give_calls_weight_and_every_metric() {
-        let svg = svg_of(&tree_report(), Weight::Slots);
+        let mut report = tree_report();
+        // With `-- CMD` a frame also says what its calls are of the command's run: 300 of 1200.
+        report.command = Some(entity(1200, RETIRING));
+        let svg = svg_of(&report, Weight::Slots);
         let element = frame_element(&svg, "c", "a");
         let title =
             &element[element.find("<title>").unwrap() + 7..element.find("</title>").unwrap()];
         assert_eq!(
             title,
             "c\ncalled from a\ncalls: 3\ninclusive slots: 300\nwidth: 37.50% of all slots\n\
+             25.00% of the command&apos;s slots\n\
              backend_bound: 0.200\nbad_speculation: 0.100\nfrontend_bound: 0.100\nretiring: 0.600"
         );
     }

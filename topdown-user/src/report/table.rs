@@ -89,14 +89,17 @@ fn table_text(report: &Report, by: &[By]) -> String {
     };
     let mut any_estimated = false;
     let weight = report.weight_counter.as_str();
-    let total_weight = report.totals.counters.get(weight).copied().unwrap_or(0);
+    // With `-- CMD` shares are of the command's run; what was counted around it is listed
+    // apart, labelled, without a share.
+    let share_base = report.command.as_ref().unwrap_or(&report.totals);
+    let total_weight = share_base.counters.get(weight).copied().unwrap_or(0);
     let weight_title = if weight == "cpu-clock" {
         "cpu ms".to_owned()
     } else {
         weight.to_owned()
     };
 
-    let cells = |entity: &Entity| -> Vec<String> {
+    let cells_of = |entity: &Entity, shared: bool| -> Vec<String> {
         let value = entity.counters.get(weight).copied().unwrap_or(0);
         let mut cells = vec![
             if weight == "cpu-clock" {
@@ -104,7 +107,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
             } else {
                 value.to_string()
             },
-            if total_weight == 0 {
+            if total_weight == 0 || !shared {
                 "-".to_owned()
             } else {
                 format!("{:.1}%", 100.0 * value as f64 / total_weight as f64)
@@ -133,6 +136,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         }));
         cells
     };
+    let cells = |entity: &Entity| cells_of(entity, true);
     any_estimated |= report
         .totals
         .estimated
@@ -148,15 +152,51 @@ fn table_text(report: &Report, by: &[By]) -> String {
             .map(|figure| format!("{} ({})", figure.name, figure.unit)),
     );
 
-    let mut summary: Vec<(String, &Entity)> = vec![
-        ("total".to_owned(), &report.totals),
-        ("idle".to_owned(), &report.idle),
-    ];
-    if report.untracked.counters.values().any(|&v| v != 0) {
-        summary.push(("untracked (outside scope)".to_owned(), &report.untracked));
-    }
-    if report.dropped.counters.values().any(|&v| v != 0) {
-        summary.push(("dropped (task map full)".to_owned(), &report.dropped));
+    let counted = |entity: &Entity| entity.counters.values().any(|&v| v != 0);
+    // (label, entity, whether it is part of what the shares are of).
+    let mut summary: Vec<(String, &Entity, bool)> = Vec::new();
+    match &report.command {
+        None => {
+            summary.push(("total".to_owned(), &report.totals, true));
+            summary.push(("idle".to_owned(), &report.idle, true));
+            if counted(&report.untracked) {
+                summary.push((
+                    "untracked (outside scope)".to_owned(),
+                    &report.untracked,
+                    true,
+                ));
+            }
+            if counted(&report.dropped) {
+                summary.push(("dropped (task map full)".to_owned(), &report.dropped, true));
+            }
+        }
+        Some(command) => {
+            if counted(&report.dropped) {
+                summary.push(("dropped (task map full)".to_owned(), &report.dropped, true));
+            }
+            summary.push(("command total".to_owned(), command, true));
+            if counted(&report.untracked) {
+                summary.push((
+                    "other tasks during its run".to_owned(),
+                    &report.untracked,
+                    false,
+                ));
+            }
+            if counted(&report.idle) {
+                summary.push(("idle during its run".to_owned(), &report.idle, false));
+            }
+            if report.totals.counters != command.counters {
+                summary.push(("all CPUs during its run".to_owned(), &report.totals, false));
+            }
+            if let Some(before) = &report.before_command {
+                let label = if report.probe_compensation.is_some() {
+                    "before it (start-up, probe calibration)"
+                } else {
+                    "before it (start-up)"
+                };
+                summary.push((label.to_owned(), before, false));
+            }
+        }
     }
 
     if by.contains(&By::Task) {
@@ -177,9 +217,9 @@ fn table_text(report: &Report, by: &[By]) -> String {
                 row
             })
             .collect();
-        rows.extend(summary.iter().map(|(label, entity)| {
+        rows.extend(summary.iter().map(|(label, entity, shared)| {
             let mut row = vec![String::new(), String::new(), label.clone()];
-            row.extend(cells(entity));
+            row.extend(cells_of(entity, *shared));
             row
         }));
         let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
@@ -201,9 +241,9 @@ fn table_text(report: &Report, by: &[By]) -> String {
                 row
             })
             .collect();
-        rows.extend(summary.iter().map(|(label, entity)| {
+        rows.extend(summary.iter().map(|(label, entity, shared)| {
             let mut row = vec![String::new(), label.clone(), String::new()];
-            row.extend(cells(entity));
+            row.extend(cells_of(entity, *shared));
             row
         }));
         let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
@@ -238,7 +278,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
             .collect();
         rows.push({
             let mut row = vec![String::new(), "idle".to_owned(), String::new()];
-            row.extend(cells(&report.idle));
+            row.extend(cells_of(&report.idle, report.command.is_none()));
             row
         });
         let mut header = vec![
@@ -327,6 +367,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
         text += &format!(
             "note: {} exit records did not fit the ring buffer; they were collected from the task map\n",
             d.exit_records_lost
+        );
+    }
+    if d.unsplit_tasks > 0 {
+        text += &format!(
+            "note: {} task(s) of the command could not be split from its main thread (still running at the end, or exit readings lost): their counts are in the main thread's row\n",
+            d.unsplit_tasks
         );
     }
     text
@@ -669,6 +715,8 @@ mod tests {
             idle: entity(0, None),
             untracked: entity(0, None),
             dropped: entity(0, None),
+            command: None,
+            before_command: None,
             tasks: vec![
                 TaskEntry {
                     tid: 2,
@@ -702,6 +750,7 @@ mod tests {
             },
         };
         let text = table_text(&report, &[By::Task]);
+        assert!(!text.contains("command total"), "{text}");
         assert!(text.contains("!! SYNTHETIC COUNTERS"), "{text}");
         assert!(text.contains("slots=syscalls:sys_enter_getppid"));
         let big = text.find("big").unwrap();
@@ -714,5 +763,44 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("3 of 10 readings"));
+
+        // `-- CMD`: shares of the command's 400; the rest of the CPUs' 1000 during its run and
+        // the 900 before it are listed apart, without a share.
+        let command = Report {
+            totals: entity(1000, Some(0.5)),
+            idle: entity(250, None),
+            untracked: entity(350, None),
+            command: Some(entity(400, Some(0.5))),
+            before_command: Some(entity(900, None)),
+            scope: "command: work".into(),
+            ..report
+        };
+        let text = table_text(&command, &[By::Task]);
+        let row = |label: &str| {
+            text.lines()
+                .find(|line| line.contains(label))
+                .unwrap_or_else(|| panic!("no {label} row: {text}"))
+                .split_whitespace()
+                .filter(|word| word.ends_with('%') || *word == "-")
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("big")[0], "75.0%", "{text}");
+        assert_eq!(row("command total")[0], "100.0%", "{text}");
+        for label in [
+            "other tasks during its run",
+            "idle during its run",
+            "all CPUs during its run",
+            "before it (start-up)",
+        ] {
+            assert_eq!(row(label)[0], "-", "{label}: {text}");
+        }
+        assert!(text.contains(" 900 "), "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|line| line.trim_start().starts_with("total ")),
+            "{text}"
+        );
     }
 }

@@ -278,6 +278,8 @@ mod tests {
             target_returns: &[],
             call_tree: true,
             distribution_probe_costs: &|_| None,
+            command_scope: false,
+            before_command: None,
         };
         report_of(&ctx, aggregate)
     }

@@ -13,13 +13,16 @@
 //! writes its task's final value as a `PERF_RECORD_READ` into the ring buffer when the task
 //! exits (kernel/events/core.c, `sync_child_event`; perf's `record -s` reads the same records).
 //! So every thread and process of the command that exits during the run gets its own exact
-//! entry. The command's main thread is the one task without such a record (its events are the
-//! parents, not copies); its counts are the tree's total minus every record.
+//! entry, once the record of every counting event arrived for it (see [`task_counters`] for
+//! why each event has its own buffer). The command's main thread is the one task without such
+//! records (its events are the parents, not copies); its counts are the tree's total minus
+//! every task split off.
 //!
 //! Limits, by construction:
-//! - a task still running when the report is made has no record yet: its counts so far are
-//!   inside the main thread's remainder, and the run says so on stderr (normally the command
-//!   waits for its children and nothing is left running);
+//! - a task still running when the report is made has no record yet, and one whose records
+//!   did not all arrive (a full buffer) cannot be checked: their counts are inside the main
+//!   thread's remainder, stderr names them and `diagnostics.unsplit_tasks` counts them
+//!   (normally the command waits for its children and nothing is left running);
 //! - no `-I`: a running task's value is not readable on its own, so intervals could not be split
 //!   per task;
 //! - per-function (`-u`), per-cgroup (`--by cgroup`, `-G`) and other processes (`-p`, `-a`) need
@@ -205,19 +208,23 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         tally,
         &command_name,
     );
-    if built.running > 0 {
+    if !built.running.is_empty() {
         eprintln!(
-            "topdown: {} task(s) of the command were still running at the end; the kernel gives \
-             an inherited counter's per-task value only at exit, so their counts are in pid \
-             {pid}'s main thread",
-            built.running
+            "topdown: {} task(s) of the command were still running at the end (tid {}); the \
+             kernel gives an inherited counter's per-task value only at exit, so their counts \
+             are in pid {pid}'s main thread",
+            built.running.len(),
+            listed(&built.running)
         );
     }
-    if tally.lost > 0 || tally.undecodable > 0 {
+    if !built.incomplete.is_empty() || tally.lost > 0 || tally.undecodable > 0 {
         eprintln!(
-            "topdown: {} exit record(s) lost, {} unreadable: those tasks' counts are in pid \
-             {pid}'s main thread",
-            tally.lost, tally.undecodable
+            "topdown: {} task(s) exited without all their exit readings arriving (tid {}; {} \
+             record(s) lost, {} unreadable): their counts are in pid {pid}'s main thread",
+            built.incomplete.len(),
+            listed(&built.incomplete),
+            tally.lost,
+            tally.undecodable
         );
     }
     let ctx = ReportContext {
@@ -233,6 +240,9 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         target_returns: &[],
         call_tree: true,
         distribution_probe_costs: &|_| None,
+        // The counters start at the command's execve: nothing is counted before it.
+        command_scope: true,
+        before_command: None,
     };
     let report = report_of(&ctx, &built.aggregate);
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
@@ -384,13 +394,18 @@ fn program_name(argv: &[OsString]) -> String {
     name.to_string_lossy().chars().take(15).collect()
 }
 
-/// The counts per task, and how many of the command's tasks had no exit record yet.
+/// The counts per task, and the tasks whose own counts stayed in the main thread.
 struct Built {
     aggregate: Aggregate,
-    running: usize,
+    /// Created and never seen exiting: no exit readings yet.
+    running: Vec<u32>,
+    /// Exited, but not every counting event's exit reading arrived (lost or unreadable).
+    incomplete: Vec<u32>,
 }
 
-/// Puts the per-CPU totals and the exit records into the aggregate the BPF path makes.
+/// Puts the per-CPU totals and the exit records into the aggregate the BPF path makes. A task
+/// gets its own entry only when all its exit readings arrived; the main thread's entry is the
+/// totals minus those entries, so nothing is counted twice or dropped.
 fn build_aggregate(
     plan: &Plan,
     pid: u32,
@@ -406,16 +421,20 @@ fn build_aggregate(
     }
     let mut recorded = vec![CounterValue::default(); counter_count];
     let mut tasks = Vec::with_capacity(tally.exited.len() + 1);
-    let mut exited: Vec<(&u32, &(u32, Vec<CounterValue>))> = tally.exited.iter().collect();
+    let mut exited: Vec<(&u32, &task_counters::Exited)> = tally
+        .exited
+        .iter()
+        .filter(|(tid, _)| **tid != pid && tally.complete(**tid))
+        .collect();
     exited.sort_by_key(|(tid, _)| **tid);
-    for (&tid, (tgid, values)) in exited {
-        add_values(&mut recorded, values);
+    for (&tid, task) in exited {
+        add_values(&mut recorded, &task.values);
         tasks.push(TaskCounts {
             tid,
-            tgid: *tgid,
+            tgid: task.tgid,
             comm: tally.comm_of(tid, command_name).into(),
             exited: true,
-            counts: slot_counts(plan, values),
+            counts: slot_counts(plan, &task.values),
         });
     }
     let remainder: Vec<CounterValue> = total
@@ -434,11 +453,24 @@ fn build_aggregate(
         exited: command_exited,
         counts: slot_counts(plan, &remainder),
     });
-    let running = tally
+    let mut incomplete: Vec<u32> = tally
+        .exited
+        .keys()
+        .chain(tally.exits.keys())
+        .copied()
+        .filter(|&tid| tid != pid && !tally.complete(tid))
+        .collect();
+    incomplete.sort_unstable();
+    incomplete.dedup();
+    let mut running: Vec<u32> = tally
         .forks
         .keys()
-        .filter(|tid| **tid != pid && !tally.exited.contains_key(tid))
-        .count();
+        .copied()
+        .filter(|tid| {
+            *tid != pid && !tally.exits.contains_key(tid) && !tally.exited.contains_key(tid)
+        })
+        .collect();
+    running.sort_unstable();
     let processes = processes_of(&tasks);
     let aggregate = Aggregate {
         totals: slot_counts(plan, &total),
@@ -449,12 +481,31 @@ fn build_aggregate(
             .map(|(cpu, values)| (*cpu, slot_counts(plan, values)))
             .collect(),
         diagnostics: crate::report::Diagnostics {
-            exit_records_lost: tally.lost,
+            unsplit_tasks: (running.len() + incomplete.len()) as u64,
             ..Default::default()
         },
         ..Default::default()
     };
-    Built { aggregate, running }
+    Built {
+        aggregate,
+        running,
+        incomplete,
+    }
+}
+
+/// `tids` for a message: the first few, and how many more.
+fn listed(tids: &[u32]) -> String {
+    const SHOWN: usize = 10;
+    let mut text = tids
+        .iter()
+        .take(SHOWN)
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if tids.len() > SHOWN {
+        text += &format!(" and {} more", tids.len() - SHOWN);
+    }
+    text
 }
 
 fn add_values(sum: &mut [CounterValue], values: &[CounterValue]) {
@@ -516,6 +567,15 @@ mod tests {
         assert!(!perfmon_capable(1 << 39));
     }
 
+    /// One exited task's tally entry with `readings` of the plan's exit readings.
+    fn exited(tgid: u32, values: Vec<CounterValue>, readings: usize) -> task_counters::Exited {
+        task_counters::Exited {
+            tgid,
+            values,
+            readings,
+        }
+    }
+
     #[test]
     fn the_main_thread_gets_what_no_exit_record_has() {
         let model = crate::model::model_by_name("synthetic:intel-icl", &[]).unwrap();
@@ -530,16 +590,30 @@ mod tests {
         cpu0[0] = value(700);
         let mut cpu1 = vec![value(0); n];
         cpu1[0] = value(300);
-        let mut tally = task_counters::Tally::default();
+        // Two CPUs: each exiting task writes one reading per counter per CPU.
+        let mut tally = task_counters::Tally {
+            events: 2 * n,
+            ..Default::default()
+        };
         let mut thread = vec![value(0); n];
         thread[0] = value(200);
-        tally.exited.insert(11, (10, thread));
+        tally.exited.insert(11, exited(10, thread, 2 * n));
         let mut child = vec![value(0); n];
         child[0] = value(500);
-        tally.exited.insert(12, (12, child));
+        tally.exited.insert(12, exited(12, child, 2 * n));
+        // Exited, but one of its readings never arrived: not split, and said.
+        let mut partial = vec![value(0); n];
+        partial[0] = value(40);
+        tally.exited.insert(14, exited(10, partial, 2 * n - 1));
+        // Exited with no reading at all.
+        for tid in [10, 11, 12, 14, 15] {
+            tally.exits.insert(tid, 1);
+        }
         tally.forks.insert(11, (10, 10));
         tally.forks.insert(12, (12, 10));
         tally.forks.insert(13, (13, 12));
+        tally.forks.insert(14, (10, 10));
+        tally.forks.insert(15, (10, 10));
         tally.comms.insert(10, (5, "work".to_owned()));
         let built = build_aggregate(&plan, 10, true, &[(0, cpu0), (1, cpu1)], &tally, "fallback");
         let slots = |tid: u32| {
@@ -553,8 +627,12 @@ mod tests {
         assert_eq!(slots(10), Some((300, "work".to_owned())));
         assert_eq!(slots(11), Some((200, "work".to_owned())));
         assert_eq!(slots(12), Some((500, "work".to_owned())));
+        assert_eq!(slots(14), None, "its 40 stay in the main thread's 300");
+        assert_eq!(slots(15), None);
         assert_eq!(built.aggregate.totals.get(0), 1000);
-        assert_eq!(built.running, 1, "tid 13 forked and never exited");
+        assert_eq!(built.running, [13], "forked and never exited");
+        assert_eq!(built.incomplete, [14, 15]);
+        assert_eq!(built.aggregate.diagnostics.unsplit_tasks, 3);
         let process = |pid: u32| {
             built
                 .aggregate
@@ -565,5 +643,29 @@ mod tests {
         };
         assert_eq!(process(10), Some((2, 500)));
         assert_eq!(process(12), Some((1, 500)));
+    }
+
+    #[test]
+    fn a_reused_tid_is_split_only_with_every_instance_complete() {
+        let mut tally = task_counters::Tally {
+            events: 4,
+            ..Default::default()
+        };
+        tally.exits.insert(20, 2);
+        tally.exited.insert(20, exited(20, Vec::new(), 8));
+        tally.exits.insert(21, 2);
+        tally.exited.insert(21, exited(21, Vec::new(), 4));
+        tally.exited.insert(22, exited(22, Vec::new(), 4));
+        assert!(tally.complete(20));
+        assert!(!tally.complete(21), "one instance's readings missing");
+        assert!(
+            !tally.complete(22),
+            "its exit record missing: cannot be checked"
+        );
+        assert_eq!(listed(&[1, 2]), "1, 2");
+        assert_eq!(
+            listed(&(1..=12).collect::<Vec<_>>()),
+            "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 2 more"
+        );
     }
 }

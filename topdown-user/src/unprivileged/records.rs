@@ -36,6 +36,8 @@ pub enum Record {
     },
     /// `PERF_RECORD_FORK`: task `tid` (process `pid`) was created by `ptid`.
     Fork { pid: u32, tid: u32, ptid: u32 },
+    /// `PERF_RECORD_EXIT`: task `tid` (process `pid`) exited; its exit readings follow.
+    Exit { pid: u32, tid: u32 },
     /// `PERF_RECORD_COMM`: task `tid` took the name `comm` (exec, `PR_SET_NAME`) at `time`.
     Comm {
         pid: u32,
@@ -45,7 +47,7 @@ pub enum Record {
     },
     /// `PERF_RECORD_LOST`: `lost` records did not fit in the buffer.
     Lost { lost: u64 },
-    /// Any other type (`PERF_RECORD_EXIT`, throttling): nothing to learn from it here.
+    /// Any other type (throttling, ...): nothing to learn from it here.
     Other,
 }
 
@@ -89,6 +91,11 @@ pub fn decode(record: &[u8]) -> Option<Record> {
             pid: u32_at(body, 0)?,
             tid: u32_at(body, 8)?,
             ptid: u32_at(body, 12)?,
+        }),
+        // The same layout as the fork record.
+        bindings::PERF_RECORD_EXIT => Some(Record::Exit {
+            pid: u32_at(body, 0)?,
+            tid: u32_at(body, 8)?,
         }),
         // { u32 pid, tid; char comm[] (NUL-padded to 8 bytes); struct sample_id; } and our
         // sample_id is the time alone, the record's last 8 bytes.
@@ -153,7 +160,7 @@ mod tests {
     }
 
     #[test]
-    fn comm_fork_and_lost_records() {
+    fn comm_fork_exit_and_lost_records() {
         let mut comm = header(bindings::PERF_RECORD_COMM, 32);
         comm.extend(5u32.to_ne_bytes());
         comm.extend(6u32.to_ne_bytes());
@@ -187,8 +194,17 @@ mod tests {
             lost.extend(word.to_ne_bytes());
         }
         assert_eq!(decode(&lost), Some(Record::Lost { lost: 12 }));
+        let mut exit = header(bindings::PERF_RECORD_EXIT, 40);
+        for word in [5u32, 4, 9, 6] {
+            exit.extend(word.to_ne_bytes());
+        }
+        exit.extend(1u64.to_ne_bytes());
+        exit.extend(2u64.to_ne_bytes());
+        assert_eq!(decode(&exit), Some(Record::Exit { pid: 5, tid: 9 }));
+        // Cut short: refused, not misread.
+        assert_eq!(decode(&header(bindings::PERF_RECORD_EXIT, 8)), None);
         assert_eq!(
-            decode(&header(bindings::PERF_RECORD_EXIT, 8)),
+            decode(&header(bindings::PERF_RECORD_THROTTLE, 8)),
             Some(Record::Other)
         );
     }

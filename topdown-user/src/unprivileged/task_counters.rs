@@ -6,9 +6,23 @@
 //! to mmap an inherited `cpu = -1` event (kernel/events/core.c, `perf_mmap`: "Don't allow mmap()
 //! of inherited per-task counters"), and the ring buffer is where the per-task values arrive:
 //! as each inherited task exits, `sync_child_event` writes a `PERF_RECORD_READ` with its final
-//! value into the parent event's buffer (what `perf record -s` uses). Every event of a CPU
-//! sends its records to that CPU's first event's buffer (`PERF_EVENT_IOC_SET_OUTPUT`), which
-//! also asks for `PERF_RECORD_FORK` and `PERF_RECORD_COMM` (task names).
+//! value into the parent event's buffer (what `perf record -s` uses).
+//!
+//! Every counting event has a buffer of its own, and the fork, name and exit records come
+//! through a separate inherited `dummy` event per CPU. One shared buffer per CPU loses records:
+//! a task's exit records for CPU N's events are written from whatever CPU the task exits on,
+//! and the kernel's ring buffer takes one writing CPU at a time (kernel/events/ring_buffer.c:
+//! `rb->nest` is a plain counter and `rb->head` a `local_t`, both only guarded by disabling
+//! preemption). Two tasks exiting at once on two CPUs then either publish a `data_head` past a
+//! record still being written (read back as a zero header) or leave `nest` above 1, after
+//! which `data_head` never moves again (seen on 6.18: a thread's 1234 counts written past the
+//! published head, never read). A counting event's own buffer has one writer at a time: the
+//! kernel writes its children's exit records holding that event's `child_mutex`
+//! (`perf_event_exit_event`, since Linux 5.13). The side-band records are written only on the
+//! dummy event's own CPU (`perf_iterate_ctx` matches `event->cpu` to the current CPU).
+//!
+//! A task counts as split only when every counting event's exit record arrived for it; the
+//! others are named, and their counts stay with the command's main thread.
 
 use std::{
     collections::HashMap,
@@ -26,9 +40,11 @@ use crate::{
     schedule::Plan,
 };
 
-/// Data pages per CPU buffer, tried first; halved while the locked-memory limit refuses.
-/// A `PERF_RECORD_READ` is 56 bytes, so 64 pages hold over 4,000 exits between two drains.
-const DATA_PAGES: usize = 64;
+/// Data pages per buffer, tried first; halved while the locked-memory limit refuses (for a
+/// user without CAP_IPC_LOCK, `kernel.perf_event_mlock_kb` per online CPU, 516 KiB by
+/// default, then RLIMIT_MEMLOCK). A `PERF_RECORD_READ` is 56 bytes, so 8 pages hold 585 exits
+/// between two drains, and a CPU's buffers fit the default limit up to 13 counters.
+const DATA_PAGES: usize = 8;
 
 /// How the counters may count, decided from `perf_event_paranoid` and the capabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +56,21 @@ pub struct Exclusions {
     pub user_only: bool,
 }
 
-/// One CPU's events and the buffer they all write their records to.
+/// A counting event and the buffer its children's exit records arrive in.
+struct CountingEvent {
+    /// The counter's index in the plan.
+    index: usize,
+    ring: Ring,
+    fd: OwnedFd,
+}
+
+/// One CPU's counting events, and the dummy event whose buffer takes the CPU's fork, name and
+/// exit records.
 struct CpuEvents {
     cpu: u32,
-    /// `(counter index in the plan, fd)`.
-    fds: Vec<(usize, OwnedFd)>,
-    ring: Ring,
+    counting: Vec<CountingEvent>,
+    side_band: Ring,
+    _side_band_fd: OwnedFd,
 }
 
 /// The command's counters on every CPU and what their records said so far.
@@ -60,20 +85,35 @@ pub struct TaskCounters {
     pub tally: Tally,
 }
 
-/// What the records said: exited tasks' values, names, parents, losses.
+/// What one exited task's records said.
+#[derive(Debug, Clone)]
+pub struct Exited {
+    pub tgid: u32,
+    /// Value per counter, summed over the CPUs' events.
+    pub values: Vec<CounterValue>,
+    /// How many exit records (one per counting event) arrived.
+    pub readings: usize,
+}
+
+/// What the records said: exited tasks' values, names, parents, exits, losses.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// tid -> (tgid, value per counter summed over the CPUs' events). A tid reused within the
-    /// run adds to its earlier instance: the records of two instances cannot be told apart
-    /// across CPU buffers without ordering every record.
-    pub exited: HashMap<u32, (u32, Vec<CounterValue>)>,
+    /// tid -> its exit records. A tid reused within the run adds to its earlier instance: the
+    /// records of two instances cannot be told apart across buffers without ordering every
+    /// record.
+    pub exited: HashMap<u32, Exited>,
+    /// tid -> how many times it exited (`PERF_RECORD_EXIT`).
+    pub exits: HashMap<u32, usize>,
     /// tid -> the latest name it took (time, name).
     pub comms: HashMap<u32, (u64, String)>,
     /// tid -> (tgid, the task that created it).
     pub forks: HashMap<u32, (u32, u32)>,
+    /// Counting events opened: each exiting task writes one record per event.
+    pub events: usize,
     /// Records the kernel dropped for want of buffer space.
     pub lost: u64,
-    /// Records too short for their type, or with an unknown counter id.
+    /// Records too short for their type, with an unknown counter id, or a buffer whose next
+    /// header was broken (the rest of what it held was skipped).
     pub undecodable: u64,
 }
 
@@ -97,7 +137,7 @@ impl TaskCounters {
         let mut ids = HashMap::new();
         let mut per_cpu = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
-            let mut fds: Vec<(usize, OwnedFd)> = Vec::new();
+            let mut counting = Vec::new();
             for (group, covered) in plan.groups.iter().zip(&group_cpus) {
                 if covered.as_ref().is_some_and(|list| !list.contains(&cpu)) {
                     continue;
@@ -110,39 +150,41 @@ impl TaskCounters {
                     let role = Role {
                         leader: leader.is_none(),
                         pinned: leader.is_none() && group.pinned,
-                        side_band: fds.is_empty(),
                     };
                     let fd = open_event(counter, pid, cpu, leader, role, exclusions)?;
                     ids.insert(event_id(&fd)?, index);
                     if leader.is_none() {
                         leader = Some(fd.as_raw_fd());
                     }
-                    fds.push((index, fd));
+                    let ring = Ring::map(fd.as_raw_fd()).with_context(|| {
+                        format!("mapping the record buffer of counter {index} on CPU {cpu}")
+                    })?;
+                    counting.push(CountingEvent { index, ring, fd });
                 }
             }
-            let Some((_, first)) = fds.first() else {
+            if counting.is_empty() {
                 continue;
-            };
-            let ring = Ring::map(first.as_raw_fd())
-                .with_context(|| format!("mapping the record buffer of CPU {cpu}"))?;
-            for (_, fd) in fds.iter().skip(1) {
-                // SAFETY: both fds are open perf events owned here.
-                let rc = unsafe {
-                    perf_event_open_sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), first.as_raw_fd())
-                };
-                if rc < 0 {
-                    return Err(std::io::Error::last_os_error())
-                        .with_context(|| format!("sending CPU {cpu}'s records to one buffer"));
-                }
             }
-            per_cpu.push(CpuEvents { cpu, fds, ring });
+            let side_band_fd = open_side_band(pid, cpu)?;
+            let side_band = Ring::map(side_band_fd.as_raw_fd())
+                .with_context(|| format!("mapping the task record buffer of CPU {cpu}"))?;
+            per_cpu.push(CpuEvents {
+                cpu,
+                counting,
+                side_band,
+                _side_band_fd: side_band_fd,
+            });
         }
+        let tally = Tally {
+            events: per_cpu.iter().map(|cpu| cpu.counting.len()).sum(),
+            ..Tally::default()
+        };
         Ok(Self {
             _swap_guard: swap_guard,
             cpus: per_cpu,
             ids,
             counter_count: counters.len(),
-            tally: Tally::default(),
+            tally,
         })
     }
 
@@ -155,8 +197,17 @@ impl TaskCounters {
     pub fn drain(&mut self) {
         let (ids, tally, count) = (&self.ids, &mut self.tally, self.counter_count);
         for cpu in &mut self.cpus {
-            cpu.ring
-                .drain(|bytes| tally.add(records::decode(bytes), ids, count));
+            let rings = cpu
+                .counting
+                .iter_mut()
+                .map(|event| &mut event.ring)
+                .chain(std::iter::once(&mut cpu.side_band));
+            for ring in rings {
+                let complete = ring.drain(|bytes| tally.add(records::decode(bytes), ids, count));
+                if !complete {
+                    tally.undecodable += 1;
+                }
+            }
         }
     }
 
@@ -168,10 +219,11 @@ impl TaskCounters {
             .iter()
             .map(|cpu| {
                 let mut values = vec![CounterValue::default(); self.counter_count];
-                for (index, fd) in &cpu.fds {
-                    let value = read_counter(fd)
-                        .with_context(|| format!("reading counter {index} on CPU {}", cpu.cpu))?;
-                    if let Some(slot) = values.get_mut(*index) {
+                for event in &cpu.counting {
+                    let value = read_counter(&event.fd).with_context(|| {
+                        format!("reading counter {} on CPU {}", event.index, cpu.cpu)
+                    })?;
+                    if let Some(slot) = values.get_mut(event.index) {
                         *slot += value;
                     }
                 }
@@ -191,19 +243,22 @@ impl Tally {
                 counter,
             }) => match ids.get(&id) {
                 Some(&index) => {
-                    let (_, values) = self
-                        .exited
-                        .entry(tid)
-                        .or_insert_with(|| (pid, vec![CounterValue::default(); counters]));
-                    if let Some(slot) = values.get_mut(index) {
+                    let exited = self.exited.entry(tid).or_insert_with(|| Exited {
+                        tgid: pid,
+                        values: vec![CounterValue::default(); counters],
+                        readings: 0,
+                    });
+                    if let Some(slot) = exited.values.get_mut(index) {
                         *slot += counter;
                     }
+                    exited.readings += 1;
                 }
                 None => self.undecodable += 1,
             },
             Some(Record::Fork { pid, tid, ptid }) => {
                 self.forks.insert(tid, (pid, ptid));
             }
+            Some(Record::Exit { tid, .. }) => *self.exits.entry(tid).or_default() += 1,
             Some(Record::Comm {
                 tid, comm, time, ..
             }) => {
@@ -216,6 +271,14 @@ impl Tally {
             Some(Record::Other) => {}
             None => self.undecodable += 1,
         }
+    }
+
+    /// Whether every exit record of `tid` arrived: one per counting event for each time it
+    /// exited. A task with fewer cannot be split from the command's main thread.
+    pub fn complete(&self, tid: u32) -> bool {
+        let exits = self.exits.get(&tid).copied().unwrap_or(0);
+        let readings = self.exited.get(&tid).map_or(0, |exited| exited.readings);
+        exits > 0 && readings == exits * self.events
     }
 
     /// The name of `tid`: its own latest, else its creator's (a new thread or process starts
@@ -236,13 +299,11 @@ impl Tally {
     }
 }
 
-/// What an event is in its CPU's set.
+/// What an event is in its group.
 #[derive(Clone, Copy)]
 struct Role {
     leader: bool,
     pinned: bool,
-    /// The CPU's first event: owns the buffer and asks for fork and comm records.
-    side_band: bool,
 }
 
 fn open_event(
@@ -274,8 +335,6 @@ fn open_event(
     // Members follow their leader; the leader starts at the command's execve.
     attr.set_disabled(u64::from(role.leader));
     attr.set_enable_on_exec(u64::from(role.leader));
-    attr.set_task(u64::from(role.side_band));
-    attr.set_comm(u64::from(role.side_band));
     attr.set_sample_id_all(1);
     attr.sample_type = u64::from(bindings::PERF_SAMPLE_TIME);
     match counter.exclude {
@@ -344,6 +403,25 @@ fn open_event(
 /// `PERF_RECORD_READ` while the command's main thread writes one carrying the other task's
 /// values (seen on 6.18: a thread's 5 getppid calls reported under the main thread's tid).
 fn open_swap_guard(pid: u32) -> Result<OwnedFd> {
+    open_dummy(dummy_attr(), pid, -1).with_context(|| format!("opening a dummy event on pid {pid}"))
+}
+
+/// An inherited `dummy` event on the command for `cpu`, counting nothing: its buffer takes
+/// the fork, exit (`task`) and name (`comm`) records of the command's tasks on that CPU. No
+/// `inherit_stat`, so it writes no exit readings of its own.
+fn open_side_band(pid: u32, cpu: u32) -> Result<OwnedFd> {
+    let mut attr = dummy_attr();
+    attr.set_inherit(1);
+    attr.set_task(1);
+    attr.set_comm(1);
+    attr.set_sample_id_all(1);
+    attr.sample_type = u64::from(bindings::PERF_SAMPLE_TIME);
+    open_dummy(attr, pid, cpu as libc::c_int)
+        .with_context(|| format!("opening the task record event of pid {pid} on CPU {cpu}"))
+}
+
+/// A software `dummy` event, user space only (allowed at any `perf_event_paranoid` below 3).
+fn dummy_attr() -> bindings::perf_event_attr {
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
     let mut attr: bindings::perf_event_attr = unsafe { std::mem::zeroed() };
     attr.size = std::mem::size_of::<bindings::perf_event_attr>() as u32;
@@ -351,19 +429,22 @@ fn open_swap_guard(pid: u32) -> Result<OwnedFd> {
     attr.config = u64::from(bindings::PERF_COUNT_SW_DUMMY);
     attr.set_exclude_kernel(1);
     attr.set_exclude_hv(1);
+    attr
+}
+
+fn open_dummy(mut attr: bindings::perf_event_attr, pid: u32, cpu: libc::c_int) -> Result<OwnedFd> {
     // SAFETY: attr is initialised and outlives the call.
     let fd = unsafe {
         perf_event_open_sys::perf_event_open(
             &mut attr,
             pid as libc::pid_t,
-            -1,
+            cpu,
             -1,
             libc::c_ulong::from(bindings::PERF_FLAG_FD_CLOEXEC),
         )
     };
     if fd < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("opening a dummy event on pid {pid}"));
+        return Err(std::io::Error::last_os_error().into());
     }
     // SAFETY: a fresh fd we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -462,8 +543,9 @@ impl Ring {
         }
     }
 
-    /// Hands every complete record to `each`, then frees its space for the kernel.
-    fn drain(&mut self, mut each: impl FnMut(&[u8])) {
+    /// Hands every complete record to `each`, then frees its space for the kernel. `false`
+    /// when a broken header made it skip the rest of what the buffer held.
+    fn drain(&mut self, mut each: impl FnMut(&[u8])) -> bool {
         let meta = self.base.cast::<bindings::perf_event_mmap_page>();
         // SAFETY: data_head/data_tail are aligned u64s in the mapped metadata page; the kernel
         // writes data_head, we write data_tail (the documented protocol, perf_event.h).
@@ -476,12 +558,14 @@ impl Ring {
         // Acquire: the records before data_head are written once we see it.
         let head = head_word.load(Ordering::Acquire);
         let mut tail = tail_word.load(Ordering::Relaxed);
+        let mut complete = true;
         while tail < head {
             self.copy_out(tail, records::HEADER_SIZE);
             let size = records::record_size(&self.scratch).unwrap_or(0);
             if size < records::HEADER_SIZE || size > self.data_size || tail + size as u64 > head {
                 // A broken header would make every later record garbage: drop the rest.
                 tail = head;
+                complete = false;
                 break;
             }
             self.copy_out(tail, size);
@@ -490,6 +574,7 @@ impl Ring {
         }
         // Release: we are done reading the space we hand back.
         tail_word.store(tail, Ordering::Release);
+        complete
     }
 
     /// Copies `len` bytes at ring position `position` into `scratch`, across the wrap.

@@ -48,6 +48,8 @@ pub fn report() -> Report {
         idle: Entity::default(),
         untracked: Entity::default(),
         dropped: Entity::default(),
+        command: None,
+        before_command: None,
         tasks: vec![TaskEntry {
             tid: 201,
             tgid: 200,
