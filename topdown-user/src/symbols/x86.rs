@@ -233,6 +233,29 @@ const X86_NOPS: [&[u8]; 8] = [
     &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
 ];
 
+/// Why the kernel would "emulate" an instruction that is no branch as one, and so never run
+/// it: `branch_setup_xol_ops` (arch/x86/kernel/uprobes.c, Linux 6.18) switches on OPCODE1
+/// alone, the opcode byte its decoder reports past any VEX/EVEX prefix, and reads neither the
+/// prefix nor REX. A vector instruction whose opcode byte is that of `jcc` (0x70-0x7f), `jmp`
+/// (0xe9, 0xeb) or `call` (0xe8), e.g. EVEX `vpbroadcastb %esi,%ymm17` (`62 e2 7d 28 7a ce`,
+/// opcode 0x7a = `jp`), the first instruction of glibc's `__strchr_evex`, is skipped or
+/// turned into a jump or a push: the probed program computes something else (bash's printf
+/// printed its format strings raw, issue 21). `xchg %eax,%r8d` (`41 90`) is no `nop` either,
+/// though the kernel emulates any 0x90 as one. `None`: no such confusion.
+fn misread_as_branch(opcode: u8, vex: bool, rex: Option<u8>) -> Option<&'static str> {
+    let branch_byte = matches!(opcode, 0x70..=0x7f | 0xe8 | 0xe9 | 0xeb | 0x90);
+    if vex && branch_byte {
+        return Some(
+            "a VEX/EVEX instruction whose opcode byte the kernel emulates as a jump, call or nop \
+             instead of running it",
+        );
+    }
+    if opcode == 0x90 && rex.is_some_and(|rex| rex & 0x1 != 0) {
+        return Some("xchg with r8, which the kernel emulates as a nop instead of running it");
+    }
+    None
+}
+
 /// What the kernel does with a uprobe on the instruction starting `code`.
 pub fn check(code: &[u8]) -> ProbeCheck {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
@@ -289,6 +312,9 @@ pub fn check(code: &[u8]) -> ProbeCheck {
     // branch_setup_xol_ops.
     if X86_NOPS.get(bytes.len().wrapping_sub(1)) == Some(&bytes) {
         return ProbeCheck::Emulated;
+    }
+    if let Some(why) = misread_as_branch(opcode, vex, rex) {
+        return ProbeCheck::Refused(why);
     }
     if !vex {
         let second = bytes.get(at + 1).copied().unwrap_or(0);
@@ -412,6 +438,29 @@ mod tests {
         );
         assert!(matches!(check(&[0xcc]), ProbeCheck::Refused(_)));
         assert!(matches!(check(&[0x66, 0xe9, 0, 0]), ProbeCheck::Refused(_)));
+        // Misread as branches: EVEX vpbroadcastb %esi,%ymm17 (__strchr_evex's first
+        // instruction, opcode 0x7a = jp); VEX vpshufd $0x1b,%xmm1,%xmm0 (0x70 = jo); VEX vpor
+        // %xmm2,%xmm1,%xmm0 (0xeb = jmp); VEX vpsubsb (0xe8 = call); xchg %eax,%r8d (41 90).
+        for code in [
+            &[0x62, 0xe2, 0x7d, 0x28, 0x7a, 0xce][..],
+            &[0xc5, 0xf9, 0x70, 0xc1, 0x1b],
+            &[0xc5, 0xf1, 0xeb, 0xc2],
+            &[0xc5, 0xf1, 0xe8, 0xc2],
+            &[0x41, 0x90],
+        ] {
+            assert!(
+                matches!(check(code), ProbeCheck::Refused(why) if why.contains("instead of running it")),
+                "{code:x?}: {:?}",
+                check(code)
+            );
+        }
+        // Vector instructions with other opcode bytes are single-stepped as before:
+        // vaddps %xmm2,%xmm1,%xmm0 (c5 f0 58 c2), EVEX vpminub %ymm19,%ymm18,%ymm19.
+        assert_eq!(check(&[0xc5, 0xf0, 0x58, 0xc2]), ProbeCheck::SingleStep);
+        assert_eq!(
+            check(&[0x62, 0xa1, 0x6d, 0x20, 0xda, 0xdb]),
+            ProbeCheck::SingleStep
+        );
         // vfmaddsd (FMA4): c4 e3 f9 6b c2 10
         assert!(matches!(
             check(&[0xc4, 0xe3, 0xf9, 0x6b, 0xc2, 0x10]),
