@@ -383,6 +383,7 @@ mod tests {
     fn symbol(name: &str, address: u64, size: u64, exits: Vec<Exit>) -> FunctionSymbol {
         FunctionSymbol {
             name: name.to_owned(),
+            aliases: Vec::new(),
             address,
             offset: address,
             size,

@@ -23,6 +23,9 @@ use crate::{
 pub struct FunctionSymbol {
     /// The raw (mangled) name.
     pub name: String,
+    /// The other names of the same address (aliases such as `_IO_fclose` of `fclose`, and
+    /// versioned names such as `fclose@@GLIBC_2.2.5`), which resolve to this function too.
+    pub aliases: Vec<String>,
     /// Virtual address in the file's own address space.
     pub address: u64,
     /// Offset of the first instruction in the file: what uprobes take.
@@ -124,6 +127,7 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         .filter_map(|(name, address, size)| {
             to_offset(address).map(|offset| FunctionSymbol {
                 name,
+                aliases: Vec::new(),
                 address,
                 offset,
                 size,
@@ -133,8 +137,8 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             })
         })
         .collect();
-    // One entry per address: aliases (versioned names, weak/global pairs) keep the shortest,
-    // unversioned name.
+    // One entry per address, named by its shortest unversioned name; the other names
+    // (versioned names, weak/global pairs, internal aliases) are kept as its aliases.
     functions.sort_by(|a, b| {
         a.address
             .cmp(&b.address)
@@ -142,7 +146,21 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             .then(a.name.len().cmp(&b.name.len()))
             .then(a.name.cmp(&b.name))
     });
-    functions.dedup_by_key(|function| function.address);
+    functions.dedup_by(|alias, kept| {
+        if alias.address != kept.address {
+            return false;
+        }
+        // An alias may carry the size the kept name lacks (a label with size 0 beside the
+        // sized symbol of hand-written code).
+        if kept.size == 0 && alias.size > 0 {
+            kept.size = alias.size;
+            kept.ranges = alias.ranges.clone();
+        }
+        if alias.name != kept.name && !kept.aliases.contains(&alias.name) {
+            kept.aliases.push(std::mem::take(&mut alias.name));
+        }
+        true
+    });
     attach_cold_fragments(&mut functions);
     if x86_64 {
         let progress = (functions.len() >= super::PROGRESS_FROM).then(|| {
