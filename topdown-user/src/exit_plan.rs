@@ -390,6 +390,7 @@ mod tests {
             exits: Some(exits),
             ranges: vec![(address, address + size)],
             entry_probe: Some(ProbeCheck::Emulated),
+            reads_return_address: false,
         }
     }
 
@@ -403,6 +404,7 @@ mod tests {
             exits: symbol.exits.clone(),
             ranges: symbol.ranges.clone(),
             entry_probe: symbol.entry_probe.clone(),
+            reads_return_address: symbol.reads_return_address,
         }
     }
 

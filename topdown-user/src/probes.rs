@@ -233,7 +233,7 @@ impl Probes {
         }
         if !skipped.is_empty() {
             eprintln!(
-                "topdown: skipped {} function{} the kernel cannot probe: {}",
+                "topdown: skipped {} function{} that cannot be probed safely: {}",
                 skipped.len(),
                 if skipped.len() == 1 { "" } else { "s" },
                 skipped
@@ -530,7 +530,11 @@ fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
         return Some((*why).to_owned());
     }
     if uretprobes {
-        return None;
+        return function.reads_return_address.then(|| {
+            "reads its own return address, which a uretprobe replaces with the kernel's \
+             trampoline (setjmp-like; --returns exit probes it)"
+                .to_owned()
+        });
     }
     function
         .exits

@@ -87,6 +87,8 @@ pub struct ResolvedFunction {
     pub ranges: Vec<(u64, u64)>,
     /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
     pub entry_probe: Option<x86::ProbeCheck>,
+    /// It reads its return address: no uretprobe for it.
+    pub reads_return_address: bool,
 }
 
 /// The functions to probe, and every function of their files (tail-call targets).
@@ -171,6 +173,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 exits: function.exits.clone(),
                 ranges: function.ranges.clone(),
                 entry_probe: function.entry_probe.clone(),
+                reads_return_address: function.reads_return_address,
             };
             // A set, not a scan: `-u 'libc:*'` resolves thousands of functions per target.
             if seen.insert((entry.target.clone(), entry.offset)) {
@@ -325,6 +328,7 @@ mod tests {
                 exits: None,
                 ranges: Vec::new(),
                 entry_probe: None,
+                reads_return_address: false,
             };
             (function, names)
         };

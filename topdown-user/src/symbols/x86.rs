@@ -7,7 +7,7 @@
 //! `push_setup_xol_ops` (the emulated instructions); the NOP encodings it compares against
 //! are `x86_nops` from `arch/x86/include/asm/nops.h`.
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, OpKind, Register};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
 use topdown_common::pt_regs_word;
 
 /// How one exit instruction leaves its function.
@@ -197,6 +197,83 @@ fn prefixes(bytes: &[u8]) -> &[u8] {
         })
         .count();
     &bytes[..count]
+}
+
+/// How a function's code uses the return address its caller pushed, as far as a straight
+/// reading of its instructions from the entry tells (up to the first `call`, `ret` or change
+/// of `rsp` that is not a push, pop or add/sub of a constant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnAddressUse {
+    /// It loads its return address from the stack (`mov (%rsp),%rax` in `__sigsetjmp`,
+    /// `getcontext`, `dlopen` asking who called it).
+    Reads,
+    /// It jumps, with the return address still on top of the stack, to this address of the
+    /// file (`setjmp` is `mov $1,%esi; jmp __sigsetjmp`): it uses the return address as the
+    /// function there does.
+    TailJump(u64),
+    /// Neither was found.
+    Unused,
+}
+
+/// A uretprobe replaces the return address on the stack with the kernel's trampoline when
+/// the function is entered: a function that reads it saves or compares the trampoline
+/// instead, and `setjmp` then makes `longjmp` jump into the trampoline with no return
+/// pending there (bash's `[ -n "$X" ]` failed and looped forever under `-u 'libc:*'`, issue
+/// 21). Reading stops at the first branch other than a tail jump: code past it may run with
+/// the return address popped.
+pub fn return_address_use(code: &[u8], address: u64) -> ReturnAddressUse {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    // Bytes pushed since the entry: the return address is at `depth(%rsp)`.
+    let mut depth: i64 = 0;
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        for operand in 0..instruction.op_count() {
+            if instruction.op_kind(operand) == OpKind::Memory
+                && instruction.memory_base() == Register::RSP
+                && instruction.memory_index() == Register::None
+                && instruction.memory_displacement64() as i64 == depth
+                && instruction.mnemonic() != Mnemonic::Lea
+            {
+                return ReturnAddressUse::Reads;
+            }
+        }
+        match instruction.flow_control() {
+            FlowControl::Next => {}
+            FlowControl::UnconditionalBranch if depth == 0 => {
+                return match instruction.near_branch_target() {
+                    0 => ReturnAddressUse::Unused,
+                    target => ReturnAddressUse::TailJump(target),
+                };
+            }
+            _ => return ReturnAddressUse::Unused,
+        }
+        let writes_rsp = instruction.op_count() > 0
+            && instruction.op0_kind() == OpKind::Register
+            && instruction.op0_register() == Register::RSP;
+        let constant = matches!(
+            instruction.op1_kind(),
+            OpKind::Immediate8to64 | OpKind::Immediate32to64
+        );
+        match instruction.mnemonic() {
+            Mnemonic::Push | Mnemonic::Pop => {
+                depth -= i64::from(instruction.stack_pointer_increment());
+            }
+            Mnemonic::Sub if writes_rsp && constant => depth += instruction.immediate(1) as i64,
+            Mnemonic::Add if writes_rsp && constant => depth -= instruction.immediate(1) as i64,
+            _ if writes_rsp || instruction.stack_pointer_increment() != 0 => {
+                return ReturnAddressUse::Unused;
+            }
+            _ => {}
+        }
+        if depth < 0 {
+            // Popped its own return address (vfork): what it does with it is not followed.
+            return ReturnAddressUse::Unused;
+        }
+    }
+    ReturnAddressUse::Unused
 }
 
 /// `good_insns_64` of arch/x86/kernel/uprobes.c: one bit per first opcode byte the kernel
@@ -405,6 +482,47 @@ mod tests {
             (operands[3].base, operands[3].index, operands[3].scale),
             (10, 11, 8)
         );
+    }
+
+    #[test]
+    fn functions_that_read_their_return_address() {
+        // glibc 2.36 __sigsetjmp: mov %rbx,(%rdi); mov %rbp,%rax; ...; mov (%rsp),%rax.
+        let sigsetjmp = [
+            0x48, 0x89, 0x1f, 0x48, 0x89, 0xe8, 0x48, 0x89, 0x47, 0x08, 0x48, 0x8d, 0x54, 0x24,
+            0x08, 0x48, 0x8b, 0x04, 0x24,
+        ];
+        assert_eq!(
+            return_address_use(&sigsetjmp, 0x1000),
+            ReturnAddressUse::Reads
+        );
+        // setjmp: mov $1,%esi; jmp rel32 (to 0x2000).
+        let setjmp = [0xbe, 0x01, 0, 0, 0, 0xe9, 0xf6, 0x0f, 0, 0];
+        assert_eq!(
+            return_address_use(&setjmp, 0x1000),
+            ReturnAddressUse::TailJump(0x2000)
+        );
+        // push %rbx; sub $0x10,%rsp; mov 0x18(%rsp),%rax: the return address, 24 bytes up.
+        let deeper = [0x53, 0x48, 0x83, 0xec, 0x10, 0x48, 0x8b, 0x44, 0x24, 0x18];
+        assert_eq!(return_address_use(&deeper, 0), ReturnAddressUse::Reads);
+        // push %rbp; mov %rsp,%rbp; mov 0x8(%rsp),%rax reads it too.
+        assert_eq!(
+            return_address_use(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x8b, 0x44, 0x24, 0x08], 0),
+            ReturnAddressUse::Reads
+        );
+        // push %rbx; mov (%rsp),%rax reads the saved rbx; lea (%rsp),%rax reads nothing;
+        // push %rbp; call: a jump with something pushed is a call's business.
+        for code in [
+            &[0x53, 0x48, 0x8b, 0x04, 0x24][..],
+            &[0x48, 0x8d, 0x04, 0x24, 0xc3],
+            &[0x55, 0xe8, 0, 0, 0, 0],
+            &[0x55, 0xe9, 0, 0, 0, 0],
+        ] {
+            assert_eq!(
+                return_address_use(code, 0),
+                ReturnAddressUse::Unused,
+                "{code:x?}"
+            );
+        }
     }
 
     #[test]
