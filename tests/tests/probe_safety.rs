@@ -307,7 +307,11 @@ fn probing_whole_libraries_changes_no_program() {
         "sum per round 890000, all rounds agree: yes\n"
     );
     assert!(output.stderr.is_empty());
-    assert!(during.len() >= 10, "only {} rounds ran during the traced runs", during.len());
+    assert!(
+        during.len() >= 10,
+        "only {} rounds ran during the traced runs",
+        during.len()
+    );
     let (before, during) = (mean(&before), mean(&during));
     assert!(
         during < before * 1.5,

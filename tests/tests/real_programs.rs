@@ -265,7 +265,9 @@ fn unprobeable_functions_are_skipped_by_name_and_only_nothing_fails() {
         .collect();
     assert_eq!(
         skipped,
-        ["topdown: skipped 1 function that cannot be probed safely: pthread_spin_lock (lock prefix)"],
+        [
+            "topdown: skipped 1 function that cannot be probed safely: pthread_spin_lock (lock prefix)"
+        ],
         "{stderr}"
     );
     // h(0) takes the cold path (2 getppid), h(1..16) the hot one (1 each).

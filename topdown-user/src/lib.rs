@@ -15,6 +15,7 @@ pub mod counters;
 pub mod counting;
 pub mod error;
 pub mod exit_plan;
+pub mod follow;
 pub mod list;
 pub mod output;
 pub mod pmu;

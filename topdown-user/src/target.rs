@@ -229,11 +229,15 @@ impl PendingCommand {
 
 /// Reaps an exited child and returns its exit status as a shell reports it (128+signal).
 pub fn reap(pid: u32) -> Option<i32> {
+    // The tracer thread following the command (`crate::follow`) reaps with waitpid(-1).
+    if let Some(status) = crate::follow::reaped(pid) {
+        return Some(status);
+    }
     let mut status = 0;
     // SAFETY: reaping our own child without blocking.
     let got = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
     if got != pid as libc::pid_t {
-        return None;
+        return crate::follow::reaped(pid);
     }
     if libc::WIFEXITED(status) {
         Some(libc::WEXITSTATUS(status))

@@ -204,7 +204,11 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         }
         mark_return_address_readers(&mut functions, |function| {
             // A symbol without a size is read as far as a short prologue goes.
-            let size = if function.size == 0 { 64 } else { function.size };
+            let size = if function.size == 0 {
+                64
+            } else {
+                function.size
+            };
             code_at(function.address, size).or_else(|| code_at(function.address, 15))
         });
     }

@@ -57,7 +57,11 @@ impl Names {
         let unversioned = |name: &str| name.split_once('@').map(|(bare, _)| bare.to_owned());
         let mut extra: Vec<String> = unversioned(&self.raw).into_iter().collect();
         // `name@@VERSION` is the default version of `name@VERSION`: either spelling names it.
-        extra.extend(self.raw.contains("@@").then(|| self.raw.replacen("@@", "@", 1)));
+        extra.extend(
+            self.raw
+                .contains("@@")
+                .then(|| self.raw.replacen("@@", "@", 1)),
+        );
         for symbol in symbols {
             extra.push(symbol.clone());
             extra.extend(unversioned(symbol));
