@@ -288,6 +288,11 @@ impl Session {
         self.followed = Some(links);
     }
 
+    /// Whether function probes go to followed processes only.
+    pub fn follows_processes(&self) -> bool {
+        self.followed.is_some()
+    }
+
     /// Hands the exit program its indirect-jump descriptors and the functions whose returns
     /// are probed (`crate::exit_plan`), replacing what a previous attachment left.
     pub fn set_exit_maps(&mut self, plan: &Plan) -> Result<()> {
