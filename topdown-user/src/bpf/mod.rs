@@ -329,7 +329,8 @@ impl Session {
     /// the kernel has them. If any link fails, the links of this call are detached again.
     ///
     /// `processes`: limit the probes to these processes (`-p`); empty: every process that
-    /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
+    /// maps the binary (`-a`), or, after [`Session::follow_processes`] (`-- CMD`), the
+    /// followed processes only.
     pub fn attach_functions(
         &mut self,
         functions: &[FunctionProbes],
