@@ -48,6 +48,8 @@ pub struct Targets {
     pub functions_per_process: bool,
     /// `-- CMD`: the program, whose libraries can unwind through probed functions.
     pub command: Option<std::path::PathBuf>,
+    /// `-- CMD` followed by `crate::follow`: function probes go to its processes only.
+    pub followed: Option<crate::bpf::ProcessLinks>,
 }
 
 impl Targets {
@@ -182,6 +184,9 @@ impl Prepared {
             Some((self.groups.try_clone()?, self.groups.hybrid_cpus()))
         };
         let mut bpf = Session::start(&config, self.groups, &self.tracefs)?;
+        if let Some(links) = &targets.followed {
+            bpf.follow_processes(links.clone());
+        }
         let probes = if self.probe_specs.is_empty() {
             None
         } else {

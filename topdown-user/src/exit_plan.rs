@@ -383,12 +383,14 @@ mod tests {
     fn symbol(name: &str, address: u64, size: u64, exits: Vec<Exit>) -> FunctionSymbol {
         FunctionSymbol {
             name: name.to_owned(),
+            aliases: Vec::new(),
             address,
             offset: address,
             size,
             exits: Some(exits),
             ranges: vec![(address, address + size)],
             entry_probe: Some(ProbeCheck::Emulated),
+            reads_return_address: false,
         }
     }
 
@@ -402,6 +404,7 @@ mod tests {
             exits: symbol.exits.clone(),
             ranges: symbol.ranges.clone(),
             entry_probe: symbol.entry_probe.clone(),
+            reads_return_address: symbol.reads_return_address,
         }
     }
 

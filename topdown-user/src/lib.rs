@@ -17,6 +17,7 @@ pub mod diff;
 pub mod distribution;
 pub mod error;
 pub mod exit_plan;
+pub mod follow;
 pub mod list;
 pub mod output;
 pub mod pmu;

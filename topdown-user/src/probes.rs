@@ -166,6 +166,9 @@ impl Probes {
             })
             .cloned()
             .collect();
+        if self.processes.is_empty() && !session.follows_processes() {
+            warn_self_probed(&targets);
+        }
         let mut candidates: Vec<(u32, ResolvedFunction)> = Vec::new();
         let mut skipped: Vec<(String, String)> = Vec::new();
         for function in functions {
@@ -197,6 +200,35 @@ impl Probes {
             .map(|(id, _)| *id)
             .collect();
         warn_single_step(&candidates, &self.single_step);
+
+        // Read before anything is attached: with -a, topdown itself may map a probed file, and
+        // reading every object of the image while its own calls trap took minutes.
+        let catches: Option<Vec<(PathBuf, u64)>> = (!exit_targets.is_empty()).then(|| {
+            // Unwinding can end anywhere in the image: catch points in every object of it.
+            // One per file: uprobes belong to an inode, however the file was reached.
+            let mut objects: Vec<PathBuf> = Vec::new();
+            let mut files = std::collections::BTreeSet::new();
+            for target in &exit_targets {
+                for object in unwinding::objects_of(target, &self.image) {
+                    if files.insert(identity(&object).ok_or_else(|| object.clone())) {
+                        objects.push(object);
+                    }
+                }
+            }
+            let catches = unwinding::catch_points(&objects);
+            if self.verbose {
+                for (object, offset, name) in &catches {
+                    eprintln!(
+                        "topdown: unwinding ends at {name} in {} ({offset:#x})",
+                        object.display()
+                    );
+                }
+            }
+            catches
+                .into_iter()
+                .map(|(object, offset, _)| (object, offset))
+                .collect()
+        });
 
         // Attached before a held command execs, so none of its calls are missed.
         let started = Instant::now();
@@ -233,7 +265,7 @@ impl Probes {
         }
         if !skipped.is_empty() {
             eprintln!(
-                "topdown: skipped {} function{} the kernel cannot probe: {}",
+                "topdown: skipped {} function{} that cannot be probed safely: {}",
                 skipped.len(),
                 if skipped.len() == 1 { "" } else { "s" },
                 skipped
@@ -246,32 +278,8 @@ impl Probes {
         if !reuse {
             self.report_returns(&decisions);
         }
-        if !exit_targets.is_empty() {
-            // Unwinding can end anywhere in the image: catch points in every object of it.
-            // One per file: uprobes belong to an inode, however the file was reached.
-            let mut objects: Vec<PathBuf> = Vec::new();
-            let mut files = std::collections::BTreeSet::new();
-            for target in &exit_targets {
-                for object in unwinding::objects_of(target, &self.image) {
-                    if files.insert(identity(&object).ok_or_else(|| object.clone())) {
-                        objects.push(object);
-                    }
-                }
-            }
-            let catches = unwinding::catch_points(&objects);
-            if self.verbose {
-                for (object, offset, name) in &catches {
-                    eprintln!(
-                        "topdown: unwinding ends at {name} in {} ({offset:#x})",
-                        object.display()
-                    );
-                }
-            }
-            let catches: Vec<(PathBuf, u64)> = catches
-                .into_iter()
-                .map(|(object, offset, _)| (object, offset))
-                .collect();
-            let failed = session.attach_catch_points(&catches, &self.processes)?;
+        if let Some(catches) = &catches {
+            let failed = session.attach_catch_points(catches, &self.processes)?;
             if let Some(first) = failed.first() {
                 eprintln!(
                     "topdown: {} catch point{} not attached (first: {first}); calls unwound there count as missed returns",
@@ -530,7 +538,11 @@ fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
         return Some((*why).to_owned());
     }
     if uretprobes {
-        return None;
+        return function.reads_return_address.then(|| {
+            "reads its own return address, which a uretprobe replaces with the kernel's \
+             trampoline (setjmp-like; --returns exit probes it)"
+                .to_owned()
+        });
     }
     function
         .exits
@@ -543,6 +555,33 @@ fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
             )),
             _ => None,
         })
+}
+
+/// Machine-wide probes (`-a`) go into every process that maps a probed file, topdown's own
+/// included (uprobe.multi has no way to leave one process out): each of topdown's own calls of
+/// a probed function then traps. Says so when topdown maps a target itself (a library it links,
+/// or a copy it was given through `LD_LIBRARY_PATH`).
+fn warn_self_probed(targets: &[PathBuf]) {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    let mapped: BTreeSet<(u64, u64)> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.starts_with('/'))
+        .filter_map(|path| identity(Path::new(path)))
+        .collect();
+    for target in targets {
+        if identity(target).is_some_and(|id| mapped.contains(&id)) {
+            eprintln!(
+                "topdown: topdown itself maps {}: machine-wide probes run in topdown too, and with \
+                 many functions probed it slows down (probe a copy the programs load through \
+                 LD_LIBRARY_PATH, or trace them with -- CMD or -p, whose probes stay in their \
+                 processes)",
+                target.display()
+            );
+        }
+    }
 }
 
 fn nothing_probeable(skipped: &[(String, String)]) -> anyhow::Error {

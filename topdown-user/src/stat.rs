@@ -87,6 +87,24 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             )
         }
     };
+    // Function probes of a command go to its processes only, followed with ptrace.
+    let follower = match &pending {
+        Some(pending) if !args.counting.uprobes.is_empty() => {
+            let links = crate::bpf::ProcessLinks::new();
+            match crate::follow::Follower::start(pending.pid(), links.clone()) {
+                Ok(follower) => Some((follower, links)),
+                Err(err) => {
+                    eprintln!(
+                        "topdown: cannot follow the command ({err:#}): its function probes are \
+                         attached machine-wide, so other processes mapping the probed files pay \
+                         for them too"
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let targets = Targets {
         scope: scope.describe(),
         // Library names resolve through the traced processes' own mappings (-p).
@@ -99,6 +117,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         functions_per_process: prepared.by().contains(&By::Function)
             && prepared.by().contains(&By::Task),
         command: pending.as_ref().map(|pending| pending.program().to_owned()),
+        followed: follower.as_ref().map(|(_, links)| links.clone()),
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
@@ -194,11 +213,18 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     }
     output.commit()?;
     drop(session);
+    // Nothing of the probes stays on the command's processes.
+    if let Some((_, links)) = &follower {
+        links.clear();
+    }
 
     let status = match command_pid {
         Some(pid) => wait_command(pid).await,
         None => 0,
     };
+    if let Some((follower, _)) = &follower {
+        follower.report();
+    }
     if matches!(stop, Stop::TargetsGone) && command_pid.is_none() {
         eprintln!("topdown: every traced process has exited");
     }

@@ -161,6 +161,11 @@ impl PendingCommand {
                     libc::_exit(126);
                 }
                 libc::close(go_read.as_raw_fd());
+                // Rust's runtime ignores SIGPIPE in topdown, and an ignored signal stays
+                // ignored across execve: the command would get EPIPE where it should die
+                // (`sort | head` printing "write error"). Back to the default, as
+                // std::process::Command does.
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                 libc::execve(program_c.as_ptr(), arg_ptrs.as_ptr(), env_ptrs.as_ptr());
                 let errno = *libc::__errno_location();
                 let bytes = errno.to_ne_bytes();
@@ -224,11 +229,15 @@ impl PendingCommand {
 
 /// Reaps an exited child and returns its exit status as a shell reports it (128+signal).
 pub fn reap(pid: u32) -> Option<i32> {
+    // The tracer thread following the command (`crate::follow`) reaps with waitpid(-1).
+    if let Some(status) = crate::follow::reaped(pid) {
+        return Some(status);
+    }
     let mut status = 0;
     // SAFETY: reaping our own child without blocking.
     let got = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
     if got != pid as libc::pid_t {
-        return None;
+        return crate::follow::reaped(pid);
     }
     if libc::WIFEXITED(status) {
         Some(libc::WEXITSTATUS(status))
@@ -334,5 +343,22 @@ mod tests {
         let mut status = 0;
         unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+
+    /// The command gets SIGPIPE's default action though topdown's runtime ignores it: a shell
+    /// that sends itself SIGPIPE dies of it.
+    #[test]
+    fn the_command_does_not_inherit_ignored_sigpipe() {
+        let pending =
+            PendingCommand::spawn(&["sh".into(), "-c".into(), "kill -PIPE $$; exit 0".into()])
+                .unwrap();
+        let pid = pending.pid();
+        pending.release().unwrap();
+        let mut status = 0;
+        unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGPIPE,
+            "SIGPIPE did not end the command: {status:#x}"
+        );
     }
 }

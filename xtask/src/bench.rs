@@ -20,6 +20,8 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd;
 
+mod beside;
+
 /// Rounds of the cgroup section, and ping-pong length per round.
 const CGROUP_ROUNDS: usize = 3;
 const ROUND_TRIPS: &str = "200000";
@@ -137,10 +139,20 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"refresh") {
         bench_refresh(&topdown)?;
     }
+    if sections.contains(&"beside") {
+        beside::bench_beside(&topdown)?;
+    }
     Ok(())
 }
 
-const SECTIONS: [&str; 5] = ["switches", "cgroups", "functions", "attach", "refresh"];
+const SECTIONS: [&str; 6] = [
+    "switches",
+    "cgroups",
+    "functions",
+    "attach",
+    "refresh",
+    "beside",
+];
 
 /// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section
 /// can be re-measured without the others' minutes.

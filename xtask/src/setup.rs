@@ -8,7 +8,7 @@ use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
         BPF_LINKER_VERSION, EBPF_TOOLCHAIN, GO_PACKAGES, HOST_TOOLCHAIN, LLVM_PACKAGES,
-        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, TEST_PACKAGES,
+        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, SAFETY_PACKAGES, TEST_PACKAGES,
     },
 };
 
@@ -26,6 +26,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &GO_PACKAGES,
         "`go tool pprof`, which reads --format pprof output in the export tests",
+    )?;
+    debian_packages(
+        &SAFETY_PACKAGES,
+        "libc's debug symbols, libpython, g++ and zlib for the probe-safety harness",
     )?;
     bpf_linker()?;
     tracefs()?;

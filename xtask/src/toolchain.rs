@@ -30,3 +30,16 @@ pub const GO_PACKAGES: [&str; 1] = ["golang-go"];
 /// Debian packages of the real-program function-probe tests (tests/tests/real_programs.rs):
 /// bpftrace as the entry-count oracle, the sqlite3 CLI and its library as the program probed.
 pub const REAL_PROGRAM_PACKAGES: [&str; 3] = ["bpftrace", "sqlite3", "libsqlite3-0"];
+
+/// Debian packages of the probe-safety harness (tests/tests/probe_safety.rs): libc's debug
+/// symbols (the functions known only from them are probed too), Python's interpreter and its
+/// shared library with headers (a small C program runs Python through libpython3.11.so), g++
+/// for the C++ program that throws, and zlib.
+pub const SAFETY_PACKAGES: [&str; 6] = [
+    "libc6-dbg",
+    "python3.11",
+    "libpython3.11-dev",
+    "g++",
+    "zlib1g",
+    "libstdc++6",
+];

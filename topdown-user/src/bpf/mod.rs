@@ -8,12 +8,18 @@
 pub mod batch;
 mod kernel_types;
 mod live_tasks;
+pub mod process_links;
 mod records;
 
 pub use kernel_types::switch_offsets;
 pub use live_tasks::LiveTasks;
+pub use process_links::ProcessLinks;
 
-use std::{collections::HashMap, os::fd::AsRawFd as _, time::Duration};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd as _, AsRawFd as _},
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -127,6 +133,9 @@ pub struct Session {
     exited: Vec<(u32, TaskCounters)>,
     /// The function probes' links, so they can be detached and re-attached (`serve`).
     function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
+    /// `-- CMD`: function probes are attached per traced process here instead of machine-wide
+    /// (the tracer of `crate::follow` adds each child's).
+    followed: Option<ProcessLinks>,
     /// Time spent loading (verifying) function-probe programs since last taken: the part of
     /// an attach that does not grow with the number of functions.
     program_load_time: std::time::Duration,
@@ -272,6 +281,7 @@ impl Session {
             groups,
             exited: Vec::new(),
             function_links: Vec::new(),
+            followed: None,
             program_load_time: std::time::Duration::ZERO,
             online: crate::counters::online_cpus()?,
             read_errors: HashMap::new(),
@@ -279,6 +289,17 @@ impl Session {
         // Baseline: from here on every count belongs to someone.
         session.flush(false)?;
         Ok(session)
+    }
+
+    /// From now on, function probes go to the processes `links` follows, one link each,
+    /// instead of to every process that maps the binary.
+    pub fn follow_processes(&mut self, links: ProcessLinks) {
+        self.followed = Some(links);
+    }
+
+    /// Whether function probes go to followed processes only.
+    pub fn follows_processes(&self) -> bool {
+        self.followed.is_some()
     }
 
     /// Hands the exit program its indirect-jump descriptors and the functions whose returns
@@ -317,7 +338,8 @@ impl Session {
     /// the kernel has them. If any link fails, the links of this call are detached again.
     ///
     /// `processes`: limit the probes to these processes (`-p`); empty: every process that
-    /// maps the binary (`-a`, and `-- CMD`, whose children are filtered in BPF instead).
+    /// maps the binary (`-a`), or, after [`Session::follow_processes`] (`-- CMD`), the
+    /// followed processes only.
     pub fn attach_functions(
         &mut self,
         functions: &[FunctionProbes],
@@ -366,6 +388,56 @@ impl Session {
                         cookie: Some(point.cookie),
                     });
             }
+        }
+        if let Some(followed) = self.followed.clone() {
+            if !multi {
+                return Err(fail(
+                    Failure::BpfUnavailable,
+                    "probing only the traced processes needs uprobe.multi links (Linux 6.6 or later)",
+                ));
+            }
+            let mut templates = Vec::new();
+            for program_name in [exit, ret, entry] {
+                let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
+                let mut fd = None;
+                for ((name, target), target_points) in &plan {
+                    if *name != program_name {
+                        continue;
+                    }
+                    if program.fd().is_err() {
+                        let started = std::time::Instant::now();
+                        program.load().map_err(load_error(program_name))?;
+                        self.program_load_time += started.elapsed();
+                    }
+                    if fd.is_none() {
+                        let owned = program
+                            .fd()
+                            .map_err(|err| anyhow!("{program_name}: {err}"))?
+                            .as_fd()
+                            .try_clone_to_owned()
+                            .context("duplicating a program fd")?;
+                        fd = Some(std::sync::Arc::new(owned));
+                    }
+                    let Some(fd) = &fd else { continue };
+                    let points: Vec<(u64, u64)> = target_points
+                        .iter()
+                        .filter_map(|point| match point.location {
+                            UProbeAttachLocation::AbsoluteOffset(offset) => {
+                                Some((offset, point.cookie.unwrap_or_default()))
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    templates.push(process_links::LinkTemplate::new(
+                        fd.clone(),
+                        target,
+                        &points,
+                        program_name == ret,
+                    )?);
+                }
+            }
+            followed.add(templates)?;
+            return Ok(AttachMode::Multi);
         }
         let scopes: Vec<UProbeScope> = if processes.is_empty() {
             vec![UProbeScope::AllProcesses]
@@ -483,6 +555,9 @@ impl Session {
         // never left with a frame whose return probe is already gone. Every link is tried even
         // after a failure: one given up here would stay attached, unknown to later detaches
         // (serve's duty cycle detaches thousands of times).
+        if let Some(followed) = &self.followed {
+            followed.clear();
+        }
         let mut first_error = None;
         for (program_name, link) in std::mem::take(&mut self.function_links).into_iter().rev() {
             let detached =
@@ -1086,8 +1161,6 @@ fn check_btf() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::os::fd::AsFd as _;
 
     /// The batched read and the entry-by-entry one (the fallback before Linux 5.6) give the
     /// same entries, appended after what the vectors held. Needs `CAP_BPF` (root in CI).

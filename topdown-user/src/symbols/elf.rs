@@ -23,6 +23,9 @@ use crate::{
 pub struct FunctionSymbol {
     /// The raw (mangled) name.
     pub name: String,
+    /// The other names of the same address (aliases such as `_IO_fclose` of `fclose`, and
+    /// versioned names such as `fclose@@GLIBC_2.2.5`), which resolve to this function too.
+    pub aliases: Vec<String>,
     /// Virtual address in the file's own address space.
     pub address: u64,
     /// Offset of the first instruction in the file: what uprobes take.
@@ -37,6 +40,9 @@ pub struct FunctionSymbol {
     pub ranges: Vec<(u64, u64)>,
     /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
     pub entry_probe: Option<x86::ProbeCheck>,
+    /// It reads its return address (itself or through a tail jump): a uretprobe would give
+    /// it the kernel's trampoline instead (see [`x86::return_address_use`]).
+    pub reads_return_address: bool,
 }
 
 /// A file's functions, sorted by address, and where its loaded image ends.
@@ -124,17 +130,19 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         .filter_map(|(name, address, size)| {
             to_offset(address).map(|offset| FunctionSymbol {
                 name,
+                aliases: Vec::new(),
                 address,
                 offset,
                 size,
                 exits: None,
                 ranges: vec![(address, address + size)],
                 entry_probe: None,
+                reads_return_address: false,
             })
         })
         .collect();
-    // One entry per address: aliases (versioned names, weak/global pairs) keep the shortest,
-    // unversioned name.
+    // One entry per address, named by its shortest unversioned name; the other names
+    // (versioned names, weak/global pairs, internal aliases) are kept as its aliases.
     functions.sort_by(|a, b| {
         a.address
             .cmp(&b.address)
@@ -142,7 +150,21 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             .then(a.name.len().cmp(&b.name.len()))
             .then(a.name.cmp(&b.name))
     });
-    functions.dedup_by_key(|function| function.address);
+    functions.dedup_by(|alias, kept| {
+        if alias.address != kept.address {
+            return false;
+        }
+        // An alias may carry the size the kept name lacks (a label with size 0 beside the
+        // sized symbol of hand-written code).
+        if kept.size == 0 && alias.size > 0 {
+            kept.size = alias.size;
+            kept.ranges = alias.ranges.clone();
+        }
+        if alias.name != kept.name && !kept.aliases.contains(&alias.name) {
+            kept.aliases.push(std::mem::take(&mut alias.name));
+        }
+        true
+    });
     attach_cold_fragments(&mut functions);
     if x86_64 {
         let progress = (functions.len() >= super::PROGRESS_FROM).then(|| {
@@ -180,6 +202,15 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             }
             function.exits = decoded.then_some(exits);
         }
+        mark_return_address_readers(&mut functions, |function| {
+            // A symbol without a size is read as far as a short prologue goes.
+            let size = if function.size == 0 {
+                64
+            } else {
+                function.size
+            };
+            code_at(function.address, size).or_else(|| code_at(function.address, 15))
+        });
     }
     let image_end = segments
         .iter()
@@ -208,6 +239,47 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         bound: HashMap::new(),
         ifunc_names,
     })
+}
+
+/// Marks the functions that read their return address, directly or through tail jumps with
+/// the return address still on top of the stack (`setjmp` -> `__sigsetjmp`).
+fn mark_return_address_readers<'a>(
+    functions: &mut [FunctionSymbol],
+    code_of: impl Fn(&FunctionSymbol) -> Option<&'a [u8]>,
+) {
+    let uses: Vec<x86::ReturnAddressUse> = functions
+        .iter()
+        .map(|function| {
+            code_of(function).map_or(x86::ReturnAddressUse::Unused, |code| {
+                x86::return_address_use(code, function.address)
+            })
+        })
+        .collect();
+    let index_at = |address: u64| {
+        functions
+            .binary_search_by_key(&address, |function| function.address)
+            .ok()
+    };
+    let reads: Vec<bool> = (0..functions.len())
+        .map(|start| {
+            // Follows tail jumps, a few at most (a cycle ends the walk).
+            let mut at = start;
+            for _ in 0..8 {
+                match uses[at] {
+                    x86::ReturnAddressUse::Reads => return true,
+                    x86::ReturnAddressUse::Unused => return false,
+                    x86::ReturnAddressUse::TailJump(target) => match index_at(target) {
+                        Some(next) => at = next,
+                        None => return false,
+                    },
+                }
+            }
+            false
+        })
+        .collect();
+    for (function, reads) in functions.iter_mut().zip(reads) {
+        function.reads_return_address = reads;
+    }
 }
 
 /// Removes cold fragments from `functions` and adds their code to their parent's ranges: they

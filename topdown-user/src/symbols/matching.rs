@@ -50,6 +50,31 @@ pub fn names(raw: &str) -> Names {
     }
 }
 
+impl Names {
+    /// Adds the other symbol names of the same function (`_IO_fclose@@GLIBC_2.2.5` beside
+    /// `fclose`), each also without its version suffix, and its own name without one.
+    pub fn add_symbol_aliases(&mut self, symbols: &[String]) {
+        let unversioned = |name: &str| name.split_once('@').map(|(bare, _)| bare.to_owned());
+        let mut extra: Vec<String> = unversioned(&self.raw).into_iter().collect();
+        // `name@@VERSION` is the default version of `name@VERSION`: either spelling names it.
+        extra.extend(
+            self.raw
+                .contains("@@")
+                .then(|| self.raw.replacen("@@", "@", 1)),
+        );
+        for symbol in symbols {
+            extra.push(symbol.clone());
+            extra.extend(unversioned(symbol));
+            extra.extend(symbol.contains("@@").then(|| symbol.replacen("@@", "@", 1)));
+        }
+        for name in extra {
+            if name != self.raw && name != self.display && !self.aliases.contains(&name) {
+                self.aliases.push(name);
+            }
+        }
+    }
+}
+
 /// `ns::Parser::parse(std::string const&) const` -> `ns::Parser::parse`: cut at the `(` that
 /// opens the outermost parameter list (template arguments may hold parentheses too).
 fn strip_parameters(full: &str) -> String {
@@ -137,6 +162,32 @@ mod tests {
         assert!(matches("Parser::parse", &names));
         assert!(matches(&names.display.clone(), &names));
         assert!(matches("Parser::*", &names));
+    }
+
+    /// Issue 21: libc exports `_IO_fclose@@GLIBC_2.2.5`, an alias of `fclose`.
+    #[test]
+    fn aliases_and_versioned_names_name_their_function() {
+        let mut names = names("fclose");
+        names.add_symbol_aliases(&[
+            "_IO_fclose@@GLIBC_2.2.5".to_owned(),
+            "_IO_new_fclose".to_owned(),
+        ]);
+        for typed in [
+            "fclose",
+            "_IO_fclose",
+            "_IO_fclose@@GLIBC_2.2.5",
+            "_IO_new_fclose",
+            "_IO_fclose@GLIBC_2.2.5",
+            "_IO_f*",
+        ] {
+            assert!(matches(typed, &names), "{typed}");
+        }
+        assert_eq!(names.display, "fclose");
+        assert!(!matches("_IO_fclose@GLIBC_2.3", &names));
+        let mut versioned = super::names("memcpy@GLIBC_2.2.5");
+        versioned.add_symbol_aliases(&[]);
+        assert!(matches("memcpy", &versioned));
+        assert!(matches("memcpy@GLIBC_2.2.5", &versioned));
     }
 
     #[test]

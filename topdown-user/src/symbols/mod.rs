@@ -87,6 +87,8 @@ pub struct ResolvedFunction {
     pub ranges: Vec<(u64, u64)>,
     /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
     pub entry_probe: Option<x86::ProbeCheck>,
+    /// It reads its return address: no uretprobe for it.
+    pub reads_return_address: bool,
 }
 
 /// The functions to probe, and every function of their files (tail-call targets).
@@ -102,6 +104,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
     let mut code: HashMap<PathBuf, elf::FileFunctions> = HashMap::new();
     let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
+    let mut seen: std::collections::HashSet<(PathBuf, u64)> = std::collections::HashSet::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
@@ -122,7 +125,8 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                     if let Some(progress) = &progress {
                         progress.inc(1);
                     }
-                    let names = matching::names(&function.name);
+                    let mut names = matching::names(&function.name);
+                    names.add_symbol_aliases(&function.aliases);
                     (function, names)
                 })
                 .collect();
@@ -169,11 +173,10 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 exits: function.exits.clone(),
                 ranges: function.ranges.clone(),
                 entry_probe: function.entry_probe.clone(),
+                reads_return_address: function.reads_return_address,
             };
-            if !resolved
-                .iter()
-                .any(|(known, _)| known.target == entry.target && known.offset == entry.offset)
-            {
+            // A set, not a scan: `-u 'libc:*'` resolves thousands of functions per target.
+            if seen.insert((entry.target.clone(), entry.offset)) {
                 resolved.push((entry, names.clone()));
             }
         }
@@ -235,7 +238,7 @@ fn bind_plt_tail_calls(
             let defined: Vec<u64> = file
                 .functions
                 .iter()
-                .filter(|function| function.name == name)
+                .filter(|function| function.name == name || function.aliases.contains(&name))
                 .map(|function| function.address)
                 .collect();
             if defined.is_empty() && !file.ifunc_names.contains(&name) {
@@ -265,25 +268,29 @@ fn bind_plt_tail_calls(
 /// only a hash apart; `{:#}` drops it) or two C `static` functions must not share one.
 /// Rust names get their hash back; names still shared get their file offset.
 fn disambiguate(functions: &mut [(ResolvedFunction, matching::Names)]) {
-    let shared = |functions: &[(ResolvedFunction, matching::Names)], index: usize| {
-        let (function, _) = &functions[index];
-        functions.iter().enumerate().any(|(other, (known, _))| {
-            other != index && known.target == function.target && known.display == function.display
-        })
-    };
-    let clashing: Vec<usize> = (0..functions.len())
-        .filter(|&index| shared(functions, index))
-        .collect();
-    for &index in &clashing {
+    // Counted per (target, name) in a map: a whole-library glob gives thousands of functions,
+    // and comparing each with all others took minutes.
+    fn clashing(functions: &[(ResolvedFunction, matching::Names)]) -> Vec<usize> {
+        let mut count: HashMap<(&std::path::Path, &str), usize> = HashMap::new();
+        for (function, _) in functions {
+            *count
+                .entry((function.target.as_path(), function.display.as_str()))
+                .or_default() += 1;
+        }
+        (0..functions.len())
+            .filter(|&index| {
+                let function = &functions[index].0;
+                count[&(function.target.as_path(), function.display.as_str())] > 1
+            })
+            .collect()
+    }
+    for index in clashing(functions) {
         let (function, names) = &mut functions[index];
         if let Some(with_hash) = &names.with_hash {
             function.display = with_hash.clone();
         }
     }
-    let clashing: Vec<usize> = (0..functions.len())
-        .filter(|&index| shared(functions, index))
-        .collect();
-    for index in clashing {
+    for index in clashing(functions) {
         let function = &mut functions[index].0;
         function.display = format!("{}@{:#x}", function.display, function.offset);
     }
@@ -321,6 +328,7 @@ mod tests {
                 exits: None,
                 ranges: Vec::new(),
                 entry_probe: None,
+                reads_return_address: false,
             };
             (function, names)
         };

@@ -7,7 +7,7 @@
 //! `push_setup_xol_ops` (the emulated instructions); the NOP encodings it compares against
 //! are `x86_nops` from `arch/x86/include/asm/nops.h`.
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, OpKind, Register};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind, Register};
 use topdown_common::pt_regs_word;
 
 /// How one exit instruction leaves its function.
@@ -199,6 +199,83 @@ fn prefixes(bytes: &[u8]) -> &[u8] {
     &bytes[..count]
 }
 
+/// How a function's code uses the return address its caller pushed, as far as a straight
+/// reading of its instructions from the entry tells (up to the first `call`, `ret` or change
+/// of `rsp` that is not a push, pop or add/sub of a constant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnAddressUse {
+    /// It loads its return address from the stack (`mov (%rsp),%rax` in `__sigsetjmp`,
+    /// `getcontext`, `dlopen` asking who called it).
+    Reads,
+    /// It jumps, with the return address still on top of the stack, to this address of the
+    /// file (`setjmp` is `mov $1,%esi; jmp __sigsetjmp`): it uses the return address as the
+    /// function there does.
+    TailJump(u64),
+    /// Neither was found.
+    Unused,
+}
+
+/// A uretprobe replaces the return address on the stack with the kernel's trampoline when
+/// the function is entered: a function that reads it saves or compares the trampoline
+/// instead, and `setjmp` then makes `longjmp` jump into the trampoline with no return
+/// pending there (bash's `[ -n "$X" ]` failed and looped forever under `-u 'libc:*'`, issue
+/// 21). Reading stops at the first branch other than a tail jump: code past it may run with
+/// the return address popped.
+pub fn return_address_use(code: &[u8], address: u64) -> ReturnAddressUse {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    // Bytes pushed since the entry: the return address is at `depth(%rsp)`.
+    let mut depth: i64 = 0;
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.is_invalid() {
+            break;
+        }
+        for operand in 0..instruction.op_count() {
+            if instruction.op_kind(operand) == OpKind::Memory
+                && instruction.memory_base() == Register::RSP
+                && instruction.memory_index() == Register::None
+                && instruction.memory_displacement64() as i64 == depth
+                && instruction.mnemonic() != Mnemonic::Lea
+            {
+                return ReturnAddressUse::Reads;
+            }
+        }
+        match instruction.flow_control() {
+            FlowControl::Next => {}
+            FlowControl::UnconditionalBranch if depth == 0 => {
+                return match instruction.near_branch_target() {
+                    0 => ReturnAddressUse::Unused,
+                    target => ReturnAddressUse::TailJump(target),
+                };
+            }
+            _ => return ReturnAddressUse::Unused,
+        }
+        let writes_rsp = instruction.op_count() > 0
+            && instruction.op0_kind() == OpKind::Register
+            && instruction.op0_register() == Register::RSP;
+        let constant = matches!(
+            instruction.op1_kind(),
+            OpKind::Immediate8to64 | OpKind::Immediate32to64
+        );
+        match instruction.mnemonic() {
+            Mnemonic::Push | Mnemonic::Pop => {
+                depth -= i64::from(instruction.stack_pointer_increment());
+            }
+            Mnemonic::Sub if writes_rsp && constant => depth += instruction.immediate(1) as i64,
+            Mnemonic::Add if writes_rsp && constant => depth -= instruction.immediate(1) as i64,
+            _ if writes_rsp || instruction.stack_pointer_increment() != 0 => {
+                return ReturnAddressUse::Unused;
+            }
+            _ => {}
+        }
+        if depth < 0 {
+            // Popped its own return address (vfork): what it does with it is not followed.
+            return ReturnAddressUse::Unused;
+        }
+    }
+    ReturnAddressUse::Unused
+}
+
 /// `good_insns_64` of arch/x86/kernel/uprobes.c: one bit per first opcode byte the kernel
 /// accepts a probe on (64-bit tasks), rows of 16 from opcode 0x00.
 const GOOD_INSNS_64: [u16; 16] = [
@@ -232,6 +309,29 @@ const X86_NOPS: [&[u8]; 8] = [
     &[0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00],
     &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
 ];
+
+/// Why the kernel would "emulate" an instruction that is no branch as one, and so never run
+/// it: `branch_setup_xol_ops` (arch/x86/kernel/uprobes.c, Linux 6.18) switches on OPCODE1
+/// alone, the opcode byte its decoder reports past any VEX/EVEX prefix, and reads neither the
+/// prefix nor REX. A vector instruction whose opcode byte is that of `jcc` (0x70-0x7f), `jmp`
+/// (0xe9, 0xeb) or `call` (0xe8), e.g. EVEX `vpbroadcastb %esi,%ymm17` (`62 e2 7d 28 7a ce`,
+/// opcode 0x7a = `jp`), the first instruction of glibc's `__strchr_evex`, is skipped or
+/// turned into a jump or a push: the probed program computes something else (bash's printf
+/// printed its format strings raw, issue 21). `xchg %eax,%r8d` (`41 90`) is no `nop` either,
+/// though the kernel emulates any 0x90 as one. `None`: no such confusion.
+fn misread_as_branch(opcode: u8, vex: bool, rex: Option<u8>) -> Option<&'static str> {
+    let branch_byte = matches!(opcode, 0x70..=0x7f | 0xe8 | 0xe9 | 0xeb | 0x90);
+    if vex && branch_byte {
+        return Some(
+            "a VEX/EVEX instruction whose opcode byte the kernel emulates as a jump, call or nop \
+             instead of running it",
+        );
+    }
+    if opcode == 0x90 && rex.is_some_and(|rex| rex & 0x1 != 0) {
+        return Some("xchg with r8, which the kernel emulates as a nop instead of running it");
+    }
+    None
+}
 
 /// What the kernel does with a uprobe on the instruction starting `code`.
 pub fn check(code: &[u8]) -> ProbeCheck {
@@ -289,6 +389,9 @@ pub fn check(code: &[u8]) -> ProbeCheck {
     // branch_setup_xol_ops.
     if X86_NOPS.get(bytes.len().wrapping_sub(1)) == Some(&bytes) {
         return ProbeCheck::Emulated;
+    }
+    if let Some(why) = misread_as_branch(opcode, vex, rex) {
+        return ProbeCheck::Refused(why);
     }
     if !vex {
         let second = bytes.get(at + 1).copied().unwrap_or(0);
@@ -382,6 +485,47 @@ mod tests {
     }
 
     #[test]
+    fn functions_that_read_their_return_address() {
+        // glibc 2.36 __sigsetjmp: mov %rbx,(%rdi); mov %rbp,%rax; ...; mov (%rsp),%rax.
+        let sigsetjmp = [
+            0x48, 0x89, 0x1f, 0x48, 0x89, 0xe8, 0x48, 0x89, 0x47, 0x08, 0x48, 0x8d, 0x54, 0x24,
+            0x08, 0x48, 0x8b, 0x04, 0x24,
+        ];
+        assert_eq!(
+            return_address_use(&sigsetjmp, 0x1000),
+            ReturnAddressUse::Reads
+        );
+        // setjmp: mov $1,%esi; jmp rel32 (to 0x2000).
+        let setjmp = [0xbe, 0x01, 0, 0, 0, 0xe9, 0xf6, 0x0f, 0, 0];
+        assert_eq!(
+            return_address_use(&setjmp, 0x1000),
+            ReturnAddressUse::TailJump(0x2000)
+        );
+        // push %rbx; sub $0x10,%rsp; mov 0x18(%rsp),%rax: the return address, 24 bytes up.
+        let deeper = [0x53, 0x48, 0x83, 0xec, 0x10, 0x48, 0x8b, 0x44, 0x24, 0x18];
+        assert_eq!(return_address_use(&deeper, 0), ReturnAddressUse::Reads);
+        // push %rbp; mov %rsp,%rbp; mov 0x8(%rsp),%rax reads it too.
+        assert_eq!(
+            return_address_use(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x8b, 0x44, 0x24, 0x08], 0),
+            ReturnAddressUse::Reads
+        );
+        // push %rbx; mov (%rsp),%rax reads the saved rbx; lea (%rsp),%rax reads nothing;
+        // push %rbp; call: a jump with something pushed is a call's business.
+        for code in [
+            &[0x53, 0x48, 0x8b, 0x04, 0x24][..],
+            &[0x48, 0x8d, 0x04, 0x24, 0xc3],
+            &[0x55, 0xe8, 0, 0, 0, 0],
+            &[0x55, 0xe9, 0, 0, 0, 0],
+        ] {
+            assert_eq!(
+                return_address_use(code, 0),
+                ReturnAddressUse::Unused,
+                "{code:x?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_kernels_probe_rules() {
         // push %rbp; push %r12; nopl 0(%rax,%rax); jmp; call; jcc; pause.
         for code in [
@@ -412,6 +556,29 @@ mod tests {
         );
         assert!(matches!(check(&[0xcc]), ProbeCheck::Refused(_)));
         assert!(matches!(check(&[0x66, 0xe9, 0, 0]), ProbeCheck::Refused(_)));
+        // Misread as branches: EVEX vpbroadcastb %esi,%ymm17 (__strchr_evex's first
+        // instruction, opcode 0x7a = jp); VEX vpshufd $0x1b,%xmm1,%xmm0 (0x70 = jo); VEX vpor
+        // %xmm2,%xmm1,%xmm0 (0xeb = jmp); VEX vpsubsb (0xe8 = call); xchg %eax,%r8d (41 90).
+        for code in [
+            &[0x62, 0xe2, 0x7d, 0x28, 0x7a, 0xce][..],
+            &[0xc5, 0xf9, 0x70, 0xc1, 0x1b],
+            &[0xc5, 0xf1, 0xeb, 0xc2],
+            &[0xc5, 0xf1, 0xe8, 0xc2],
+            &[0x41, 0x90],
+        ] {
+            assert!(
+                matches!(check(code), ProbeCheck::Refused(why) if why.contains("instead of running it")),
+                "{code:x?}: {:?}",
+                check(code)
+            );
+        }
+        // Vector instructions with other opcode bytes are single-stepped as before:
+        // vaddps %xmm2,%xmm1,%xmm0 (c5 f0 58 c2), EVEX vpminub %ymm19,%ymm18,%ymm19.
+        assert_eq!(check(&[0xc5, 0xf0, 0x58, 0xc2]), ProbeCheck::SingleStep);
+        assert_eq!(
+            check(&[0x62, 0xa1, 0x6d, 0x20, 0xda, 0xdb]),
+            ProbeCheck::SingleStep
+        );
         // vfmaddsd (FMA4): c4 e3 f9 6b c2 10
         assert!(matches!(
             check(&[0xc4, 0xe3, 0xf9, 0x6b, 0xc2, 0x10]),

@@ -77,6 +77,8 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         tracked_tgids,
         functions_per_process: false,
         command: pending.as_ref().map(|pending| pending.program().to_owned()),
+        // `top -- CMD -u`: probes stay machine-wide (only `stat` follows the command).
+        followed: None,
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
