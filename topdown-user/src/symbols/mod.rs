@@ -5,7 +5,10 @@
 //! stripped binary's debug file), [`matching`] compares what the user typed with raw and
 //! demangled names and globs.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -102,6 +105,8 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
     let mut code: HashMap<PathBuf, elf::FileFunctions> = HashMap::new();
     let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
+    // What `resolved` holds, by file and offset: a glob over a library matches thousands.
+    let mut seen: HashSet<(PathBuf, u64)> = HashSet::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
@@ -170,10 +175,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 ranges: function.ranges.clone(),
                 entry_probe: function.entry_probe.clone(),
             };
-            if !resolved
-                .iter()
-                .any(|(known, _)| known.target == entry.target && known.offset == entry.offset)
-            {
+            if seen.insert((entry.target.clone(), entry.offset)) {
                 resolved.push((entry, names.clone()));
             }
         }
@@ -212,10 +214,15 @@ fn bind_plt_tail_calls(
             }
         }
     }
+    // Many stubs name the same few libraries: each is looked up once.
+    let mut libraries: HashMap<String, Option<PathBuf>> = HashMap::new();
     for (target, stub, name, needed) in wanted {
         let mut bound = None;
         for library in &needed {
-            let Ok(path) = target::find_target(library, pids) else {
+            let path = libraries
+                .entry(library.clone())
+                .or_insert_with(|| target::find_target(library, pids).ok());
+            let Some(path) = path.clone() else {
                 continue;
             };
             if !code.contains_key(&path) {
@@ -265,25 +272,28 @@ fn bind_plt_tail_calls(
 /// only a hash apart; `{:#}` drops it) or two C `static` functions must not share one.
 /// Rust names get their hash back; names still shared get their file offset.
 fn disambiguate(functions: &mut [(ResolvedFunction, matching::Names)]) {
-    let shared = |functions: &[(ResolvedFunction, matching::Names)], index: usize| {
-        let (function, _) = &functions[index];
-        functions.iter().enumerate().any(|(other, (known, _))| {
-            other != index && known.target == function.target && known.display == function.display
-        })
+    // The functions whose (file, name) another one shares, counted once per pass.
+    let clashing = |functions: &[(ResolvedFunction, matching::Names)]| -> Vec<usize> {
+        let mut uses: HashMap<(&Path, &str), usize> = HashMap::new();
+        for (function, _) in functions {
+            *uses
+                .entry((function.target.as_path(), function.display.as_str()))
+                .or_default() += 1;
+        }
+        (0..functions.len())
+            .filter(|&index| {
+                let function = &functions[index].0;
+                uses[&(function.target.as_path(), function.display.as_str())] > 1
+            })
+            .collect()
     };
-    let clashing: Vec<usize> = (0..functions.len())
-        .filter(|&index| shared(functions, index))
-        .collect();
-    for &index in &clashing {
+    for index in clashing(functions) {
         let (function, names) = &mut functions[index];
         if let Some(with_hash) = &names.with_hash {
             function.display = with_hash.clone();
         }
     }
-    let clashing: Vec<usize> = (0..functions.len())
-        .filter(|&index| shared(functions, index))
-        .collect();
-    for index in clashing {
+    for index in clashing(functions) {
         let function = &mut functions[index].0;
         function.display = format!("{}@{:#x}", function.display, function.offset);
     }
