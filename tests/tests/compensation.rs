@@ -147,6 +147,16 @@ fn synthetic_counts_compensate_by_exactly_zero() {
             stderr.contains("subtracted from function figures"),
             "{stderr}"
         );
+        // Calibrated after counting, so the command did not wait for it.
+        let calibrated = &report["probe_compensation"]["calibrated"];
+        assert_eq!(calibrated["at"], "end", "{report}");
+        assert!(
+            calibrated["duration_ms"].as_f64().unwrap() > 0.0,
+            "{calibrated}"
+        );
+        let counting = stderr.find("topdown: counting").unwrap();
+        let probe_cost = stderr.find("topdown: probe cost").unwrap();
+        assert!(counting < probe_cost, "{stderr}");
         for table in ["per_call", "per_callee"] {
             let values = cost[table].as_object().unwrap();
             assert_eq!(
@@ -184,6 +194,49 @@ fn synthetic_counts_compensate_by_exactly_zero() {
             "{report}"
         );
     }
+}
+
+/// With `-I`, every interval's report is compensated from the first on: the calibration runs
+/// before counting starts, and each report says so.
+#[test]
+fn interval_reports_are_calibrated_before_counting() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path(&binaries().funcs);
+    let leaf = format!("{c}:leaf");
+    let out = std::env::temp_dir().join(format!(
+        "topdown-compensation-interval-{}.json",
+        std::process::id()
+    ));
+    let output = run_ok(
+        topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json"])
+            .args(["-I", "60000", "-o"])
+            .arg(&out)
+            .args(["-u", &leaf, "--", &c, "leafmid", "3", "10", "0"]),
+    )
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    // One JSON object per interval, one per line.
+    let reports: Vec<Value> = text
+        .lines()
+        .map(|line| parse_json(line.as_bytes()).unwrap())
+        .collect();
+    assert!(!reports.is_empty(), "{text}");
+    for report in &reports {
+        assert_eq!(
+            report["probe_compensation"]["calibrated"]["at"], "start",
+            "{report}"
+        );
+    }
+    assert_eq!(function(&reports[reports.len() - 1], "leaf")["calls"], 4);
+    let counting = stderr.find("topdown: counting").unwrap();
+    let probe_cost = stderr.find("topdown: probe cost").unwrap();
+    assert!(probe_cost < counting, "{stderr}");
 }
 
 /// A hybrid model calibrates on one CPU of each core type (here the synthetic split: the

@@ -368,9 +368,9 @@ fn check_says_why_topdown_cannot_work_in_this_vm() {
     // func_entry/func_return/func_exit, loaded only where the kernel has uprobe.multi).
     assert!(
         text.contains(
-            "ok    BPF programs         10 programs pass the verifier: sched_switch flush \
-             process_fork process_exit cgroup_attach cpu_idle cgroup_switch func_entry \
-             func_return func_exit"
+            "ok    BPF programs         11 programs pass the verifier: sched_switch flush \
+             process_fork process_exit task_rename cgroup_attach cpu_idle cgroup_switch \
+             func_entry func_return func_exit"
         ),
         "{text}"
     );

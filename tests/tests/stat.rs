@@ -736,6 +736,81 @@ fn a_short_single_threaded_command_is_its_own_process() {
     assert_conserved(&report);
 }
 
+/// A task's name is taken at its first reading and kept by the `task:task_rename` hook from
+/// then on (the switch program no longer copies it at every reading): a thread that renames
+/// itself after its entry was made, and a command whose process execs another program after
+/// it switched out, are reported by their new names, with exactly their calls.
+#[test]
+fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let output = run_ok(topdown().args([
+        "stat",
+        "--pmu",
+        "synthetic:intel-icl",
+        "--format",
+        "json",
+        "--",
+        WORKLOAD,
+        "--main-thread",
+        // The sleeps switch the thread out: the first one makes its entry, named td-workload.
+        "getppid=3,sleep=50,rename=7,getppid=5,sleep=20",
+    ]))
+    .unwrap();
+    let report = parse_json(&output.stdout).unwrap();
+    let tasks = report["tasks"].as_array().unwrap();
+    let renamed: Vec<&Value> = tasks
+        .iter()
+        .filter(|task| task["comm"] == "renamed-7")
+        .collect();
+    assert_eq!(renamed.len(), 1, "{tasks:?}");
+    assert_eq!(counter(renamed[0], "slots"), 8);
+    assert!(
+        tasks.iter().all(|task| task["comm"] != "td-workload"),
+        "{tasks:?}"
+    );
+    assert_conserved(&report);
+
+    // The shell sleeps (its entry is made, named sh), then execs the workload in place. The
+    // shell makes calls of its own first (dash reads `$PPID` with getppid): measured alone.
+    let shell_run = |script: &str| {
+        let output = run_ok(topdown().args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]))
+        .unwrap();
+        parse_json(&output.stdout).unwrap()
+    };
+    let alone = shell_run("sleep 0.1");
+    let shell_tasks = alone["tasks"].as_array().unwrap();
+    let shell: Vec<&Value> = shell_tasks
+        .iter()
+        .filter(|task| task["comm"] == "sh")
+        .collect();
+    assert_eq!(shell.len(), 1, "{shell_tasks:?}");
+    let own_calls = counter(shell[0], "slots");
+    let report = shell_run(&format!(
+        "sleep 0.1; exec {WORKLOAD} --main-thread getppid=4"
+    ));
+    let tasks = report["tasks"].as_array().unwrap();
+    let execed: Vec<&Value> = tasks
+        .iter()
+        .filter(|task| task["comm"] == "td-workload")
+        .collect();
+    assert_eq!(execed.len(), 1, "{tasks:?}");
+    assert_eq!(counter(execed[0], "slots"), own_calls + 4);
+    assert!(tasks.iter().all(|task| task["comm"] != "sh"), "{tasks:?}");
+}
+
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
 
 /// Two threads handing a byte back and forth on CPU 0: `round_trips` * 2 context switches

@@ -86,6 +86,7 @@ pub mod names {
     pub const PROG_CGROUP_SWITCH: &str = "cgroup_switch";
     pub const PROG_CGROUP_ATTACH: &str = "cgroup_attach";
     pub const PROG_CPU_IDLE: &str = "cpu_idle";
+    pub const PROG_TASK_RENAME: &str = "task_rename";
     pub const PROCESS_CGROUPS: &str = "PROCESS_CGROUPS";
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
@@ -94,11 +95,12 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 15] = [
+    pub const PROGRAMS: [&str; 16] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
         PROG_EXIT,
+        PROG_TASK_RENAME,
         PROG_CGROUP_SWITCH,
         PROG_CGROUP_ATTACH,
         PROG_CPU_IDLE,
@@ -124,6 +126,9 @@ pub mod names {
     pub const GLOBAL_IDLE_STATE_OFFSET: &str = "IDLE_STATE_OFFSET";
     pub const GLOBAL_SKIP_UNTRACED: &str = "SKIP_UNTRACED";
     pub const GLOBAL_KERNEL_OFFSETS: &str = "KERNEL_OFFSETS";
+    pub const GLOBAL_COMM_AT_EVERY_READING: &str = "COMM_AT_EVERY_READING";
+    pub const GLOBAL_RENAME_PID_OFFSET: &str = "RENAME_PID_OFFSET";
+    pub const GLOBAL_RENAME_COMM_OFFSET: &str = "RENAME_COMM_OFFSET";
 }
 
 /// What the `flush` program returns.

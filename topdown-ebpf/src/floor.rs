@@ -5,14 +5,24 @@
 //! (counters.rs) does, from a map laid out as topdown's (`COUNTERS[cpu * MAX_COUNTERS + fd
 //! slot]`, `NUM_COUNTERS`, `SLOT_SOURCES`), into a per-CPU scratch, and do nothing else: what
 //! they add is the least any tool reading the same counters at the same points must pay.
+//! The attributing ones (`_task`, `_cgroup`) also do the least that attributing a reading
+//! takes, which topdown cannot avoid either: the delta since the CPU's last reading, added to
+//! a hash-map entry of the leaving task (by tid) or of its cgroup (atomically, as several CPUs
+//! add to one cgroup). The `cgroup_switch` ones hang on the cgroup-switch trigger's hooks
+//! instead of sched_switch.
 #![no_std]
 #![no_main]
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 use aya_ebpf::{
-    helpers::bpf_get_smp_processor_id,
-    macros::{btf_tracepoint, map, uprobe, uretprobe},
-    maps::{PerCpuArray, PerfEventArray},
-    programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
+    macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray, PerfEventArray},
+    programs::{
+        BtfTracePointContext, PerfEventContext, ProbeContext, RetProbeContext, TracePointContext,
+    },
 };
 use topdown_common::{MAX_COUNTERS, slot_source};
 
@@ -31,6 +41,22 @@ static COUNTERS: PerfEventArray<u32> = PerfEventArray::new(0);
 #[map]
 static SCRATCH: PerCpuArray<[u64; MAX_COUNTERS]> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per CPU: the last reading and the delta since it, for the attributing floors.
+#[map]
+static LAST: PerCpuArray<[u64; MAX_COUNTERS]> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static DELTA: PerCpuArray<[u64; MAX_COUNTERS]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The attributing floors' totals: by tid, and by cgroup id (sized by user space).
+#[map]
+static TASK_TOTALS: HashMap<u32, [u64; MAX_COUNTERS]> = HashMap::with_max_entries(1, 0);
+#[map]
+static CGROUP_TOTALS: HashMap<u64, [u64; MAX_COUNTERS]> = HashMap::with_max_entries(1, 0);
+
+/// Never written: the zeroed value new entries are copied from.
+#[map]
+static ZERO: PerCpuArray<[u64; MAX_COUNTERS]> = PerCpuArray::with_max_entries(1, 0);
+
 #[btf_tracepoint(function = "sched_switch")]
 pub fn empty_switch(_ctx: BtfTracePointContext) -> i32 {
     0
@@ -39,6 +65,72 @@ pub fn empty_switch(_ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_switch")]
 pub fn floor_switch(_ctx: BtfTracePointContext) -> i32 {
     read_all();
+    0
+}
+
+/// Reads, then adds the delta since this CPU's last reading to the leaving task's entry:
+/// the least per-task attribution costs (`topdown stat -a`).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn floor_switch_task(_ctx: BtfTracePointContext) -> i32 {
+    read_all();
+    if let Some(delta) = take_delta() {
+        add_to_task(delta);
+    }
+    0
+}
+
+/// Reads, then adds the delta to the leaving task's cgroup's entry: the least per-cgroup
+/// attribution costs.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn floor_switch_cgroup(_ctx: BtfTracePointContext) -> i32 {
+    read_all();
+    if let Some(delta) = take_delta() {
+        add_to_cgroup(delta);
+    }
+    0
+}
+
+/// Both: what `--by cgroup --trigger sched-switch` keeps (per-task entries too).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn floor_switch_task_cgroup(_ctx: BtfTracePointContext) -> i32 {
+    read_all();
+    if let Some(delta) = take_delta() {
+        add_to_task(delta);
+        add_to_cgroup(delta);
+    }
+    0
+}
+
+/// The cgroup-switch trigger's hooks: the `cgroup-switches` software event (period 1) and
+/// `power:cpu_idle` (idle entry and exit), reading ...
+#[perf_event]
+pub fn floor_cgroup_switch(_ctx: PerfEventContext) -> u32 {
+    read_all();
+    0
+}
+
+#[tracepoint(category = "power", name = "cpu_idle")]
+pub fn floor_cpu_idle(_ctx: TracePointContext) -> i32 {
+    read_all();
+    0
+}
+
+/// ... and adding the delta to the leaving task's cgroup's entry.
+#[perf_event]
+pub fn floor_cgroup_switch_cgroup(_ctx: PerfEventContext) -> u32 {
+    read_all();
+    if let Some(delta) = take_delta() {
+        add_to_cgroup(delta);
+    }
+    0
+}
+
+#[tracepoint(category = "power", name = "cpu_idle")]
+pub fn floor_cpu_idle_cgroup(_ctx: TracePointContext) -> i32 {
+    read_all();
+    if let Some(delta) = take_delta() {
+        add_to_cgroup(delta);
+    }
     0
 }
 
@@ -103,6 +195,88 @@ fn read_all() {
         };
         slot += 1;
     }
+}
+
+/// The delta between this reading (`SCRATCH`) and the last (`LAST`), which it replaces.
+#[inline(always)]
+fn take_delta() -> Option<&'static [u64; MAX_COUNTERS]> {
+    let (Some(now), Some(last), Some(delta)) = (
+        SCRATCH.get_ptr(0),
+        LAST.get_ptr_mut(0),
+        DELTA.get_ptr_mut(0),
+    ) else {
+        return None;
+    };
+    // SAFETY: map value pointers of this CPU, which nothing else writes meanwhile.
+    let (now, last, delta) = unsafe { (&*now, &mut *last, &mut *delta) };
+    let used = used();
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        delta[slot] = now[slot].wrapping_sub(last[slot]);
+        last[slot] = now[slot];
+        slot += 1;
+    }
+    Some(delta)
+}
+
+/// Adds `delta` to the leaving task's entry (only its CPU writes it).
+#[inline(always)]
+fn add_to_task(delta: &[u64; MAX_COUNTERS]) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(entry) = entry(&TASK_TOTALS, &tid) else {
+        return;
+    };
+    let used = used();
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: a live map value.
+        unsafe { (*entry)[slot] = (*entry)[slot].wrapping_add(delta[slot]) };
+        slot += 1;
+    }
+}
+
+/// Adds `delta` to the current task's cgroup's entry, atomically: several CPUs add to one.
+#[inline(always)]
+fn add_to_cgroup(delta: &[u64; MAX_COUNTERS]) {
+    // SAFETY: a helper without preconditions.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    let Some(entry) = entry(&CGROUP_TOTALS, &cgroup) else {
+        return;
+    };
+    let used = used();
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: a naturally aligned u64 of a live map value.
+        unsafe { atomic_add(&raw mut (*entry)[slot], delta[slot]) };
+        slot += 1;
+    }
+}
+
+/// `map[key]`, inserted zeroed if absent.
+#[inline(always)]
+fn entry<K>(map: &HashMap<K, [u64; MAX_COUNTERS]>, key: &K) -> Option<*mut [u64; MAX_COUNTERS]> {
+    if let Some(entry) = map.get_ptr_mut(key) {
+        return Some(entry);
+    }
+    let zero = ZERO.get_ptr(0)?;
+    // SAFETY: a per-CPU map value nobody writes: all zeroes.
+    let _ = map.insert(key, unsafe { &*zero }, BPF_NOEXIST as u64);
+    map.get_ptr_mut(key)
+}
+
+#[inline(always)]
+fn used() -> usize {
+    // SAFETY: reading a static the loader patched; volatile keeps the load.
+    unsafe { core::ptr::read_volatile(&NUM_COUNTERS) as usize }
+}
+
+/// # Safety
+/// `target` must be a valid, 8-byte aligned u64 in a map value.
+#[inline(always)]
+unsafe fn atomic_add(target: *mut u64, value: u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: guaranteed by the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
 }
 
 #[cfg(not(test))]

@@ -46,6 +46,15 @@ pub(crate) static BY_CGROUP: u32 = 0;
 /// Zero: no per-task entries (cgroup-only runs triggered on cgroup switches).
 #[unsafe(no_mangle)]
 pub(crate) static BY_TASK: u32 = 1;
+/// Nonzero: a task's name is copied at every reading of it, not only when its entry is made:
+/// set by user space when `task:task_rename` (which keeps the names since) cannot be attached.
+#[unsafe(no_mangle)]
+pub(crate) static COMM_AT_EVERY_READING: u32 = 0;
+/// Offsets of `pid` and `newcomm` in the classic `task:task_rename` record.
+#[unsafe(no_mangle)]
+pub(crate) static RENAME_PID_OFFSET: u32 = FIELD_ABSENT;
+#[unsafe(no_mangle)]
+pub(crate) static RENAME_COMM_OFFSET: u32 = FIELD_ABSENT;
 /// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
 #[unsafe(no_mangle)]
 pub(crate) static FILTER_CGROUPS: u32 = 0;

@@ -15,7 +15,8 @@ use crate::{
     maps::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
-        PROCESS_CGROUPS, SKIP_UNTRACED, TASKS, TRACKED, ZERO_TASK, global, track, untrack,
+        PROCESS_CGROUPS, RENAME_COMM_OFFSET, RENAME_PID_OFFSET, SKIP_UNTRACED, TASKS, TRACKED,
+        ZERO_TASK, global, track, untrack,
     },
 };
 
@@ -84,6 +85,34 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
         let _ = TRACKED.insert(&tgid, &TRACKED_EXITING, 0);
     } else {
         untrack(tgid);
+    }
+    0
+}
+
+/// Classic `task:task_rename` (`__set_task_comm`: exec, `prctl(PR_SET_NAME)`, a write to
+/// `/proc/PID/comm`), attached when tasks have entries: keeps a task's name in its entry,
+/// which takes the name only when it is made (`counters::credit`). The renamed task need not
+/// be `current` (a write to another task's `comm`), hence the record's `pid`. The name is a
+/// few bytes of the entry no reading writes, so a rename on another CPU while the task runs
+/// cannot tear its counts.
+#[tracepoint(category = "task", name = "task_rename")]
+pub fn task_rename(ctx: TracePointContext) -> i32 {
+    let pid_offset = global(&RENAME_PID_OFFSET);
+    let comm_offset = global(&RENAME_COMM_OFFSET);
+    if pid_offset == FIELD_ABSENT || comm_offset == FIELD_ABSENT {
+        return 0;
+    }
+    // SAFETY: the offsets come from this kernel's tracefs format file.
+    let Ok(pid) = (unsafe { ctx.read_at::<i32>(pid_offset as usize) }) else {
+        return 0;
+    };
+    let Some(task) = TASKS.get_ptr_mut(&(pid as u32)) else {
+        return 0;
+    };
+    // SAFETY: as above.
+    if let Ok(comm) = unsafe { ctx.read_at::<[u8; 16]>(comm_offset as usize) } {
+        // SAFETY: a live map value.
+        unsafe { (*task).comm = comm };
     }
     0
 }

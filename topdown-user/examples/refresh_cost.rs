@@ -1,9 +1,9 @@
 //! User-space cost of one refresh at scale: what `topdown top` and `topdown serve` do every
 //! interval once the BPF maps are read, for `TASKS` live threads and `EDGES` call-tree edges.
 //!
-//! Run by `cargo xtask bench` (release build): `refresh_cost [TASKS] [EDGES] [ROUNDS]`, default
-//! 100000 tasks, 10000 edges, 5 rounds; prints one `step_NAME_ms=` line per step with the
-//! median of the rounds in milliseconds, then the two paths a refresh takes:
+//! Run by `cargo xtask bench` (release build): `refresh_cost [TASKS] [EDGES] [ROUNDS] [PATH]`,
+//! default 100000 tasks, 10000 edges, 5 rounds, every step; prints one `step_NAME_ms=` line per
+//! step with the median of the rounds in milliseconds, then the two paths a refresh takes:
 //!
 //! - `top_ms=`: what `topdown top` does per refresh: `order` (index the task map's entries by
 //!   tid, `LiveTasks::from_entries`) plus `aggregate` plus `top_screen` (pick the rows a
@@ -20,7 +20,11 @@
 //! Creating it needs `CAP_BPF`; without, `map_read=not measured: REASON` is printed instead.
 //!
 //! Each figure is printed as wall time (`_ms=`) and as this thread's CPU time (`_cpu_ms=`),
-//! which other processes on a busy machine inflate less.
+//! which other processes on a busy machine inflate less. Last, `peak_rss_mb=`: the most
+//! memory the process held at once (`VmHWM`), in MB. PATH `top`, `serve` or `stat` runs only
+//! that command's steps (no kernel map), so `peak_rss_mb` is what that command's process
+//! holds: both snapshots (kept from one refresh to the next) and its own step's data. The
+//! rendered table and JSON are counted, not kept, as `stat` streams them.
 //!
 //! `report`, `table` and `json` are `stat`'s full output of everything (every thread, process,
 //! function and edge), also printed on their own. The snapshots are synthetic (no BPF): two
@@ -150,6 +154,13 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let (tasks, edges, rounds) = (arg(1, 100_000)?, arg(2, 10_000)?, arg(3, 5)?.max(1));
+    let path = match std::env::args().nth(4).as_deref() {
+        None | Some("all") => Path::All,
+        Some("top") => Path::Top,
+        Some("serve") => Path::Serve,
+        Some("stat") => Path::Stat,
+        Some(other) => anyhow::bail!("argument 4 '{other}': all, top, serve or stat"),
+    };
     let model = base_model("intel-spr")?;
     let slot_names: Vec<String> = model.counters().into_iter().map(|spec| spec.name).collect();
     let functions: Vec<(String, String)> = (0..FUNCTIONS)
@@ -214,12 +225,17 @@ fn main() -> anyhow::Result<()> {
     let mut time = |step: usize, started: Started| {
         steps[step].push(started.elapsed());
     };
-    let task_map = match kernel_task_map(tasks) {
-        Ok(map) => Some(map),
-        Err(err) => {
-            println!("map_read=not measured: {err:#}");
-            None
-        }
+    let task_map = match path {
+        Path::All => match kernel_task_map(tasks) {
+            Ok(map) => Some(map),
+            Err(err) => {
+                println!("map_read=not measured: {err:#}");
+                None
+            }
+        },
+        // What one command's process holds: no kernel map read, which needs memory of its
+        // own (the entries it returns become the current snapshot in topdown).
+        _ => None,
     };
     let (unordered_tids, unordered_counters) = task_entries(tasks, 2);
     let mut rendered = 0usize;
@@ -242,56 +258,67 @@ fn main() -> anyhow::Result<()> {
             rendered += read;
         }
 
-        let (tids, counters) = (unordered_tids.clone(), unordered_counters.clone());
-        let started = Started::now();
-        let ordered = LiveTasks::from_entries(tids, counters);
-        time(2, started);
-        rendered += ordered.len();
+        if path != Path::Stat {
+            let (tids, counters) = (unordered_tids.clone(), unordered_counters.clone());
+            let started = Started::now();
+            let ordered = LiveTasks::from_entries(tids, counters);
+            time(2, started);
+            rendered += ordered.len();
+        }
 
         let started = Started::now();
         let aggregate = Aggregate::since(&current, Some(&previous));
         time(3, started);
 
-        let started = Started::now();
-        let counted = Counted {
-            aggregate,
-            duration_s: 1.0,
-        };
-        let kept = counted.visible(&naming, &ui, usize::from(SCREEN.height));
-        let shown = report_of(&context(false), &kept);
-        let mut screen = Buffer::empty(SCREEN);
-        view::draw(&mut screen, SCREEN, &shown, &header, &ui);
-        time(4, started);
-        rendered += screen.content.len();
-        let aggregate = counted.aggregate;
-
-        let started = Started::now();
-        let mut exporter = Exporter::new(
-            model.name(),
-            false,
-            Limits {
-                max_series: 1_000_000,
-                ttl: std::time::Duration::from_secs(300),
-            },
-        );
-        exporter.update(&aggregate, &naming, Instant::now());
-        time(5, started);
-
-        let started = Started::now();
-        let text = exporter.encode()?;
-        time(6, started);
-        rendered += text.len();
-
-        let started = Started::now();
-        let report = report_of(&context(true), &aggregate);
-        time(7, started);
-
-        for (step, format) in [(8, Format::Table), (9, Format::Json)] {
+        let aggregate = if matches!(path, Path::All | Path::Top) {
             let started = Started::now();
-            let mut out = Vec::new();
-            render(&report, format, &by, Weight::Slots, &mut out)?;
-            time(step, started);
-            rendered += out.len();
+            let counted = Counted {
+                aggregate,
+                duration_s: 1.0,
+            };
+            let kept = counted.visible(&naming, &ui, usize::from(SCREEN.height));
+            let shown = report_of(&context(false), &kept);
+            let mut screen = Buffer::empty(SCREEN);
+            view::draw(&mut screen, SCREEN, &shown, &header, &ui);
+            time(4, started);
+            rendered += screen.content.len();
+            counted.aggregate
+        } else {
+            aggregate
+        };
+
+        if matches!(path, Path::All | Path::Serve) {
+            let started = Started::now();
+            let mut exporter = Exporter::new(
+                model.name(),
+                false,
+                Limits {
+                    max_series: 1_000_000,
+                    ttl: std::time::Duration::from_secs(300),
+                },
+            );
+            exporter.update(&aggregate, &naming, Instant::now());
+            time(5, started);
+
+            let started = Started::now();
+            let text = exporter.encode()?;
+            time(6, started);
+            rendered += text.len();
+        }
+
+        if matches!(path, Path::All | Path::Stat) {
+            let started = Started::now();
+            let report = report_of(&context(true), &aggregate);
+            time(7, started);
+
+            for (step, format) in [(8, Format::Table), (9, Format::Json)] {
+                let started = Started::now();
+                // Counted, not kept: `stat` streams its report to a file or stdout.
+                let mut out = CountingSink(0);
+                render(&report, format, &by, Weight::Slots, &mut out)?;
+                time(step, started);
+                rendered += out.0;
+            }
         }
         // `top` and `serve` drop each refresh's counts when the next arrive.
         let started = Started::now();
@@ -313,17 +340,65 @@ fn main() -> anyhow::Result<()> {
         }
     }
     // The user-space paths: ordering the read entries, the deltas, the path's own step, drop.
-    let path = |figures: &[Option<f64>], own: usize| -> f64 {
+    let refresh = |figures: &[Option<f64>], own: usize| -> f64 {
         [2, 3, own, 10]
             .iter()
             .map(|&step| figures[step].unwrap_or(f64::NAN))
             .sum()
     };
-    println!("top_ms={:.1}", path(&wall, 4));
-    println!("top_cpu_ms={:.1}", path(&cpu, 4));
-    println!("serve_ms={:.1}", path(&wall, 5));
-    println!("serve_cpu_ms={:.1}", path(&cpu, 5));
+    if path == Path::All {
+        println!("top_ms={:.1}", refresh(&wall, 4));
+        println!("top_cpu_ms={:.1}", refresh(&cpu, 4));
+        println!("serve_ms={:.1}", refresh(&wall, 5));
+        println!("serve_cpu_ms={:.1}", refresh(&cpu, 5));
+    }
+    // The most memory this process held at once (`VmHWM`, proc(5)): both snapshots, the
+    // deltas, the exporter's series, and `stat`'s full report of everything rendered.
+    match peak_rss_kib() {
+        Some(kib) => println!("peak_rss_mb={:.1}", kib as f64 * 1024.0 / 1e6),
+        None => println!("peak_rss_mb=not measured: no VmHWM in /proc/self/status"),
+    }
     Ok(())
+}
+
+/// Which steps run: all of them (the timings), or one command's path alone, for the memory
+/// that command's process holds (`peak_rss_mb`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    All,
+    /// `order`, `aggregate`, `top_screen`, `aggregate_drop`.
+    Top,
+    /// `order`, `aggregate`, `exporter_update`, `scrape`, `aggregate_drop`.
+    Serve,
+    /// `aggregate`, `report`, `table`, `json`, `aggregate_drop`.
+    Stat,
+}
+
+/// A writer that keeps nothing, only the byte count.
+struct CountingSink(usize);
+
+impl std::io::Write for CountingSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `VmHWM` of /proc/self/status, in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A kernel hash map laid out as topdown's task map, holding `tasks` tasks: the batch reader's

@@ -1,4 +1,7 @@
-//! The function probes' own cost, measured at start and taken out of the per-function figures.
+//! The function probes' own cost, measured in each run and taken out of the per-function
+//! figures: `stat` measures it after counting, before its report (the traced command does not
+//! wait for it); `stat -I`, `serve` and `top`, whose reports start during the run, before
+//! counting (`counting::CalibrateAt`).
 //!
 //! # What a probe adds
 //!
@@ -148,9 +151,30 @@ pub struct ProbeCost {
     pub per_callee: BTreeMap<String, f64>,
 }
 
+/// When a run's calibration ran (JSON `probe_compensation.calibrated`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationRun {
+    pub at: CalibratedAt,
+    /// How long the calibration took.
+    pub duration_ms: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CalibratedAt {
+    /// Before counting started (`serve`, `top`, `stat -I`: reports during the run need it).
+    Start,
+    /// After counting, before the report (`stat`): the traced command did not wait for it.
+    End,
+}
+
 /// What the report says about the subtraction (JSON `probe_compensation`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CompensationReport {
+    /// When this run's calibration ran and how long it took (absent in reports written
+    /// before topdown said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<CalibrationRun>,
     /// Each mechanism on each core type, as calibrated.
     pub costs: Vec<ProbeCost>,
     /// Function/edge counter figures the subtraction would have taken below zero, set to 0.
@@ -276,6 +300,7 @@ impl Calibration {
         (
             compensated,
             CompensationReport {
+                calibrated: None,
                 costs: self.costs.clone(),
                 clamped,
                 raw_functions,

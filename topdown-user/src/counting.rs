@@ -15,8 +15,8 @@ use crate::{
     aggregate::{Aggregate, Naming, ReportContext, SlotCounts, report_of},
     bpf::{Session, SessionConfig, Snapshot, Trigger},
     calibration::{
-        CALIBRATION_CALLS, Calibration, CompensationReport, SYNTHETIC_CALIBRATION_CALLS, Setup,
-        calibrate,
+        CALIBRATION_CALLS, CalibratedAt, Calibration, CalibrationRun, CompensationReport,
+        ReturnMechanism, SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
     },
     cgroup::CgroupTree,
     cli::CountingArgs,
@@ -64,6 +64,19 @@ impl Targets {
             None => Image::Everything,
         }
     }
+}
+
+/// When the function probes' cost is calibrated (`crate::calibration`), with `-u` and the
+/// default compensation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CalibrateAt {
+    /// Before [`Prepared::start`] returns: every report from the first on is compensated
+    /// (`serve`, `top`, `stat -I`).
+    Start,
+    /// At the first report, which for `stat` is its one report at the end: the traced command
+    /// starts without waiting for the calibration (~1-2 s on the test VM), and the
+    /// calibration still measures the traps seconds from the calls it is subtracted from.
+    FirstReport,
 }
 
 /// Options checked and counters opened; nothing loaded into the kernel yet.
@@ -151,6 +164,7 @@ impl Prepared {
         args: &CountingArgs,
         targets: Targets,
         verbose: bool,
+        calibrate_at: CalibrateAt,
     ) -> Result<CountingSession> {
         let weight_slot = self
             .plan
@@ -200,12 +214,10 @@ impl Prepared {
             )?)
         };
         let calibration = match (calibration_counters, &probes) {
-            (Some((groups, hybrid_cpus)), Some(probes)) => calibrate_probes(Setup {
+            (Some((groups, hybrid_cpus)), Some(probes)) => CalibrationState::Pending(Pending {
                 groups,
-                plan: &self.plan,
-                tracefs: &self.tracefs,
-                mechanisms: probes.mechanisms_in_use(),
                 hybrid_cpus,
+                mechanisms: probes.mechanisms_in_use(),
                 calls: if self.model.is_synthetic() {
                     SYNTHETIC_CALIBRATION_CALLS
                 } else {
@@ -213,13 +225,14 @@ impl Prepared {
                 },
                 weight_slot,
             }),
-            _ => None,
+            _ => CalibrationState::Off,
         };
-        Ok(CountingSession {
+        let mut session = CountingSession {
             model: self.model,
             level: self.level,
             slot_names: self.plan.slot_names(),
             plan: self.plan,
+            tracefs: self.tracefs,
             cpus: self.cpus,
             bpf,
             probes,
@@ -229,8 +242,35 @@ impl Prepared {
             cgroup_depth: args.cgroup_depth.map(|depth| depth as usize),
             scope: targets.scope,
             command_start: None,
-        })
+        };
+        if calibrate_at == CalibrateAt::Start {
+            session.calibrate(CalibratedAt::Start);
+        }
+        Ok(session)
     }
+}
+
+/// The probe-cost calibration of a session.
+enum CalibrationState {
+    /// No `-u`, or `--no-compensation`.
+    Off,
+    /// To run before the first report (`CalibrateAt::FirstReport`).
+    Pending(Pending),
+    /// Measured, subtracted from function figures.
+    Done(Calibration, CalibrationRun),
+    /// Failed and said so: the figures stay raw.
+    Failed,
+}
+
+/// What a calibration still to run needs from the run.
+struct Pending {
+    /// The run's counters, duplicated before its session took them.
+    groups: CounterGroups,
+    hybrid_cpus: Vec<(String, Vec<u32>)>,
+    mechanisms: Vec<ReturnMechanism>,
+    calls: u64,
+    /// The run's `SessionConfig::weight_slot`.
+    weight_slot: u32,
 }
 
 /// A running count: everything attached, attributing until dropped (dropping detaches all).
@@ -238,15 +278,15 @@ pub struct CountingSession {
     model: Box<dyn Model>,
     level: u8,
     plan: Plan,
+    tracefs: Tracefs,
     slot_names: Vec<String>,
     cpus: Vec<u32>,
     /// The loaded BPF programs and their maps.
     pub bpf: Session,
     /// The `-u` function probes, if any.
     pub probes: Option<Probes>,
-    /// Their measured cost, subtracted from function figures (`None`: `--no-compensation`, or
-    /// the calibration failed and said so).
-    calibration: Option<Calibration>,
+    /// Their measured cost, subtracted from function figures.
+    calibration: CalibrationState,
     by: Vec<By>,
     /// Present when cgroups are counted: names cgroup ids (remembering removed cgroups).
     cgroups: Option<CgroupTree>,
@@ -343,6 +383,7 @@ impl CountingSession {
         interval: Option<IntervalInfo>,
         call_tree: bool,
     ) -> Report {
+        self.calibrate(CalibratedAt::End);
         let cgroup_paths = self.cgroup_paths(aggregate);
         let (compensated, compensation) = self.compensate(aggregate);
         let aggregate = compensated.as_ref().unwrap_or(aggregate);
@@ -351,7 +392,10 @@ impl CountingSession {
             .iter()
             .position(|name| name == self.model.weight_counter());
         let distribution_probe_costs = |function: u32| -> Option<ProbeCost> {
-            let calibration = compensation.as_ref().and(self.calibration.as_ref())?;
+            compensation.as_ref()?;
+            let CalibrationState::Done(calibration, _) = &self.calibration else {
+                return None;
+            };
             let mechanism = self.probes.as_ref()?.mechanism(function)?;
             calibration.weight_costs(mechanism, weight_slot?)
         };
@@ -393,21 +437,54 @@ impl CountingSession {
         report
     }
 
+    /// Runs the probe-cost calibration if it is still to run (`CalibrateAt::FirstReport`);
+    /// `at` is what the report will say of when it ran. A failure leaves the figures raw and
+    /// says so in one line.
+    pub fn calibrate(&mut self, at: CalibratedAt) {
+        if !matches!(self.calibration, CalibrationState::Pending(_)) {
+            return;
+        }
+        let CalibrationState::Pending(pending) =
+            std::mem::replace(&mut self.calibration, CalibrationState::Failed)
+        else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let calibrated = calibrate_probes(Setup {
+            groups: pending.groups,
+            plan: &self.plan,
+            tracefs: &self.tracefs,
+            mechanisms: pending.mechanisms,
+            hybrid_cpus: pending.hybrid_cpus,
+            calls: pending.calls,
+            weight_slot: pending.weight_slot,
+        });
+        if let Some(calibration) = calibrated {
+            let run = CalibrationRun {
+                at,
+                duration_ms: started.elapsed().as_secs_f64() * 1e3,
+            };
+            self.calibration = CalibrationState::Done(calibration, run);
+        }
+    }
+
     /// `aggregate` with the function probes' own cost taken out of its per-function figures,
-    /// and what was subtracted; `(None, None)` when nothing is (no `-u`, `--no-compensation`).
+    /// and what was subtracted; `(None, None)` when nothing is (no `-u`, `--no-compensation`,
+    /// a calibration that failed or has not run yet).
     /// Task, process, cgroup and CPU totals stay raw: the probes really ran there.
     pub fn compensate(
         &self,
         aggregate: &Aggregate,
     ) -> (Option<Aggregate>, Option<CompensationReport>) {
         match (&self.calibration, &self.probes) {
-            (Some(calibration), Some(probes)) => {
-                let (compensated, report) = calibration.compensate(
+            (CalibrationState::Done(calibration, run), Some(probes)) => {
+                let (compensated, mut report) = calibration.compensate(
                     aggregate,
                     &|id| probes.mechanism(id),
                     probes.functions(),
                     &self.slot_names,
                 );
+                report.calibrated = Some(run.clone());
                 (Some(compensated), Some(report))
             }
             _ => (None, None),

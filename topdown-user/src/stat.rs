@@ -17,7 +17,7 @@ use tokio::{
 use crate::{
     bpf::Snapshot,
     cli::StatArgs,
-    counting::{self, CountingSession, Targets},
+    counting::{self, CalibrateAt, CountingSession, Targets},
     error::{Failure, fail},
     output::Output,
     progress::Progress,
@@ -121,7 +121,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
-    let mut session = prepared.start(&args.counting, targets, verbose)?;
+    // Interval reports are compensated from the first one on; the one report at the end is
+    // calibrated for after counting, so the command does not wait for it.
+    let calibrate_at = if args.interval_ms.is_some() {
+        CalibrateAt::Start
+    } else {
+        CalibrateAt::FirstReport
+    };
+    let mut session = prepared.start(&args.counting, targets, verbose, calibrate_at)?;
     let command_pid = match pending {
         Some(pending) => {
             session.mark_command_start()?;

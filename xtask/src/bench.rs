@@ -21,10 +21,10 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd;
 
 mod beside;
+mod cgroups;
+mod rounds;
+mod startup;
 
-/// Rounds of the cgroup section, and ping-pong length per round.
-const CGROUP_ROUNDS: usize = 3;
-const ROUND_TRIPS: &str = "200000";
 /// Rounds of the context-switch section: `SWITCH_ROUNDS` with the kernel's BPF run-time
 /// statistics off (the CPU-time figures), then `STATS_ROUNDS` with them on (the program
 /// run-time columns). Each configuration's ping-pong is `SWITCH_ROUND_TRIPS` `sched_yield`
@@ -33,12 +33,14 @@ const SWITCH_ROUNDS: usize = 20;
 /// Times per round issue 11's configurations (the empty program and `-p` of an idle process)
 /// are measured.
 const FOCUS_REPEATS: usize = 4;
-const STATS_ROUNDS: usize = 3;
+const STATS_ROUNDS: usize = 6;
 const SWITCH_ROUND_TRIPS: &str = "50000";
 const SWITCH_VIA: &str = "yield";
 /// Bootstrap resamples for issue 11's ratio, and its bound.
 const BOOTSTRAP_RESAMPLES: usize = 4000;
 const ISSUE_11_BOUND: f64 = 1.2;
+/// Issue 28's bound: per context switch, each configuration against its same-work floor.
+const ISSUE_28_BOUND: f64 = 1.2;
 /// Rounds and calls per round of the per-call section.
 const CALL_ROUNDS: usize = 3;
 const CALLS: &str = "100000";
@@ -60,6 +62,8 @@ const REFRESH_SIZES: [(u32, u32); 3] = [(100_000, 10_000), (100_000, 0), (10, 10
 const REFRESH_ROUNDS: &str = "5";
 /// Issue 11's target for one refresh: `top`'s and `serve`'s per-refresh paths.
 const REFRESH_TARGET_MS: f64 = 50.0;
+/// Issue 28's bound on the memory the refresh bench holds at once (peak RSS).
+const REFRESH_RSS_TARGET_MB: f64 = 200.0;
 
 /// The models measured: the software one (2 counters) and a synthetic TopDown one (7 counters).
 const SOFTWARE: &str = "software";
@@ -70,6 +74,10 @@ struct Config {
     tracer: Option<Vec<String>>,
     /// The name of the configuration that is this one's floor (None: no floor, e.g. the floors).
     floor: Option<String>,
+    /// The floor that also does the unavoidable part of this configuration's work beyond
+    /// reading (attributing each reading to a task or a cgroup, or reading at the
+    /// cgroup-switch trigger's hooks); `floor` when there is none beyond reading.
+    work_floor: Option<String>,
 }
 
 impl Config {
@@ -77,8 +85,14 @@ impl Config {
         Self {
             name: name.into(),
             tracer,
+            work_floor: floor.clone(),
             floor,
         }
+    }
+
+    fn with_work_floor(mut self, floor: impl Into<String>) -> Self {
+        self.work_floor = Some(floor.into());
+        self
     }
 }
 
@@ -128,13 +142,16 @@ pub fn bench() -> Result<()> {
         result?;
     }
     if sections.contains(&"cgroups") {
-        bench_cgroups(&topdown, &pingpong, &floor)?;
+        cgroups::bench(&topdown, &pingpong, &floor)?;
     }
     if sections.contains(&"functions") {
         bench_functions(&topdown, &floor)?;
     }
     if sections.contains(&"attach") {
         bench_attach(&topdown, &floor)?;
+    }
+    if sections.contains(&"startup") {
+        startup::bench(&topdown)?;
     }
     if sections.contains(&"refresh") {
         bench_refresh(&topdown)?;
@@ -145,11 +162,12 @@ pub fn bench() -> Result<()> {
     Ok(())
 }
 
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
     "switches",
     "cgroups",
     "functions",
     "attach",
+    "startup",
     "refresh",
     "beside",
 ];
@@ -252,15 +270,25 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
             Some(strings(&[&fl, "--pmu", pmu, "--read"])),
             None,
         ));
-    }
-    for pmu in [SOFTWARE, SYNTHETIC] {
         configs.push(Config::new(
-            idle_p_name(pmu),
-            Some(stat_argv(&td, &["-p", idle_pid, "--pmu", pmu])),
-            Some(switch_floor_name(pmu)),
+            task_floor_name(pmu),
+            Some(strings(&[&fl, "--pmu", pmu, "--read", "--add-to", "task"])),
+            None,
         ));
     }
-    // Reading at every switch, as -a does: its floor is the reading one.
+    for pmu in [SOFTWARE, SYNTHETIC] {
+        // No switch of the ping-pong is read: the empty program does what it must.
+        configs.push(
+            Config::new(
+                idle_p_name(pmu),
+                Some(stat_argv(&td, &["-p", idle_pid, "--pmu", pmu])),
+                Some(switch_floor_name(pmu)),
+            )
+            .with_work_floor(FLOOR_NAME),
+        );
+    }
+    // Reading at every switch, as -a does, but attributing to no task (idle_pid never runs):
+    // its floor is the reading one.
     configs.push(Config::new(
         format!("topdown stat -p IDLE_PID --read-every-switch --pmu {SYNTHETIC}"),
         Some(stat_argv(
@@ -270,11 +298,14 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         Some(switch_floor_name(SYNTHETIC)),
     ));
     for pmu in [SOFTWARE, SYNTHETIC] {
-        configs.push(Config::new(
-            format!("topdown stat -a --pmu {pmu}"),
-            Some(stat_argv(&td, &["-a", "--pmu", pmu])),
-            Some(switch_floor_name(pmu)),
-        ));
+        configs.push(
+            Config::new(
+                format!("topdown stat -a --pmu {pmu}"),
+                Some(stat_argv(&td, &["-a", "--pmu", pmu])),
+                Some(switch_floor_name(pmu)),
+            )
+            .with_work_floor(task_floor_name(pmu)),
+        );
     }
     configs.push(Config::new(
         BPFTRACE_NAME,
@@ -286,32 +317,26 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         None,
     ));
     if let Some(old) = baseline_build() {
-        configs.push(Config::new(
-            format!("baseline: topdown stat -p IDLE_PID --pmu {SYNTHETIC}"),
-            Some(stat_argv(&old, &["-p", idle_pid, "--pmu", SYNTHETIC])),
-            Some(switch_floor_name(SYNTHETIC)),
-        ));
+        configs.push(
+            Config::new(
+                format!("baseline: topdown stat -p IDLE_PID --pmu {SYNTHETIC}"),
+                Some(stat_argv(&old, &["-p", idle_pid, "--pmu", SYNTHETIC])),
+                Some(switch_floor_name(SYNTHETIC)),
+            )
+            .with_work_floor(FLOOR_NAME),
+        );
         for pmu in [SOFTWARE, SYNTHETIC] {
-            configs.push(Config::new(
-                format!("baseline: topdown stat -a --pmu {pmu}"),
-                Some(stat_argv(&old, &["-a", "--pmu", pmu])),
-                Some(switch_floor_name(pmu)),
-            ));
+            configs.push(
+                Config::new(
+                    format!("baseline: topdown stat -a --pmu {pmu}"),
+                    Some(stat_argv(&old, &["-a", "--pmu", pmu])),
+                    Some(switch_floor_name(pmu)),
+                )
+                .with_work_floor(task_floor_name(pmu)),
+            );
         }
     }
     let mut machine = MachineLoad::start();
-    // Per configuration and round: CPU ns per switch under it, and that less the untraced
-    // ping-pongs run just before and just after it (the mean of the two, so drift over the
-    // seconds between them cancels to first order).
-    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut added: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut program: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut switches: Vec<f64> = Vec::new();
-    // Rounds meant to run without statistics in which a program's run count moved anyway:
-    // something else on the machine had them on.
-    let mut stats_on_elsewhere = 0;
-    let untraced = Config::new(NO_TRACING, None, None);
     // Issue 11's ratio is between these: measured more often, as the empty program's small
     // added cost is its denominator.
     let focused = [
@@ -319,121 +344,46 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         idle_p_name(SOFTWARE),
         idle_p_name(SYNTHETIC),
     ];
-    let traced: Vec<usize> = (0..configs.len())
-        .filter(|&index| configs[index].tracer.is_some())
-        .collect();
-    for round in 0..SWITCH_ROUNDS + STATS_ROUNDS {
-        let stats = if round < SWITCH_ROUNDS {
-            None
+    let repeats = |config: &Config| {
+        if focused.contains(&config.name) {
+            FOCUS_REPEATS
         } else {
-            match enable_bpf_stats() {
-                Ok(fd) => Some(fd),
-                Err(err) => {
-                    println!("no BPF run-time statistics: {err:#}");
-                    break;
-                }
-            }
-        };
-        let label = format!(
-            "round {}{}",
-            round + 1,
-            if stats.is_some() { " (BPF stats)" } else { "" }
-        );
-        let mut before = measure_switches(&untraced, pingpong)
-            .with_context(|| format!("{label}: {NO_TRACING}"))?;
-        let mut first = true;
-        for offset in 0..traced.len() {
-            let index = traced[(offset + round) % traced.len()];
-            let config = &configs[index];
-            let repeats = if stats.is_none() && focused.contains(&config.name) {
-                FOCUS_REPEATS
-            } else {
-                1
-            };
-            for _ in 0..repeats {
-                let sample = measure_switches(config, pingpong)
-                    .with_context(|| format!("{label}: {}", config.name))?;
-                let after = measure_switches(&untraced, pingpong)
-                    .with_context(|| format!("{label}: {NO_TRACING}"))?;
-                let baseline = (before.cpu_ns + after.cpu_ns) / 2.0;
-                println!(
-                    "{label}: {:<60} cpu {:>7.1} ns/switch ({:+6.1} over untraced), wall {:>7.1}, {} switches, program {} ns/run",
-                    config.name,
-                    sample.cpu_ns,
-                    sample.cpu_ns - baseline,
-                    sample.wall_ns,
-                    sample.switches,
-                    sample
-                        .program_ns
-                        .map_or("-".to_owned(), |ns| format!("{ns:.1}"))
-                );
-                if stats.is_some() {
-                    program[index].extend(sample.program_ns);
-                } else {
-                    stats_on_elsewhere += usize::from(sample.program_ns.is_some());
-                    cpu[index].push(sample.cpu_ns);
-                    added[index].push(sample.cpu_ns - baseline);
-                    wall[index].push(sample.wall_ns);
-                    switches.push(sample.switches as f64);
-                    if first {
-                        cpu[0].push(before.cpu_ns);
-                        wall[0].push(before.wall_ns);
-                        first = false;
-                    }
-                    cpu[0].push(after.cpu_ns);
-                    wall[0].push(after.wall_ns);
-                    added[0].push(0.0);
-                }
-                before = after;
-            }
+            1
         }
-        machine.sample();
-    }
-    let median_of = |values: &Vec<f64>| Spread::of(values).median;
-    let summaries = SwitchSummaries {
-        cpu: cpu.iter().map(median_of).collect(),
-        added: added.iter().map(|values| Spread::of(values)).collect(),
-        wall: wall.iter().map(median_of).collect(),
-        program: program
-            .iter()
-            .map(|values| (!values.is_empty()).then(|| median_of(values)))
-            .collect(),
-        switches: Spread::of(&switches).median,
-        stats_on_elsewhere,
     };
-    write_switches(&configs, &added, &summaries, &machine.finish())
+    let args = [
+        "--round-trips",
+        SWITCH_ROUND_TRIPS,
+        "--cpu",
+        "0",
+        "--via",
+        SWITCH_VIA,
+        "--fifo",
+    ]
+    .map(str::to_owned);
+    let measured = rounds::run(
+        &configs,
+        pingpong,
+        &rounds::Plan {
+            rounds: SWITCH_ROUNDS,
+            stats_rounds: STATS_ROUNDS,
+            repeats: &repeats,
+            pingpong_args: &args,
+            label: "",
+        },
+        &mut machine,
+    )?;
+    write_switches(&configs, &measured, &machine.finish())
+}
+
+fn task_floor_name(pmu: &str) -> String {
+    format!("floor: aya sched_switch reading --pmu {pmu}, adding to the task's entry")
 }
 
 const NO_TRACING: &str = "no tracing";
 
 fn idle_p_name(pmu: &str) -> String {
     format!("topdown stat -p IDLE_PID --pmu {pmu}")
-}
-
-/// One ping-pong under one configuration.
-struct SwitchSample {
-    /// Wall clock per hop.
-    wall_ns: f64,
-    /// Both threads' run time per switch into one of them.
-    cpu_ns: f64,
-    switches: u64,
-    /// Mean run time of the tracer's sched_switch program, when the kernel timed it.
-    program_ns: Option<f64>,
-}
-
-/// The per-configuration figures of the context-switch section.
-struct SwitchSummaries {
-    /// Median CPU ns per switch.
-    cpu: Vec<f64>,
-    /// CPU ns per switch added over the untraced ping-pongs beside it, over the rounds.
-    added: Vec<Spread>,
-    /// Median wall-clock ns per hop.
-    wall: Vec<f64>,
-    /// Median program run time, ns per run.
-    program: Vec<Option<f64>>,
-    /// Median switches per ping-pong.
-    switches: f64,
-    stats_on_elsewhere: usize,
 }
 
 /// Median, quartiles and extremes of per-round values.
@@ -516,8 +466,13 @@ fn added_ratio(num: &[f64], den: &[f64], resamples: usize) -> RatioInterval {
     }
 }
 
-/// "1.05x (95% interval 0.90x..1.20x): **met**".
+/// "1.05x (95% interval 0.90x..1.20x): **met**", against issue 11's bound.
 fn interval_text(interval: &RatioInterval) -> String {
+    bound_text(interval, ISSUE_11_BOUND)
+}
+
+/// "1.05x (95% interval 0.90x..1.20x): **met**", against `bound`.
+fn bound_text(interval: &RatioInterval, bound: f64) -> String {
     format!(
         "{:.2}x (95% interval {:.2}x..{}): **{}**",
         interval.estimate,
@@ -527,7 +482,7 @@ fn interval_text(interval: &RatioInterval) -> String {
         } else {
             "unbounded".to_owned()
         },
-        verdict(interval, ISSUE_11_BOUND)
+        verdict(interval, bound)
     )
 }
 
@@ -656,77 +611,6 @@ fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
     // SAFETY: a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
-/// The busiest BPF program `pid` holds (the sched_switch one: the others run rarely or never
-/// during a ping-pong): its total run time and runs, from `/proc/PID/fdinfo`.
-fn switch_program_runs(pid: u32) -> Option<(u64, u64)> {
-    let mut busiest: Option<(u64, u64)> = None;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let is_program = std::fs::read_link(entry.path())
-            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
-        if !is_program {
-            continue;
-        }
-        let info = std::fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            entry.file_name().to_string_lossy()
-        ))
-        .ok()?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
-        };
-        let runs = (field("run_time_ns:")?, field("run_cnt:")?);
-        if busiest.is_none_or(|(_, count)| runs.1 > count) {
-            busiest = Some(runs);
-        }
-    }
-    busiest
-}
-
-/// One ping-pong under `config`'s tracer, with the mean run time of the tracer's sched_switch
-/// program during it (None without a tracer or with the kernel's statistics off).
-fn measure_switches(config: &Config, pingpong: &Path) -> Result<SwitchSample> {
-    let args = [
-        "--round-trips",
-        SWITCH_ROUND_TRIPS,
-        "--cpu",
-        "0",
-        "--via",
-        SWITCH_VIA,
-        "--fifo",
-    ]
-    .map(str::to_owned);
-    let mut tracer = match &config.tracer {
-        Some(argv) => Some(start_tracer(argv)?),
-        None => None,
-    };
-    let before = tracer
-        .as_ref()
-        .and_then(|child| switch_program_runs(child.id()));
-    let result = run_switch_pingpong(pingpong, &args);
-    let after = tracer
-        .as_ref()
-        .and_then(|child| switch_program_runs(child.id()));
-    if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
-    }
-    let program_ns = match (before, after) {
-        (Some((ns0, runs0)), Some((ns1, runs1))) if runs1 > runs0 && ns1 > ns0 => {
-            Some((ns1 - ns0) as f64 / (runs1 - runs0) as f64)
-        }
-        _ => None,
-    };
-    let (wall_ns, cpu_ns, switches) = result?;
-    Ok(SwitchSample {
-        wall_ns,
-        cpu_ns,
-        switches,
-        program_ns,
-    })
-}
-
 /// How a per-call configuration runs: a command that runs callbench itself (topdown's
 /// `-- CMD`, bpftrace's `-c`), or a tracer started beside a separate callbench run (the floor).
 enum CallRun {
@@ -1124,10 +1008,16 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
          which other work on a busy machine inflates less; the step columns are wall time. The \
          other columns are not per refresh: a scrape encodes every series; report, table and JSON \
          are `stat`'s full output of every thread, process, function and edge. Edges are not split \
-         by process (`top` and `serve` never split them).\n\n",
+         by process (`top` and `serve` never split them). **peak RSS** is, for each command, the \
+         most memory (`VmHWM`) a process running only that command's steps held \
+         (`refresh_cost TASKS EDGES 1 top|serve|stat`): both snapshots (kept from one refresh \
+         to the next) and what its own step builds (`top`: the deltas and its screen; `serve`: \
+         the deltas and an exporter with every series, encoded; `stat`: the full report of \
+         every thread, rendered as a table and as JSON to a sink, as `stat` streams them), \
+         against issue 28's 200 MB.\n\n",
         command_text()
     );
-    section += "| tasks | call edges | top: wall (CPU) | serve: wall (CPU) | under 50 ms: top, serve (wall; CPU) | map read | entry by entry | order | aggregate | top screen | exporter update | drop | scrape | full report | + table | + JSON |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    section += "| tasks | call edges | top: wall (CPU) | serve: wall (CPU) | under 50 ms: top, serve (wall; CPU) | map read | entry by entry | order | aggregate | top screen | exporter update | drop | scrape | full report | + table | + JSON | peak RSS (MB): top, serve, stat | under 200 MB: top, serve, stat |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
     for (tasks, edges) in REFRESH_SIZES {
         let out = cmd::output(Command::new(&example).args([
             tasks.to_string(),
@@ -1144,7 +1034,11 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
         }
         let value = |key: &str| -> Result<f64> {
             text.lines()
-                .find_map(|line| line.strip_prefix(key)?.strip_prefix("_ms="))
+                .find_map(|line| {
+                    let rest = line.strip_prefix(key)?;
+                    rest.strip_prefix("_ms=")
+                        .or_else(|| rest.strip_prefix("_mb="))
+                })
                 .and_then(|value| value.trim().parse().ok())
                 .with_context(|| format!("refresh_cost printed no {key}_ms: {text}"))
         };
@@ -1153,8 +1047,44 @@ fn bench_refresh(topdown: &Path) -> Result<()> {
         let verdict = |ms: f64| if ms < REFRESH_TARGET_MS { "yes" } else { "no" };
         let optional =
             |key: &str| value(key).map_or_else(|_| "-".to_owned(), |ms| format!("{ms:.1}"));
+        // Each command's own process: its path alone (`refresh_cost ... 1 PATH`).
+        let mut peaks = Vec::new();
+        for path in ["top", "serve", "stat"] {
+            let out = cmd::output(Command::new(&example).args([
+                tasks.to_string(),
+                edges.to_string(),
+                "1".to_owned(),
+                path.to_owned(),
+            ]))?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() {
+                bail!(
+                    "refresh_cost {tasks} {edges} 1 {path} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            peaks.push(
+                text.lines()
+                    .find_map(|line| line.strip_prefix("peak_rss_mb="))
+                    .and_then(|value| value.trim().parse::<f64>().ok()),
+            );
+        }
+        let mb =
+            |peak: Option<f64>| peak.map_or("not measured".to_owned(), |mb| format!("{mb:.1}"));
+        let under = |peak: Option<f64>| match peak {
+            Some(mb) if mb <= REFRESH_RSS_TARGET_MB => "yes",
+            Some(_) => "no",
+            None => "-",
+        };
+        let peak_rss = format!("{}, {}, {}", mb(peaks[0]), mb(peaks[1]), mb(peaks[2]));
+        let under_rss = format!(
+            "{}, {}, {}",
+            under(peaks[0]),
+            under(peaks[1]),
+            under(peaks[2])
+        );
         section += &format!(
-            "| {tasks} | {edges} | {top:.1} ({top_cpu:.1}) | {serve:.1} ({serve_cpu:.1}) | {}, {}; {}, {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            "| {tasks} | {edges} | {top:.1} ({top_cpu:.1}) | {serve:.1} ({serve_cpu:.1}) | {}, {}; {}, {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {peak_rss} | {under_rss} |\n",
             verdict(top),
             verdict(serve),
             verdict(top_cpu),
@@ -1185,166 +1115,6 @@ fn write_section(heading: &str, section: &str) -> Result<()> {
     Ok(())
 }
 
-/// Per-cgroup attribution: the ping-pong's two sides in two cgroups (so every context switch is
-/// also a cgroup switch: the worst case for the cgroup-switch trigger), with 2 active cgroups
-/// and with 198 more, each holding a process that wakes every 10 ms.
-fn bench_cgroups(topdown: &Path, pingpong: &Path, floor: &Path) -> Result<()> {
-    let mount = cgroup_v2_mount()?;
-    let root = mount.join(format!("topdown-bench-{}", std::process::id()));
-    let side_a = root.join("a");
-    let side_b = root.join("b");
-    for dir in [&side_a, &side_b] {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let td = topdown.display().to_string();
-    let tracer = |topdown: &str, trigger: &str| {
-        Some(
-            [
-                topdown,
-                "stat",
-                "-a",
-                "--by",
-                "cgroup",
-                "--trigger",
-                trigger,
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-                "/dev/null",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>(),
-        )
-    };
-    let floor_name = switch_floor_name(SYNTHETIC);
-    let mut configs = vec![
-        Config::new("no tracing", None, None),
-        Config::new(
-            floor_name.clone(),
-            Some(strings(&[
-                &floor.display().to_string(),
-                "--pmu",
-                SYNTHETIC,
-                "--read",
-            ])),
-            None,
-        ),
-        Config::new(
-            "--by cgroup --trigger sched-switch",
-            tracer(&td, "sched-switch"),
-            Some(floor_name.clone()),
-        ),
-        Config::new(
-            "--by cgroup --trigger cgroup-switch",
-            tracer(&td, "cgroup-switch"),
-            Some(floor_name.clone()),
-        ),
-        Config::new(
-            BPFTRACE_NAME,
-            Some(strings(&[
-                "bpftrace",
-                "-e",
-                "tracepoint:sched:sched_switch {}",
-            ])),
-            None,
-        ),
-    ];
-    if let Some(old) = baseline_build() {
-        for trigger in ["sched-switch", "cgroup-switch"] {
-            configs.push(Config::new(
-                format!("baseline: --by cgroup --trigger {trigger}"),
-                tracer(&old, trigger),
-                Some(floor_name.clone()),
-            ));
-        }
-    }
-    let pingpong_args = [
-        "--round-trips".to_owned(),
-        ROUND_TRIPS.to_owned(),
-        "--cpu".to_owned(),
-        "0".to_owned(),
-        "--processes".to_owned(),
-        "--cgroup-a".to_owned(),
-        side_a.display().to_string(),
-        "--cgroup-b".to_owned(),
-        side_b.display().to_string(),
-    ];
-    let same_cgroup_args = ["--round-trips", ROUND_TRIPS, "--cpu", "0"]
-        .map(str::to_owned)
-        .to_vec();
-    let scenarios: [(&str, usize, &[String]); 3] = [
-        ("both sides in one cgroup", 0, &same_cgroup_args),
-        ("2 (one per side)", 0, &pingpong_args),
-        ("200 (2 + 198 waking every 10 ms)", 198, &pingpong_args),
-    ];
-    let mut rows = Vec::new();
-    for (label, extra, args) in scenarios {
-        let mut wakers = Vec::new();
-        for index in 0..extra {
-            let dir = root.join(format!("busy-{index}"));
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let waker = Command::new(pingpong)
-                .args(["--waker", "10"])
-                .spawn()
-                .context("starting a waker")?;
-            std::fs::write(dir.join("cgroup.procs"), waker.id().to_string())
-                .context("moving a waker")?;
-            wakers.push(waker);
-        }
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-        for round in 0..CGROUP_ROUNDS {
-            for (index, config) in configs.iter().enumerate() {
-                let value = measure_with(config, pingpong, args)
-                    .with_context(|| format!("{label}, round {round}: {}", config.name))?;
-                println!(
-                    "{label}, round {}: {:<40} {value:>9.1} ns/switch",
-                    round + 1,
-                    config.name
-                );
-                samples[index].push(value);
-            }
-        }
-        for mut waker in wakers {
-            let _ = waker.kill();
-            let _ = waker.wait();
-        }
-        let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-        rows.push((label, medians));
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let _ = remove_tree(&root);
-
-    let mut section = String::from("## Per-cgroup attribution cost (`cargo xtask bench`)\n\n");
-    section += &format!(
-        "Same machine; command: `{}`. Synthetic model (7 counters), {CGROUP_ROUNDS} alternating \
-         rounds, median. With the two ping-pong sides in one cgroup no switch crosses cgroups \
-         (the common case); with one side per cgroup every context switch is also a cgroup \
-         switch (the worst case for the cgroup-switch trigger); the last scenario adds 198 \
-         cgroups, each with a process waking every 10 ms. The cgroup-switch trigger also reads \
-         the counters when a CPU enters and leaves idle (`power:cpu_idle`), which the many \
-         wake-ups of the last scenario exercise. The floor reads the same 7 counters at every \
-         context switch.\n\n",
-        command_text()
-    );
-    section += "| active cgroups | configuration | ns per context switch | added over no tracing | added / floor's | added / bpftrace's |\n|---:|---|---:|---:|---:|---:|\n";
-    for (active, medians) in &rows {
-        let added = added_over(&configs, medians, BPFTRACE_NAME);
-        for (index, (config, value)) in configs.iter().zip(medians).enumerate() {
-            section += &format!(
-                "| {active} | {} | {value:.1} | {:+.1} | {} | {} |\n",
-                config.name,
-                added.added[index],
-                ratio(added.per_floor[index]),
-                ratio(added.per_bpftrace[index])
-            );
-        }
-    }
-    write_section("## Per-cgroup attribution cost", &section)
-}
-
 fn remove_tree(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)?.flatten() {
         if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
@@ -1365,35 +1135,6 @@ fn cgroup_v2_mount() -> Result<std::path::PathBuf> {
                 .then(|| std::path::PathBuf::from(mount_point))
         })
         .context("no cgroup v2 mount: the cgroup benchmark needs one")
-}
-
-fn measure_with(config: &Config, pingpong: &Path, args: &[String]) -> Result<f64> {
-    let mut tracer = match &config.tracer {
-        Some(argv) => Some(start_tracer(argv)?),
-        None => None,
-    };
-    let result = run_pingpong(pingpong, args);
-    if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
-    }
-    result
-}
-
-fn run_pingpong(pingpong: &Path, args: &[String]) -> Result<f64> {
-    let text = pingpong_output(pingpong, args)?;
-    pingpong_field(&text, "ns_per_switch")
-}
-
-/// A thread ping-pong's wall-clock ns per hop, CPU ns per switch and switch count.
-fn run_switch_pingpong(pingpong: &Path, args: &[String]) -> Result<(f64, f64, u64)> {
-    let text = pingpong_output(pingpong, args)?;
-    Ok((
-        pingpong_field(&text, "ns_per_switch")?,
-        pingpong_field(&text, "cpu_ns_per_switch")?,
-        pingpong_field(&text, "switches")? as u64,
-    ))
 }
 
 fn pingpong_output(pingpong: &Path, args: &[String]) -> Result<String> {
@@ -1496,14 +1237,6 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The kernel-timed run time of configuration `index`'s sched_switch program as a multiple of
-/// its floor's.
-fn program_per_floor(configs: &[Config], run_times: &[Option<f64>], index: usize) -> Option<f64> {
-    let floor = configs[index].floor.as_deref()?;
-    let floor = configs.iter().position(|config| config.name == floor)?;
-    Some(run_times[index]? / run_times[floor]?)
-}
-
 fn machine_text() -> String {
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -1528,25 +1261,16 @@ fn machine_text() -> String {
 
 fn write_switches(
     configs: &[Config],
-    added_rounds: &[Vec<f64>],
-    summaries: &SwitchSummaries,
+    measured: &rounds::Measured,
     load: &LoadReport,
 ) -> Result<()> {
-    let added_medians: Vec<f64> = summaries.added.iter().map(|s| s.median).collect();
-    let run_times = &summaries.program;
+    let figures = Figures::of(measured);
+    let added_rounds = &measured.added;
+    let run_times = &figures.program;
     let mut section = String::new();
     section += "## Context-switch cost (`cargo xtask bench`)\n\n";
     section += &machine_text();
-    section += &format!(
-        " The machine is shared: other sessions' builds and tests ran during the measurement \
-         (1-minute load average {:.2} to {:.2} over the run{}).\n\n",
-        load.load_min,
-        load.load_max,
-        load.cpu0_steal.map_or(String::new(), |share| format!(
-            "; steal was {:.1}% of CPU 0's time",
-            share * 100.0
-        ))
-    );
+    section += &load_text(load);
     let command = command_text();
     section += &format!(
         "Command: `{command}`. Two SCHED_FIFO threads pinned to CPU 0 alternate by \
@@ -1561,38 +1285,21 @@ fn write_switches(
          and an untraced ping-pong before the first and after each, so a configuration's added \
          cost in a measurement is its figure less the mean of the untraced ones just before \
          and after it (drift over those seconds cancels). Medians of the measurements, and the \
-         interquartile range (IQR) of the added cost. Each topdown row's floor is \
-         `topdown-floor --pmu MODEL --read`: an aya `tp_btf/sched_switch` program that reads \
-         the same counters (topdown's counter plan for that model, opened the same way) into a \
-         scratch map and does nothing else.\n\n",
-        summaries.switches
+         interquartile range (IQR) of the added cost.\n\n\
+         Floors (`topdown-floor`, aya programs beside topdown's on the same hook): the \
+         reading floor, `topdown-floor --pmu MODEL --read`, reads the same counters \
+         (topdown's counter plan for that model, opened the same way) into a scratch map and \
+         does nothing else; the task floor, `--add-to task`, also does what attributing a \
+         reading to the task that ran cannot go without: the delta since the CPU's last \
+         reading, added to the leaving task's hash-map entry (looked up by tid, made on its \
+         first reading). `-a` does that work at every switch, so its same-work floor is the \
+         task floor; `-p` of a process that never runs reads nothing, so its same-work floor \
+         is the empty program.\n\n",
+        figures.switches
     );
-    let added = added_over(configs, &added_medians, BPFTRACE_NAME);
-    section += "| configuration | CPU ns per switch | added over no tracing | IQR of added | added / its floor's | added / bpftrace's | wall ns per switch | sched_switch program, ns per run | program / its floor's program | added − program |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    section += "| configuration | CPU ns per switch | added over no tracing | IQR of added | added / reading floor's | added / same-work floor's | added / bpftrace's | wall ns per switch | sched_switch program, ns per run | program / reading floor's | program / same-work floor's | added − program |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (index, config) in configs.iter().enumerate() {
-        let spread = summaries.added[index];
-        let run_time = run_times[index];
-        let (iqr, beyond_program) = if config.tracer.is_some() {
-            (
-                format!("{:+.1}..{:+.1}", spread.q1, spread.q3),
-                run_time.map_or("-".to_owned(), |ns| {
-                    format!("{:+.1}", added.added[index] - ns)
-                }),
-            )
-        } else {
-            ("-".to_owned(), "-".to_owned())
-        };
-        section += &format!(
-            "| {} | {:.1} | {:+.1} | {iqr} | {} | {} | {:.1} | {} | {} | {beyond_program} |\n",
-            config.name,
-            summaries.cpu[index],
-            added.added[index],
-            ratio(added.per_floor[index]),
-            ratio(added.per_bpftrace[index]),
-            summaries.wall[index],
-            run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}")),
-            ratio(program_per_floor(configs, run_times, index))
-        );
+        section += &figures.row(configs, index, &config.name);
     }
     section += &format!(
         "\n\"wall ns per switch\" is the ping-pong's wall clock per hop, for comparison: it also \
@@ -1604,27 +1311,18 @@ fn write_switches(
          what the hook costs around the program. If it stays of a size whether the program is \
          empty or reads counters for a microsecond, the programs' cost is charged to the \
          ping-pong's threads, as the CPU-time figure assumes.\n",
-        if summaries.stats_on_elsewhere > 0 {
-            format!(
-                "; but in {} of the CPU-time measurements something else on the machine had \
-                 them on (another process's `BPF_ENABLE_STATS`, or `kernel.bpf_stats_enabled`), \
-                 so those include the clock reads too, which adds the same to every program, \
-                 the empty one and `-p`'s included, and pulls issue 11's ratio toward 1",
-                summaries.stats_on_elsewhere
-            )
-        } else {
-            String::new()
-        }
+        stats_elsewhere_text(measured.stats_on_elsewhere)
     );
     section += "\n`IDLE_PID` is a process that sleeps throughout, so with `-p` no switch of the \
                 ping-pong is traced: those switches take no counter reading (the default with a \
-                filter), and its floor (a program that reads at every switch) is above what it \
-                needs; the empty aya program is the floor that matters there. With \
+                filter), and its reading floor (a program that reads at every switch) is above \
+                what it needs; the empty aya program is the floor that matters there. With \
                 `--read-every-switch` every switch is read.\n";
     let index_of = |name: &str| configs.iter().position(|config| config.name == name);
     let Some(empty) = index_of(FLOOR_NAME) else {
         return write_section("## Context-switch cost", &section);
     };
+    let added_medians = &figures.added;
     section += &format!(
         "\nIssue 11's bound, `stat -p IDLE_PID` adding at most {ISSUE_11_BOUND}x what an empty \
          sched_switch program adds per switch (added CPU time; 95% percentile bootstrap \
@@ -1642,8 +1340,8 @@ fn write_switches(
         );
         section += &format!(
             "- `--pmu {pmu}`, measured: {:+.1} ns against {:+.1} ns, {}",
-            added.added[idle_p],
-            added.added[empty],
+            added_medians[idle_p],
+            added_medians[empty],
             interval_text(&interval)
         );
         if let (Some(filtered_run), Some(empty_run)) = (run_times[idle_p], run_times[empty]) {
@@ -1656,7 +1354,7 @@ fn write_switches(
             section += &format!(
                 "; by program run time: the empty program's {:+.1} ns plus the {extra:+.1} ns \
                  its program runs longer ({filtered_run:.1} against {empty_run:.1} ns), {}",
-                added.added[empty],
+                added_medians[empty],
                 interval_text(&by_program)
             );
         }
@@ -1667,6 +1365,7 @@ fn write_switches(
                 are `tp_btf` programs on one hook, attached the same way), which the `added − \
                 program` column supports only to within this run's noise; its interval comes \
                 from the empty program's measured added cost alone.\n";
+    section += &work_floor_verdicts(configs, measured, &figures);
     if let (Some(old), Some(new)) = (
         index_of(&format!(
             "baseline: topdown stat -p IDLE_PID --pmu {SYNTHETIC}"
@@ -1677,10 +1376,179 @@ fn write_switches(
             "\n`-p` of an idle process, synthetic (7 counters), this build against the baseline \
              build (`TOPDOWN_BENCH_BASELINE`), same rounds: {:+.1} ns against {:+.1} ns \
              per switch.\n",
-            added.added[new], added.added[old]
+            added_medians[new], added_medians[old]
         );
     }
     write_section("## Context-switch cost", &section)
+}
+
+/// " The machine is shared: ... (1-minute load average A to B over the run; steal ...).\n\n"
+fn load_text(load: &LoadReport) -> String {
+    format!(
+        " The machine is shared: other sessions' builds and tests ran during the measurement \
+         (1-minute load average {:.2} to {:.2} over the run{}).\n\n",
+        load.load_min,
+        load.load_max,
+        load.cpu0_steal.map_or(String::new(), |share| format!(
+            "; steal was {:.1}% of CPU 0's time",
+            share * 100.0
+        ))
+    )
+}
+
+fn stats_elsewhere_text(stats_on_elsewhere: usize) -> String {
+    if stats_on_elsewhere == 0 {
+        return String::new();
+    }
+    format!(
+        "; but in {stats_on_elsewhere} of the CPU-time measurements something else on the \
+         machine had them on (another process's `BPF_ENABLE_STATS`, or \
+         `kernel.bpf_stats_enabled`), so those include the clock reads too, which adds the \
+         same to every program and pulls the ratios toward 1"
+    )
+}
+
+/// The per-configuration figures of a section measured in `rounds`.
+struct Figures {
+    cpu: Vec<f64>,
+    /// Median added CPU ns per switch.
+    added: Vec<f64>,
+    added_spread: Vec<Spread>,
+    wall: Vec<f64>,
+    /// Median program run time, ns per run.
+    program: Vec<Option<f64>>,
+    /// Median switches per ping-pong.
+    switches: f64,
+}
+
+impl Figures {
+    fn of(measured: &rounds::Measured) -> Self {
+        let median_of = |values: &Vec<f64>| Spread::of(values).median;
+        Self {
+            cpu: measured.cpu.iter().map(median_of).collect(),
+            added: measured.added.iter().map(median_of).collect(),
+            added_spread: measured
+                .added
+                .iter()
+                .map(|values| Spread::of(values))
+                .collect(),
+            wall: measured.wall.iter().map(median_of).collect(),
+            program: measured
+                .program
+                .iter()
+                .map(|values| (!values.is_empty()).then(|| median_of(values)))
+                .collect(),
+            switches: Spread::of(&measured.switches).median,
+        }
+    }
+
+    /// A table row: the figures, their ratios to the reading floor, the same-work floor and
+    /// bpftrace, and the program run time.
+    fn row(&self, configs: &[Config], index: usize, label: &str) -> String {
+        let config = &configs[index];
+        let added: Vec<Option<f64>> = self.added.iter().copied().map(Some).collect();
+        let bpftrace = index_of(configs, BPFTRACE_NAME)
+            .filter(|&bpftrace| bpftrace != index && index > 0)
+            .map(|bpftrace| self.added[index] / self.added[bpftrace]);
+        let spread = self.added_spread[index];
+        let run_time = self.program[index];
+        let (iqr, beyond_program) = if config.tracer.is_some() {
+            (
+                format!("{:+.1}..{:+.1}", spread.q1, spread.q3),
+                run_time.map_or("-".to_owned(), |ns| {
+                    format!("{:+.1}", self.added[index] - ns)
+                }),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        let work_floor = config
+            .work_floor
+            .as_deref()
+            .filter(|_| config.work_floor != config.floor);
+        format!(
+            "| {label} | {:.1} | {:+.1} | {iqr} | {} | {} | {} | {:.1} | {} | {} | {} | {beyond_program} |\n",
+            self.cpu[index],
+            self.added[index],
+            ratio(ratio_to(configs, &added, index, config.floor.as_deref())),
+            ratio(ratio_to(configs, &added, index, work_floor)),
+            ratio(bpftrace),
+            self.wall[index],
+            run_time.map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+            ratio(ratio_to(
+                configs,
+                &self.program,
+                index,
+                config.floor.as_deref()
+            )),
+            ratio(ratio_to(configs, &self.program, index, work_floor)),
+        )
+    }
+}
+
+fn index_of(configs: &[Config], name: &str) -> Option<usize> {
+    configs.iter().position(|config| config.name == name)
+}
+
+/// `values[index]` as a multiple of `values[floor]`.
+fn ratio_to(
+    configs: &[Config],
+    values: &[Option<f64>],
+    index: usize,
+    floor: Option<&str>,
+) -> Option<f64> {
+    let floor = index_of(configs, floor?)?;
+    Some(values[index]? / values[floor]?)
+}
+
+/// Issue 28's bound: each topdown configuration at most `ISSUE_28_BOUND` times its same-work
+/// floor, by added CPU time and by the kernel's timing of the programs, each ratio with its
+/// bootstrap interval and what it says of the bound.
+fn work_floor_verdicts(
+    configs: &[Config],
+    measured: &rounds::Measured,
+    figures: &Figures,
+) -> String {
+    let mut text = format!(
+        "\nIssue 28's bound, each topdown configuration at most {ISSUE_28_BOUND}x its same-work \
+         floor per context switch (95% percentile bootstrap intervals as above; the program \
+         ratio's over the statistics rounds' measurements, paired the same way):\n\n"
+    );
+    for (index, config) in configs.iter().enumerate() {
+        let Some(floor_name) = config.work_floor.as_deref() else {
+            continue;
+        };
+        let Some(floor) = index_of(configs, floor_name) else {
+            continue;
+        };
+        let by_cpu = added_ratio(
+            &measured.added[index],
+            &measured.added[floor],
+            BOOTSTRAP_RESAMPLES,
+        );
+        text += &format!(
+            "- {} against {floor_name}: added CPU time {:+.1} against {:+.1} ns, {}",
+            config.name,
+            figures.added[index],
+            figures.added[floor],
+            bound_text(&by_cpu, ISSUE_28_BOUND)
+        );
+        if !measured.program[index].is_empty() && !measured.program[floor].is_empty() {
+            let by_program = added_ratio(
+                &measured.program[index],
+                &measured.program[floor],
+                BOOTSTRAP_RESAMPLES,
+            );
+            text += &format!(
+                "; program run time {:.1} against {:.1} ns, {}",
+                figures.program[index].unwrap_or(f64::NAN),
+                figures.program[floor].unwrap_or(f64::NAN),
+                bound_text(&by_program, ISSUE_28_BOUND)
+            );
+        }
+        text += ".\n";
+    }
+    text
 }
 
 /// Replaces the `## …` section starting with `heading` (up to the next `## `), or appends it.
@@ -1762,8 +1630,8 @@ mod tests {
         assert_eq!(added.per_floor, [None, None, Some(3.0), None]);
         assert_eq!(added.per_bpftrace, [None, Some(0.5), Some(1.5), Some(1.0)]);
         let run_times = [None, Some(50.0), Some(75.0), Some(40.0)];
-        assert_eq!(program_per_floor(&configs, &run_times, 2), Some(1.5));
-        assert_eq!(program_per_floor(&configs, &run_times, 1), None);
+        assert_eq!(ratio_to(&configs, &run_times, 2, Some("floor")), Some(1.5));
+        assert_eq!(ratio_to(&configs, &run_times, 1, None), None);
     }
 
     #[test]

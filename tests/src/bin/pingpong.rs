@@ -25,9 +25,9 @@
 //! between hops (only in the kernel's real-time throttling share, 5% by default) and do not
 //! evict the ping-pong's caches there; `yield` then alternates the two strictly.
 //!
-//! `--processes --cgroup-a DIR --cgroup-b DIR` (pipes only): the two sides are processes, each
-//! moving itself into its cgroup v2 directory first, so every hop is also a cgroup switch; only
-//! `ns_per_switch` is measured then.
+//! `--processes [--cgroup-a DIR --cgroup-b DIR]` (pipes only): the two sides are processes,
+//! each moving itself into its cgroup v2 directory first if given, so with two directories
+//! every hop is also a cgroup switch; the figures are the same.
 //! `--waker MS`: instead, wake up every MS milliseconds forever (background cgroup activity).
 
 use std::{
@@ -234,10 +234,10 @@ fn main() {
         }
     }
     if processes {
-        if via != Via::Pipe || fifo {
+        if via != Via::Pipe {
             usage();
         }
-        processes_pingpong(round_trips, cpu, &cgroups);
+        processes_pingpong(round_trips, cpu, fifo, &cgroups);
         return;
     }
     let ping = pipe();
@@ -293,10 +293,18 @@ fn main() {
     }
 }
 
-/// The two sides as processes, optionally each in its own cgroup: wall clock only.
-fn processes_pingpong(round_trips: u64, cpu: usize, cgroups: &(Option<String>, Option<String>)) {
+/// The two sides as processes, optionally each in its own cgroup. The child hands its own run
+/// time and switch count to the parent through a pipe when its loop is done, so the figures are
+/// those of the thread mode (both sides are single-threaded: thread and process are one).
+fn processes_pingpong(
+    round_trips: u64,
+    cpu: usize,
+    fifo: bool,
+    cgroups: &(Option<String>, Option<String>),
+) {
     let ping = pipe();
     let pong = pipe();
+    let result = pipe();
     // SAFETY: the child runs only its loop before exiting.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -304,25 +312,65 @@ fn processes_pingpong(round_trips: u64, cpu: usize, cgroups: &(Option<String>, O
             join_cgroup(dir);
         }
         pin(cpu);
+        if fifo {
+            realtime();
+        }
+        let start = ThreadClock::now();
         for _ in 0..round_trips {
             hop(ping[0], pong[1], false);
         }
+        let spent = ThreadClock::now().since(start);
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&spent.run_ns.to_ne_bytes());
+        bytes[8..].copy_from_slice(&spent.switched_in.unwrap_or(u64::MAX).to_ne_bytes());
+        // SAFETY: writing 16 bytes of a local array to a pipe we own.
+        unsafe { libc::write(result[1], bytes.as_ptr().cast(), bytes.len()) };
         std::process::exit(0);
     }
     if let Some(dir) = &cgroups.0 {
         join_cgroup(dir);
     }
     pin(cpu);
+    if fifo {
+        realtime();
+    }
     let start = Instant::now();
+    let clock = ThreadClock::now();
     for _ in 0..round_trips {
         hop(pong[0], ping[1], true);
     }
+    let mine = ThreadClock::now().since(clock);
     let elapsed = start.elapsed();
     let mut status = 0;
     // SAFETY: reaping our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    println!(
-        "ns_per_switch={:.1}",
-        elapsed.as_nanos() as f64 / (2 * round_trips) as f64
-    );
+    let mut bytes = [0u8; 16];
+    // SAFETY: reading at most 16 bytes into a local array from a pipe we own.
+    let read = unsafe { libc::read(result[0], bytes.as_mut_ptr().cast(), bytes.len()) };
+    let wall_ns = elapsed.as_nanos() as f64 / (2 * round_trips) as f64;
+    let theirs = (read == 16).then(|| {
+        let word = |range: std::ops::Range<usize>| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[range]);
+            u64::from_ne_bytes(word)
+        };
+        (
+            word(0..8),
+            Some(word(8..16)).filter(|count| *count != u64::MAX),
+        )
+    });
+    match (mine.switched_in, theirs) {
+        (Some(a), Some((run_ns, Some(b)))) => println!(
+            "ns_per_switch={wall_ns:.1} cpu_ns_per_switch={:.1} switches={}",
+            (mine.run_ns + run_ns) as f64 / (a + b).max(1) as f64,
+            a + b
+        ),
+        _ => {
+            eprintln!(
+                "pingpong: no /proc/thread-self/schedstat (needs CONFIG_SCHED_INFO) or no \
+                 figures from the other side: CPU time per switch not measured"
+            );
+            println!("ns_per_switch={wall_ns:.1}");
+        }
+    }
 }

@@ -22,7 +22,8 @@
 //! Spec items besides syscalls and `cpu=N`: `move=K` writes this process's pid to the K-th
 //! `--cgroup`'s `cgroup.procs` (the thread moves its own process, as container runtimes do);
 //! `pause=0` prints `paused <tid>` and waits for a line on stdin; `spin=MS` spins in user space
-//! for MS milliseconds.
+//! for MS milliseconds; `sleep=MS` sleeps MS milliseconds (the thread switches out);
+//! `rename=N` names the thread `renamed-N` (`prctl(PR_SET_NAME)`).
 
 use std::{
     io::{BufRead as _, Write as _},
@@ -177,7 +178,9 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
                 .parse()
                 .map_err(|_| format!("bad count in '{part}'"))?;
             // Validated by name, not by calling it: every call counts.
-            if !["cpu", "move", "pause", "spin"].contains(&name) && !KNOWN.contains(&name) {
+            if !["cpu", "move", "pause", "spin", "sleep", "rename"].contains(&name)
+                && !KNOWN.contains(&name)
+            {
                 return Err(format!("unknown syscall '{name}'"));
             }
             Ok((name.to_owned(), count))
@@ -242,6 +245,17 @@ fn special(name: &str, value: u64, cgroups: &[String]) -> Result<bool, String> {
             let _ = std::io::stdin().lock().read_line(&mut line);
         }
         "spin" => spin_for(Duration::from_millis(value)),
+        "sleep" => std::thread::sleep(Duration::from_millis(value)),
+        "rename" => {
+            let name = format!("renamed-{value}\0");
+            // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+            if unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) } != 0 {
+                return Err(format!(
+                    "prctl(PR_SET_NAME): {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
         _ => return Ok(false),
     }
     Ok(true)

@@ -49,7 +49,34 @@ struct Args {
     /// `--returns`).
     #[arg(long, value_enum, default_value_t = Returns::Uretprobe)]
     returns: Returns,
+    /// When the counters are read: at every context switch (`--read`), or as topdown's
+    /// `--trigger cgroup-switch` reads them: at each switch between cgroups (the
+    /// `cgroup-switches` software event, period 1) and when a CPU enters and leaves idle
+    /// (`power:cpu_idle`).
+    #[arg(long, value_enum, default_value_t = FloorTrigger::SchedSwitch)]
+    trigger: FloorTrigger,
+    /// Also add each reading's delta to a hash-map entry: the leaving task's (by tid), its
+    /// cgroup's (atomically), or both (`task,cgroup`): the least any per-task or per-cgroup
+    /// attribution does beyond reading.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    add_to: Vec<AddTo>,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FloorTrigger {
+    SchedSwitch,
+    CgroupSwitch,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum AddTo {
+    Task,
+    Cgroup,
+}
+
+/// `--max-tasks` and `--max-cgroups`'s defaults in topdown: the attributing floors' map sizes.
+const MAX_TASKS: u32 = 32768;
+const MAX_CGROUPS: u32 = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Returns {
@@ -143,6 +170,8 @@ fn attach(
         .override_global("NUM_COUNTERS", &num_slots, true)
         .override_global("SLOT_SOURCES", &slot_sources, true)
         .map_max_entries("COUNTERS", possible_cpus * MAX_COUNTERS as u32)
+        .map_max_entries("TASK_TOTALS", MAX_TASKS)
+        .map_max_entries("CGROUP_TOTALS", MAX_CGROUPS)
         .load(FLOOR_OBJECT)
         .context("loading the floor programs")?;
     if let Some((_, _, groups)) = counters {
@@ -155,22 +184,40 @@ fn attach(
                 .with_context(|| format!("storing counter {slot} of CPU {cpu}"))?;
         }
     }
-    let switch = if args.read {
-        "floor_switch"
-    } else {
-        "empty_switch"
-    };
-    let btf = Btf::from_sys_fs().context("reading the kernel's BTF")?;
-    let program: &mut BtfTracePoint = ebpf
-        .program_mut(switch)
-        .with_context(|| format!("the floor object has no {switch} program"))?
-        .try_into()?;
-    program
-        .load("sched_switch", &btf)
-        .with_context(|| format!("loading {switch}"))?;
-    program
-        .attach()
-        .with_context(|| format!("attaching {switch}"))?;
+    match args.trigger {
+        FloorTrigger::SchedSwitch => {
+            let task = args.add_to.contains(&AddTo::Task);
+            let cgroup = args.add_to.contains(&AddTo::Cgroup);
+            let switch = match (args.read, task, cgroup) {
+                (false, _, _) => "empty_switch",
+                (true, false, false) => "floor_switch",
+                (true, true, false) => "floor_switch_task",
+                (true, false, true) => "floor_switch_cgroup",
+                (true, true, true) => "floor_switch_task_cgroup",
+            };
+            let btf = Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            let program: &mut BtfTracePoint = ebpf
+                .program_mut(switch)
+                .with_context(|| format!("the floor object has no {switch} program"))?
+                .try_into()?;
+            program
+                .load("sched_switch", &btf)
+                .with_context(|| format!("loading {switch}"))?;
+            program
+                .attach()
+                .with_context(|| format!("attaching {switch}"))?;
+        }
+        FloorTrigger::CgroupSwitch => {
+            let Some((_, _, groups)) = counters else {
+                return Err(fail(
+                    Failure::Usage,
+                    "--trigger cgroup-switch reads counters: name the model with --pmu MODEL",
+                ));
+            };
+            let cgroup = args.add_to.contains(&AddTo::Cgroup);
+            attach_cgroup_switch_floor(&mut ebpf, groups, cgroup)?;
+        }
+    }
 
     let points = resolve_points(&args.functions, args.returns)?;
     // Timed as topdown times its own: the probes' attaching, after the functions are resolved.
@@ -203,6 +250,46 @@ fn attach(
         );
     }
     Ok(ebpf)
+}
+
+/// The cgroup-switch trigger's hooks, as topdown attaches them (`bpf::Session::start`): a
+/// `cgroup-switches` event per CPU, period 1, and `power:cpu_idle`.
+fn attach_cgroup_switch_floor(ebpf: &mut Ebpf, groups: &CounterGroups, cgroup: bool) -> Result<()> {
+    use aya::programs::{
+        PerfEvent, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    };
+    let (switch, idle) = if cgroup {
+        ("floor_cgroup_switch_cgroup", "floor_cpu_idle_cgroup")
+    } else {
+        ("floor_cgroup_switch", "floor_cpu_idle")
+    };
+    let program: &mut TracePoint = ebpf
+        .program_mut(idle)
+        .with_context(|| format!("the floor object has no {idle} program"))?
+        .try_into()?;
+    program.load().with_context(|| format!("loading {idle}"))?;
+    program
+        .attach("power", "cpu_idle")
+        .context("attaching to power:cpu_idle")?;
+    let program: &mut PerfEvent = ebpf
+        .program_mut(switch)
+        .with_context(|| format!("the floor object has no {switch} program"))?
+        .try_into()?;
+    program
+        .load()
+        .with_context(|| format!("loading {switch}"))?;
+    for cpu in groups.cpus() {
+        program
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CgroupSwitches),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(1),
+                false,
+            )
+            .with_context(|| format!("attaching to the cgroup-switches event on CPU {cpu}"))?;
+    }
+    Ok(())
 }
 
 fn attach_uprobes(
@@ -265,10 +352,25 @@ async fn until_stopped() -> Result<()> {
 }
 
 fn run(args: Args) -> Result<()> {
-    if (args.read || !args.functions.is_empty()) && args.pmu.is_none() {
+    if !args.add_to.is_empty() && !args.read && args.trigger == FloorTrigger::SchedSwitch {
         return Err(fail(
             Failure::Usage,
-            "--read and -u read counters: name the model whose counters to open with --pmu MODEL",
+            "--add-to attributes readings: add --read (or --trigger cgroup-switch)",
+        ));
+    }
+    if args.add_to.contains(&AddTo::Task) && args.trigger == FloorTrigger::CgroupSwitch {
+        return Err(fail(
+            Failure::Usage,
+            "--trigger cgroup-switch attributes to cgroups only: use --add-to cgroup",
+        ));
+    }
+    if (args.read || !args.functions.is_empty() || args.trigger == FloorTrigger::CgroupSwitch)
+        && args.pmu.is_none()
+    {
+        return Err(fail(
+            Failure::Usage,
+            "--read, -u and --trigger cgroup-switch read counters: name the model whose \
+             counters to open with --pmu MODEL",
         ));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -278,10 +380,12 @@ fn run(args: Args) -> Result<()> {
     let counters = args.pmu.as_deref().map(open_counters).transpose()?;
     let _ebpf = attach(&args, counters.as_ref())?;
     // "counting" is what the benchmark waits for, as with topdown.
-    eprintln!(
-        "topdown-floor: counting with the {} sched_switch program",
-        if args.read { "reading" } else { "empty" }
-    );
+    let what = match (args.trigger, args.read) {
+        (FloorTrigger::CgroupSwitch, _) => "cgroup-switch and cpu_idle programs",
+        (FloorTrigger::SchedSwitch, true) => "reading sched_switch program",
+        (FloorTrigger::SchedSwitch, false) => "empty sched_switch program",
+    };
+    eprintln!("topdown-floor: counting with the {what}");
     runtime.block_on(until_stopped())
 }
 

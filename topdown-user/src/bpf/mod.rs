@@ -149,7 +149,9 @@ pub struct Session {
 impl Session {
     /// Loads the programs, stores the counter fds, attaches, and takes each CPU's baseline.
     pub fn start(config: &SessionConfig, groups: CounterGroups, tracefs: &Tracefs) -> Result<Self> {
-        check_btf()?;
+        // Read once: the switch program's field offsets and aya's program loading both parse
+        // it (two reads of the ~6 MB file were ~10% of a run's start-up CPU time here).
+        let kernel_btf = read_kernel_btf()?;
         let num_counters = config.num_slots;
         let slot_sources = config.slot_sources;
         let possible_cpus = aya::util::nr_cpus()
@@ -165,13 +167,20 @@ impl Session {
             optional_field_offset(tracefs, "cgroup", "cgroup_attach_task", "dst_id");
         let attach_pid = optional_field_offset(tracefs, "cgroup", "cgroup_attach_task", "pid");
         let idle_state = optional_field_offset(tracefs, "power", "cpu_idle", "state");
+        let rename_pid = optional_field_offset(tracefs, "task", "task_rename", "pid");
+        let rename_comm = optional_field_offset(tracefs, "task", "task_rename", "newcomm");
+        let renames_seen = rename_pid != topdown_common::FIELD_ABSENT
+            && rename_comm != topdown_common::FIELD_ABSENT;
         let counter_slots = possible_cpus * MAX_COUNTERS as u32;
         let log_level: u8 = if config.verbose { 0xff } else { 0 };
         let split = u32::from(config.split_functions_by_process);
         let by_cgroup = u32::from(config.by_cgroup);
         let by_task = u32::from(config.trigger == Trigger::SchedSwitch);
+        // Without `task:task_rename` the names are copied at every reading, as before it kept
+        // them.
+        let comm_at_every_reading = u32::from(by_task != 0 && !renames_seen);
         let filter_cgroups = u32::from(config.cgroup_filter.is_some());
-        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config);
+        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config, &kernel_btf);
 
         let mut loader = EbpfLoader::new();
         loader
@@ -193,6 +202,13 @@ impl Session {
             .override_global(names::GLOBAL_KERNEL_OFFSETS, &kernel_offsets, true)
             .override_global(names::GLOBAL_WEIGHT_SLOT, &config.weight_slot, true)
             .map_max_entries(names::HISTOGRAMS, config.max_buckets)
+            .override_global(
+                names::GLOBAL_COMM_AT_EVERY_READING,
+                &comm_at_every_reading,
+                true,
+            )
+            .override_global(names::GLOBAL_RENAME_PID_OFFSET, &rename_pid, true)
+            .override_global(names::GLOBAL_RENAME_COMM_OFFSET, &rename_comm, true)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
@@ -252,7 +268,11 @@ impl Session {
             .try_into()
             .context("opening the exit ring buffer")?;
 
-        load_programs(&mut ebpf, follow != 0 || filter != 0 || config.by_cgroup)?;
+        load_programs(
+            &mut ebpf,
+            follow != 0 || filter != 0 || config.by_cgroup,
+            &kernel_btf,
+        )?;
         if config.by_cgroup {
             // The fork hook is attached first, so no process is missed between the two.
             match attach_cgroup_attach(&mut ebpf) {
@@ -261,6 +281,22 @@ impl Session {
                     "{err:#}: a process that moves itself to another cgroup has its counts since \
                      its CPU's last reading credited to the cgroup it moves to"
                 ),
+            }
+        }
+        if by_task != 0 {
+            if renames_seen {
+                // Before the switches are read: an entry made from here on keeps its name.
+                if let Err(err) = attach_task_rename(&mut ebpf) {
+                    log::warn!(
+                        "{err:#}: a task renamed during the run (exec, prctl) keeps the name \
+                         it had at its first reading"
+                    );
+                }
+            } else {
+                log::info!(
+                    "no task:task_rename tracepoint: task names are copied at every reading \
+                     (costlier)"
+                );
             }
         }
         if config.trigger == Trigger::CgroupSwitch {
@@ -846,6 +882,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
     for name in [
         names::PROG_FORK,
         names::PROG_EXIT,
+        names::PROG_TASK_RENAME,
         names::PROG_CGROUP_ATTACH,
         names::PROG_CPU_IDLE,
     ] {
@@ -876,8 +913,8 @@ pub fn uprobe_multi_supported() -> bool {
     aya::sys::is_uprobe_multi_supported(aya::sys::UProbeMultiFeature::LinkCreation).unwrap_or(false)
 }
 
-fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool) -> Result<()> {
-    let btf = Btf::from_sys_fs().map_err(|err| {
+fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool, kernel_btf: &[u8]) -> Result<()> {
+    let btf = Btf::parse(kernel_btf, aya::Endianness::default()).map_err(|err| {
         fail(
             Failure::BpfUnavailable,
             format!("reading kernel BTF failed: {err}"),
@@ -956,6 +993,18 @@ fn attach_cpu_idle(ebpf: &mut Ebpf) -> Result<()> {
     program
         .attach("power", "cpu_idle")
         .context("attaching to power:cpu_idle")?;
+    Ok(())
+}
+
+/// `task:task_rename`: keeps the names of tasks that have entries (eBPF `process::task_rename`).
+fn attach_task_rename(ebpf: &mut Ebpf) -> Result<()> {
+    let program: &mut TracePoint = program_mut(ebpf, names::PROG_TASK_RENAME)?;
+    program
+        .load()
+        .map_err(load_error(names::PROG_TASK_RENAME))?;
+    program
+        .attach("task", "task_rename")
+        .context("attaching to task:task_rename")?;
     Ok(())
 }
 
@@ -1122,13 +1171,19 @@ fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
 /// What still goes to `untracked`: a traced task arriving unseen at a process's first unseen
 /// switch-out of the run, before that process is known, until the task's first probe, flush or
 /// switch-out.
-fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::COUNT]) {
+fn skip_untraced_switches(
+    config: &SessionConfig,
+    kernel_btf: &[u8],
+) -> (u32, [u32; kernel_offset::COUNT]) {
     let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
     let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
     if !config.skip_untraced_switches || !filtered || config.trigger != Trigger::SchedSwitch {
         return (0, absent);
     }
-    match switch_offsets() {
+    match kernel_types::KernelTypes::parse(kernel_btf)
+        .context("parsing /sys/kernel/btf/vmlinux")
+        .and_then(|types| types.switch_offsets())
+    {
         Ok(offsets) => {
             log::info!("counters are read only at context switches of traced tasks");
             (1, offsets)
@@ -1142,20 +1197,24 @@ fn skip_untraced_switches(config: &SessionConfig) -> (u32, [u32; kernel_offset::
     }
 }
 
-/// tp_btf programs need the kernel's BTF.
-fn check_btf() -> Result<()> {
+/// The kernel's BTF, which tp_btf programs need.
+fn read_kernel_btf() -> Result<Vec<u8>> {
     let path = "/sys/kernel/btf/vmlinux";
-    if std::path::Path::new(path).exists() {
-        Ok(())
-    } else {
-        Err(fail(
+    if !std::path::Path::new(path).exists() {
+        return Err(fail(
             Failure::BpfUnavailable,
             format!(
                 "{path} is missing: this kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which topdown's \
                  sched_switch program needs"
             ),
-        ))
+        ));
     }
+    std::fs::read(path).map_err(|err| {
+        fail(
+            Failure::BpfUnavailable,
+            format!("reading {path} failed: {err}"),
+        )
+    })
 }
 
 #[cfg(test)]

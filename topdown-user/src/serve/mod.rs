@@ -59,7 +59,12 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         scope: "system-wide".to_owned(),
         ..Targets::default()
     };
-    let mut session = prepared.start(&args.counting, targets, verbose)?;
+    let mut session = prepared.start(
+        &args.counting,
+        targets,
+        verbose,
+        crate::counting::CalibrateAt::Start,
+    )?;
     let attached = Instant::now();
     let mut guard = Guard {
         budget: None,

@@ -5,7 +5,10 @@
 //! stripped binary's debug file), [`matching`] compares what the user typed with raw and
 //! demangled names and globs.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -104,7 +107,8 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
     let mut files: HashMap<PathBuf, Vec<(elf::FunctionSymbol, matching::Names)>> = HashMap::new();
     let mut code: HashMap<PathBuf, elf::FileFunctions> = HashMap::new();
     let mut resolved: Vec<(ResolvedFunction, matching::Names)> = Vec::new();
-    let mut seen: std::collections::HashSet<(PathBuf, u64)> = std::collections::HashSet::new();
+    // What `resolved` holds, by file and offset: a glob over a library matches thousands.
+    let mut seen: HashSet<(PathBuf, u64)> = HashSet::new();
     for spec in specs {
         let path = target::find_target(&spec.target, pids)?;
         elf::check_file(&path)?;
@@ -175,7 +179,6 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 entry_probe: function.entry_probe.clone(),
                 reads_return_address: function.reads_return_address,
             };
-            // A set, not a scan: `-u 'libc:*'` resolves thousands of functions per target.
             if seen.insert((entry.target.clone(), entry.offset)) {
                 resolved.push((entry, names.clone()));
             }
@@ -215,10 +218,15 @@ fn bind_plt_tail_calls(
             }
         }
     }
+    // Many stubs name the same few libraries: each is looked up once.
+    let mut libraries: HashMap<String, Option<PathBuf>> = HashMap::new();
     for (target, stub, name, needed) in wanted {
         let mut bound = None;
         for library in &needed {
-            let Ok(path) = target::find_target(library, pids) else {
+            let path = libraries
+                .entry(library.clone())
+                .or_insert_with(|| target::find_target(library, pids).ok());
+            let Some(path) = path.clone() else {
                 continue;
             };
             if !code.contains_key(&path) {
@@ -268,22 +276,21 @@ fn bind_plt_tail_calls(
 /// only a hash apart; `{:#}` drops it) or two C `static` functions must not share one.
 /// Rust names get their hash back; names still shared get their file offset.
 fn disambiguate(functions: &mut [(ResolvedFunction, matching::Names)]) {
-    // Counted per (target, name) in a map: a whole-library glob gives thousands of functions,
-    // and comparing each with all others took minutes.
-    fn clashing(functions: &[(ResolvedFunction, matching::Names)]) -> Vec<usize> {
-        let mut count: HashMap<(&std::path::Path, &str), usize> = HashMap::new();
+    // The functions whose (file, name) another one shares, counted once per pass.
+    let clashing = |functions: &[(ResolvedFunction, matching::Names)]| -> Vec<usize> {
+        let mut uses: HashMap<(&Path, &str), usize> = HashMap::new();
         for (function, _) in functions {
-            *count
+            *uses
                 .entry((function.target.as_path(), function.display.as_str()))
                 .or_default() += 1;
         }
         (0..functions.len())
             .filter(|&index| {
                 let function = &functions[index].0;
-                count[&(function.target.as_path(), function.display.as_str())] > 1
+                uses[&(function.target.as_path(), function.display.as_str())] > 1
             })
             .collect()
-    }
+    };
     for index in clashing(functions) {
         let (function, names) = &mut functions[index];
         if let Some(with_hash) = &names.with_hash {

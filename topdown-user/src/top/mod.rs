@@ -82,7 +82,12 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
-    let mut session = prepared.start(&args.counting, targets, verbose)?;
+    let mut session = prepared.start(
+        &args.counting,
+        targets,
+        verbose,
+        crate::counting::CalibrateAt::Start,
+    )?;
     // The baseline before the command runs, so its first refresh holds all it did.
     let baseline = session.snapshot(false)?;
     let mut previous = (baseline.clone(), Instant::now());
