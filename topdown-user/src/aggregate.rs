@@ -227,6 +227,8 @@ pub struct Aggregate {
     /// Per CPU totals.
     pub cpus: Vec<(u32, SlotCounts)>,
     pub diagnostics: Diagnostics,
+    /// Span totals and USDT hits (`crate::spans`).
+    pub spans: crate::spans::report::SpanAggregate,
 }
 
 impl Aggregate {
@@ -338,6 +340,10 @@ impl Aggregate {
             calls,
             cpus,
             diagnostics,
+            spans: crate::spans::report::SpanAggregate::since(
+                &current.spans,
+                previous.map(|previous| &previous.spans),
+            ),
         }
     }
 }
@@ -601,6 +607,9 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         probe_compensation: None,
         functions,
         call_tree,
+        spans: Vec::new(),
+        usdt: Vec::new(),
+        span_diagnostics: None,
         cpus,
         diagnostics,
         derived: crate::model::derived::derived_figures(ctx.model)

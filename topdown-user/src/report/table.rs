@@ -607,6 +607,9 @@ mod tests {
             overflows: None,
             missed_returns: None,
             probe_compensation: None,
+            spans: Vec::new(),
+            usdt: Vec::new(),
+            span_diagnostics: None,
             cpus: Vec::new(),
             derived: Vec::new(),
             diagnostics: Diagnostics {

@@ -347,6 +347,7 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
             By::Task => !report.tasks.is_empty() || report.processes.is_empty(),
             By::Cgroup => !report.cgroups.is_empty(),
             By::Function => !report.functions.is_empty(),
+            By::Span => !report.spans.is_empty(),
             By::Process => true,
         };
         if !counted {

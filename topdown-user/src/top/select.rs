@@ -88,6 +88,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
         },
         cpus: aggregate.cpus.clone(),
         diagnostics: aggregate.diagnostics.clone(),
+        spans: aggregate.spans.clone(),
     };
     match ui.view {
         View::Threads => {
