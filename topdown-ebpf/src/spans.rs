@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},
-    helpers::generated::bpf_probe_read_user_str,
+    helpers::generated::{bpf_loop, bpf_probe_read_user_str},
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -157,7 +157,11 @@ pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
     if !read(stack, tid) {
         return;
     }
-    close_frames(stack, skipped, 0);
+    close_frames(tid, skipped, 0);
+    // Looked up again: the loop closed frames through a reference of its own.
+    let Some(stack) = stack_of(tid, false) else {
+        return;
+    };
     let depth = stack.depth as usize;
     if depth >= MAX_SPAN_DEPTH {
         if let Some(stats) = stats() {
@@ -244,7 +248,7 @@ pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
         stack.depth -= above + 1;
         return;
     }
-    close_frames(stack, above, 1);
+    close_frames(tid, above, 1);
 }
 
 #[inline(always)]
@@ -299,7 +303,7 @@ pub(crate) fn abort(site: &UsdtSite) {
         stack.depth -= above + 1;
         return;
     }
-    close_frames(stack, above + 1, 0);
+    close_frames(tid, above + 1, 0);
 }
 
 /// A note site: sets or clears the thread's note (PostgreSQL's query id, mirrored as
@@ -329,22 +333,56 @@ pub(crate) fn note(regs: *mut pt_regs, site: &UsdtSite) {
     }
 }
 
-/// Closes the top `abandoned` frames as abandoned, then the top `ended` (0 or 1) as ended,
-/// with the counters in `stack.virtual_now`, adding each to its kind and key's totals. One
-/// subprogram for every caller, so the verifier walks its loops once per call site.
-#[inline(never)]
-fn close_frames(stack: &mut SpanStack, abandoned: u32, ended: u32) {
-    let total = abandoned + ended;
-    let mut closed = 0;
-    while closed < MAX_SPAN_DEPTH as u32 && closed < total && stack.depth > 0 {
-        let flags = if closed < abandoned {
-            span_flags::ABANDONED
-        } else {
-            0
-        };
-        closed += 1;
-        close_top(stack, flags);
+/// What `close_frames` hands each step of its loop.
+#[repr(C)]
+struct Closing {
+    tid: u32,
+    /// The first `abandoned` frames closed are abandoned, the rest ended.
+    abandoned: u32,
+}
+
+/// Closes the top `abandoned` frames of `tid`'s stack as abandoned, then the top `ended` (0 or
+/// 1) as ended, with the counters in its `virtual_now`, adding each to its kind and key's
+/// totals. Through `bpf_loop` (Linux 5.17): the verifier walks one close once, where an
+/// unrolled loop of up to `MAX_SPAN_DEPTH` closes cost it most of its instruction budget.
+#[inline(always)]
+fn close_frames(tid: u32, abandoned: u32, ended: u32) {
+    let total = (abandoned + ended).min(MAX_SPAN_DEPTH as u32);
+    if total == 0 {
+        return;
     }
+    let mut closing = Closing { tid, abandoned };
+    // SAFETY: `close_step` has the callback signature bpf_loop expects, and `closing` outlives
+    // the call.
+    unsafe {
+        bpf_loop(
+            total,
+            close_step as *mut core::ffi::c_void,
+            (&raw mut closing).cast(),
+            0,
+        );
+    }
+}
+
+/// One step of `close_frames`: 0 to go on, 1 to stop.
+extern "C" fn close_step(index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `close_frames` passes a `Closing` on its stack.
+    let closing = unsafe { &*context.cast::<Closing>() };
+    let Some(stack) = SPAN_STACKS.get_ptr_mut(&closing.tid) else {
+        return 1;
+    };
+    // SAFETY: this thread's stack; only its own probes (and its last switch) touch it.
+    let stack = unsafe { &mut *stack };
+    if stack.depth == 0 {
+        return 1;
+    }
+    let flags = if index < u64::from(closing.abandoned) {
+        span_flags::ABANDONED
+    } else {
+        0
+    };
+    close_top(stack, flags);
+    0
 }
 
 #[inline(always)]

@@ -82,7 +82,17 @@ impl Session {
         };
         let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
         if program.fd().is_err() {
+            let started = std::time::Instant::now();
             program.load().map_err(load_error(name))?;
+            let verified = program
+                .info()
+                .ok()
+                .and_then(|info| info.verified_instruction_count());
+            log::info!(
+                "{name}: loaded in {:.1} ms ({} instructions verified)",
+                started.elapsed().as_secs_f64() * 1e3,
+                verified.map_or_else(|| "unknown".to_owned(), |count| count.to_string())
+            );
         }
         let program = program.fd().context("the USDT program's descriptor")?.as_fd();
         let pids: Vec<u32> = if processes.is_empty() {
