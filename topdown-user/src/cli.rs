@@ -296,7 +296,7 @@ pub struct CountingArgs {
         num_args = 0..=1,
         default_missing_value = ""
     )]
-    pub postgres: Option<PathBuf>,
+    pub postgres: Option<String>,
 
     /// Capacity of the BPF map of span totals (one entry per span kind and key, and per kind
     /// for abandoned spans); keys beyond it are counted as dropped.

@@ -85,7 +85,7 @@ struct SpanRequest {
     hits: Vec<crate::usdt::ProbeName>,
     specs: Vec<crate::spans::SpanSpec>,
     /// `--postgres`: `Some(empty)` for the default binary.
-    postgres: Option<std::path::PathBuf>,
+    postgres: Option<String>,
 }
 
 impl SpanRequest {
@@ -117,10 +117,10 @@ impl SpanRequest {
             targets.probe_processes.clone()
         };
         let postgres = match &self.postgres {
-            Some(binary) if binary.as_os_str().is_empty() => Some(
+            Some(binary) if binary.is_empty() => Some(
                 crate::spans::postgres::default_binary(&pids, targets.command.as_deref())?,
             ),
-            Some(binary) => Some(crate::usdt::find_file(&binary.display().to_string(), &pids)?),
+            Some(binary) => Some(crate::usdt::find_file(binary, &pids)?),
             None => None,
         };
         crate::spans::SpanPlan::build(&self.hits, &self.specs, postgres.as_deref(), &pids)

@@ -1,7 +1,8 @@
 //! CSV output (RFC 4180, written by the `csv` crate, which refuses a row whose length differs
 //! from the header's): one row per entity, every section under the same named columns.
 //!
-//! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls`, then the
+//! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls,span,key,abandoned`,
+//! then the
 //! counters in the model's order, then the metrics, then the derived figures (`offcore_latency`).
 //! A cell that does not apply to a row's kind is empty, as is a metric the model cannot compute.
 
@@ -10,7 +11,7 @@ use anyhow::{Context as _, Result};
 use super::{By, Entity, Report};
 
 /// The identifying columns, before the counters and metrics.
-pub const KEY_COLUMNS: [&str; 10] = [
+pub const KEY_COLUMNS: [&str; 13] = [
     "interval",
     "kind",
     "tid",
@@ -21,6 +22,9 @@ pub const KEY_COLUMNS: [&str; 10] = [
     "cgroup",
     "container",
     "calls",
+    "span",
+    "key",
+    "abandoned",
 ];
 
 /// What identifies one row; `None` leaves the cell empty.
@@ -34,6 +38,9 @@ struct Key<'a> {
     cgroup: Option<&'a str>,
     container: Option<String>,
     calls: Option<u64>,
+    span: Option<&'a str>,
+    key: Option<&'a str>,
+    abandoned: Option<u64>,
 }
 
 pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
@@ -65,6 +72,9 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
             key.cgroup.unwrap_or_default().to_owned(),
             key.container.unwrap_or_default(),
             number(key.calls),
+            key.span.unwrap_or_default().to_owned(),
+            key.key.unwrap_or_default().to_owned(),
+            number(key.abandoned),
         ];
         cells.extend(
             report
@@ -132,6 +142,27 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
                 row(kind, key, entity)?;
             }
         }
+    }
+    if by.contains(&By::Span) {
+        for span in &report.spans {
+            let key = Key {
+                span: Some(&span.kind),
+                key: Some(&span.key),
+                calls: Some(span.calls),
+                abandoned: Some(span.abandoned),
+                ..Key::default()
+            };
+            row("span", key, &span.entity)?;
+        }
+    }
+    for probe in &report.usdt {
+        let key = Key {
+            function: Some(&probe.probe),
+            target: Some(&probe.target),
+            calls: Some(probe.hits),
+            ..Key::default()
+        };
+        row("usdt", key, &Entity::default())?;
     }
     if by.contains(&By::Cgroup) {
         for cgroup in &report.cgroups {

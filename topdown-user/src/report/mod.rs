@@ -13,7 +13,9 @@ use crate::model::{Counts, Metrics};
 pub mod csv;
 pub mod json;
 pub mod svg;
+mod svg_spans;
 pub mod table;
+mod table_spans;
 
 /// One run's (or one interval's) results.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -10,7 +10,7 @@ use super::{By, CallEdge, Entity, Report};
 use crate::model::{L1_METRICS, L2_METRICS};
 
 /// Column titles for the metric names.
-fn title(metric: &str) -> &str {
+pub(super) fn title(metric: &str) -> &str {
     match metric {
         "retiring" => "Retiring",
         "bad_speculation" => "BadSpec",
@@ -259,6 +259,15 @@ fn table_text(report: &Report, by: &[By]) -> String {
     if by.contains(&By::Function) && !report.functions.is_empty() {
         text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
     }
+    if by.contains(&By::Span) || !report.usdt.is_empty() {
+        text += &super::table_spans::spans_text(
+            report,
+            &metrics,
+            weight,
+            &weight_title,
+            total_weight,
+        );
+    }
 
     if any_estimated {
         text += "note: ~ marks estimates: those counters took turns on the PMU and were scaled by the time each group counted (enabled/running)\n";
@@ -496,7 +505,7 @@ fn functions_text(
 
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1), right-aligns the numbers.
-fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
+pub(super) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
