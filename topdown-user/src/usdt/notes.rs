@@ -262,7 +262,7 @@ mod tests {
         }
         let file = read(path).unwrap();
         assert!(!file.position_independent && file.x86_64);
-        assert_eq!(file.notes.len(), 9, "{:#?}", file.notes);
+        assert_eq!(file.notes.len(), 8, "{:#?}", file.notes);
         let data = std::fs::read(path).unwrap();
         let elf = object::File::parse(&*data).unwrap();
         for note in &file.notes {
