@@ -8,7 +8,7 @@ use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
         BPF_LINKER_VERSION, EBPF_TOOLCHAIN, HOST_TOOLCHAIN, LLVM_PACKAGES, LLVM_PREFIX,
-        REAL_PROGRAM_PACKAGES, TEST_PACKAGES,
+        REAL_PROGRAM_PACKAGES, TEST_PACKAGES, USDT_PACKAGES,
     },
 };
 
@@ -22,6 +22,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &REAL_PROGRAM_PACKAGES,
         "bpftrace's entry counts against `-u 'libsqlite3:*'` on the sqlite3 CLI (function-probe tests)",
+    )?;
+    debian_packages(
+        &USDT_PACKAGES,
+        "the USDT and --postgres tests (sys/sdt.h, python3.11, a PostgreSQL 15 server with pg_stat_statements, psql, pgbench)",
     )?;
     bpf_linker()?;
     tracefs()?;
