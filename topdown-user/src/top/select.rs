@@ -135,7 +135,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
             kept.processes = pick(&aggregate.processes, &picked);
             kept.tasks = aggregate.tasks.iter().take(1).cloned().collect();
         }
-        View::Cgroups | View::Functions => {
+        View::Cgroups | View::Functions | View::Spans => {
             kept.tasks = aggregate.tasks.iter().take(1).cloned().collect();
             kept.processes = aggregate.processes.iter().take(1).cloned().collect();
         }
