@@ -99,10 +99,13 @@ fn difference(now: &SpanStats, earlier: &SpanStats) -> SpanStats {
 }
 
 /// What a span entry's key is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SpanKeyType {
     /// The kind has no key: one entry.
+    #[default]
     None,
     /// An integer argument of the start probe.
     Integer,
@@ -192,15 +195,20 @@ pub struct SpanNaming {
     pub hit_probes: Vec<(String, String)>,
 }
 
-/// One entry being merged: typed counts, named at the end.
-#[derive(Default)]
-struct Merged {
-    text: Option<String>,
-    calls: u64,
-    abandoned: u64,
-    folded: u64,
-    counts: SlotCounts,
-    abandoned_counts: SlotCounts,
+/// One span kind and key as reports show it: abandoned and helpers' spans merged in, texts
+/// normalised; counts still typed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MergedSpan {
+    /// The kind's id (a helper kind's spans are under the kind they fold into).
+    pub kind: u32,
+    pub key_type: SpanKeyType,
+    pub key: String,
+    pub text: Option<String>,
+    pub calls: u64,
+    pub abandoned: u64,
+    pub folded: u64,
+    pub counts: SlotCounts,
+    pub abandoned_counts: SlotCounts,
 }
 
 /// The kind, key type and key string `span` reports under, and the text behind it.
@@ -241,18 +249,19 @@ fn key_of(
     (shown_kind, key_type, key, text)
 }
 
-/// The report's `spans` (heaviest first by the weight slot) and `usdt` entries.
-pub fn entries(
-    naming: &SpanNaming,
-    aggregate: &SpanAggregate,
-    model: &dyn Model,
-    slot_names: &[String],
-    level: u8,
-) -> (Vec<SpanEntry>, Vec<UsdtEntry>) {
-    let mut merged: BTreeMap<(u32, SpanKeyType, String), Merged> = BTreeMap::new();
+/// Every kind and key of `aggregate`, heaviest first by `weight_slot` (then by kind and key).
+pub fn merge(naming: &SpanNaming, aggregate: &SpanAggregate, weight_slot: usize) -> Vec<MergedSpan> {
+    let mut merged: BTreeMap<(u32, SpanKeyType, String), MergedSpan> = BTreeMap::new();
     for span in &aggregate.spans {
         let (kind, key_type, key, text) = key_of(naming, span, &aggregate.texts);
-        let entry = merged.entry((kind, key_type, key)).or_default();
+        let entry = merged
+            .entry((kind, key_type, key.clone()))
+            .or_insert_with(|| MergedSpan {
+                kind,
+                key_type,
+                key,
+                ..MergedSpan::default()
+            });
         if entry.text.is_none() {
             entry.text = text;
         }
@@ -267,30 +276,47 @@ pub fn entries(
             entry.counts += span.counts;
         }
     }
+    let mut rows: Vec<MergedSpan> = merged.into_values().collect();
+    rows.sort_by(|a, b| {
+        b.counts
+            .get(weight_slot)
+            .cmp(&a.counts.get(weight_slot))
+            .then_with(|| (a.kind, a.key_type, &a.key).cmp(&(b.kind, b.key_type, &b.key)))
+    });
+    rows
+}
+
+impl SpanNaming {
+    /// What reports call kind `id`.
+    pub fn kind_name(&self, id: u32) -> String {
+        self.kinds
+            .get(id as usize)
+            .map_or_else(|| format!("span #{id}"), |kind| kind.name.clone())
+    }
+}
+
+/// The report's `spans` (heaviest first by the weight slot) and `usdt` entries.
+pub fn entries(
+    naming: &SpanNaming,
+    aggregate: &SpanAggregate,
+    model: &dyn Model,
+    slot_names: &[String],
+    level: u8,
+) -> (Vec<SpanEntry>, Vec<UsdtEntry>) {
     let evaluator = Evaluator::new(model, slot_names);
     let namer = SlotNamer::new(slot_names);
     let weight_slot = slot_names
         .iter()
         .position(|name| name == model.weight_counter())
         .unwrap_or(0);
-    let mut rows: Vec<((u32, SpanKeyType, String), Merged)> = merged.into_iter().collect();
-    rows.sort_by(|a, b| {
-        b.1.counts
-            .get(weight_slot)
-            .cmp(&a.1.counts.get(weight_slot))
-            .then_with(|| a.0.cmp(&b.0))
-    });
-    let spans = rows
+    let spans = merge(naming, aggregate, weight_slot)
         .into_iter()
-        .map(|((kind, key_type, key), merged)| {
+        .map(|merged| {
             let evaluation = evaluator.evaluate(&merged.counts.0, level);
             SpanEntry {
-                kind: naming
-                    .kinds
-                    .get(kind as usize)
-                    .map_or_else(|| format!("span #{kind}"), |kind| kind.name.clone()),
-                key,
-                key_type,
+                kind: naming.kind_name(merged.kind),
+                key: merged.key,
+                key_type: merged.key_type,
                 text: merged.text,
                 calls: merged.calls,
                 abandoned: merged.abandoned,
