@@ -155,7 +155,14 @@ where
     ));
     let output = run_ok(
         topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
             .arg(&out)
             .args(args),
     )?;

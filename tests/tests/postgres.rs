@@ -80,12 +80,15 @@ impl Server {
             user,
         };
         let data = server.dir.join("data");
-        server.as_postgres(
-            Command::new(bin.join("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"]),
-        );
+        server.as_postgres(Command::new(bin.join("initdb")).arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]));
         let mut conf = format!(
             "listen_addresses = ''\nunix_socket_directories = '{}'\nport = {port}\n\
              shared_preload_libraries = 'pg_stat_statements'\nfsync = off\n",
@@ -128,10 +131,14 @@ impl Server {
     }
 
     fn connection(&self, command: &mut Command) {
-        command
-            .arg("-h")
-            .arg(&self.dir)
-            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres"]);
+        command.arg("-h").arg(&self.dir).args([
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ]);
     }
 
     /// Runs psql with each of `commands` as a `-c` (one session, the simple protocol); an

@@ -23,9 +23,12 @@ struct Programs {
 
 /// sys/sdt.h comes with systemtap-sdt-dev (`cargo xtask setup` installs it).
 fn sdt_header() -> bool {
-    ["/usr/include/sys/sdt.h", "/usr/include/x86_64-linux-gnu/sys/sdt.h"]
-        .iter()
-        .any(|path| Path::new(path).exists())
+    [
+        "/usr/include/sys/sdt.h",
+        "/usr/include/x86_64-linux-gnu/sys/sdt.h",
+    ]
+    .iter()
+    .any(|path| Path::new(path).exists())
 }
 
 fn programs() -> &'static Programs {
@@ -119,7 +122,9 @@ fn spans_count_exactly_what_ran_between_start_and_end() {
         let target = program.display();
         let (report, _) = stat_json([
             "--span".to_owned(),
-            format!("request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"),
+            format!(
+                "request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"
+            ),
             "--span".to_owned(),
             format!("batch={target}:test:batch_start..test:batch_done"),
             "--span".to_owned(),
@@ -152,12 +157,19 @@ fn spans_count_exactly_what_ran_between_start_and_end() {
         assert_eq!(figures("request", "9"), (0, 0, 1, N), "{build}: longjmp");
         assert_eq!(figures("request", "5"), (0, 0, 1, 2 * N), "{build}: reset");
         assert_eq!(figures("batch", ""), (1, 13 * N, 0, 0), "{build}: batch");
-        assert_eq!(figures("named", "alpha"), (2, 2 * N, 0, 0), "{build}: alpha");
+        assert_eq!(
+            figures("named", "alpha"),
+            (2, 2 * N, 0, 0),
+            "{build}: alpha"
+        );
         assert_eq!(figures("named", "beta"), (2, 4 * N, 0, 0), "{build}: beta");
         assert_eq!(report["spans"].as_array().map(Vec::len), Some(9), "{build}");
         assert_eq!(span(&report, "batch", "").unwrap()["key_type"], "none");
         assert_eq!(span(&report, "named", "beta").unwrap()["key_type"], "text");
-        assert_eq!(span(&report, "request", "4").unwrap()["key_type"], "integer");
+        assert_eq!(
+            span(&report, "request", "4").unwrap()["key_type"],
+            "integer"
+        );
         // The whole command made 19 N calls: the spans hold exactly theirs.
         let process = report["processes"]
             .as_array()
@@ -211,8 +223,9 @@ fn every_argument_form_is_decoded_exactly() {
         ])
         .unwrap();
         for (form, value) in &expected {
-            let span = span(&report, "form", value)
-                .unwrap_or_else(|| panic!("{build}: {form} gave no key {value}: {}", report["spans"]));
+            let span = span(&report, "form", value).unwrap_or_else(|| {
+                panic!("{build}: {form} gave no key {value}: {}", report["spans"])
+            });
             assert_eq!(span["calls"], R, "{build}: {form}");
         }
         assert_eq!(
@@ -256,13 +269,28 @@ fn a_guarded_probe_fires_only_while_topdown_enables_it() {
     let _serial = serial();
     const N: u64 = 25;
     for (build, program) in both() {
-        let untraced = Command::new(program).args(["guarded", "25"]).output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&untraced.stdout), "fired 0\n", "{build}");
+        let untraced = Command::new(program)
+            .args(["guarded", "25"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&untraced.stdout),
+            "fired 0\n",
+            "{build}"
+        );
         for links in ["auto", "per-site"] {
-            let out = std::env::temp_dir().join(format!("topdown-usdt-guarded-{}.json", std::process::id()));
+            let out = std::env::temp_dir()
+                .join(format!("topdown-usdt-guarded-{}.json", std::process::id()));
             let output = run_ok(
                 topdown()
-                    .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+                    .args([
+                        "stat",
+                        "--pmu",
+                        "synthetic:intel-icl",
+                        "--format",
+                        "json",
+                        "-o",
+                    ])
                     .arg(&out)
                     .args(["--usdt-links", links, "-U"])
                     .arg(format!("{}:test:guarded", program.display()))
@@ -318,7 +346,13 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
         ("per-site", libc::SIGKILL),
     ] {
         let tracer = topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--usdt-links", links])
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--usdt-links",
+                links,
+            ])
             .args(["-p", &pid.to_string(), "-U"])
             .arg(format!("{}:test:guarded", program.display()))
             .stdout(Stdio::null())
@@ -361,7 +395,14 @@ fn python_collections_per_generation_match_pythons_own_counts() {
     let out = std::env::temp_dir().join(format!("topdown-usdt-python-{}.json", std::process::id()));
     let output = run_ok(
         topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
             .arg(&out)
             .arg("--span")
             .arg(format!(
@@ -384,7 +425,11 @@ fn python_collections_per_generation_match_pythons_own_counts() {
     for (generation, expected) in counted.iter().enumerate() {
         let calls = span(&report, "gc", &generation.to_string())
             .map_or(0, |span| span["calls"].as_u64().unwrap());
-        assert_eq!(calls, *expected, "generation {generation}: {}", report["spans"]);
+        assert_eq!(
+            calls, *expected,
+            "generation {generation}: {}",
+            report["spans"]
+        );
     }
     no_span_anomalies(&report);
 }
@@ -413,14 +458,23 @@ fn bad_usdt_input_is_one_line_and_exit_2() {
             vec!["--span".into(), "x=/bin/true:a:b..a:c".into()],
             "/bin/true has no USDT probes",
         ),
-        (vec!["-U".into(), "/etc/passwd:a:b".into()], "not an ELF file"),
-        (vec!["-U".into(), "nothing".into()], "expected TARGET:PROVIDER:NAME"),
+        (
+            vec!["-U".into(), "/etc/passwd:a:b".into()],
+            "not an ELF file",
+        ),
+        (
+            vec!["-U".into(), "nothing".into()],
+            "expected TARGET:PROVIDER:NAME",
+        ),
         (
             vec!["--postgres".into(), "/bin/true".into()],
             "PostgreSQL must be built with --enable-dtrace",
         ),
         (
-            vec!["--span".into(), format!("x={program}:test:form*..test:form_end")],
+            vec![
+                "--span".into(),
+                format!("x={program}:test:form*..test:form_end"),
+            ],
             "not by glob",
         ),
     ];
@@ -433,7 +487,10 @@ fn bad_usdt_input_is_one_line_and_exit_2() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        let errors: Vec<&str> = stderr.lines().filter(|line| line.contains("error")).collect();
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("error"))
+            .collect();
         assert_eq!(errors.len(), 1, "{args:?}: {stderr}");
         assert!(errors[0].contains(wanted), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
@@ -448,10 +505,18 @@ fn span_reports_round_trip_through_report_input() {
     }
     let _serial = serial();
     let target = programs().pie.display().to_string();
-    let recording = std::env::temp_dir().join(format!("topdown-usdt-rec-{}.json", std::process::id()));
+    let recording =
+        std::env::temp_dir().join(format!("topdown-usdt-rec-{}.json", std::process::id()));
     run_ok(
         topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
             .arg(&recording)
             .arg("--span")
             .arg(format!(
@@ -483,11 +548,22 @@ fn span_reports_round_trip_through_report_input() {
         assert_eq!(read["abandoned_counters"], written["abandoned_counters"]);
     }
     let table = render("table");
-    assert!(table.contains("Spans (") && table.contains("request  4"), "{table}");
+    assert!(
+        table.contains("Spans (") && table.contains("request  4"),
+        "{table}"
+    );
     let csv = render("csv");
-    let rows: Vec<&str> = csv.lines().filter(|line| line.starts_with(",span,")).collect();
+    let rows: Vec<&str> = csv
+        .lines()
+        .filter(|line| line.starts_with(",span,"))
+        .collect();
     assert_eq!(rows.len(), 6, "{csv}");
-    assert!(csv.lines().next().unwrap().contains(",calls,span,key,abandoned,"));
+    assert!(
+        csv.lines()
+            .next()
+            .unwrap()
+            .contains(",calls,span,key,abandoned,")
+    );
     let svg = render("svg");
     assert_eq!(svg.matches(r#"<g class="bar""#).count(), 6, "{svg}");
     let _ = std::fs::remove_file(&recording);

@@ -55,8 +55,7 @@ pub(crate) static SPAN_TEXTS: HashMap<u64, SpanText> =
 
 /// Each span kind's flags (`kind_flags`), by kind id.
 #[map]
-pub(crate) static SPAN_KINDS: Array<SpanKind> =
-    Array::with_max_entries(MAX_SPAN_KINDS as u32, 0);
+pub(crate) static SPAN_KINDS: Array<SpanKind> = Array::with_max_entries(MAX_SPAN_KINDS as u32, 0);
 
 #[map]
 pub(crate) static SPAN_STATS: PerCpuArray<SpanStats> = PerCpuArray::with_max_entries(1, 0);
@@ -65,7 +64,9 @@ pub(crate) static SPAN_STATS: PerCpuArray<SpanStats> = PerCpuArray::with_max_ent
 fn stats() -> Option<&'static mut SpanStats> {
     // SAFETY: a per-CPU value; a probe preempted by another on this CPU at worst loses an
     // increment of these diagnostic counts.
-    SPAN_STATS.get_ptr_mut(0).map(|stats| unsafe { &mut *stats })
+    SPAN_STATS
+        .get_ptr_mut(0)
+        .map(|stats| unsafe { &mut *stats })
 }
 
 /// A frame index the verifier can see is in bounds (as `functions::frame_index`).
@@ -471,8 +472,14 @@ fn hash(text: &SpanText) -> u64 {
     while word < WORDS && word * 8 < len {
         // SAFETY: `word < WORDS`, so 8 bytes from `8 * word` are inside `bytes`, which is
         // 8-byte aligned (`SpanText` is).
-        let mut value =
-            unsafe { core::ptr::read(text.bytes.as_ptr().add(8 * (word & (WORDS - 1))).cast::<u64>()) };
+        let mut value = unsafe {
+            core::ptr::read(
+                text.bytes
+                    .as_ptr()
+                    .add(8 * (word & (WORDS - 1)))
+                    .cast::<u64>(),
+            )
+        };
         let left = len - word * 8;
         if left < 8 {
             value &= (1u64 << (8 * left)) - 1;

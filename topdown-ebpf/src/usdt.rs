@@ -104,9 +104,15 @@ fn read_user(address: u64, size: u8) -> Option<u64> {
     // SAFETY: user addresses read through the helper, which fails cleanly.
     unsafe {
         match size {
-            1 => bpf_probe_read_user(address as *const u8).ok().map(u64::from),
-            2 => bpf_probe_read_user(address as *const u16).ok().map(u64::from),
-            4 => bpf_probe_read_user(address as *const u32).ok().map(u64::from),
+            1 => bpf_probe_read_user(address as *const u8)
+                .ok()
+                .map(u64::from),
+            2 => bpf_probe_read_user(address as *const u16)
+                .ok()
+                .map(u64::from),
+            4 => bpf_probe_read_user(address as *const u32)
+                .ok()
+                .map(u64::from),
             _ => bpf_probe_read_user(address as *const u64).ok(),
         }
     }

@@ -616,7 +616,8 @@ mod tests {
             .to_string();
         assert!(
             wrong.contains("invalid value 'thread' for '--by <BY>'")
-                && wrong.contains("[possible values: task, process, cgroup, function, span, query]"),
+                && wrong
+                    .contains("[possible values: task, process, cgroup, function, span, query]"),
             "{wrong}"
         );
     }

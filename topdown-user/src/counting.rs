@@ -117,9 +117,10 @@ impl SpanRequest {
             targets.probe_processes.clone()
         };
         let postgres = match &self.postgres {
-            Some(binary) if binary.is_empty() => Some(
-                crate::spans::postgres::default_binary(&pids, targets.command.as_deref())?,
-            ),
+            Some(binary) if binary.is_empty() => Some(crate::spans::postgres::default_binary(
+                &pids,
+                targets.command.as_deref(),
+            )?),
             Some(binary) => Some(crate::usdt::find_file(binary, &pids)?),
             None => None,
         };

@@ -20,6 +20,8 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd;
 
+mod spans;
+
 /// Rounds of the cgroup section, and ping-pong length per round.
 const CGROUP_ROUNDS: usize = 3;
 const ROUND_TRIPS: &str = "200000";
@@ -137,10 +139,24 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"refresh") {
         bench_refresh(&topdown)?;
     }
+    if sections.contains(&"spans") {
+        spans::bench_spans(&topdown, &floor)?;
+    }
+    if sections.contains(&"postgres") {
+        spans::bench_postgres(&topdown)?;
+    }
     Ok(())
 }
 
-const SECTIONS: [&str; 5] = ["switches", "cgroups", "functions", "attach", "refresh"];
+const SECTIONS: [&str; 7] = [
+    "switches",
+    "cgroups",
+    "functions",
+    "attach",
+    "refresh",
+    "spans",
+    "postgres",
+];
 
 /// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section
 /// can be re-measured without the others' minutes.

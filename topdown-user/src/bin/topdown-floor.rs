@@ -6,7 +6,9 @@
 //! Without options: the empty `tp_btf/sched_switch` program. `--pmu MODEL` opens the counter
 //! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
-//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC.
+//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC; `-U
+//! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
+//! floor: the same two sites, the same counters, nothing else).
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -49,6 +51,10 @@ struct Args {
     /// `--returns`).
     #[arg(long, value_enum, default_value_t = Returns::Uretprobe)]
     returns: Returns,
+    /// BINARY:PROVIDER:NAME: read every counter at each site of this USDT probe (needs
+    /// --pmu; probes without semaphores only).
+    #[arg(short = 'U')]
+    usdt: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -114,6 +120,31 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
     Ok(points)
 }
 
+/// The sites of each `-U` probe.
+fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
+    let mut points = Vec::new();
+    for text in probes {
+        let probe = topdown::usdt::ProbeName::parse(text, "-U")?;
+        let path = PathBuf::from(&probe.target);
+        let file = topdown::usdt::notes::read(&path)?;
+        let option = format!("-U {text}");
+        for (_, notes) in
+            topdown::usdt::required_sites(&file, &path, &probe.provider, &probe.name, &option)?
+        {
+            for note in notes {
+                if note.semaphore.is_some() {
+                    return Err(fail(
+                        Failure::Usage,
+                        format!("{option}: the floor does not enable semaphores"),
+                    ));
+                }
+                points.push((path.clone(), note.offset));
+            }
+        }
+    }
+    Ok(points)
+}
+
 /// Opens `model`'s counters as topdown does (`counting::open_counters`, without hybrid
 /// overrides or extra events): returns the slots the programs read and the groups.
 fn open_counters(model: &str) -> Result<(u32, [u32; MAX_COUNTERS], CounterGroups)> {
@@ -172,7 +203,8 @@ fn attach(
         .attach()
         .with_context(|| format!("attaching {switch}"))?;
 
-    let points = resolve_points(&args.functions, args.returns)?;
+    let mut points = resolve_points(&args.functions, args.returns)?;
+    points.entries.extend(usdt_points(&args.usdt)?);
     // Timed as topdown times its own: the probes' attaching, after the functions are resolved.
     let started = Instant::now();
     // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
@@ -265,10 +297,10 @@ async fn until_stopped() -> Result<()> {
 }
 
 fn run(args: Args) -> Result<()> {
-    if (args.read || !args.functions.is_empty()) && args.pmu.is_none() {
+    if (args.read || !args.functions.is_empty() || !args.usdt.is_empty()) && args.pmu.is_none() {
         return Err(fail(
             Failure::Usage,
-            "--read and -u read counters: name the model whose counters to open with --pmu MODEL",
+            "--read, -u and -U read counters: name the model whose counters to open with --pmu MODEL",
         ));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

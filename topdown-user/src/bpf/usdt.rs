@@ -94,7 +94,10 @@ impl Session {
                 verified.map_or_else(|| "unknown".to_owned(), |count| count.to_string())
             );
         }
-        let program = program.fd().context("the USDT program's descriptor")?.as_fd();
+        let program = program
+            .fd()
+            .context("the USDT program's descriptor")?
+            .as_fd();
         let pids: Vec<u32> = if processes.is_empty() {
             vec![0]
         } else {
@@ -140,13 +143,13 @@ impl Session {
                     for point in points {
                         let [link, event] = attach::perf(program, target, point, *pid, *retprobe)
                             .with_context(|| {
-                                format!(
-                                    "attaching the USDT site at {:#x} of {} (perf uprobe{})",
-                                    point.offset,
-                                    target.display(),
-                                    pid_note(*pid)
-                                )
-                            })?;
+                            format!(
+                                "attaching the USDT site at {:#x} of {} (perf uprobe{})",
+                                point.offset,
+                                target.display(),
+                                pid_note(*pid)
+                            )
+                        })?;
                         fds.push(link);
                         fds.push(event);
                     }
@@ -185,8 +188,7 @@ impl Session {
             let texts_map: BpfHashMap<&MapData, u64, SpanText> =
                 map(&self.ebpf, names::SPAN_TEXTS)?;
             let (mut hashes, mut texts) = (Vec::new(), Vec::new());
-            read_whole(&texts_map, &mut hashes, &mut texts)
-                .context("reading the span text map")?;
+            read_whole(&texts_map, &mut hashes, &mut texts).context("reading the span text map")?;
             let known = Arc::make_mut(&mut self.span_texts);
             for (hash, text) in hashes.into_iter().zip(texts) {
                 known.entry(hash).or_insert_with(|| {

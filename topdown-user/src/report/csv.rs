@@ -224,7 +224,10 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let (header, rows) = parse(&text);
         let column = |name: &str| header.iter().position(|h| h == name).unwrap();
-        assert_eq!(&header[..KEY_COLUMNS.len()], &KEY_COLUMNS.map(str::to_owned));
+        assert_eq!(
+            &header[..KEY_COLUMNS.len()],
+            &KEY_COLUMNS.map(str::to_owned)
+        );
         assert_eq!(
             header.len(),
             KEY_COLUMNS.len() + report.counter_names.len() + report.totals.metrics.len()

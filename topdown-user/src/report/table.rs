@@ -260,13 +260,8 @@ fn table_text(report: &Report, by: &[By]) -> String {
         text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
     }
     if by.contains(&By::Span) || !report.usdt.is_empty() {
-        text += &super::table_spans::spans_text(
-            report,
-            &metrics,
-            weight,
-            &weight_title,
-            total_weight,
-        );
+        text +=
+            &super::table_spans::spans_text(report, &metrics, weight, &weight_title, total_weight);
     }
 
     if any_estimated {

@@ -84,7 +84,13 @@ pub(super) fn spans_text(
         let rows: Vec<Vec<String>> = report
             .usdt
             .iter()
-            .map(|probe| vec![probe.probe.clone(), probe.target.clone(), probe.hits.to_string()])
+            .map(|probe| {
+                vec![
+                    probe.probe.clone(),
+                    probe.target.clone(),
+                    probe.hits.to_string(),
+                ]
+            })
             .collect();
         text += "\nUSDT probes\n";
         text += &layout(&header, &rows, 4);

@@ -332,7 +332,12 @@ fn refresh(
     });
     exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
     if let Some(spans) = &session.spans {
-        exporter.add_spans(&aggregate, &session.naming(&cgroup_paths), &spans.naming, now);
+        exporter.add_spans(
+            &aggregate,
+            &session.naming(&cgroup_paths),
+            &spans.naming,
+            now,
+        );
     }
     if let Some(calls) = raw_calls {
         aggregate.calls = calls;

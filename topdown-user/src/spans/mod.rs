@@ -217,11 +217,15 @@ impl SpanPlan {
             ));
         }
         for note in usdt_sites(file, &path, &spec.end, &option)? {
-            self.sites.sites.push(site(&path, note, span_site(action::END, kind)));
+            self.sites
+                .sites
+                .push(site(&path, note, span_site(action::END, kind)));
         }
         if let Some(abort) = &spec.abort {
             for note in usdt_sites(file, &path, abort, &option)? {
-                self.sites.sites.push(site(&path, note, span_site(action::ABORT, kind)));
+                self.sites
+                    .sites
+                    .push(site(&path, note, span_site(action::ABORT, kind)));
             }
         }
         Ok(())
@@ -298,7 +302,10 @@ pub fn note_arg(
         .map_err(|err| {
             fail(
                 Failure::Usage,
-                format!("{option}: probe {}:{} arg{index}: {err:#}", note.provider, note.name),
+                format!(
+                    "{option}: probe {}:{} arg{index}: {err:#}",
+                    note.provider, note.name
+                ),
             )
         })
 }
@@ -314,13 +321,19 @@ pub fn function_site(
     let address = file.symbol(symbol).ok_or_else(|| {
         fail(
             Failure::Usage,
-            format!("{}: no function {symbol} (is it the right binary?)", path.display()),
+            format!(
+                "{}: no function {symbol} (is it the right binary?)",
+                path.display()
+            ),
         )
     })?;
     let offset = file.offset_of(address).ok_or_else(|| {
         fail(
             Failure::Usage,
-            format!("{}: function {symbol} at {address:#x} is in no segment", path.display()),
+            format!(
+                "{}: function {symbol} at {address:#x} is in no segment",
+                path.display()
+            ),
         )
     })?;
     Ok(PlannedSite {
@@ -382,7 +395,10 @@ mod tests {
             ("x=p:a..p:b", "bad start probe"),
         ] {
             let err = SpanSpec::parse(bad).unwrap_err().to_string();
-            assert!(err.contains(why) && err.starts_with("--span "), "{bad}: {err}");
+            assert!(
+                err.contains(why) && err.starts_with("--span "),
+                "{bad}: {err}"
+            );
         }
     }
 }

@@ -82,7 +82,9 @@ pub fn normalize(text: &str) -> String {
             out.push_str(&text[start..at]);
             continue;
         }
-        if byte.is_ascii_digit() || (byte == b'.' && bytes.get(at + 1).is_some_and(u8::is_ascii_digit)) {
+        if byte.is_ascii_digit()
+            || (byte == b'.' && bytes.get(at + 1).is_some_and(u8::is_ascii_digit))
+        {
             at = number_end(bytes, at);
             out.push_str(&format!("${next}"));
             next += 1;
@@ -259,7 +261,10 @@ mod tests {
         );
         // Numbering continues after the text's own parameters.
         assert_eq!(normalize("select $2, 7, $1"), "select $2, $3, $1");
-        assert_eq!(normalize("SELECT E'a\\'b', X'ff', 0x1F"), "SELECT $1, $2, $3");
+        assert_eq!(
+            normalize("SELECT E'a\\'b', X'ff', 0x1F"),
+            "SELECT $1, $2, $3"
+        );
         assert_eq!(normalize("select $$it's 1$$, $q$x$q$"), "select $1, $2");
     }
 
@@ -269,7 +274,10 @@ mod tests {
             normalize("select t1.c2 /* note 5 /* nested */ */ from \"Tab 3\" -- 4\n"),
             "select t1.c2 from \"Tab 3\""
         );
-        assert_eq!(normalize("select x1, e, n from b"), "select x1, e, n from b");
+        assert_eq!(
+            normalize("select x1, e, n from b"),
+            "select x1, e, n from b"
+        );
         assert_eq!(normalize("  "), "");
         assert_eq!(normalize("select 'unterminated"), "select $1");
         assert_eq!(normalize("select 'é', 'ü'"), "select $1, $2");

@@ -88,7 +88,10 @@ pub fn add(plan: &mut SpanPlan, binary: &Path, files: &mut Files) -> Result<()> 
     let text_address = file.symbol("debug_query_string").ok_or_else(|| {
         fail(
             Failure::Usage,
-            format!("{OPTION}: {} has no debug_query_string symbol", binary.display()),
+            format!(
+                "{OPTION}: {} has no debug_query_string symbol",
+                binary.display()
+            ),
         )
     })?;
     for note in usdt_sites(file, binary, &provider("query__execute__start"), OPTION)? {

@@ -93,7 +93,9 @@ fn difference(now: &SpanStats, earlier: &SpanStats) -> SpanStats {
         unmatched_ends: now.unmatched_ends.saturating_sub(earlier.unmatched_ends),
         read_failures: now.read_failures.saturating_sub(earlier.read_failures),
         map_full: now.map_full.saturating_sub(earlier.map_full),
-        arg_read_failures: now.arg_read_failures.saturating_sub(earlier.arg_read_failures),
+        arg_read_failures: now
+            .arg_read_failures
+            .saturating_sub(earlier.arg_read_failures),
         open_at_exit: now.open_at_exit.saturating_sub(earlier.open_at_exit),
     }
 }
@@ -250,7 +252,11 @@ fn key_of(
 }
 
 /// Every kind and key of `aggregate`, heaviest first by `weight_slot` (then by kind and key).
-pub fn merge(naming: &SpanNaming, aggregate: &SpanAggregate, weight_slot: usize) -> Vec<MergedSpan> {
+pub fn merge(
+    naming: &SpanNaming,
+    aggregate: &SpanAggregate,
+    weight_slot: usize,
+) -> Vec<MergedSpan> {
     let mut merged: BTreeMap<(u32, SpanKeyType, String), MergedSpan> = BTreeMap::new();
     for span in &aggregate.spans {
         let (kind, key_type, key, text) = key_of(naming, span, &aggregate.texts);

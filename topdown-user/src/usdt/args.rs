@@ -68,7 +68,9 @@ pub fn register(name: &str) -> Option<Register> {
         return plain(pt_regs_word::IP);
     }
     if let Some(rest) = name.strip_prefix('r')
-        && let Some(digits_end) = rest.find(|c: char| !c.is_ascii_digit()).or(Some(rest.len()))
+        && let Some(digits_end) = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .or(Some(rest.len()))
         && digits_end > 0
     {
         let number: usize = rest[..digits_end].parse().ok()?;
@@ -166,9 +168,13 @@ fn operand_of(text: &str) -> Result<Operand> {
                     let register = named_register(name)?;
                     let scale = match parts.next() {
                         None => 1,
-                        Some(scale) => scale.parse::<u8>().ok().filter(|scale| {
-                            [1, 2, 4, 8].contains(scale)
-                        }).ok_or_else(|| anyhow::anyhow!("scale '{scale}' is not 1, 2, 4 or 8"))?,
+                        Some(scale) => scale
+                            .parse::<u8>()
+                            .ok()
+                            .filter(|scale| [1, 2, 4, 8].contains(scale))
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("scale '{scale}' is not 1, 2, 4 or 8")
+                            })?,
                     };
                     Some((register, scale))
                 }
@@ -257,19 +263,30 @@ fn integer(text: &str) -> Result<i64> {
         Some(rest) => (true, rest),
         None => (false, text),
     };
-    let value = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+    let value = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => digits.parse::<u64>(),
     }
     .map_err(|_| anyhow::anyhow!("'{text}' is not a number"))?;
     let value = value as i64;
-    Ok(if negative { value.wrapping_neg() } else { value })
+    Ok(if negative {
+        value.wrapping_neg()
+    } else {
+        value
+    })
 }
 
 impl ArgSpec {
     /// The BPF side's descriptor of this argument at a site at `site_address` of its file;
     /// `symbol` looks up the address of a symbol the operand names (in the same file).
-    pub fn lower(&self, site_address: u64, symbol: &dyn Fn(&str) -> Option<u64>) -> Result<UsdtArg> {
+    pub fn lower(
+        &self,
+        site_address: u64,
+        symbol: &dyn Fn(&str) -> Option<u64>,
+    ) -> Result<UsdtArg> {
         let mut arg = UsdtArg {
             size: self.size,
             signed: u8::from(self.signed),
@@ -360,7 +377,10 @@ mod tests {
                 operand: Operand::Register(reg(5))
             }
         );
-        assert_eq!(parse("-4@%r14d").unwrap().operand, Operand::Register(reg(1)));
+        assert_eq!(
+            parse("-4@%r14d").unwrap().operand,
+            Operand::Register(reg(1))
+        );
         assert!(parse("-4@%r14d").unwrap().signed);
         assert_eq!(parse("1@%sil").unwrap().operand, Operand::Register(reg(13)));
         assert_eq!(parse("1@%dil").unwrap().operand, Operand::Register(reg(14)));

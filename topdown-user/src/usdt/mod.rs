@@ -140,7 +140,10 @@ pub fn required_sites<'a>(
             .collect();
         known.dedup();
         let hint = if known.is_empty() {
-            format!("{} has no USDT probes (no .note.stapsdt section)", path.display())
+            format!(
+                "{} has no USDT probes (no .note.stapsdt section)",
+                path.display()
+            )
         } else {
             let shown: Vec<&str> = known.iter().take(8).map(String::as_str).collect();
             format!(
@@ -149,12 +152,19 @@ pub fn required_sites<'a>(
                 known.len(),
                 if known.len() == 1 { "" } else { "s" },
                 shown.join(", "),
-                if known.len() > shown.len() { ", ..." } else { "" }
+                if known.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
             )
         };
         return Err(fail(
             Failure::Usage,
-            format!("{option}: no USDT probe {provider}:{name} in {}; {hint}", path.display()),
+            format!(
+                "{option}: no USDT probe {provider}:{name} in {}; {hint}",
+                path.display()
+            ),
         ));
     }
     Ok(found)

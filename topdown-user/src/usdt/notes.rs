@@ -76,17 +76,13 @@ fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
 /// Reads the SDT notes of `path`.
 pub fn read(path: &Path) -> Result<SdtFile> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse(&data).map_err(|err| {
-        fail(
-            Failure::Usage,
-            format!("{}: {err:#}", path.display()),
-        )
-    })
+    parse(&data).map_err(|err| fail(Failure::Usage, format!("{}: {err:#}", path.display())))
 }
 
 /// Parses the SDT notes of an ELF image.
 pub fn parse(data: &[u8]) -> Result<SdtFile> {
-    let file = object::File::parse(data).map_err(|err| anyhow::anyhow!("not an ELF file: {err}"))?;
+    let file =
+        object::File::parse(data).map_err(|err| anyhow::anyhow!("not an ELF file: {err}"))?;
     let segments: Vec<(u64, u64, u64)> = file
         .segments()
         .filter_map(|segment| {
@@ -150,8 +146,7 @@ fn raw_notes(bytes: &[u8], little: bool) -> impl Iterator<Item = Result<RawNote<
             return None;
         }
         let word = |offset: usize| read_u32(&bytes[offset..offset + 4], little);
-        let (name_size, desc_size, kind) =
-            (word(at) as usize, word(at + 4) as usize, word(at + 8));
+        let (name_size, desc_size, kind) = (word(at) as usize, word(at + 4) as usize, word(at + 8));
         let name_start = at + 12;
         let desc_start = name_start + name_size.next_multiple_of(4);
         let end = desc_start + desc_size.next_multiple_of(4);
@@ -257,7 +252,10 @@ mod tests {
     fn non_pie_python_offsets_follow_the_program_headers() {
         let path = Path::new("/usr/bin/python3.11");
         if !path.exists() {
-            eprintln!("SKIPPED non_pie_python_offsets_follow_the_program_headers: no {}", path.display());
+            eprintln!(
+                "SKIPPED non_pie_python_offsets_follow_the_program_headers: no {}",
+                path.display()
+            );
             return;
         }
         let file = read(path).unwrap();
@@ -286,7 +284,11 @@ mod tests {
             let at = semaphore.offset as usize;
             assert_eq!(&data[at..at + 2], &[0, 0], "{}", note.name);
         }
-        let gc_start = file.notes.iter().find(|note| note.name == "gc__start").unwrap();
+        let gc_start = file
+            .notes
+            .iter()
+            .find(|note| note.name == "gc__start")
+            .unwrap();
         assert_eq!(gc_start.args, "-4@112(%rsp)");
     }
 
@@ -313,7 +315,11 @@ mod tests {
             .filter(|note| note.name == "query__execute__start")
             .count();
         assert!(starts >= 2, "{starts}");
-        let start = file.notes.iter().find(|note| note.name == "query__start").unwrap();
+        let start = file
+            .notes
+            .iter()
+            .find(|note| note.name == "query__start")
+            .unwrap();
         assert_eq!(start.args, "8@%rbx");
         assert!(file.symbol("debug_query_string").is_some());
     }
