@@ -326,9 +326,10 @@ fn calls_per_query_equal_pg_stat_statements() {
     assert!(statements.len() >= 9, "{statements:?}");
     let spans = query_spans(&report);
     for (id, calls, query) in &statements {
+        let key = id.to_string();
         let span = spans
             .iter()
-            .find(|span| span["key"] == id.to_string())
+            .find(|span| span["key"] == key.as_str())
             .unwrap_or_else(|| panic!("no span for {id} {query:?}: {}", report["spans"]));
         assert_eq!(span["key_type"], "query_id");
         assert_eq!(span["calls"], *calls, "{query}: {span}");
@@ -458,11 +459,11 @@ fn parallel_workers_fold_into_their_query() {
         .statements()
         .into_iter()
         .find(|(_, _, query)| query.starts_with("explain (analyze, format json)"))
-        .map(|(id, _, _)| id)
+        .map(|(id, _, _)| id.to_string())
         .unwrap();
     let span = query_spans(&report)
         .into_iter()
-        .find(|span| span["key"] == id.to_string())
+        .find(|span| span["key"] == id.as_str())
         .unwrap_or_else(|| panic!("no span for {id}: {}", report["spans"]));
     assert_eq!(span["calls"], 3, "{span}");
     assert_eq!(span["folded"], launched, "{span}");

@@ -342,8 +342,8 @@ struct Closing {
     abandoned: u32,
 }
 
-/// Closes the top `abandoned` frames of `tid`'s stack as abandoned, then the top `ended` (0 or
-/// 1) as ended, with the counters in its `virtual_now`, adding each to its kind and key's
+/// Closes the top `abandoned` frames of `tid`'s stack as abandoned, then the top `ended` frame
+/// (if 1) as ended, with the counters in its `virtual_now`, adding each to its kind and key's
 /// totals. Through `bpf_loop` (Linux 5.17): the verifier walks one close once, where an
 /// unrolled loop of up to `MAX_SPAN_DEPTH` closes cost it most of its instruction budget.
 #[inline(always)]

@@ -804,6 +804,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
+        names::PROG_USDT_SITE,
     ] {
         program_mut::<UProbe>(&mut ebpf, name)?
             .load()

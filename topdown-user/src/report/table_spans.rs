@@ -61,11 +61,9 @@ pub(super) fn spans_text(
                     } else {
                         format!("{:.1}%", 100.0 * amount as f64 / total_weight as f64)
                     },
-                    if span.calls == 0 {
-                        "-".to_owned()
-                    } else {
-                        show(amount / span.calls)
-                    },
+                    amount
+                        .checked_div(span.calls)
+                        .map_or_else(|| "-".to_owned(), show),
                 ];
                 row.extend(metrics.iter().map(|name| {
                     match span.entity.metrics.get(*name).copied().flatten() {

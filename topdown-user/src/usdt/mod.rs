@@ -99,16 +99,15 @@ pub fn find_file(target: &str, pids: &[u32]) -> Result<PathBuf> {
     crate::symbols::target::find_target(target, pids)
 }
 
+/// A probe's `(provider, name)` and its sites.
+pub type ProbeSites<'a> = ((String, String), Vec<&'a notes::SdtNote>);
+
 /// The sites of `provider:name` (globs allowed) in `file`, grouped by probe, in note order.
-pub fn sites<'a>(
-    file: &'a notes::SdtFile,
-    provider: &str,
-    name: &str,
-) -> Vec<((String, String), Vec<&'a notes::SdtNote>)> {
+pub fn sites<'a>(file: &'a notes::SdtFile, provider: &str, name: &str) -> Vec<ProbeSites<'a>> {
     let matches = |pattern: &str, text: &str| {
         crate::symbols::matching::glob(pattern.as_bytes(), text.as_bytes())
     };
-    let mut probes: Vec<((String, String), Vec<&notes::SdtNote>)> = Vec::new();
+    let mut probes: Vec<ProbeSites<'a>> = Vec::new();
     for note in &file.notes {
         if !matches(provider, &note.provider) || !matches(name, &note.name) {
             continue;
@@ -129,7 +128,7 @@ pub fn required_sites<'a>(
     provider: &str,
     name: &str,
     option: &str,
-) -> Result<Vec<((String, String), Vec<&'a notes::SdtNote>)>> {
+) -> Result<Vec<ProbeSites<'a>>> {
     check_architecture(file, path)?;
     let found = sites(file, provider, name);
     if found.is_empty() {
