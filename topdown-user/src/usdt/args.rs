@@ -496,4 +496,25 @@ mod tests {
         assert_eq!(extend(0x1_8000_0000, 4, true), 0xffff_ffff_8000_0000);
         assert_eq!(extend(0x1_8000_0000, 4, false), 0x8000_0000);
     }
+
+    /// Specs made of the grammar's characters never panic: they parse or say why.
+    #[test]
+    fn arbitrary_specs_never_panic() {
+        let alphabet: Vec<char> = "-@%$(),+x0189abcdeilpqrsw_".chars().collect();
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..50_000 {
+            let len = (state % 20) as usize;
+            let text: String = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    alphabet[(state % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            if let Ok(spec) = parse(&text) {
+                let _ = spec.lower(0x1000, &|_| Some(0x2000));
+            }
+        }
+    }
 }

@@ -347,4 +347,30 @@ mod tests {
         assert_eq!(unmoved.address, 0x1010);
         assert!(decode(&desc[..20], true, true, None, &to_offset).is_err());
     }
+
+    /// A note section cut anywhere, or with sizes that lie, is an error or fewer notes, never a
+    /// panic.
+    #[test]
+    fn truncated_and_lying_notes_never_panic() {
+        let mut section = Vec::new();
+        let mut desc = Vec::new();
+        desc.extend_from_slice(&0x1010u64.to_le_bytes());
+        desc.extend_from_slice(&0u64.to_le_bytes());
+        desc.extend_from_slice(&0u64.to_le_bytes());
+        desc.extend_from_slice(b"p\0n\08@%rax\0");
+        section.extend_from_slice(&8u32.to_le_bytes());
+        section.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+        section.extend_from_slice(&NOTE_TYPE.to_le_bytes());
+        section.extend_from_slice(b"stapsdt\0");
+        section.extend_from_slice(&desc);
+        let to_offset = |address: u64| Some(address);
+        for cut in 0..=section.len() {
+            for raw in raw_notes(&section[..cut], true).flatten() {
+                let _ = decode(raw.desc, true, true, None, &to_offset);
+            }
+        }
+        let mut lying = section.clone();
+        lying[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(raw_notes(&lying, true).all(|raw| raw.is_err()));
+    }
 }
