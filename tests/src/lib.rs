@@ -141,8 +141,8 @@ pub fn compile(command: &mut Command) {
 }
 
 /// Runs `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>` to completion
-/// and returns the report and topdown's stderr.
-pub fn stat_json<I, S>(args: I) -> Result<(Value, String)>
+/// and returns the report and topdown's output (the command's stdout, topdown's stderr).
+pub fn stat_json<I, S>(args: I) -> Result<(Value, Output)>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
@@ -168,10 +168,7 @@ where
     )?;
     let text = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
     let _ = std::fs::remove_file(&out);
-    Ok((
-        parse_json(&text)?,
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
+    Ok((parse_json(&text)?, output))
 }
 
 /// The `spans[]` entry of `kind` and `key`.

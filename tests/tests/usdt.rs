@@ -279,33 +279,22 @@ fn a_guarded_probe_fires_only_while_topdown_enables_it() {
             "{build}"
         );
         for links in ["auto", "per-site"] {
-            let out = std::env::temp_dir()
-                .join(format!("topdown-usdt-guarded-{}.json", std::process::id()));
-            let output = run_ok(
-                topdown()
-                    .args([
-                        "stat",
-                        "--pmu",
-                        "synthetic:intel-icl",
-                        "--format",
-                        "json",
-                        "-o",
-                    ])
-                    .arg(&out)
-                    .args(["--usdt-links", links, "-U"])
-                    .arg(format!("{}:test:guarded", program.display()))
-                    .arg("--")
-                    .arg(program)
-                    .args(["guarded", &N.to_string()]),
-            )
+            let (report, output) = stat_json([
+                "--usdt-links".to_owned(),
+                links.to_owned(),
+                "-U".to_owned(),
+                format!("{}:test:guarded", program.display()),
+                "--".to_owned(),
+                program.display().to_string(),
+                "guarded".to_owned(),
+                N.to_string(),
+            ])
             .unwrap();
             assert_eq!(
                 String::from_utf8_lossy(&output.stdout),
                 format!("fired {N}\n"),
                 "{build} {links}"
             );
-            let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-            let _ = std::fs::remove_file(&out);
             assert_eq!(report["usdt"][0]["hits"], N, "{build} {links}");
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert!(stderr.contains("1 with semaphores"), "{stderr}");
@@ -392,30 +381,18 @@ fn python_collections_per_generation_match_pythons_own_counts() {
                   print(' '.join(str(stats['collections']) for stats in gc.get_stats()))\n\
                   sys.stdout.flush()\n\
                   os._exit(0)\n";
-    let out = std::env::temp_dir().join(format!("topdown-usdt-python-{}.json", std::process::id()));
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .arg("--span")
-            .arg(format!(
-                "gc={}:python:gc__start..python:gc__done,key=arg0",
-                python.display()
-            ))
-            .arg("--")
-            .arg(python)
-            .args(["-c", script]),
-    )
+    let (report, output) = stat_json([
+        "--span".to_owned(),
+        format!(
+            "gc={}:python:gc__start..python:gc__done,key=arg0",
+            python.display()
+        ),
+        "--".to_owned(),
+        python.display().to_string(),
+        "-c".to_owned(),
+        script.to_owned(),
+    ])
     .unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&out);
     let counted: Vec<u64> = String::from_utf8_lossy(&output.stdout)
         .split_whitespace()
         .map(|count| count.parse().unwrap())
@@ -505,27 +482,18 @@ fn span_reports_round_trip_through_report_input() {
     }
     let _serial = serial();
     let target = programs().pie.display().to_string();
+    let (recorded, _) = stat_json([
+        "--span".to_owned(),
+        format!("request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"),
+        "--".to_owned(),
+        target.clone(),
+        "spans".to_owned(),
+        "100".to_owned(),
+    ])
+    .unwrap();
     let recording =
         std::env::temp_dir().join(format!("topdown-usdt-rec-{}.json", std::process::id()));
-    run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&recording)
-            .arg("--span")
-            .arg(format!(
-                "request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"
-            ))
-            .args(["--", &target, "spans", "100"]),
-    )
-    .unwrap();
-    let recorded = parse_json(&std::fs::read(&recording).unwrap()).unwrap();
+    std::fs::write(&recording, recorded.to_string()).unwrap();
     let render = |format: &str| -> String {
         let output = run_ok(
             topdown()

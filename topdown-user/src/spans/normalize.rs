@@ -288,18 +288,12 @@ mod tests {
     /// normalise to something stable (normalising twice changes nothing more).
     #[test]
     fn arbitrary_texts_never_panic() {
-        let alphabet: Vec<char> = "'\"$-/*;eEbBxXuU&_9 0.a\\\né".chars().collect();
-        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-        for _ in 0..20_000 {
-            let len = (state % 24) as usize;
-            let text: String = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    alphabet[(state % alphabet.len() as u64) as usize]
-                })
-                .collect();
+        for text in crate::usdt::arbitrary_strings(
+            "'\"$-/*;eEbBxXuU&_9 0.a\\\né",
+            20_000,
+            24,
+            0x9e37_79b9_7f4a_7c15,
+        ) {
             let once = normalize(&text);
             assert!(once.len() <= text.len() * 4 + 8, "{text:?} -> {once:?}");
         }

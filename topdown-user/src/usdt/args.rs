@@ -500,18 +500,12 @@ mod tests {
     /// Specs made of the grammar's characters never panic: they parse or say why.
     #[test]
     fn arbitrary_specs_never_panic() {
-        let alphabet: Vec<char> = "-@%$(),+x0189abcdeilpqrsw_".chars().collect();
-        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-        for _ in 0..50_000 {
-            let len = (state % 20) as usize;
-            let text: String = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    alphabet[(state % alphabet.len() as u64) as usize]
-                })
-                .collect();
+        for text in crate::usdt::arbitrary_strings(
+            "-@%$(),+x0189abcdeilpqrsw_",
+            50_000,
+            20,
+            0x2545_f491_4f6c_dd1d,
+        ) {
             if let Ok(spec) = parse(&text) {
                 let _ = spec.lower(0x1000, &|_| Some(0x2000));
             }

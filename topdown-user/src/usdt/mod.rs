@@ -226,3 +226,30 @@ impl SitePlan {
         Ok(())
     }
 }
+
+/// Arbitrary strings over `alphabet`, up to `max_len` characters, from a fixed seed
+/// (xorshift64): what the parsers' never-panic tests feed them.
+#[cfg(test)]
+pub(crate) fn arbitrary_strings(
+    alphabet: &str,
+    count: usize,
+    max_len: u64,
+    seed: u64,
+) -> Vec<String> {
+    let alphabet: Vec<char> = alphabet.chars().collect();
+    let mut state = seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count)
+        .map(|_| {
+            let len = next() % (max_len + 1);
+            (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect()
+        })
+        .collect()
+}

@@ -12,8 +12,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, MachineLoad, SOFTWARE, SYNTHETIC, added_over, command_text, libc_kill, machine_text,
-    median, ratio, start_tracer, strings, write_section,
+    Config, LoadReport, MachineLoad, SOFTWARE, SYNTHETIC, added_over, command_text, libc_kill,
+    machine_text, median, ratio, start_tracer, strings, write_section,
 };
 use crate::cmd;
 
@@ -118,18 +118,13 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     section += &format!(
         " Command: `{}`. One span is a pair of USDT probes (`bench:start` with an integer \
          argument, `bench:end`) around nothing, `tests/workloads/spanbench.c`, {SPANS} per run; \
-         {SPAN_ROUNDS} alternating rounds, median; 1-minute load {:.1} to {:.1} during the \
-         rounds{}. Each topdown row is beside its floor: `topdown-floor -U` attaches an aya \
+         {SPAN_ROUNDS} alternating rounds, median; {} during the rounds. Each topdown row is beside its floor: `topdown-floor -U` attaches an aya \
          uprobe at each of the two sites that reads the same counters (topdown's counter plan \
          for that `--pmu`) and does nothing else. Issue 23's bound: a span at most 1.2x its \
          floor. Uprobes trap into the kernel, and traps are slow in this VM: compare the \
          ratios, not the absolute figures.\n\n",
         command_text(),
-        load.load_min,
-        load.load_max,
-        load.cpu0_steal
-            .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
-            .unwrap_or_default()
+        load_text(&load)
     );
     section += "| configuration | ns per span | added over no probes | added / its floor's | added / bpftrace's |\n|---|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
@@ -142,6 +137,18 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         );
     }
     write_section("## Per-span cost", &section)
+}
+
+/// The machine's load over the rounds, for the section's text.
+fn load_text(load: &LoadReport) -> String {
+    format!(
+        "1-minute load {:.1} to {:.1}{}",
+        load.load_min,
+        load.load_max,
+        load.cpu0_steal
+            .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
+            .unwrap_or_default()
+    )
 }
 
 fn measure_spans(run: &Run, bench: &str) -> Result<f64> {
@@ -342,16 +349,12 @@ pub(super) fn bench_postgres(topdown: &Path) -> Result<()> {
          pg_stat_statements loaded, compute_query_id on, a unix socket), pgbench scale 1, \
          select-only (`pgbench -S -n -c {PGBENCH_CLIENTS} -j {PGBENCH_CLIENTS} -T \
          {PGBENCH_SECONDS}`), each protocol {PGBENCH_ROUNDS} alternating rounds, median; \
-         1-minute load {:.1} to {:.1}{}. pgbench and the server share the VM's CPUs with \
+         {}. pgbench and the server share the VM's CPUs with \
          topdown. `-a` alone reads the counters at every context switch; `--postgres` adds \
          the query spans' probes (two per query, and the per-query notes of the query id: \
          `pgstat_report_activity` and `pgstat_report_query_id`, a few traps per query).\n\n",
         command_text(),
-        load.load_min,
-        load.load_max,
-        load.cpu0_steal
-            .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
-            .unwrap_or_default()
+        load_text(&load)
     );
     section += "| protocol | configuration | TPS | of untraced |\n|---|---|---:|---:|\n";
     for (mode_index, mode) in modes.iter().enumerate() {
