@@ -158,10 +158,15 @@ pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
     if !read(stack, tid) {
         return;
     }
-    close_frames(tid, skipped, 0);
-    // Looked up again: the loop closed frames through a reference of its own.
-    let Some(stack) = stack_of(tid, false) else {
-        return;
+    let stack = if skipped == 0 {
+        stack
+    } else {
+        close_frames(tid, skipped, 0);
+        // Looked up again: the loop closed frames through a reference of its own.
+        let Some(stack) = stack_of(tid, false) else {
+            return;
+        };
+        stack
     };
     let depth = stack.depth as usize;
     if depth >= MAX_SPAN_DEPTH {
@@ -249,7 +254,12 @@ pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
         stack.depth -= above + 1;
         return;
     }
-    close_frames(tid, above, 1);
+    if above == 0 {
+        // The common end: one frame, closed here rather than through the loop's helper.
+        close_top(stack, 0);
+    } else {
+        close_frames(tid, above, 1);
+    }
 }
 
 #[inline(always)]
