@@ -150,6 +150,57 @@ pub fn parse_json(text: &[u8]) -> Result<Value> {
     serde_json::from_str(last).with_context(|| format!("report is not JSON: {text}"))
 }
 
+/// Runs a build command (a compiler), failing with its stderr.
+pub fn compile(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Runs `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>` to completion
+/// and returns the report and topdown's output (the command's stdout, topdown's stderr).
+pub fn stat_json<I, S>(args: I) -> Result<(Value, Output)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let out = std::env::temp_dir().join(format!(
+        "topdown-test-{}-{}.json",
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let output = run_ok(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .args(args),
+    )?;
+    let text = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    Ok((parse_json(&text)?, output))
+}
+
+/// The `spans[]` entry of `kind` and `key`.
+pub fn span<'a>(report: &'a Value, kind: &str, key: &str) -> Option<&'a Value> {
+    report["spans"]
+        .as_array()?
+        .iter()
+        .find(|span| span["kind"].as_str() == Some(kind) && span["key"].as_str() == Some(key))
+}
+
 /// `counters[name]` of a JSON entity, or 0 when absent.
 pub fn counter(entity: &Value, name: &str) -> u64 {
     entity["counters"][name].as_u64().unwrap_or(0)

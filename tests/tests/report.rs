@@ -113,7 +113,7 @@ fn csv_and_json_of_one_recording_agree_on_every_value() {
     let (header, rows) = parse_csv(&csv_text);
     let column = |name: &str| header.iter().position(|h| h == name).unwrap();
     assert_eq!(
-        &header[..10],
+        &header[..13],
         [
             "interval",
             "kind",
@@ -124,12 +124,15 @@ fn csv_and_json_of_one_recording_agree_on_every_value() {
             "target",
             "cgroup",
             "container",
-            "calls"
+            "calls",
+            "span",
+            "key",
+            "abandoned"
         ]
     );
     let counter_names = report["counter_names"].as_array().unwrap();
     let metric_count = report["totals"]["metrics"].as_object().unwrap().len();
-    assert_eq!(header.len(), 10 + counter_names.len() + metric_count);
+    assert_eq!(header.len(), 13 + counter_names.len() + metric_count);
 
     let array = |key: &str| report[key].as_array().unwrap().clone();
     let (tasks, processes, cgroups) = (array("tasks"), array("processes"), array("cgroups"));

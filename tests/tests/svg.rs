@@ -337,7 +337,7 @@ fn svg_without_probed_functions_is_a_usage_error() {
     if !privileged() {
         return;
     }
-    let expected = "topdown: error: --format svg draws the probed call tree, and this report has no probed functions: record with -u TARGET:FUNC\n";
+    let expected = "topdown: error: --format svg draws the probed call tree or spans, and this report has neither: record with -u TARGET:FUNC, --span or --postgres\n";
     let json = temp("plain.json");
     stat(&["--format".to_owned(), "json".to_owned()], &json);
     let output = topdown()
@@ -369,7 +369,7 @@ fn svg_without_probed_functions_is_a_usage_error() {
     assert_eq!(output.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        "topdown: error: --format svg draws the probed call tree: add -u TARGET:FUNC\n"
+        "topdown: error: --format svg draws the probed call tree or spans: add -u TARGET:FUNC, --span or --postgres\n"
     );
     assert!(!svg.exists());
     let interval = topdown()

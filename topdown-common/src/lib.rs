@@ -92,10 +92,19 @@ pub mod names {
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
     pub const HISTOGRAMS: &str = "HISTOGRAMS";
     pub const GLOBAL_WEIGHT_SLOT: &str = "WEIGHT_SLOT";
+    pub const PROG_USDT_SITE: &str = "usdt_site";
+    pub const PROG_USDT_SITE_MULTI: &str = "usdt_site_multi";
+    pub const USDT_SITES: &str = "USDT_SITES";
+    pub const USDT_HITS: &str = "USDT_HITS";
+    pub const SPAN_STACKS: &str = "SPAN_STACKS";
+    pub const SPAN_TOTALS: &str = "SPAN_TOTALS";
+    pub const SPAN_TEXTS: &str = "SPAN_TEXTS";
+    pub const SPAN_KINDS: &str = "SPAN_KINDS";
+    pub const SPAN_STATS: &str = "SPAN_STATS";
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 16] = [
+    pub const PROGRAMS: [&str; 18] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -112,6 +121,8 @@ pub mod names {
         PROG_FUNC_EXIT_MULTI,
         PROG_FUNC_CATCH,
         PROG_THREAD_EXIT,
+        PROG_USDT_SITE,
+        PROG_USDT_SITE_MULTI,
     ];
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
@@ -707,10 +718,242 @@ impl HistogramBucket {
     };
 }
 
+/// USDT probes (SystemTap SDT notes) and spans between them: `-U`, `--span`, `--postgres`.
+///
+/// Every probed site (a USDT site, or a function entry or return the spans need) has one
+/// attach cookie, the index of its [`UsdtSite`] in `USDT_SITES`: user space parses the
+/// notes' argument specs (`8@%rbx`, `-4@-20(%rbp)`, `$5`, ...) into [`UsdtArg`]s, and the BPF
+/// side only evaluates them.
+pub mod usdt {
+    /// Arguments one site may decode: a span's key and, for notes, a value and a condition.
+    pub const SITE_ARGS: usize = 2;
+    /// Spans open at once on one thread; a start beyond is counted in `SpanStats::overflows`.
+    pub const MAX_SPAN_DEPTH: usize = 8;
+    /// Bytes of a string key kept (the rest is cut: two strings equal up to here are one key).
+    pub const TEXT_BYTES: usize = 256;
+    /// Span kinds (`--span` and the presets together).
+    pub const MAX_SPAN_KINDS: usize = 64;
+
+    /// What a site does when it fires (`UsdtSite::action`).
+    pub mod action {
+        /// Counts a hit of probe `UsdtSite::id` (`-U`).
+        pub const HIT: u32 = 0;
+        /// Opens a span of kind `id` on the thread.
+        pub const START: u32 = 1;
+        /// Closes the innermost open span of kind `id`.
+        pub const END: u32 = 2;
+        /// Closes every open span of kind `id` (`ANY_KIND`: of every kind) as abandoned.
+        pub const ABORT: u32 = 3;
+        /// Sets the thread's note to `args[0]` if it is 0, or if `args[1]` is present and
+        /// nonzero (a forced update).
+        pub const NOTE_SET: u32 = 4;
+        /// Clears the thread's note if `args[0]` equals `args[1]`.
+        pub const NOTE_CLEAR: u32 = 5;
+    }
+
+    /// `UsdtSite::id` of an abort that closes spans of every kind.
+    pub const ANY_KIND: u32 = u32::MAX;
+
+    /// How a start site keys its span (`UsdtSite::key`).
+    pub mod key_mode {
+        /// One key for every span of the kind.
+        pub const NONE: u32 = 0;
+        /// `args[0]`, an integer.
+        pub const INTEGER: u32 = 1;
+        /// The string `args[0]` points to, up to `TEXT_BYTES`.
+        pub const STRING: u32 = 2;
+        /// The thread's note at the span's end if nonzero (a query id), else the string.
+        pub const NOTE_OR_STRING: u32 = 3;
+    }
+
+    /// Bits of `SpanKind::flags`.
+    pub mod kind_flags {
+        /// A start of this kind while one is open on the thread (deeper in its stack) belongs
+        /// to the open one: it opens nothing, and its end closes nothing (a query's execution
+        /// inside the query).
+        pub const ABSORB_NESTED: u32 = 1;
+        /// Spans of this kind run in a helper (a parallel worker): their counts are folded into
+        /// the entry of the same key, and they are not calls.
+        pub const WORKER: u32 = 2;
+    }
+
+    /// What an argument is (`UsdtArg::kind`).
+    pub mod arg_kind {
+        pub const NONE: u8 = 0;
+        /// `value` itself (`$5`).
+        pub const CONSTANT: u8 = 1;
+        /// Register `base` (a `pt_regs_word`), shifted right by `shift` bits (`%ah`).
+        pub const REGISTER: u8 = 2;
+        /// Memory at `value + base + index * scale` (`-20(%rbp)`, `(%rax,%rcx,8)`); a `base` of
+        /// `pt_regs_word::IP` makes it relative to the site's own address (a symbol: `value` is
+        /// the symbol's address minus the site's, both in the file).
+        pub const MEMORY: u8 = 3;
+    }
+
+    /// One decoded argument spec.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct UsdtArg {
+        pub kind: u8,
+        /// Bytes: 1, 2, 4 or 8.
+        pub size: u8,
+        /// Nonzero: sign-extended from `size` bytes (a negative size in the spec).
+        pub signed: u8,
+        /// `pt_regs_word` indices (`pt_regs_word::NONE` when absent).
+        pub base: u8,
+        pub index: u8,
+        pub scale: u8,
+        pub shift: u8,
+        pub _pad: u8,
+        pub value: i64,
+    }
+
+    /// One probed site: the value of `USDT_SITES` at its attach cookie.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct UsdtSite {
+        /// An `action` constant.
+        pub action: u32,
+        /// The probe (`HIT`) or span kind (the others).
+        pub id: u32,
+        /// A `key_mode` constant (`START`).
+        pub key: u32,
+        pub _pad: u32,
+        pub args: [UsdtArg; SITE_ARGS],
+    }
+
+    /// A span kind's behaviour (`SPAN_KINDS`, by kind id).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SpanKind {
+        pub flags: u32,
+    }
+
+    /// A string key as read from user memory (8-byte aligned: it is hashed by words).
+    #[repr(C, align(8))]
+    #[derive(Clone, Copy, Debug)]
+    pub struct SpanText {
+        /// Bytes in `bytes`, without the terminating NUL.
+        pub len: u32,
+        pub _pad: u32,
+        pub bytes: [u8; TEXT_BYTES],
+    }
+
+    /// One open span.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct SpanFrame {
+        pub kind: u32,
+        /// Starts of its own kind absorbed inside it (`kind_flags::ABSORB_NESTED`), whose ends
+        /// are still to come.
+        pub absorbed: u32,
+        /// Stack pointer at the start: a later start higher up the stack (or at the same
+        /// place, of the same kind) means this span's end was skipped (longjmp, an error).
+        pub sp: u64,
+        /// A `key_mode` constant.
+        pub key_mode: u32,
+        /// Nonzero: `key` is a sign-extended integer.
+        pub signed: u32,
+        /// The integer key, or the string's hash.
+        pub key: u64,
+        /// The thread's virtual counters at the start.
+        pub entry: [u64; super::MAX_COUNTERS],
+        pub text: SpanText,
+    }
+
+    /// A thread's open spans and note (value of `SPAN_STACKS`, keyed by tid).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct SpanStack {
+        pub depth: u32,
+        pub _pad: u32,
+        /// Set and cleared by note sites (PostgreSQL's query id, as `pg_stat_activity` has it).
+        pub note: u64,
+        /// Scratch for the probe in progress (per thread, as in `ShadowStack`).
+        pub now: [u64; super::MAX_COUNTERS],
+        pub virtual_now: [u64; super::MAX_COUNTERS],
+        pub frames: [SpanFrame; MAX_SPAN_DEPTH],
+    }
+
+    /// Bits of `SpanKey::flags`.
+    pub mod span_flags {
+        /// Spans whose end never came: closed at a later start or an abort.
+        pub const ABANDONED: u32 = 1;
+        /// Spans of a `kind_flags::WORKER` kind.
+        pub const WORKER: u32 = 2;
+    }
+
+    /// What `SpanKey::key` is.
+    pub mod key_type {
+        pub const NONE: u32 = 0;
+        pub const UNSIGNED: u32 = 1;
+        pub const SIGNED: u32 = 2;
+        /// A hash of a string in `SPAN_TEXTS` (`text_hash`).
+        pub const TEXT: u32 = 3;
+        /// The thread's note (a query id).
+        pub const NOTE: u32 = 4;
+    }
+
+    /// Key of `SPAN_TOTALS`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct SpanKey {
+        pub kind: u32,
+        /// `span_flags`.
+        pub flags: u32,
+        /// `key_type`.
+        pub key_type: u32,
+        pub _pad: u32,
+        pub key: u64,
+    }
+
+    /// Totals of one `SpanKey`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct SpanTotals {
+        pub spans: u64,
+        /// A `SPAN_TEXTS` hash of one span's string (the first seen), for keys that are not
+        /// strings themselves; 0 when none was read.
+        pub text: u64,
+        /// From start to end (or to where an abandoned span was closed), nested spans included.
+        pub counters: [u64; super::MAX_COUNTERS],
+    }
+
+    /// Per-CPU counts of span anomalies (a one-entry `PERCPU_ARRAY`).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct SpanStats {
+        /// Starts not recorded: `MAX_SPAN_DEPTH` spans were open on the thread.
+        pub overflows: u64,
+        /// Ends with no open span of their kind.
+        pub unmatched_ends: u64,
+        /// Starts and ends whose counters could not be read (as `ProbeStats::read_failures`).
+        pub read_failures: u64,
+        /// Span stacks or totals that did not fit their maps.
+        pub map_full: u64,
+        /// Arguments whose memory could not be read (the key is then 0 or empty).
+        pub arg_read_failures: u64,
+        /// Spans still open when their thread exited: not in any total.
+        pub open_at_exit: u64,
+    }
+
+    /// The hash of a string key (`SpanKey::key` for `key_type::TEXT`): FNV-1a's constants over
+    /// the string's 8-byte little-endian words (the last one zero-padded), seeded with its
+    /// length, so the BPF side hashes 256 bytes in 32 steps.
+    pub const HASH_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    pub const HASH_PRIME: u64 = 0x0000_0100_0000_01b3;
+}
+
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::HistogramKey {}
     unsafe impl aya::Pod for super::HistogramBucket {}
+    unsafe impl aya::Pod for super::usdt::UsdtSite {}
+    unsafe impl aya::Pod for super::usdt::SpanKind {}
+    unsafe impl aya::Pod for super::usdt::SpanKey {}
+    unsafe impl aya::Pod for super::usdt::SpanTotals {}
+    unsafe impl aya::Pod for super::usdt::SpanText {}
+    unsafe impl aya::Pod for super::usdt::SpanStats {}
     unsafe impl aya::Pod for super::CgroupCounters {}
     unsafe impl aya::Pod for super::CallKey {}
     unsafe impl aya::Pod for super::CallStats {}

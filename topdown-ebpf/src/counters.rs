@@ -369,6 +369,7 @@ pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskC
         }
         let _ = STACKS.remove(&tid);
     }
+    crate::spans::retire_thread(tid);
 }
 
 #[inline(always)]

@@ -34,7 +34,7 @@ const RETURN_SP_ADJUST: u64 = 8;
 const RETURN_SP_ADJUST: u64 = 0;
 
 #[inline(always)]
-fn stack_pointer(regs: *mut pt_regs) -> u64 {
+pub(crate) fn stack_pointer(regs: *mut pt_regs) -> u64 {
     // SAFETY: the probe context's registers are readable.
     #[cfg(bpf_target_arch = "x86_64")]
     let sp = unsafe { (*regs).rsp };
@@ -61,7 +61,7 @@ fn frame_index(index: usize) -> usize {
 }
 
 #[inline(always)]
-fn probe_stats() -> Option<&'static mut ProbeStats> {
+pub(crate) fn probe_stats() -> Option<&'static mut ProbeStats> {
     // SAFETY: a per-CPU value; probe programs on one CPU may interleave through preemption,
     // which at worst loses an increment of these diagnostic counts.
     PROBE_STATS
@@ -69,10 +69,15 @@ fn probe_stats() -> Option<&'static mut ProbeStats> {
         .map(|stats| unsafe { &mut *stats })
 }
 
-/// The thread's virtual counters into `stack.virtual_now`: its accumulated counts plus what this
-/// CPU counted since the thread was switched in. Retries if a context switch interleaved.
+/// The thread's virtual counters into `virtual_now` (`now` is scratch): its accumulated counts
+/// plus what this CPU counted since the thread was switched in. Retries if a context switch
+/// interleaved. Span probes (`spans`) read them the same way.
 #[inline(always)]
-fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
+pub(crate) fn virtual_counters(
+    now: &mut [u64; MAX_COUNTERS],
+    virtual_now: &mut [u64; MAX_COUNTERS],
+    tid: u32,
+) -> bool {
     let Some(state) = CPU_STATE.get_ptr(0) else {
         return false;
     };
@@ -92,7 +97,7 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
         if counters_generation != unsafe { (*state).generation } {
             return false;
         }
-        if read_slots(&mut stack.now).is_none() || generation() != counters_generation {
+        if read_slots(now).is_none() || generation() != counters_generation {
             return false;
         }
         // SAFETY: map value pointers.
@@ -102,7 +107,7 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
             let accumulated = task.map_or(0, |task| task.counters[slot]);
             // SAFETY: as above.
             let last = unsafe { (*state).last[slot] };
-            stack.virtual_now[slot] = accumulated.wrapping_add(stack.now[slot].wrapping_sub(last));
+            virtual_now[slot] = accumulated.wrapping_add(now[slot].wrapping_sub(last));
             slot += 1;
         }
         // SAFETY: as above.
@@ -115,7 +120,7 @@ fn virtual_counters(stack: &mut ShadowStack, tid: u32) -> bool {
 
 /// Only tasks whose counts are attributed to them can have meaningful virtual counters.
 #[inline(always)]
-fn probed_task() -> Option<(u32, u32)> {
+pub(crate) fn probed_task() -> Option<(u32, u32)> {
     let (tid, tgid) = current_ids();
     if global(&SKIP_UNTRACED) != 0 {
         // Readings are skipped at untraced switches: `last` is this task's own baseline only
@@ -203,7 +208,7 @@ pub fn func_exit_multi(ctx: ProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn attach_cookie(ctx: *mut core::ffi::c_void) -> u64 {
+pub(crate) fn attach_cookie(ctx: *mut core::ffi::c_void) -> u64 {
     // SAFETY: reading the attach cookie of this probe.
     unsafe { bpf_get_attach_cookie(ctx) }
 }
@@ -282,7 +287,7 @@ fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
 /// to the stack first (volatile, so the compiler cannot fold the copy back into one context
 /// read at a variable offset, which the verifier refuses).
 #[inline(always)]
-fn register(regs: *mut pt_regs, word: u8) -> Option<u64> {
+pub(crate) fn register(regs: *mut pt_regs, word: u8) -> Option<u64> {
     #[cfg(bpf_target_arch = "x86_64")]
     {
         const WORDS: usize = pt_regs_word::COUNT as usize;
@@ -359,7 +364,7 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
         }
         return 0;
     }
-    if !virtual_counters(stack, tid) {
+    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
@@ -449,7 +454,7 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
     {
         stats.tail_calls_cut += 1;
     }
-    if !virtual_counters(stack, tid) {
+    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
         // Drop the frame: its numbers cannot be known.
         stack.depth -= 1;
         if let Some(stats) = probe_stats() {
@@ -586,7 +591,7 @@ fn close_unwound(limit_sp: u64) {
     if depth == 0 || depth > MAX_DEPTH || stack.frames[frame_index(depth - 1)].sp > limit_sp {
         return;
     }
-    if !virtual_counters(stack, tid) {
+    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }

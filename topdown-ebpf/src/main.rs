@@ -12,7 +12,8 @@
 //!
 //! Modules: `maps` (the maps and load-time globals), `counters` (reading and attribution, and
 //! the programs that trigger it), `process` (fork, exit and cgroup-migration hooks), `functions`
-//! (function probes), `histogram` (per-call histograms).
+//! (function probes), `histogram` (per-call histograms), `usdt` (USDT sites and their argument
+//! specs), `spans` (TopDown between a start and an end site).
 #![no_std]
 #![no_main]
 // The BPF target does not expose `AtomicU64::fetch_add`; the intrinsic lowers to BPF's atomic
@@ -25,6 +26,8 @@ mod functions;
 mod histogram;
 mod maps;
 mod process;
+mod spans;
+mod usdt;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -265,6 +265,8 @@ pub struct Aggregate {
     /// Per CPU totals.
     pub cpus: Vec<(u32, SlotCounts)>,
     pub diagnostics: Diagnostics,
+    /// Span totals and USDT hits (`crate::spans`).
+    pub spans: crate::spans::report::SpanAggregate,
 }
 
 impl Aggregate {
@@ -391,6 +393,10 @@ impl Aggregate {
             histograms,
             cpus,
             diagnostics,
+            spans: crate::spans::report::SpanAggregate::since(
+                &current.spans,
+                previous.map(|previous| &previous.spans),
+            ),
         }
     }
 }
@@ -714,6 +720,9 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         probe_compensation: None,
         functions,
         call_tree,
+        spans: Vec::new(),
+        usdt: Vec::new(),
+        span_diagnostics: None,
         cpus,
         diagnostics,
         derived: crate::model::derived::derived_figures(ctx.model)

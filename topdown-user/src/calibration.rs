@@ -657,6 +657,7 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         slot_sources: setup.plan.slot_sources(),
         trigger: Trigger::SchedSwitch,
         skip_untraced_switches: false,
+        usdt: Default::default(),
     };
     let mut session = Session::start(&config, setup.groups, setup.tracefs)
         .context("starting the calibration session")?;

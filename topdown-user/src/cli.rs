@@ -34,6 +34,8 @@ impl Named for By {
         ("process", By::Process),
         ("cgroup", By::Cgroup),
         ("function", By::Function),
+        ("span", By::Span),
+        ("query", By::Span),
     ];
 }
 
@@ -51,6 +53,13 @@ impl Named for Format {
 impl Named for Weight {
     const NAMES: &'static [(&'static str, Self)] =
         &[("slots", Weight::Slots), ("calls", Weight::Calls)];
+}
+
+impl Named for crate::bpf::UsdtLinking {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("auto", crate::bpf::UsdtLinking::Auto),
+        ("per-site", crate::bpf::UsdtLinking::PerSite),
+    ];
 }
 
 impl Named for Trigger {
@@ -356,6 +365,43 @@ pub struct CountingArgs {
     /// exact, demangled (Rust/C++) or glob name. Repeatable.
     #[arg(short = 'u', long = "uprobe", value_name = "TARGET:FUNC")]
     pub uprobes: Vec<String>,
+
+    /// Count hits of a USDT probe (SystemTap SDT note): TARGET is a path or a library name,
+    /// PROVIDER and NAME exact or globs. Semaphore-guarded probes are enabled while counting.
+    /// Repeatable.
+    #[arg(short = 'U', long = "usdt", value_name = "TARGET:PROVIDER:NAME")]
+    pub usdt: Vec<String>,
+
+    /// Count TopDown between a start and an end USDT probe on each thread, per key: an integer
+    /// argument of the start probe (`key=argN`) or the string it points to (`key=str:argN`).
+    /// Spans whose end never comes are closed, as abandoned, at the next start or an `abort=`
+    /// probe. Repeatable.
+    #[arg(
+        long = "span",
+        value_name = "NAME=TARGET:PROVIDER:START..PROVIDER:END[,key=argN|str:argN][,abort=PROVIDER:NAME]"
+    )]
+    pub spans: Vec<String>,
+
+    /// TopDown per query of a PostgreSQL server, by query id (compute_query_id) or normalised
+    /// text, through its USDT probes. BIN: the server binary (default: that of the traced or
+    /// running postgres processes).
+    #[arg(
+        long = "postgres",
+        value_name = "BIN",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
+    pub postgres: Option<String>,
+
+    /// Capacity of the BPF map of span totals (one entry per span kind and key, and per kind
+    /// for abandoned spans); keys beyond it are counted in span_diagnostics.map_full.
+    #[arg(long = "max-spans", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub max_spans: u32,
+
+    /// How USDT sites are linked: `auto` (uprobe.multi where the kernel has it) or `per-site`
+    /// (one perf uprobe event per site, as before Linux 6.6; for tests).
+    #[arg(long = "usdt-links", hide = true, value_parser = named::<crate::bpf::UsdtLinking>(), default_value = "auto")]
+    pub usdt_links: crate::bpf::UsdtLinking,
 
     /// How function returns are probed: `auto` gives each target uretprobes (cheap) when
     /// nothing in the traced program can unwind through its functions (C++ exceptions, Rust
@@ -671,7 +717,8 @@ mod tests {
             .to_string();
         assert!(
             wrong.contains("invalid value 'thread' for '--by <BY>'")
-                && wrong.contains("[possible values: task, process, cgroup, function]"),
+                && wrong
+                    .contains("[possible values: task, process, cgroup, function, span, query]"),
             "{wrong}"
         );
     }

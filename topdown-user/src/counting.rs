@@ -92,6 +92,62 @@ pub struct Prepared {
     cgroup_filter: Option<Vec<u64>>,
     probe_specs: Vec<ProbeSpec>,
     trigger: Trigger,
+    spans: SpanRequest,
+}
+
+/// `-U`, `--span` and `--postgres`, parsed (resolved to sites once the targets are known).
+#[derive(Clone, Debug, Default)]
+struct SpanRequest {
+    hits: Vec<crate::usdt::ProbeName>,
+    specs: Vec<crate::spans::SpanSpec>,
+    /// `--postgres`: `Some(empty)` for the default binary.
+    postgres: Option<String>,
+}
+
+impl SpanRequest {
+    fn parse(args: &CountingArgs) -> Result<Self> {
+        Ok(Self {
+            hits: args
+                .usdt
+                .iter()
+                .map(|text| crate::usdt::ProbeName::parse(text, "-U"))
+                .collect::<Result<_>>()?,
+            specs: args
+                .spans
+                .iter()
+                .map(|text| crate::spans::SpanSpec::parse(text))
+                .collect::<Result<_>>()?,
+            postgres: args.postgres.clone(),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.hits.is_empty() && self.specs.is_empty() && self.postgres.is_none()
+    }
+
+    /// The sites and kinds, for `targets`.
+    fn plan(&self, targets: &Targets) -> Result<crate::spans::SpanPlan> {
+        let pids = if targets.probe_processes.is_empty() {
+            targets.tracked_tgids.clone().unwrap_or_default()
+        } else {
+            targets.probe_processes.clone()
+        };
+        let postgres = match &self.postgres {
+            Some(binary) if binary.is_empty() => Some(crate::spans::postgres::default_binary(
+                &pids,
+                targets.command.as_deref(),
+            )?),
+            Some(binary) => Some(crate::usdt::find_file(binary, &pids)?),
+            None => None,
+        };
+        crate::spans::SpanPlan::build(&self.hits, &self.specs, postgres.as_deref(), &pids)
+    }
+}
+
+/// The USDT program's links and what its kinds and probes are.
+pub struct ActiveSpans {
+    pub naming: crate::spans::report::SpanNaming,
+    _links: crate::bpf::UsdtLinks,
 }
 
 /// Checks the counting options, selects the model (announcing fallbacks) and opens its counters
@@ -106,6 +162,10 @@ pub fn prepare(args: &CountingArgs, requested_by: &[By]) -> Result<Prepared> {
         by.push(By::Cgroup);
     }
     let probe_specs = parse_probe_specs(&args.uprobes)?;
+    let spans = SpanRequest::parse(args)?;
+    if (!spans.specs.is_empty() || spans.postgres.is_some()) && !by.contains(&By::Span) {
+        by.push(By::Span);
+    }
     let cgroup_only = by == [By::Cgroup];
     let trigger = match args.trigger {
         Some(Trigger::CgroupSwitch) if !cgroup_only => {
@@ -148,6 +208,7 @@ pub fn prepare(args: &CountingArgs, requested_by: &[By]) -> Result<Prepared> {
         cgroup_filter,
         probe_specs,
         trigger,
+        spans,
     })
 }
 
@@ -172,6 +233,19 @@ impl Prepared {
             .iter()
             .position(|name| name == self.model.weight_counter())
             .unwrap_or(0) as u32;
+        let span_plan = if self.spans.is_empty() {
+            None
+        } else {
+            Some(self.spans.plan(&targets)?)
+        };
+        let usdt = span_plan
+            .as_ref()
+            .map(|plan| crate::bpf::UsdtSizes {
+                sites: plan.sites.sites.len() as u32,
+                hit_probes: plan.sites.hit_probes.len() as u32,
+                max_spans: args.max_spans,
+            })
+            .unwrap_or_default();
         let config = SessionConfig {
             tracked_tgids: targets.tracked_tgids.clone(),
             follow_forks: targets.follow_forks,
@@ -190,6 +264,7 @@ impl Prepared {
             slot_sources: self.plan.slot_sources(),
             trigger: self.trigger,
             skip_untraced_switches: !args.read_every_switch,
+            usdt,
         };
         // Duplicated before the run's session takes the counters: the calibration reads them too.
         let calibration_counters = if self.probe_specs.is_empty() || args.no_compensation {
@@ -201,6 +276,15 @@ impl Prepared {
         if let Some(links) = &targets.followed {
             bpf.follow_processes(links.clone());
         }
+        let spans = match span_plan {
+            Some(plan) => Some(attach_spans(
+                &mut bpf,
+                plan,
+                &targets.probe_processes,
+                args.usdt_links,
+            )?),
+            None => None,
+        };
         let probes = if self.probe_specs.is_empty() {
             None
         } else {
@@ -236,6 +320,7 @@ impl Prepared {
             cpus: self.cpus,
             bpf,
             probes,
+            spans,
             calibration,
             by: self.by,
             cgroups: self.cgroups,
@@ -285,6 +370,8 @@ pub struct CountingSession {
     pub bpf: Session,
     /// The `-u` function probes, if any.
     pub probes: Option<Probes>,
+    /// The USDT sites (`-U`, `--span`, `--postgres`), if any.
+    pub spans: Option<ActiveSpans>,
     /// Their measured cost, subtracted from function figures.
     calibration: CalibrationState,
     by: Vec<By>,
@@ -331,7 +418,11 @@ impl CountingSession {
     /// Everything attributed so far; `last` freezes the counters first (the final report).
     pub fn snapshot(&mut self, last: bool) -> Result<Snapshot> {
         self.bpf.flush(last)?;
-        self.bpf.snapshot()
+        let mut snapshot = self.bpf.snapshot()?;
+        if let Some(spans) = &self.spans {
+            snapshot.spans = self.bpf.span_snapshot(spans.naming.hit_probes.len())?;
+        }
+        Ok(snapshot)
     }
 
     /// `-- CMD`, just before the command is released: reports from here on describe its run.
@@ -434,6 +525,18 @@ impl CountingSession {
             }
         }
         report.probe_compensation = compensation;
+        if let Some(spans) = &self.spans {
+            let (entries, usdt) = crate::spans::report::entries(
+                &spans.naming,
+                &aggregate.spans,
+                self.model.as_ref(),
+                &self.slot_names,
+                self.level,
+            );
+            report.spans = entries;
+            report.usdt = usdt;
+            report.span_diagnostics = Some(aggregate.spans.stats.into());
+        }
         report
     }
 
@@ -553,6 +656,43 @@ impl CountingSession {
         }
         Ok(())
     }
+}
+
+/// Attaches the USDT program to `plan`'s sites (in `processes`, or every process mapping
+/// each file) and says so in one line.
+fn attach_spans(
+    bpf: &mut Session,
+    plan: crate::spans::SpanPlan,
+    processes: &[u32],
+    linking: crate::bpf::UsdtLinking,
+) -> Result<ActiveSpans> {
+    let started = std::time::Instant::now();
+    let links = bpf.attach_usdt(&plan.sites, processes, linking)?;
+    let sites = &plan.sites.sites;
+    let mut files: Vec<&std::path::Path> = sites.iter().map(|site| site.target.as_path()).collect();
+    files.sort();
+    files.dedup();
+    let semaphores = sites.iter().filter(|site| site.ref_ctr_offset != 0).count();
+    eprintln!(
+        "topdown: USDT: {} site{} in {} file{} ({}, {} with semaphores) attached in {:.1} ms",
+        sites.len(),
+        if sites.len() == 1 { "" } else { "s" },
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        match links.mode {
+            crate::bpf::AttachMode::Multi => "uprobe.multi",
+            crate::bpf::AttachMode::PerPoint => "one perf uprobe per site",
+        },
+        semaphores,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(ActiveSpans {
+        naming: crate::spans::report::SpanNaming {
+            kinds: plan.kinds,
+            hit_probes: plan.sites.hit_probes,
+        },
+        _links: links,
+    })
 }
 
 /// Runs the probe-cost calibration; a failure leaves the figures raw and says so in one line.

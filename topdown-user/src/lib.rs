@@ -25,6 +25,7 @@ pub mod probes;
 pub mod progress;
 pub mod report;
 pub mod serve;
+pub mod spans;
 pub mod stat;
 pub mod symbols;
 pub mod target;
@@ -32,6 +33,7 @@ pub mod top;
 pub mod tracefs;
 pub mod unprivileged;
 pub mod unwinding;
+pub mod usdt;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.

@@ -50,10 +50,13 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // a report is complete: a run that fails before counting leaves the last result in place.
     if args.format == Format::Svg {
         // Found before the command runs, not after: the picture needs a probed call tree.
-        if args.counting.uprobes.is_empty() {
+        if args.counting.uprobes.is_empty()
+            && args.counting.spans.is_empty()
+            && args.counting.postgres.is_none()
+        {
             return Err(fail(
                 Failure::Usage,
-                "--format svg draws the probed call tree: add -u TARGET:FUNC",
+                "--format svg draws the probed call tree or spans: add -u TARGET:FUNC, --span or --postgres",
             ));
         }
         if args.interval_ms.is_some() {

@@ -23,6 +23,7 @@ use crate::cmd;
 mod beside;
 mod cgroups;
 mod rounds;
+mod spans;
 mod startup;
 
 /// Rounds of the context-switch section: `SWITCH_ROUNDS` with the kernel's BPF run-time
@@ -159,10 +160,16 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"beside") {
         beside::bench_beside(&topdown)?;
     }
+    if sections.contains(&"spans") {
+        spans::bench_spans(&topdown, &floor)?;
+    }
+    if sections.contains(&"postgres") {
+        spans::bench_postgres(&topdown)?;
+    }
     Ok(())
 }
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 9] = [
     "switches",
     "cgroups",
     "functions",
@@ -170,6 +177,8 @@ const SECTIONS: [&str; 7] = [
     "startup",
     "refresh",
     "beside",
+    "spans",
+    "postgres",
 ];
 
 /// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section

@@ -8,7 +8,7 @@ use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
         BPF_LINKER_VERSION, EBPF_TOOLCHAIN, GO_PACKAGES, HOST_TOOLCHAIN, LLVM_PACKAGES,
-        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, SAFETY_PACKAGES, TEST_PACKAGES,
+        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, SAFETY_PACKAGES, TEST_PACKAGES, USDT_PACKAGES,
     },
 };
 
@@ -30,6 +30,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &SAFETY_PACKAGES,
         "libc's debug symbols, libpython, g++ and zlib for the probe-safety harness",
+    )?;
+    debian_packages(
+        &USDT_PACKAGES,
+        "the USDT and --postgres tests (sys/sdt.h, python3.11, a PostgreSQL 15 server with pg_stat_statements, psql, pgbench)",
     )?;
     bpf_linker()?;
     tracefs()?;

@@ -43,3 +43,15 @@ pub const SAFETY_PACKAGES: [&str; 6] = [
     "zlib1g",
     "libstdc++6",
 ];
+
+/// Debian packages of the USDT and span tests (tests/tests/usdt.rs, postgres.rs): sys/sdt.h
+/// for the C workload's probes, python3.11 (a non-PIE binary with SDT notes) and the
+/// PostgreSQL 15 server (with pg_stat_statements), client (psql) and pgbench that the
+/// `--postgres` tests run. The package's cluster is not started: each test runs its own.
+pub const USDT_PACKAGES: [&str; 5] = [
+    "systemtap-sdt-dev",
+    "python3.11",
+    "postgresql-15",
+    "postgresql-client-15",
+    "postgresql-contrib",
+];

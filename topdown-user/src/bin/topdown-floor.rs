@@ -6,7 +6,9 @@
 //! Without options: the empty `tp_btf/sched_switch` program. `--pmu MODEL` opens the counter
 //! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
-//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC.
+//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC; `-U
+//! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
+//! floor: the same two sites, the same counters, nothing else).
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -60,6 +62,10 @@ struct Args {
     /// attribution does beyond reading.
     #[arg(long, value_enum, value_delimiter = ',')]
     add_to: Vec<AddTo>,
+    /// BINARY:PROVIDER:NAME: read every counter at each site of this USDT probe (needs
+    /// --pmu; probes without semaphores only).
+    #[arg(short = 'U')]
+    usdt: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -135,6 +141,31 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
                         points.exits.push((function.target.clone(), exit.offset));
                     }
                 }
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// The sites of each `-U` probe.
+fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
+    let mut points = Vec::new();
+    for text in probes {
+        let probe = topdown::usdt::ProbeName::parse(text, "-U")?;
+        let path = PathBuf::from(&probe.target);
+        let file = topdown::usdt::notes::read(&path)?;
+        let option = format!("-U {text}");
+        for (_, notes) in
+            topdown::usdt::required_sites(&file, &path, &probe.provider, &probe.name, &option)?
+        {
+            for note in notes {
+                if note.semaphore.is_some() {
+                    return Err(fail(
+                        Failure::Usage,
+                        format!("{option}: the floor does not enable semaphores"),
+                    ));
+                }
+                points.push((path.clone(), note.offset));
             }
         }
     }
@@ -219,7 +250,8 @@ fn attach(
         }
     }
 
-    let points = resolve_points(&args.functions, args.returns)?;
+    let mut points = resolve_points(&args.functions, args.returns)?;
+    points.entries.extend(usdt_points(&args.usdt)?);
     // Timed as topdown times its own: the probes' attaching, after the functions are resolved.
     let started = Instant::now();
     // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
@@ -364,12 +396,15 @@ fn run(args: Args) -> Result<()> {
             "--trigger cgroup-switch attributes to cgroups only: use --add-to cgroup",
         ));
     }
-    if (args.read || !args.functions.is_empty() || args.trigger == FloorTrigger::CgroupSwitch)
+    if (args.read
+        || !args.functions.is_empty()
+        || !args.usdt.is_empty()
+        || args.trigger == FloorTrigger::CgroupSwitch)
         && args.pmu.is_none()
     {
         return Err(fail(
             Failure::Usage,
-            "--read, -u and --trigger cgroup-switch read counters: name the model whose \
+            "--read, -u, -U and --trigger cgroup-switch read counters: name the model whose \
              counters to open with --pmu MODEL",
         ));
     }

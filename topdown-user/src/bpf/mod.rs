@@ -10,10 +10,12 @@ mod kernel_types;
 mod live_tasks;
 pub mod process_links;
 mod records;
+mod usdt;
 
 pub use kernel_types::switch_offsets;
 pub use live_tasks::LiveTasks;
 pub use process_links::ProcessLinks;
+pub use usdt::{SpanSnapshot, UsdtLinking, UsdtLinks};
 
 use std::{
     collections::HashMap,
@@ -84,6 +86,27 @@ pub struct SessionConfig {
     /// With a filter, read the counters only at switches where a traced task leaves or arrives
     /// and where a CPU goes idle (`skip_untraced_switches`); false with `--read-every-switch`.
     pub skip_untraced_switches: bool,
+    /// Sizes of the USDT and span maps (`-U`, `--span`, `--postgres`).
+    pub usdt: UsdtSizes,
+}
+
+/// How many USDT sites and `-U` probes there are, and the span totals' capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsdtSizes {
+    pub sites: u32,
+    pub hit_probes: u32,
+    pub max_spans: u32,
+}
+
+impl Default for UsdtSizes {
+    /// Nothing probed: the smallest maps.
+    fn default() -> Self {
+        Self {
+            sites: 1,
+            hit_probes: 1,
+            max_spans: 16,
+        }
+    }
 }
 
 /// When counters are read and attributed.
@@ -121,6 +144,8 @@ pub struct Snapshot {
     pub probes: ProbeStats,
     /// Per-cgroup totals by cgroup id.
     pub cgroups: Vec<(u64, CgroupCounters)>,
+    /// USDT hits and span totals (`-U`, `--span`, `--postgres`).
+    pub spans: SpanSnapshot,
 }
 
 /// A loaded and attached BPF session.
@@ -144,6 +169,8 @@ pub struct Session {
     /// Each CPU's read errors at the last check: new ones on an online CPU mean its events
     /// were removed (an offline/online cycle quicker than the poll).
     read_errors: HashMap<u32, u64>,
+    /// Span key texts read so far, by hash (`usdt::span_snapshot`).
+    span_texts: std::sync::Arc<HashMap<u64, String>>,
 }
 
 impl Session {
@@ -218,7 +245,12 @@ impl Session {
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::PROCESS_CGROUPS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked)
-            .map_max_entries(names::TRACKED_BITS, tracked_bit_words());
+            .map_max_entries(names::TRACKED_BITS, tracked_bit_words())
+            .map_max_entries(names::USDT_SITES, config.usdt.sites.max(1))
+            .map_max_entries(names::USDT_HITS, config.usdt.hit_probes.max(1))
+            .map_max_entries(names::SPAN_STACKS, config.max_stacks)
+            .map_max_entries(names::SPAN_TOTALS, config.usdt.max_spans)
+            .map_max_entries(names::SPAN_TEXTS, config.usdt.max_spans);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
             fail(
                 Failure::BpfUnavailable,
@@ -321,6 +353,7 @@ impl Session {
             program_load_time: std::time::Duration::ZERO,
             online: crate::counters::online_cpus()?,
             read_errors: HashMap::new(),
+            span_texts: Default::default(),
         };
         // Baseline: from here on every count belongs to someone.
         session.flush(false)?;
@@ -845,6 +878,7 @@ impl Session {
             histograms,
             probes,
             cgroups,
+            spans: SpanSnapshot::default(),
         })
     }
 }
@@ -899,6 +933,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
+        names::PROG_USDT_SITE,
     ] {
         program_mut::<UProbe>(&mut ebpf, name)?
             .load()

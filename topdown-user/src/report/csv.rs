@@ -1,7 +1,8 @@
 //! CSV output (RFC 4180, written by the `csv` crate, which refuses a row whose length differs
 //! from the header's): one row per entity, every section under the same named columns.
 //!
-//! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls`, then the
+//! Columns: `interval,kind,tid,pid,comm,function,target,cgroup,container,calls,span,key,abandoned`,
+//! then the
 //! counters in the model's order, then the metrics, then the derived figures (`offcore_latency`).
 //! A cell that does not apply to a row's kind is empty, as is a metric the model cannot compute.
 //! With `-- CMD`, kind `command` is the command's own counts over its run and `before_command`
@@ -12,7 +13,7 @@ use anyhow::{Context as _, Result};
 use super::{By, Entity, Report};
 
 /// The identifying columns, before the counters and metrics.
-pub const KEY_COLUMNS: [&str; 10] = [
+pub const KEY_COLUMNS: [&str; 13] = [
     "interval",
     "kind",
     "tid",
@@ -23,6 +24,9 @@ pub const KEY_COLUMNS: [&str; 10] = [
     "cgroup",
     "container",
     "calls",
+    "span",
+    "key",
+    "abandoned",
 ];
 
 /// What identifies one row; `None` leaves the cell empty.
@@ -36,6 +40,9 @@ struct Key<'a> {
     cgroup: Option<&'a str>,
     container: Option<String>,
     calls: Option<u64>,
+    span: Option<&'a str>,
+    key: Option<&'a str>,
+    abandoned: Option<u64>,
 }
 
 pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
@@ -67,6 +74,9 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
             key.cgroup.unwrap_or_default().to_owned(),
             key.container.unwrap_or_default(),
             number(key.calls),
+            key.span.unwrap_or_default().to_owned(),
+            key.key.unwrap_or_default().to_owned(),
+            number(key.abandoned),
         ];
         cells.extend(
             report
@@ -141,6 +151,27 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
             }
         }
     }
+    if by.contains(&By::Span) {
+        for span in &report.spans {
+            let key = Key {
+                span: Some(&span.kind),
+                key: Some(&span.key),
+                calls: Some(span.calls),
+                abandoned: Some(span.abandoned),
+                ..Key::default()
+            };
+            row("span", key, &span.entity)?;
+        }
+    }
+    for probe in &report.usdt {
+        let key = Key {
+            function: Some(&probe.probe),
+            target: Some(&probe.target),
+            calls: Some(probe.hits),
+            ..Key::default()
+        };
+        row("usdt", key, &Entity::default())?;
+    }
     if by.contains(&By::Cgroup) {
         for cgroup in &report.cgroups {
             let key = Key {
@@ -201,7 +232,10 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let (header, rows) = parse(&text);
         let column = |name: &str| header.iter().position(|h| h == name).unwrap();
-        assert_eq!(&header[..10], &KEY_COLUMNS.map(str::to_owned));
+        assert_eq!(
+            &header[..KEY_COLUMNS.len()],
+            &KEY_COLUMNS.map(str::to_owned)
+        );
         assert_eq!(
             header.len(),
             KEY_COLUMNS.len() + report.counter_names.len() + report.totals.metrics.len()

@@ -18,7 +18,9 @@ pub mod pprof;
 pub mod stacks;
 pub mod svg;
 pub mod svg_distribution;
+mod svg_spans;
 pub mod table;
+mod table_spans;
 
 /// One run's (or one interval's) results.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -102,6 +104,15 @@ pub struct Report {
     /// function figures (`crate::calibration`); absent with `--no-compensation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_compensation: Option<crate::calibration::CompensationReport>,
+    /// Per span kind and key (`--span`, `--postgres`; `crate::spans::report`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<crate::spans::report::SpanEntry>,
+    /// Hits of each `-U` probe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usdt: Vec<crate::spans::report::UsdtEntry>,
+    /// With spans or `-U`: their anomalies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_diagnostics: Option<crate::spans::report::SpanDiagnostics>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,
@@ -189,6 +200,10 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
         .call_tree
         .iter_mut()
         .for_each(|edge| visit(&mut edge.inclusive));
+    report
+        .spans
+        .iter_mut()
+        .for_each(|span| visit(&mut span.entity));
 }
 
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
@@ -380,6 +395,8 @@ pub enum By {
     Process,
     Cgroup,
     Function,
+    /// Spans per kind and key (`--span`, `--postgres`; `--by query` says the same).
+    Span,
 }
 
 /// Recomputes every metric from its counters with `model` at `level` (the file's metrics are
@@ -634,6 +651,9 @@ pub(crate) mod tests {
             overflows: Some(0),
             missed_returns: Some(0),
             probe_compensation: None,
+            spans: Vec::new(),
+            usdt: Vec::new(),
+            span_diagnostics: None,
             cpus: Vec::new(),
             derived: Vec::new(),
             diagnostics: Diagnostics::default(),

@@ -17,7 +17,7 @@ use crate::error::{Failure, fail};
 pub const WIDTH: f64 = 1200.0;
 pub const MARGIN: f64 = 10.0;
 const FRAME_HEIGHT: f64 = 18.0;
-const BAR_HEIGHT: f64 = 16.0;
+pub const BAR_HEIGHT: f64 = 16.0;
 const BAR_LABEL_WIDTH: f64 = 260.0;
 const BAR_FIGURES_WIDTH: f64 = 240.0;
 /// Monospace glyph width at font-size 11, for fitting labels into frames.
@@ -419,7 +419,7 @@ fn frame_tooltip(
     text
 }
 
-fn legend(report: &Report, y: f64, svg: &mut String) {
+pub(super) fn legend(report: &Report, y: f64, svg: &mut String) {
     if !has_topdown(report) {
         let _ = write!(
             svg,
@@ -488,79 +488,102 @@ fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
         y + 14.0,
         escape(&heading)
     );
-    let bar_x = MARGIN + BAR_LABEL_WIDTH;
-    let bar_width = WIDTH - 2.0 * MARGIN - BAR_LABEL_WIDTH - BAR_FIGURES_WIDTH;
     let heaviest = functions.first().map_or(0, |function| own(function)).max(1) as f64;
     let mut row_y = y + 24.0;
     for function in functions {
         let name = label(&function.symbol, function.pid, show_pid);
-        let _ = write!(
-            svg,
-            r#"<g class="bar" data-symbol="{}"><text x="{MARGIN}" y="{}">{}</text>"#,
-            escape(&name),
-            row_y + 12.0,
-            escape(&fit(&name, BAR_LABEL_WIDTH).unwrap_or_default())
-        );
-        let values: Vec<(&Category, f64)> = CATEGORIES
-            .iter()
-            .filter_map(|category| {
-                function
-                    .exclusive
-                    .metrics
-                    .get(category.metric)
-                    .copied()
-                    .flatten()
-                    .filter(|value| value.is_finite() && *value > 0.0)
-                    .map(|value| (category, value))
-            })
-            .collect();
-        // Level-1 fractions sum to 1 only up to the kernel's rounding: normalise for the bar.
-        let sum: f64 = values.iter().map(|(_, value)| value).sum();
-        if values.is_empty() {
-            // No breakdown: the bar's length says how much the function did itself.
-            let width = bar_width * own(function) as f64 / heaviest;
-            let _ = write!(
-                svg,
-                r#"<rect class="segment" x="{bar_x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{NEUTRAL}"><title>{}: no TopDown metrics</title></rect>"#,
-                escape(&name)
-            );
-        } else {
-            let mut x = bar_x;
-            for (category, value) in values {
-                let width = bar_width * value / sum;
-                let _ = write!(
-                    svg,
-                    r#"<rect class="segment" data-category="{}" x="{x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{}"><title>{}: {} {:.1}%</title></rect>"#,
-                    category.metric,
-                    category.colour,
-                    escape(&name),
-                    category.label,
-                    100.0 * value
-                );
-                let percent = format!("{:.0}%", 100.0 * value);
-                if width >= (percent.len() as f64 + 1.0) * CHAR_WIDTH {
-                    let _ = write!(
-                        svg,
-                        r#"<text x="{:.3}" y="{}" pointer-events="none">{percent}</text>"#,
-                        x + 3.0,
-                        row_y + 12.0
-                    );
-                }
-                x += width;
-            }
-        }
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.3}" y="{}">{} {} own, {} calls</text></g>"#,
-            bar_x + bar_width + 8.0,
-            row_y + 12.0,
+        let figures = format!(
+            "{} {} own, {} calls",
             own(function),
-            escape(&report.weight_counter),
+            report.weight_counter,
             function.calls
+        );
+        bar_row(
+            svg,
+            &name,
+            &function.exclusive,
+            own(function) as f64 / heaviest,
+            &figures,
+            row_y,
         );
         row_y += BAR_HEIGHT + 4.0;
     }
     row_y
+}
+
+/// One bar: `name`, the entity's level-1 TopDown as a 100% stacked bar (or, without metrics,
+/// a grey bar `relative` of the full length), and `figures` after it.
+pub(super) fn bar_row(
+    svg: &mut String,
+    name: &str,
+    entity: &Entity,
+    relative: f64,
+    figures: &str,
+    row_y: f64,
+) {
+    let bar_x = MARGIN + BAR_LABEL_WIDTH;
+    let bar_width = WIDTH - 2.0 * MARGIN - BAR_LABEL_WIDTH - BAR_FIGURES_WIDTH;
+    let _ = write!(
+        svg,
+        r#"<g class="bar" data-symbol="{}"><text x="{MARGIN}" y="{}">{}</text>"#,
+        escape(name),
+        row_y + 12.0,
+        escape(&fit(name, BAR_LABEL_WIDTH).unwrap_or_default())
+    );
+    let values: Vec<(&Category, f64)> = CATEGORIES
+        .iter()
+        .filter_map(|category| {
+            entity
+                .metrics
+                .get(category.metric)
+                .copied()
+                .flatten()
+                .filter(|value| value.is_finite() && *value > 0.0)
+                .map(|value| (category, value))
+        })
+        .collect();
+    // Level-1 fractions sum to 1 only up to the kernel's rounding: normalise for the bar.
+    let sum: f64 = values.iter().map(|(_, value)| value).sum();
+    if values.is_empty() {
+        // No breakdown: the bar's length says how much it did.
+        let width = bar_width * relative;
+        let _ = write!(
+            svg,
+            r#"<rect class="segment" x="{bar_x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{NEUTRAL}"><title>{}: no TopDown metrics</title></rect>"#,
+            escape(name)
+        );
+    } else {
+        let mut x = bar_x;
+        for (category, value) in values {
+            let width = bar_width * value / sum;
+            let _ = write!(
+                svg,
+                r#"<rect class="segment" data-category="{}" x="{x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{}"><title>{}: {} {:.1}%</title></rect>"#,
+                category.metric,
+                category.colour,
+                escape(name),
+                category.label,
+                100.0 * value
+            );
+            let percent = format!("{:.0}%", 100.0 * value);
+            if width >= (percent.len() as f64 + 1.0) * CHAR_WIDTH {
+                let _ = write!(
+                    svg,
+                    r#"<text x="{:.3}" y="{}" pointer-events="none">{percent}</text>"#,
+                    x + 3.0,
+                    row_y + 12.0
+                );
+            }
+            x += width;
+        }
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.3}" y="{}">{}</text></g>"#,
+        bar_x + bar_width + 8.0,
+        row_y + 12.0,
+        escape(figures)
+    );
 }
 
 /// Writes `report` as an SVG picture of its probed call tree.
@@ -579,9 +602,12 @@ pub fn write_svg(
         ));
     }
     if report.functions.is_empty() {
+        if !report.spans.is_empty() {
+            return super::svg_spans::write_spans_svg(report, out);
+        }
         return Err(fail(
             Failure::Usage,
-            "--format svg draws the probed call tree, and this report has no probed functions: record with -u TARGET:FUNC",
+            "--format svg draws the probed call tree or spans, and this report has neither: record with -u TARGET:FUNC, --span or --postgres",
         ));
     }
     let tree = layout(report, weight);
@@ -596,7 +622,12 @@ pub fn write_svg(
     let tree_height = depth as f64 * FRAME_HEIGHT;
     let bars_y = tree_y + tree_height + 24.0;
     let rows = report.functions.len() as f64;
-    let histograms_y = bars_y + 24.0 + rows * (BAR_HEIGHT + 4.0);
+    let spans_height = if report.spans.is_empty() {
+        0.0
+    } else {
+        super::svg_spans::bars_height(report) + 24.0
+    };
+    let histograms_y = bars_y + 24.0 + rows * (BAR_HEIGHT + 4.0) + spans_height;
     let height = histograms_y + super::svg_distribution::height(report) + MARGIN;
 
     let mut svg = String::new();
@@ -689,7 +720,10 @@ pub fn write_svg(
         }
         svg.push_str("</g>\n");
     }
-    bars(report, bars_y, show_pid, &mut svg);
+    let bars_end = bars(report, bars_y, show_pid, &mut svg);
+    if !report.spans.is_empty() {
+        super::svg_spans::span_bars(report, bars_end + 24.0, &mut svg);
+    }
     super::svg_distribution::draw(report, histograms_y, show_pid, &mut svg);
     svg.push_str("</svg>\n");
     out.write_all(svg.as_bytes())?;
@@ -1055,7 +1089,7 @@ mod tests {
         assert_eq!(failure_of(&err), Some(Failure::Usage));
         assert_eq!(
             err.to_string(),
-            "--format svg draws the probed call tree, and this report has no probed functions: record with -u TARGET:FUNC"
+            "--format svg draws the probed call tree or spans, and this report has neither: record with -u TARGET:FUNC, --span or --postgres"
         );
         let interval = report_of("intel-icl", 1);
         let err = write_svg(&interval, Weight::Slots, &mut Vec::new()).unwrap_err();

@@ -299,6 +299,10 @@ fn table_text(report: &Report, by: &[By]) -> String {
     if by.contains(&By::Function) && !report.functions.is_empty() {
         text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
     }
+    if by.contains(&By::Span) || !report.usdt.is_empty() {
+        text +=
+            &super::table_spans::spans_text(report, &metrics, weight, &weight_title, total_weight);
+    }
 
     if any_estimated {
         text += "note: ~ marks estimates: those counters took turns on the PMU and were scaled by the time each group counted (enabled/running)\n";
@@ -741,6 +745,9 @@ mod tests {
             overflows: None,
             missed_returns: None,
             probe_compensation: None,
+            spans: Vec::new(),
+            usdt: Vec::new(),
+            span_diagnostics: None,
             cpus: Vec::new(),
             derived: Vec::new(),
             diagnostics: Diagnostics {

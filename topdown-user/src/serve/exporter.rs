@@ -36,6 +36,8 @@ pub enum FamilyKind {
     Process,
     FunctionInclusive,
     FunctionExclusive,
+    /// Spans per kind and key (`--span`, `--postgres`).
+    Span,
 }
 
 impl FamilyKind {
@@ -73,6 +75,12 @@ impl FamilyKind {
                 MetricType::COUNTER,
                 &["function", "target", "category", "model"],
             ),
+            FamilyKind::Span => spec(
+                "topdown_span_slots_total",
+                "Pipeline slots per TopDown category from start to end of spans (queries), per kind and key",
+                MetricType::COUNTER,
+                &["span", "key", "text", "category", "model"],
+            ),
         }
     }
 
@@ -103,6 +111,12 @@ impl FamilyKind {
                 MetricType::COUNTER,
                 &["function", "target", "event"],
             ),
+            FamilyKind::Span => spec(
+                "topdown_span_events_total",
+                "Counts of the -e events from start to end of spans, per kind and key",
+                MetricType::COUNTER,
+                &["span", "key", "text", "event"],
+            ),
         }
     }
 }
@@ -128,6 +142,8 @@ struct Series {
     calls: Tally,
     /// Calls counted by `--duty-cycle`d probes, as counted (not scaled).
     sampled_calls: u64,
+    /// Spans whose end never came (span series).
+    abandoned: u64,
     last_change: Instant,
 }
 
@@ -518,9 +534,70 @@ impl Exporter {
                 events: BTreeMap::new(),
                 calls: Tally::default(),
                 sampled_calls: 0,
+                abandoned: 0,
                 last_change: now,
             })
             .accumulate(values, events, calls, ratio, changed, now);
+    }
+
+    /// The span series of `labels`, or (a new key beyond `--max-series`) the `other` one,
+    /// created if missing, as `add` chooses.
+    /// `count_overflow`: a fold here is an update of its own (`add` did not see it).
+    fn span_series(&mut self, labels: Labels, now: Instant, count_overflow: bool) -> &mut Series {
+        let mut key = (FamilyKind::Span, labels);
+        if !self.series.contains_key(&key) && self.series.len() >= self.limits.max_series {
+            if count_overflow {
+                self.overflowed += 1;
+            }
+            key.1 = key
+                .1
+                .iter()
+                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
+                .collect();
+        }
+        self.series.entry(key).or_insert_with(|| Series {
+            values: Vec::new(),
+            events: BTreeMap::new(),
+            calls: Tally::default(),
+            sampled_calls: 0,
+            abandoned: 0,
+            last_change: now,
+        })
+    }
+
+    /// Adds one refresh's spans (`--span`, `--postgres`), heaviest first, so that with
+    /// `--max-series` the heaviest keys keep their own series and the rest fold into `other`.
+    pub fn add_spans(
+        &mut self,
+        counts: &Aggregate,
+        naming: &Naming<'_>,
+        spans: &crate::spans::report::SpanNaming,
+        now: Instant,
+    ) {
+        let valuation = Valuation::new(naming);
+        for span in crate::spans::report::merge(spans, &counts.spans, naming.weight_slot()) {
+            let labels = vec![
+                ("span".to_owned(), spans.kind_name(span.kind)),
+                ("key".to_owned(), span.key),
+                ("text".to_owned(), span.text.unwrap_or_default()),
+            ];
+            // `add` creates (or folds) only series whose entity counted something.
+            let added = span.calls > 0 || !span.counts.is_zero();
+            self.add(
+                FamilyKind::Span,
+                labels.clone(),
+                valuation.slots(&span.counts),
+                valuation.events(&span.counts),
+                span.calls,
+                None,
+                now,
+            );
+            if span.abandoned > 0 {
+                let series = self.span_series(labels, now, !added);
+                series.abandoned += span.abandoned;
+                series.last_change = now;
+            }
+        }
     }
 
     /// Drops series whose entity has not counted anything for the TTL (vanished processes,
@@ -685,6 +762,18 @@ const CALLS: Spec = spec(
     MetricType::COUNTER,
     &["function", "target"],
 );
+const SPAN_CALLS: Spec = spec(
+    "topdown_span_calls_total",
+    "Spans (queries) that ended, per kind and key",
+    MetricType::COUNTER,
+    &["span", "key", "text"],
+);
+const SPAN_ABANDONED: Spec = spec(
+    "topdown_span_abandoned_total",
+    "Spans (queries) whose end never came (an error), per kind and key",
+    MetricType::COUNTER,
+    &["span", "key", "text"],
+);
 const BUILD_INFO: Spec = spec(
     "topdown_build_info",
     "The model topdown counts with",
@@ -821,11 +910,12 @@ impl Spec {
     }
 }
 
-const KINDS: [FamilyKind; 4] = [
+const KINDS: [FamilyKind; 5] = [
     FamilyKind::Cgroup,
     FamilyKind::Process,
     FamilyKind::FunctionInclusive,
     FamilyKind::FunctionExclusive,
+    FamilyKind::Span,
 ];
 
 /// Every family the exporter may export.
@@ -835,6 +925,8 @@ fn specs() -> impl Iterator<Item = Spec> {
         .flat_map(|kind| [kind.slots(), kind.events()])
         .chain([
             CALLS,
+            SPAN_CALLS,
+            SPAN_ABANDONED,
             BUILD_INFO,
             SERIES,
             OVERFLOWED,
@@ -999,6 +1091,12 @@ impl Collector for Exporter {
             }
             if *kind == FamilyKind::FunctionInclusive && series.sampled_calls > 0 {
                 families.push(SAMPLED_CALLS, &values, series.sampled_calls as f64);
+            }
+            if *kind == FamilyKind::Span {
+                families.push(SPAN_CALLS, &values, series.calls.value());
+                if series.abandoned > 0 {
+                    families.push(SPAN_ABANDONED, &values, series.abandoned as f64);
+                }
             }
         }
         if let Some(sampling) = &self.sampling {
@@ -1435,6 +1533,83 @@ topdown_series_overflow_total 1
                 "{text}"
             );
         }
+        assert_eq!(value(&text, "topdown_series_overflow_total"), Some(2.0));
+    }
+
+    /// Query spans: one series per kind and key, heaviest first; beyond `--max-series` the
+    /// lighter keys fold into `other` (their calls and abandoned spans with them).
+    #[test]
+    fn span_series_are_bounded_with_the_heaviest_keys_kept() {
+        use crate::spans::{
+            KindInfo,
+            report::{SpanAggregate, SpanCounts, SpanNaming},
+        };
+        use topdown_common::usdt::{SpanKey, key_type, span_flags};
+        let naming_spans = SpanNaming {
+            kinds: vec![KindInfo {
+                name: "query".into(),
+                normalize_text: true,
+                note_is_query_id: true,
+                folds_into: None,
+            }],
+            hit_probes: Vec::new(),
+        };
+        let span = |id: u64, flags: u32, spans: u64, weight: u64| SpanCounts {
+            key: SpanKey {
+                kind: 0,
+                flags,
+                key_type: key_type::NOTE,
+                _pad: 0,
+                key: id,
+            },
+            spans,
+            text: 0,
+            counts: slots([weight, weight / 2, 0, 0]),
+        };
+        let counts = Aggregate {
+            spans: SpanAggregate {
+                spans: vec![
+                    span(1, 0, 5, 100),
+                    span(2, 0, 3, 300),
+                    span(3, 0, 2, 50),
+                    span(3, span_flags::ABANDONED, 1, 7),
+                    span(4, 0, 4, 200),
+                ],
+                ..SpanAggregate::default()
+            },
+            ..Aggregate::default()
+        };
+        let mut exporter = Exporter::new("intel-icl".into(), false, limits(2, 300));
+        exporter.add_spans(
+            &counts,
+            &naming(&NO_PATHS, &[], false),
+            &naming_spans,
+            Instant::now(),
+        );
+        let text = exporter.encode().unwrap();
+        assert_eq!(exporter.series_count(), 3, "{text}");
+        for (key, slots, calls) in [("2", 300.0, 3.0), ("4", 200.0, 4.0), ("other", 150.0, 7.0)] {
+            assert_eq!(
+                value(
+                    &text,
+                    &format!(
+                        r#"topdown_span_slots_total{{category="total",key="{key}",model="intel-icl",span="#
+                    )
+                ),
+                Some(slots),
+                "{key}: {text}"
+            );
+            assert_eq!(
+                value(&text, &format!(r#"topdown_span_calls_total{{key="{key}""#)),
+                Some(calls),
+                "{key}: {text}"
+            );
+        }
+        assert_eq!(
+            value(&text, r#"topdown_span_abandoned_total{key="other""#),
+            Some(1.0),
+            "{text}"
+        );
         assert_eq!(value(&text, "topdown_series_overflow_total"), Some(2.0));
     }
 

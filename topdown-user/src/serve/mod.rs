@@ -340,6 +340,14 @@ fn refresh(
         std::mem::take(&mut aggregate.calls)
     });
     exporter.update(&aggregate, &session.naming(&cgroup_paths), now);
+    if let Some(spans) = &session.spans {
+        exporter.add_spans(
+            &aggregate,
+            &session.naming(&cgroup_paths),
+            &spans.naming,
+            now,
+        );
+    }
     if let Some(calls) = raw_calls {
         aggregate.calls = calls;
     } else if let Some(calls) = held {

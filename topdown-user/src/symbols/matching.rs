@@ -109,7 +109,7 @@ pub fn is_glob(pattern: &str) -> bool {
 }
 
 /// Iterative wildcard match (`*` any run, `?` one byte), linear in practice.
-fn glob(pattern: &[u8], text: &[u8]) -> bool {
+pub(crate) fn glob(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {

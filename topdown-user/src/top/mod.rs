@@ -354,6 +354,7 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
             By::Task => !report.tasks.is_empty() || report.processes.is_empty(),
             By::Cgroup => !report.cgroups.is_empty(),
             By::Function => !report.functions.is_empty(),
+            By::Span => !report.spans.is_empty(),
             By::Process => true,
         };
         if !counted {
@@ -363,6 +364,9 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
                 }
                 By::Function => {
                     "no functions counted this refresh (probe some with -u TARGET:FUNC)".to_owned()
+                }
+                By::Span => {
+                    "no spans ended this refresh (count some with --span or --postgres)".to_owned()
                 }
                 _ => "nothing counted this refresh".to_owned(),
             });
@@ -374,6 +378,7 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
         KeyCode::Char('t') => show(View::Threads, By::Task, ui),
         KeyCode::Char('c') => show(View::Cgroups, By::Cgroup, ui),
         KeyCode::Char('f') => show(View::Functions, By::Function, ui),
+        KeyCode::Char('r') => show(View::Spans, By::Span, ui),
         KeyCode::Char('s') => {
             ui.sort = ui.next_sort(view::categories(report, ui.level).len());
         }

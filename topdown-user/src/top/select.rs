@@ -93,6 +93,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
         },
         cpus: aggregate.cpus.clone(),
         diagnostics: aggregate.diagnostics.clone(),
+        spans: aggregate.spans.clone(),
     };
     match ui.view {
         View::Threads => {
@@ -139,7 +140,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
             kept.processes = pick(&aggregate.processes, &picked);
             kept.tasks = aggregate.tasks.iter().take(1).cloned().collect();
         }
-        View::Cgroups | View::Functions => {
+        View::Cgroups | View::Functions | View::Spans => {
             kept.tasks = aggregate.tasks.iter().take(1).cloned().collect();
             kept.processes = aggregate.processes.iter().take(1).cloned().collect();
         }

@@ -19,6 +19,8 @@ pub enum View {
     Threads,
     Cgroups,
     Functions,
+    /// Spans per kind and key (`--span`, `--postgres`): queries.
+    Spans,
 }
 
 impl View {
@@ -28,6 +30,7 @@ impl View {
             View::Threads => "threads",
             View::Cgroups => "cgroups",
             View::Functions => "functions",
+            View::Spans => "spans",
         }
     }
 
@@ -37,6 +40,7 @@ impl View {
             View::Threads => ("TID", "COMM"),
             View::Cgroups => ("ID", "CGROUP"),
             View::Functions => ("CALLS", "FUNCTION"),
+            View::Spans => ("CALLS", "SPAN"),
         }
     }
 }
@@ -253,6 +257,20 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
                 }
             })
             .collect(),
+        View::Spans => report
+            .spans
+            .iter()
+            .filter(|span| span.calls > 0)
+            .map(|span| {
+                let key = span.text.as_ref().unwrap_or(&span.key);
+                let name = if key.is_empty() {
+                    span.kind.clone()
+                } else {
+                    format!("{} {key}", span.kind)
+                };
+                row(span.calls.to_string(), name, &span.entity)
+            })
+            .collect(),
     };
     let filter = ui.editing.as_ref().unwrap_or(&ui.filter).to_lowercase();
     if !filter.is_empty() {
@@ -429,7 +447,11 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     let help = match &ui.editing {
         Some(text) => format!("filter: {text}_   (Enter keeps it, Esc clears it)"),
         None => ui.message.clone().unwrap_or_else(|| {
-            "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause  \u{2191}\u{2193} select  d distribution".to_owned()
+            if report.spans.is_empty() {
+                "q quit  p/t/c/f processes/threads/cgroups/functions  s sort  / filter  l level  space pause  \u{2191}\u{2193} select  d distribution".to_owned()
+            } else {
+                "q quit  p/t/c/f/r processes/threads/cgroups/functions/spans  s sort  / filter  l level  space pause  \u{2191}\u{2193} select  d distribution".to_owned()
+            }
         }),
     };
     let help_y = bottom.saturating_sub(1);

@@ -95,6 +95,15 @@ fn refusal(args: &StatArgs, why: Why) -> Option<String> {
              topdown-region library in the program itself"
         ));
     }
+    if !args.usdt.is_empty()
+        || !args.spans.is_empty()
+        || args.postgres.is_some()
+        || args.by.contains(&By::Span)
+    {
+        return Some(format!(
+            "counting USDT probes and spans (-U, --span, --postgres, --by span) {needs}; leave it out"
+        ));
+    }
     if args.by.contains(&By::Cgroup) || !args.cgroups.is_empty() || args.cgroup_depth.is_some() {
         return Some(format!(
             "per-cgroup counting (--by cgroup, -G, --cgroup-depth) {needs}; {only}"

@@ -69,6 +69,9 @@ pub fn report() -> Report {
         overflows: None,
         missed_returns: None,
         probe_compensation: None,
+        spans: Vec::new(),
+        usdt: Vec::new(),
+        span_diagnostics: None,
         cpus: Vec::new(),
         derived: Vec::new(),
         diagnostics: Diagnostics::default(),
@@ -369,4 +372,49 @@ fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
             (Color::Indexed(208), 6)
         ]
     );
+}
+
+/// `r`'s view: one row per span kind and key that ended this refresh, named by its query
+/// text, with its calls in the first column; the help line offers the key.
+#[test]
+fn the_spans_view_lists_queries_by_text() {
+    use crate::spans::report::{SpanEntry, SpanKeyType};
+    let mut report = report();
+    let span = |key: &str, text: Option<&str>, calls: u64, weight: u64| SpanEntry {
+        kind: "query".to_owned(),
+        key: key.to_owned(),
+        key_type: if text.is_some() {
+            SpanKeyType::QueryId
+        } else {
+            SpanKeyType::Text
+        },
+        text: text.map(str::to_owned),
+        calls,
+        abandoned: 0,
+        folded: 0,
+        entity: entity("slots", weight, &level_one(0.5, 0.1, 0.2, 0.2)),
+        abandoned_counters: None,
+    };
+    report.spans = vec![
+        span("-42", Some("select $1"), 7, 300),
+        span("update t set a = $1", None, 2, 500),
+        span("-7", Some("select 2"), 0, 0),
+    ];
+    let ui = Ui {
+        view: View::Spans,
+        ..Ui::new(1)
+    };
+    let names: Vec<(String, String, u64)> = rows(&report, &ui, &[])
+        .into_iter()
+        .map(|row| (row.id, row.name, row.weight))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("2".to_owned(), "query update t set a = $1".to_owned(), 500),
+            ("7".to_owned(), "query select $1".to_owned(), 300)
+        ]
+    );
+    let buf = screen(&report, &Ui::new(1), 140, 7);
+    assert!(text(&buf, 6).contains("p/t/c/f/r processes/threads/cgroups/functions/spans"));
 }

@@ -1,0 +1,110 @@
+//! The SVG picture of spans (`--span`, `--postgres`): one bar per span kind and key, its
+//! level-1 TopDown from start to end, heaviest first, with its calls and weight per call.
+
+use std::fmt::Write as _;
+
+use super::{
+    Report,
+    svg::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend},
+};
+use crate::spans::report::SpanKeyType;
+
+/// Rows of span bars at most: a workload of thousands of distinct queries is a table's job.
+pub const MAX_BARS: usize = 200;
+
+/// Height of `span_bars` for `report`.
+pub fn bars_height(report: &Report) -> f64 {
+    24.0 + report.spans.len().min(MAX_BARS) as f64 * (BAR_HEIGHT + 4.0)
+}
+
+/// The span bars from `y`; returns where they end.
+pub fn span_bars(report: &Report, y: f64, svg: &mut String) -> f64 {
+    let weight = |entity: &super::Entity| {
+        entity
+            .counters
+            .get(&report.weight_counter)
+            .copied()
+            .unwrap_or(0)
+    };
+    let _ = writeln!(
+        svg,
+        r#"<text class="heading" x="{MARGIN}" y="{}">{}</text>"#,
+        y + 14.0,
+        escape(&format!(
+            "TopDown per span (start to end, nested spans included){}",
+            if report.spans.len() > MAX_BARS {
+                format!("; the heaviest {MAX_BARS} of {}", report.spans.len())
+            } else {
+                String::new()
+            }
+        ))
+    );
+    let heaviest = report
+        .spans
+        .iter()
+        .map(|span| weight(&span.entity))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let mut row_y = y + 24.0;
+    for span in report.spans.iter().take(MAX_BARS) {
+        let key = match (&span.key_type, &span.text) {
+            (SpanKeyType::None, _) => String::new(),
+            (SpanKeyType::QueryId, Some(text)) => format!(" {text}"),
+            _ => format!(" {}", span.key),
+        };
+        let name = format!("{}{key}", span.kind);
+        let amount = weight(&span.entity);
+        let per_call = amount.checked_div(span.calls).unwrap_or(0);
+        let figures = format!(
+            "{} calls, {per_call} {}/call{}",
+            span.calls,
+            report.weight_counter,
+            if span.abandoned > 0 {
+                format!(", {} abandoned", span.abandoned)
+            } else {
+                String::new()
+            }
+        );
+        bar_row(
+            svg,
+            &name,
+            &span.entity,
+            amount as f64 / heaviest,
+            &figures,
+            row_y,
+        );
+        row_y += BAR_HEIGHT + 4.0;
+    }
+    row_y
+}
+
+/// A picture of the spans alone (a report without probed functions).
+pub fn write_spans_svg(report: &Report, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let height = 72.0 + bars_height(report) + MARGIN;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
+<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
+    );
+    let mut context = format!(
+        "model {}, level {}, {}",
+        report.model, report.level, report.scope
+    );
+    if report.synthetic {
+        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text class="heading" x="{MARGIN}" y="18" font-size="14" font-weight="bold">Spans: bar = TopDown from start to end</text>
+<text class="context" x="{MARGIN}" y="34">{}</text>"#,
+        escape(&context)
+    );
+    legend(report, 44.0, &mut svg);
+    span_bars(report, 64.0, &mut svg);
+    svg.push_str("</svg>\n");
+    out.write_all(svg.as_bytes())?;
+    Ok(())
+}

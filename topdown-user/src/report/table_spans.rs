@@ -1,0 +1,134 @@
+//! The table's span section (`--span`, `--postgres`: TopDown per kind and key, heaviest
+//! first) and `-U` hits.
+
+use super::{
+    Report,
+    table::{layout, title},
+};
+use crate::spans::report::SpanKeyType;
+
+/// Characters of a key (a query text) shown in a cell; JSON has it whole.
+const KEY_WIDTH: usize = 72;
+
+pub(super) fn spans_text(
+    report: &Report,
+    metrics: &[&str],
+    weight: &str,
+    weight_title: &str,
+    total_weight: u64,
+) -> String {
+    let show = |value: u64| {
+        if weight == "cpu-clock" {
+            format!("{:.3}", value as f64 / 1e6)
+        } else {
+            value.to_string()
+        }
+    };
+    let mut text = String::new();
+    if !report.spans.is_empty() {
+        let mut header = vec![
+            "SPAN".to_owned(),
+            "KEY".to_owned(),
+            "CALLS".to_owned(),
+            "ABANDONED".to_owned(),
+            weight_title.to_owned(),
+            "share".to_owned(),
+            format!("{weight_title}/call"),
+        ];
+        header.extend(metrics.iter().map(|name| title(name).to_owned()));
+        let rows: Vec<Vec<String>> = report
+            .spans
+            .iter()
+            .map(|span| {
+                let amount = span.entity.counters.get(weight).copied().unwrap_or(0);
+                let key = match (&span.key_type, &span.text) {
+                    (SpanKeyType::None, _) => "-".to_owned(),
+                    (SpanKeyType::QueryId, Some(text)) => format!("{} {text}", span.key),
+                    _ => span.key.clone(),
+                };
+                let mut row = vec![
+                    span.kind.clone(),
+                    shorten(&key),
+                    if span.folded > 0 {
+                        format!("{} (+{} workers)", span.calls, span.folded)
+                    } else {
+                        span.calls.to_string()
+                    },
+                    span.abandoned.to_string(),
+                    show(amount),
+                    if total_weight == 0 {
+                        "-".to_owned()
+                    } else {
+                        format!("{:.1}%", 100.0 * amount as f64 / total_weight as f64)
+                    },
+                    amount
+                        .checked_div(span.calls)
+                        .map_or_else(|| "-".to_owned(), show),
+                ];
+                row.extend(metrics.iter().map(|name| {
+                    match span.entity.metrics.get(*name).copied().flatten() {
+                        Some(fraction) => format!("{:.1}%", 100.0 * fraction),
+                        None => "-".to_owned(),
+                    }
+                }));
+                row
+            })
+            .collect();
+        text += "\nSpans (counts from start to end, nested spans included; abandoned spans not in them)\n";
+        text += &layout(&header, &rows, 4);
+    }
+    if !report.usdt.is_empty() {
+        let header = ["PROBE".to_owned(), "TARGET".to_owned(), "HITS".to_owned()];
+        let rows: Vec<Vec<String>> = report
+            .usdt
+            .iter()
+            .map(|probe| {
+                vec![
+                    probe.probe.clone(),
+                    probe.target.clone(),
+                    probe.hits.to_string(),
+                ]
+            })
+            .collect();
+        text += "\nUSDT probes\n";
+        text += &layout(&header, &rows, 4);
+    }
+    if let Some(d) = &report.span_diagnostics {
+        if d.overflows + d.read_failures + d.map_full + d.open_at_exit > 0 {
+            text += &format!(
+                "note: spans: {} starts beyond 8 open spans (not recorded), {} inconsistent reads, \
+                 {} map-full drops (raise --max-stacks or --max-spans), {} open when their \
+                 thread exited (in no total)\n",
+                d.overflows, d.read_failures, d.map_full, d.open_at_exit
+            );
+        }
+        if d.unmatched_ends > 0 {
+            text += &format!(
+                "note: {} span ends found no open span of their kind (started before counting)\n",
+                d.unmatched_ends
+            );
+        }
+        if d.arg_read_failures > 0 {
+            text += &format!(
+                "note: {} span keys could not be read from the probe's arguments (keyed 0 or \
+                 empty)\n",
+                d.arg_read_failures
+            );
+        }
+    }
+    text
+}
+
+/// A key cut to `KEY_WIDTH` characters, on one line.
+fn shorten(key: &str) -> String {
+    let flat: String = key
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= KEY_WIDTH {
+        flat
+    } else {
+        let cut: String = flat.chars().take(KEY_WIDTH - 3).collect();
+        format!("{cut}...")
+    }
+}

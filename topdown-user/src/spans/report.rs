@@ -1,0 +1,352 @@
+//! Span totals and USDT hits into the report: typed deltas per kind and key
+//! ([`SpanAggregate`]), then entries named by kind and key ([`entries`]), where query texts are
+//! normalised, entries of one normalised text merged, and helpers' spans (parallel workers)
+//! folded into their query's figures.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use serde::{Deserialize, Serialize};
+use topdown_common::usdt::{SpanKey, SpanStats, key_type, span_flags};
+
+use super::{KindInfo, normalize::normalize};
+use crate::{
+    aggregate::{SlotCounts, SlotNamer},
+    bpf::SpanSnapshot,
+    model::{Counts, Evaluator, Model},
+    report::Entity,
+};
+
+/// One span kind and key's spans, as counted by the BPF side (abandoned and helpers' spans
+/// under keys of their own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanCounts {
+    pub key: SpanKey,
+    pub spans: u64,
+    /// Hash of a text seen with this key (0: none).
+    pub text: u64,
+    pub counts: SlotCounts,
+}
+
+/// Spans and hits counted since the baseline, or between two snapshots.
+#[derive(Clone, Debug, Default)]
+pub struct SpanAggregate {
+    pub spans: Vec<SpanCounts>,
+    pub texts: Arc<HashMap<u64, String>>,
+    pub hits: Vec<u64>,
+    pub stats: SpanStats,
+}
+
+impl SpanAggregate {
+    /// Everything in `current`, or what happened since `previous`.
+    pub fn since(current: &SpanSnapshot, previous: Option<&SpanSnapshot>) -> Self {
+        let before: HashMap<SpanKey, (u64, SlotCounts)> = previous
+            .map(|previous| {
+                previous
+                    .totals
+                    .iter()
+                    .map(|(key, totals)| (*key, (totals.spans, SlotCounts(totals.counters))))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let spans = current
+            .totals
+            .iter()
+            .map(|(key, totals)| {
+                let (spans, counts) = before.get(key).copied().unwrap_or_default();
+                SpanCounts {
+                    key: *key,
+                    spans: totals.spans.saturating_sub(spans),
+                    text: totals.text,
+                    counts: SlotCounts(totals.counters) - counts,
+                }
+            })
+            .filter(|span| previous.is_none() || span.spans != 0)
+            .collect();
+        let hits = current
+            .hits
+            .iter()
+            .enumerate()
+            .map(|(id, hits)| {
+                let earlier = previous.and_then(|previous| previous.hits.get(id)).copied();
+                hits.saturating_sub(earlier.unwrap_or(0))
+            })
+            .collect();
+        let stats = match previous {
+            Some(previous) => difference(&current.stats, &previous.stats),
+            None => current.stats,
+        };
+        Self {
+            spans,
+            texts: Arc::clone(&current.texts),
+            hits,
+            stats,
+        }
+    }
+}
+
+fn difference(now: &SpanStats, earlier: &SpanStats) -> SpanStats {
+    SpanStats {
+        overflows: now.overflows.saturating_sub(earlier.overflows),
+        unmatched_ends: now.unmatched_ends.saturating_sub(earlier.unmatched_ends),
+        read_failures: now.read_failures.saturating_sub(earlier.read_failures),
+        map_full: now.map_full.saturating_sub(earlier.map_full),
+        arg_read_failures: now
+            .arg_read_failures
+            .saturating_sub(earlier.arg_read_failures),
+        open_at_exit: now.open_at_exit.saturating_sub(earlier.open_at_exit),
+    }
+}
+
+/// What a span entry's key is.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SpanKeyType {
+    /// The kind has no key: one entry.
+    #[default]
+    None,
+    /// An integer argument of the start probe.
+    Integer,
+    /// A string (a query text, normalised for queries).
+    Text,
+    /// A PostgreSQL query id (signed, as `pg_stat_statements.queryid`).
+    QueryId,
+    /// A note value of another meaning.
+    Note,
+}
+
+/// One span kind and key's totals: what `spans[]` holds in JSON.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SpanEntry {
+    /// The span kind: a `--span` name, or `query` for `--postgres`.
+    pub kind: String,
+    /// The key as a string: the integer, the (normalised) text, the query id; empty for
+    /// kinds without a key.
+    pub key: String,
+    pub key_type: SpanKeyType,
+    /// A text seen with a key that is not one (the query of a query id), normalised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Spans that ended.
+    pub calls: u64,
+    /// Spans whose end never came (an error): closed at a later start or an abort probe.
+    pub abandoned: u64,
+    /// Helpers' spans folded into `counters` (PostgreSQL parallel workers): not calls.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub folded: u64,
+    /// Counts from start to end of the spans that ended (and of folded helpers').
+    #[serde(flatten)]
+    pub entity: Entity,
+    /// The abandoned spans' counts, up to where each was closed (not in `counters`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandoned_counters: Option<Counts>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+/// Hits of one `-U` probe.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UsdtEntry {
+    pub target: String,
+    /// `provider:name`.
+    pub probe: String,
+    pub hits: u64,
+}
+
+/// Span anomalies (`topdown_common::usdt::SpanStats`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpanDiagnostics {
+    /// Starts not recorded: 8 spans were already open on the thread.
+    pub overflows: u64,
+    /// Ends with no open span of their kind (started before counting began, or absorbed).
+    pub unmatched_ends: u64,
+    /// Starts and ends whose counters could not be read: not in any total.
+    pub read_failures: u64,
+    /// Threads or keys that did not fit their maps (raise `--max-stacks`, `--max-spans`).
+    pub map_full: u64,
+    /// Key arguments whose memory could not be read (their key is 0 or empty).
+    pub arg_read_failures: u64,
+    /// Spans open when their thread exited: in no total.
+    pub open_at_exit: u64,
+}
+
+impl From<SpanStats> for SpanDiagnostics {
+    fn from(stats: SpanStats) -> Self {
+        Self {
+            overflows: stats.overflows,
+            unmatched_ends: stats.unmatched_ends,
+            read_failures: stats.read_failures,
+            map_full: stats.map_full,
+            arg_read_failures: stats.arg_read_failures,
+            open_at_exit: stats.open_at_exit,
+        }
+    }
+}
+
+/// What the session's span kinds and `-U` probes are.
+#[derive(Clone, Debug, Default)]
+pub struct SpanNaming {
+    pub kinds: Vec<KindInfo>,
+    /// `(target, provider:name)` by hit id.
+    pub hit_probes: Vec<(String, String)>,
+}
+
+/// One span kind and key as reports show it: abandoned and helpers' spans merged in, texts
+/// normalised; counts still typed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MergedSpan {
+    /// The kind's id (a helper kind's spans are under the kind they fold into).
+    pub kind: u32,
+    pub key_type: SpanKeyType,
+    pub key: String,
+    pub text: Option<String>,
+    pub calls: u64,
+    pub abandoned: u64,
+    pub folded: u64,
+    pub counts: SlotCounts,
+    pub abandoned_counts: SlotCounts,
+}
+
+/// The kind, key type and key string `span` reports under, and the text behind it.
+fn key_of(
+    naming: &SpanNaming,
+    span: &SpanCounts,
+    texts: &HashMap<u64, String>,
+) -> (u32, SpanKeyType, String, Option<String>) {
+    let kind = naming.kinds.get(span.key.kind as usize);
+    let shown_kind = kind
+        .and_then(|kind| kind.folds_into)
+        .unwrap_or(span.key.kind);
+    let normalize_text = kind.is_some_and(|kind| kind.normalize_text);
+    let text_of = |hash: u64| -> Option<String> {
+        let text = texts.get(&hash)?;
+        Some(if normalize_text {
+            normalize(text)
+        } else {
+            text.clone()
+        })
+    };
+    let (key_type, key) = match span.key.key_type {
+        key_type::UNSIGNED => (SpanKeyType::Integer, span.key.key.to_string()),
+        key_type::SIGNED => (SpanKeyType::Integer, (span.key.key as i64).to_string()),
+        key_type::TEXT => (
+            SpanKeyType::Text,
+            text_of(span.key.key).unwrap_or_else(|| format!("#{:016x}", span.key.key)),
+        ),
+        key_type::NOTE if kind.is_some_and(|kind| kind.note_is_query_id) => {
+            (SpanKeyType::QueryId, (span.key.key as i64).to_string())
+        }
+        key_type::NOTE => (SpanKeyType::Note, span.key.key.to_string()),
+        _ => (SpanKeyType::None, String::new()),
+    };
+    let text = (key_type != SpanKeyType::Text && span.text != 0)
+        .then(|| text_of(span.text))
+        .flatten();
+    (shown_kind, key_type, key, text)
+}
+
+/// Every kind and key of `aggregate`, heaviest first by `weight_slot` (then by kind and key).
+pub fn merge(
+    naming: &SpanNaming,
+    aggregate: &SpanAggregate,
+    weight_slot: usize,
+) -> Vec<MergedSpan> {
+    let mut merged: BTreeMap<(u32, SpanKeyType, String), MergedSpan> = BTreeMap::new();
+    for span in &aggregate.spans {
+        let (kind, key_type, key, text) = key_of(naming, span, &aggregate.texts);
+        let entry = merged
+            .entry((kind, key_type, key.clone()))
+            .or_insert_with(|| MergedSpan {
+                kind,
+                key_type,
+                key,
+                ..MergedSpan::default()
+            });
+        if entry.text.is_none() {
+            entry.text = text;
+        }
+        if span.key.flags & span_flags::WORKER != 0 {
+            entry.folded += span.spans;
+            entry.counts += span.counts;
+        } else if span.key.flags & span_flags::ABANDONED != 0 {
+            entry.abandoned += span.spans;
+            entry.abandoned_counts += span.counts;
+        } else {
+            entry.calls += span.spans;
+            entry.counts += span.counts;
+        }
+    }
+    let mut rows: Vec<MergedSpan> = merged.into_values().collect();
+    rows.sort_by(|a, b| {
+        b.counts
+            .get(weight_slot)
+            .cmp(&a.counts.get(weight_slot))
+            .then_with(|| (a.kind, a.key_type, &a.key).cmp(&(b.kind, b.key_type, &b.key)))
+    });
+    rows
+}
+
+impl SpanNaming {
+    /// What reports call kind `id`.
+    pub fn kind_name(&self, id: u32) -> String {
+        self.kinds
+            .get(id as usize)
+            .map_or_else(|| format!("span #{id}"), |kind| kind.name.clone())
+    }
+}
+
+/// The report's `spans` (heaviest first by the weight slot) and `usdt` entries.
+pub fn entries(
+    naming: &SpanNaming,
+    aggregate: &SpanAggregate,
+    model: &dyn Model,
+    slot_names: &[String],
+    level: u8,
+) -> (Vec<SpanEntry>, Vec<UsdtEntry>) {
+    let evaluator = Evaluator::new(model, slot_names);
+    let namer = SlotNamer::new(slot_names);
+    let weight_slot = slot_names
+        .iter()
+        .position(|name| name == model.weight_counter())
+        .unwrap_or(0);
+    let spans = merge(naming, aggregate, weight_slot)
+        .into_iter()
+        .map(|merged| {
+            let evaluation = evaluator.evaluate(&merged.counts.0, level);
+            SpanEntry {
+                kind: naming.kind_name(merged.kind),
+                key: merged.key,
+                key_type: merged.key_type,
+                text: merged.text,
+                calls: merged.calls,
+                abandoned: merged.abandoned,
+                folded: merged.folded,
+                entity: Entity {
+                    counters: namer.named(&merged.counts),
+                    metrics: evaluation.metrics,
+                    estimated: evaluation.estimated,
+                    ..Entity::default()
+                },
+                abandoned_counters: (merged.abandoned > 0)
+                    .then(|| namer.named(&merged.abandoned_counts)),
+            }
+        })
+        .collect();
+    let usdt = naming
+        .hit_probes
+        .iter()
+        .enumerate()
+        .map(|(id, (target, probe))| UsdtEntry {
+            target: target.clone(),
+            probe: probe.clone(),
+            hits: aggregate.hits.get(id).copied().unwrap_or(0),
+        })
+        .collect();
+    (spans, usdt)
+}
