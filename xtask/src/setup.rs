@@ -7,8 +7,8 @@ use anyhow::{Context as _, Result, bail};
 use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
-        BPF_LINKER_VERSION, EBPF_TOOLCHAIN, HOST_TOOLCHAIN, LLVM_PACKAGES, LLVM_PREFIX,
-        REAL_PROGRAM_PACKAGES, TEST_PACKAGES,
+        BPF_LINKER_VERSION, EBPF_TOOLCHAIN, GO_PACKAGES, HOST_TOOLCHAIN, LLVM_PACKAGES,
+        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, TEST_PACKAGES,
     },
 };
 
@@ -22,6 +22,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &REAL_PROGRAM_PACKAGES,
         "bpftrace's entry counts against `-u 'libsqlite3:*'` on the sqlite3 CLI (function-probe tests)",
+    )?;
+    debian_packages(
+        &GO_PACKAGES,
+        "the Go toolchain that builds the Go function-probe tests' programs",
     )?;
     bpf_linker()?;
     tracefs()?;

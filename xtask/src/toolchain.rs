@@ -26,3 +26,7 @@ pub const TEST_PACKAGES: [&str; 3] = ["prometheus", "tmux", "libpfm4"];
 /// Debian packages of the real-program function-probe tests (tests/tests/real_programs.rs):
 /// bpftrace as the entry-count oracle, the sqlite3 CLI and its library as the program probed.
 pub const REAL_PROGRAM_PACKAGES: [&str; 3] = ["bpftrace", "sqlite3", "libsqlite3-0"];
+
+/// Debian's Go toolchain (1.19 on bookworm): the Go function-probe tests build their Go
+/// programs with it at test time (standard library only, no network).
+pub const GO_PACKAGES: [&str; 1] = ["golang-go"];
