@@ -12,7 +12,7 @@
 //!
 //! Modules: `maps` (the maps and load-time globals), `counters` (reading and attribution, and
 //! the programs that trigger it), `process` (fork, exit and cgroup-migration hooks), `functions`
-//! (function probes).
+//! (function probes), `goroutines` (function probes of Go programs, per goroutine).
 #![no_std]
 #![no_main]
 // The BPF target does not expose `AtomicU64::fetch_add`; the intrinsic lowers to BPF's atomic
@@ -22,6 +22,7 @@
 
 mod counters;
 mod functions;
+mod goroutines;
 mod maps;
 mod process;
 

@@ -158,6 +158,9 @@ impl Sub for Diagnostics {
                 .saturating_sub(earlier.probe_read_failures),
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
             tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
+            goroutine_switches_lost: self
+                .goroutine_switches_lost
+                .saturating_sub(earlier.goroutine_switches_lost),
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
@@ -746,6 +749,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         probe_read_failures: snapshot.probes.read_failures,
         probe_map_full: snapshot.probes.map_full,
         tail_calls_cut: snapshot.probes.tail_calls_cut,
+        goroutine_switches_lost: snapshot.probes.goroutine_switches_lost,
         ..Diagnostics::default()
     };
     snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {

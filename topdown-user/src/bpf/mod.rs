@@ -178,6 +178,7 @@ impl Session {
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
+            .map_max_entries(names::GO_STACKS, config.max_stacks)
             .map_max_entries(names::CALLS, config.max_calls)
             .map_max_entries(names::COUNTERS, counter_slots)
             .map_max_entries(names::GENERATIONS, possible_cpus)
@@ -335,14 +336,22 @@ impl Session {
             .unwrap_or(false);
         let pick =
             |single: &'static str, multiple: &'static str| if multi { multiple } else { single };
-        let entry = pick(names::PROG_FUNC_ENTRY, names::PROG_FUNC_ENTRY_MULTI);
-        let exit = pick(names::PROG_FUNC_EXIT, names::PROG_FUNC_EXIT_MULTI);
+        let native_entry = pick(names::PROG_FUNC_ENTRY, names::PROG_FUNC_ENTRY_MULTI);
+        let native_exit = pick(names::PROG_FUNC_EXIT, names::PROG_FUNC_EXIT_MULTI);
         let ret = pick(names::PROG_FUNC_RETURN, names::PROG_FUNC_RETURN_MULTI);
+        let go_entry = pick(names::PROG_GO_ENTRY, names::PROG_GO_ENTRY_MULTI);
+        let go_exit = pick(names::PROG_GO_EXIT, names::PROG_GO_EXIT_MULTI);
 
         type Points = Vec<UProbeAttachPoint<'static>>;
         let mut plan: std::collections::BTreeMap<(&'static str, &std::path::Path), Points> =
             std::collections::BTreeMap::new();
         for function in functions {
+            // Go functions keep their frames per goroutine (eBPF `goroutines`).
+            let (entry, exit) = if function.go {
+                (go_entry, go_exit)
+            } else {
+                (native_entry, native_exit)
+            };
             let points = function
                 .exits
                 .iter()
@@ -366,7 +375,7 @@ impl Session {
                 .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
                 .collect()
         };
-        for program_name in [exit, ret, entry] {
+        for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
             let targets: Vec<_> = plan
                 .iter()
                 .filter(|((name, _), _)| *name == program_name)
@@ -451,6 +460,48 @@ impl Session {
         Ok(failed)
     }
 
+    /// Hooks the Go runtime of `target` at `hooks` (`(file offset, go_hook kind)`, see
+    /// `crate::symbols::go`): goroutine switches, morestack and goroutine exits, which the Go
+    /// function probes need. Attached before the functions' probes, detached with them.
+    pub fn attach_go_runtime(
+        &mut self,
+        target: &std::path::Path,
+        hooks: &[(u64, u64)],
+        processes: &[u32],
+    ) -> Result<()> {
+        let name = names::PROG_GO_RUNTIME;
+        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        if program.fd().is_err() {
+            let started = std::time::Instant::now();
+            program.load().map_err(load_error(name))?;
+            self.program_load_time += started.elapsed();
+        }
+        let scopes: Vec<UProbeScope> = if processes.is_empty() {
+            vec![UProbeScope::AllProcesses]
+        } else {
+            processes
+                .iter()
+                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
+                .collect()
+        };
+        for (offset, kind) in hooks {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                cookie: Some(*kind),
+            };
+            for scope in &scopes {
+                let link = program.attach([point], target, *scope).with_context(|| {
+                    format!(
+                        "attaching the Go runtime hook at {offset:#x} of {}",
+                        target.display()
+                    )
+                })?;
+                self.function_links.push((name, link));
+            }
+        }
+        Ok(())
+    }
+
     /// `syscalls:sys_enter_exit`: a thread leaving by `pthread_exit` or cancellation has its
     /// open frames closed as unwound calls. Once per session.
     pub fn attach_thread_exit(&mut self) -> Result<()> {
@@ -486,7 +537,23 @@ impl Session {
                 first_error.get_or_insert(err);
             }
         }
+        // Goroutines switched and returned unseen while detached: their clocks and frames
+        // would mislead the next attachment.
+        if let Err(err) = self.clear_goroutine_stacks() {
+            first_error.get_or_insert(err);
+        }
         first_error.map_or(Ok(()), Err)
+    }
+
+    fn clear_goroutine_stacks(&mut self) -> Result<()> {
+        let mut stacks: BpfHashMap<&mut MapData, u64, topdown_common::GoStack> =
+            map_mut(&mut self.ebpf, names::GO_STACKS)?;
+        let goroutines: Vec<u64> = stacks.keys().filter_map(Result::ok).collect();
+        for g in goroutines {
+            // One deleted meanwhile by its goroutine's exit is gone either way.
+            let _ = stacks.remove(&g);
+        }
+        Ok(())
     }
 
     /// Total time the kernel has spent running this session's programs (needs BPF run-time
@@ -703,6 +770,7 @@ impl Session {
                 map_full: sum.map_full + cpu.map_full,
                 read_failures: sum.read_failures + cpu.read_failures,
                 tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
+                goroutine_switches_lost: sum.goroutine_switches_lost + cpu.goroutine_switches_lost,
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(&self.ebpf, names::CGROUPS)?;
@@ -770,6 +838,9 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
+        names::PROG_GO_ENTRY,
+        names::PROG_GO_EXIT,
+        names::PROG_GO_RUNTIME,
     ] {
         program_mut::<UProbe>(&mut ebpf, name)?
             .load()

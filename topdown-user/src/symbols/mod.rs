@@ -20,6 +20,7 @@ use crate::{
 const PROGRESS_FROM: usize = 20_000;
 
 pub mod elf;
+pub mod go;
 pub mod matching;
 pub mod plt;
 pub mod target;
@@ -87,6 +88,8 @@ pub struct ResolvedFunction {
     pub ranges: Vec<(u64, u64)>,
     /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
     pub entry_probe: Option<x86::ProbeCheck>,
+    /// A Go function (`symbols::go`): probed per goroutine, at its exit instructions.
+    pub go: bool,
 }
 
 /// The functions to probe, and every function of their files (tail-call targets).
@@ -134,6 +137,33 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
             .filter(|(_, names)| matching::matches(&spec.function, names))
             .collect();
         if matched.is_empty() {
+            // A Go function inlined into every caller has no code: say so rather than "no
+            // such function".
+            let inlined: Vec<&String> = code
+                .get(&path)
+                .and_then(|file| file.go.as_ref())
+                .map(|go| {
+                    go.inlined_only
+                        .iter()
+                        .filter(|name| matching::matches(&spec.function, &matching::names(name)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !inlined.is_empty() {
+                return Err(fail(
+                    Failure::Usage,
+                    format!(
+                        "-u {}:{}: {}",
+                        spec.target,
+                        spec.function,
+                        inlined
+                            .iter()
+                            .map(|name| go::inlined_only_message(name))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ));
+            }
             let hint = close_matches(&spec.function, functions);
             return Err(fail(
                 Failure::Usage,
@@ -169,6 +199,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 exits: function.exits.clone(),
                 ranges: function.ranges.clone(),
                 entry_probe: function.entry_probe.clone(),
+                go: function.go,
             };
             if !resolved
                 .iter()
@@ -321,6 +352,7 @@ mod tests {
                 exits: None,
                 ranges: Vec::new(),
                 entry_probe: None,
+                go: false,
             };
             (function, names)
         };
