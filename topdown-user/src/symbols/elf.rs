@@ -143,9 +143,25 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
     // is one, names the same ones); what lies outside them is cgo's C code.
     let mut go_refused: HashMap<u64, &'static str> = HashMap::new();
     if let Some(go) = &go {
+        // The function table names every instantiation of a generic function `pkg.F[...]`;
+        // a symbol table, when there is one, names its type arguments' shapes.
+        let shapes: HashMap<u64, String> = names
+            .iter()
+            .filter(|(name, _, _)| name.contains('['))
+            .map(|(name, address, _)| (*address, name.clone()))
+            .collect();
         names.retain(|(_, address, _)| !go.covers(*address));
         for function in &go.functions {
-            names.push((function.name.clone(), function.address, function.size));
+            let name = match shapes.get(&function.address) {
+                Some(shaped)
+                    if function.name.contains("[...]")
+                        && shaped.split('[').next() == function.name.split('[').next() =>
+                {
+                    shaped.clone()
+                }
+                _ => function.name.clone(),
+            };
+            names.push((name, function.address, function.size));
             go_refused.insert(function.address, function.refused.unwrap_or_default());
         }
     }

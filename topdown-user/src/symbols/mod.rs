@@ -165,10 +165,11 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 ));
             }
             let hint = close_matches(&spec.function, functions);
+            let go = code.get(&path).is_some_and(|file| file.go.is_some());
             return Err(fail(
                 Failure::Usage,
                 format!(
-                    "-u {}:{}: no function of {} matches{}",
+                    "-u {}:{}: no function of {} matches{}{}",
                     spec.target,
                     spec.function,
                     path.display(),
@@ -176,6 +177,12 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                         String::new()
                     } else {
                         format!(" (did you mean {}?)", hint.join(", "))
+                    },
+                    if go {
+                        " (a Go function the compiler inlined into every caller, or left out \
+                         as unused, has no code in the binary)"
+                    } else {
+                        ""
                     }
                 ),
             ));

@@ -153,6 +153,13 @@ fn find(file: &object::File<'_>) -> Result<Found, String> {
     Ok(found)
 }
 
+/// `(g.stack, stack.hi, gobuf.sp, gobuf.g)` as the binary's DWARF has them.
+#[cfg(test)]
+pub fn find_for_tests(file: &object::File<'_>) -> Result<[Option<u64>; 4], String> {
+    let found = find(file)?;
+    Ok([found.g_stack, found.stack_hi, found.gobuf_sp, found.gobuf_g])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

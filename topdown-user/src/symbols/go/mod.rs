@@ -148,9 +148,10 @@ pub fn read(file: &object::File<'_>, path: &Path) -> Result<GoImage> {
             }
         },
     )?;
-    layout::check(file).map_err(|why| refuse(why))?;
+    layout::check(file).map_err(&refuse)?;
 
-    let by_name = pclntab::by_name(&table.functions);
+    let wrappers = abi_wrappers(&table.functions, &Sections { file });
+    let by_name = pclntab::by_name(&table.functions, &wrappers);
     let mut hooks = Vec::new();
     for (name, kind) in HOOKS {
         let function = by_name.get(name).ok_or_else(|| {
@@ -169,9 +170,7 @@ pub fn read(file: &object::File<'_>, path: &Path) -> Result<GoImage> {
         .functions
         .iter()
         .map(|function| {
-            let wrapper = by_name
-                .get(function.name.as_str())
-                .is_some_and(|named| named.entry != function.entry);
+            let wrapper = wrappers.contains(&function.entry);
             GoFunction {
                 name: function.name.clone(),
                 address: function.entry,
@@ -206,6 +205,56 @@ pub fn read(file: &object::File<'_>, path: &Path) -> Result<GoImage> {
         inlining_known: table.inlining_known,
         hooks,
     })
+}
+
+/// Entries of the ABI wrappers: the linker makes one for callers of the other calling
+/// convention (`runtime.goexit1.abi0` in a symbol table), under the same name in the function
+/// table, and it is a few instructions that end in a jump to the function. Several functions
+/// may share a name otherwise too: each instantiation of a generic function is `pkg.F[...]`.
+fn abi_wrappers(
+    functions: &[pclntab::GoFunc],
+    memory: &dyn pclntab::Memory,
+) -> std::collections::HashSet<u64> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    let mut entries: std::collections::HashMap<&str, Vec<u64>> = std::collections::HashMap::new();
+    for function in functions {
+        entries
+            .entry(function.name.as_str())
+            .or_default()
+            .push(function.entry);
+    }
+    let mut wrappers = std::collections::HashSet::new();
+    for function in functions {
+        let Some(same_name) = entries
+            .get(function.name.as_str())
+            .filter(|all| all.len() > 1)
+        else {
+            continue;
+        };
+        let size = function.end.saturating_sub(function.entry).min(64);
+        let Some(code) = memory.read(function.entry, size as usize) else {
+            continue;
+        };
+        let mut decoder = Decoder::with_ip(64, code, function.entry, DecoderOptions::NONE);
+        for _ in 0..6 {
+            if !decoder.can_decode() {
+                break;
+            }
+            let instruction = decoder.decode();
+            match instruction.flow_control() {
+                FlowControl::Next => continue,
+                FlowControl::UnconditionalBranch => {
+                    let target = instruction.near_branch_target();
+                    if target != function.entry && same_name.contains(&target) {
+                        wrappers.insert(function.entry);
+                    }
+                }
+                _ => {}
+            }
+            break;
+        }
+    }
+    wrappers
 }
 
 /// Why a Go function cannot be probed.
@@ -246,5 +295,316 @@ impl GoImage {
             .checked_sub(1)
             .and_then(|index| self.functions.get(index))
             .is_some_and(|function| address < function.address + function.size.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against Go's own tools, on programs built here with the Go toolchain `cargo xtask setup`
+    //! installs (Debian's `golang-go`): `go tool nm` for the functions, the compiler's `-m`
+    //! report for inlining, DWARF for the runtime's layout.
+
+    use std::{
+        collections::{BTreeMap, BTreeSet},
+        path::{Path, PathBuf},
+        process::Command,
+    };
+
+    use super::*;
+    use crate::symbols::{elf, x86};
+
+    fn workload(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/workloads")
+            .join(name)
+    }
+
+    /// Builds `source` with `flags` into a temporary directory, offline, with Go's caches
+    /// there too; `None` (after saying why) where there is no Go toolchain outside CI.
+    fn go_build(source: &str, flags: &[&str]) -> Option<(tempfile::TempDir, PathBuf, String)> {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let out = dir.path().join("program");
+        let built = Command::new("go")
+            .arg("build")
+            .args(flags)
+            .arg("-o")
+            .arg(&out)
+            .arg(workload(source))
+            .env("GOCACHE", dir.path().join("cache"))
+            .env("GOPATH", dir.path().join("gopath"))
+            .env("GOFLAGS", "")
+            .env("GOPROXY", "off")
+            .env("GO111MODULE", "off")
+            .output();
+        match built {
+            Ok(output) if output.status.success() => {
+                let report = String::from_utf8_lossy(&output.stderr).into_owned();
+                Some((dir, out, report))
+            }
+            Ok(output) => panic!(
+                "go build {source}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(err) if std::env::var_os("CI").is_none() => {
+                eprintln!(
+                    "SKIPPED: Go symbol tests: no Go toolchain ({err}); cargo xtask setup installs it"
+                );
+                None
+            }
+            Err(err) => panic!("go: {err} (cargo xtask setup installs golang-go)"),
+        }
+    }
+
+    /// `go tool nm -size` text symbols: address -> (name, size), several names at an address
+    /// (`runtime.text` is the first function's address too).
+    fn nm(program: &Path) -> BTreeMap<u64, Vec<(String, u64)>> {
+        let output = Command::new("go")
+            .args(["tool", "nm", "-size"])
+            .arg(program)
+            .output()
+            .expect("go tool nm");
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                let address = u64::from_str_radix(words.next()?, 16).ok()?;
+                let size = words.next()?.parse().ok()?;
+                let kind = words.next()?;
+                let name = words.collect::<Vec<_>>().join(" ");
+                matches!(kind, "T" | "t").then_some((address, (name, size)))
+            })
+            .fold(BTreeMap::new(), |mut all, (address, symbol)| {
+                all.entry(address).or_insert_with(Vec::new).push(symbol);
+                all
+            })
+    }
+
+    #[test]
+    fn go_functions_are_those_go_tool_nm_lists() {
+        let Some((_dir, program, _)) = go_build("goroutines.go", &[]) else {
+            return;
+        };
+        let file = elf::functions(&program).expect("reading the Go program");
+        let listed = nm(&program);
+        let go: Vec<&elf::FunctionSymbol> = file
+            .functions
+            .iter()
+            .filter(|function| function.go)
+            .collect();
+        assert!(go.len() > 1000, "{} Go functions", go.len());
+        for function in &go {
+            let symbols = listed.get(&function.address).cloned().unwrap_or_default();
+            // nm names ABI wrappers `.abi0`; the function table by the function's own name.
+            let Some((name, size)) = symbols
+                .iter()
+                .find(|(name, _)| name.strip_suffix(".abi0").unwrap_or(name) == function.name)
+            else {
+                panic!(
+                    "{} at {:#x}: go tool nm has {symbols:?} there",
+                    function.name, function.address
+                );
+            };
+            // The table's extent reaches the next function (alignment padding included).
+            assert!(*size <= function.size, "{name}: {size} > {}", function.size);
+        }
+        let work = go
+            .iter()
+            .find(|function| function.name == "main.work")
+            .expect("main.work");
+        assert!(
+            work.entry_probe
+                .as_ref()
+                .is_some_and(|check| !matches!(check, x86::ProbeCheck::Refused(_)))
+        );
+        // Its exits: every `ret`, and not the jump back to its start after morestack.
+        let exits = work.exits.as_ref().expect("decoded");
+        assert!(!exits.is_empty());
+        assert!(
+            exits.iter().all(|exit| exit.kind == x86::ExitKind::Return),
+            "{exits:?}"
+        );
+        // The runtime hooks are where nm puts those functions.
+        let hooks = file.go.as_ref().expect("a Go runtime").hooks.clone();
+        let address_of = |wanted: &str| {
+            listed
+                .iter()
+                .find(|(_, symbols)| symbols.iter().any(|(name, _)| name == wanted))
+                .map(|(address, _)| *address)
+                .unwrap_or_else(|| panic!("{wanted} not in nm"))
+        };
+        let text = file
+            .functions
+            .iter()
+            .find(|function| function.name == "main.work")
+            .map(|function| function.address - function.offset)
+            .expect("main.work");
+        let expected: Vec<(u64, u64)> = [
+            ("runtime.gogo.abi0", go_hook::GOGO),
+            ("runtime.mcall", go_hook::MCALL),
+            ("runtime.morestack.abi0", go_hook::MORESTACK),
+            ("runtime.goexit1", go_hook::GOEXIT),
+        ]
+        .iter()
+        .map(|(name, kind)| (address_of(name) - text, *kind))
+        .collect();
+        assert_eq!(hooks, expected);
+        // Assembly and the goroutine's end are refused.
+        let refused = |name: &str| {
+            go.iter()
+                .find(|function| function.name == name && !function.name.is_empty())
+                .and_then(|function| match &function.entry_probe {
+                    Some(x86::ProbeCheck::Refused(why)) => Some(*why),
+                    _ => None,
+                })
+        };
+        assert_eq!(
+            refused("runtime.memmove"),
+            Some("Go assembly: it need not keep the goroutine in R14")
+        );
+        assert_eq!(
+            refused("runtime.goexit1"),
+            Some("the goroutine ends inside it")
+        );
+        assert_eq!(refused("main.work"), None);
+    }
+
+    #[test]
+    fn stripped_go_binaries_keep_their_functions() {
+        let Some((_dir, program, _)) = go_build("goroutines.go", &[]) else {
+            return;
+        };
+        let Some((_stripped_dir, stripped, _)) = go_build("goroutines.go", &["-ldflags=-s -w"])
+        else {
+            return;
+        };
+        let data = std::fs::read(&stripped).expect("reading");
+        let object = object::File::parse(&*data).expect("an ELF file");
+        use object::Object as _;
+        assert!(object.section_by_name(".symtab").is_none(), "not stripped");
+        assert!(
+            object.section_by_name(".debug_info").is_none(),
+            "not stripped"
+        );
+        let functions = |path: &Path| -> Vec<(String, u64, bool)> {
+            elf::functions(path)
+                .expect("reading")
+                .functions
+                .into_iter()
+                .filter(|function| function.go)
+                .map(|function| {
+                    let refused = matches!(function.entry_probe, Some(x86::ProbeCheck::Refused(_)));
+                    (function.name, function.address, refused)
+                })
+                .collect()
+        };
+        let full = functions(&program);
+        let bare = functions(&stripped);
+        // Only the symbol table knows a generic instantiation's shapes (`Sum[go.shape.int_0]`);
+        // the function table says `Sum[...]`.
+        let same =
+            |(name, address, refused): &(String, u64, bool),
+             (bare_name, bare_address, bare_refused): &(String, u64, bool)| {
+                address == bare_address
+                    && refused == bare_refused
+                    && (name == bare_name
+                        || (bare_name.contains("[...]")
+                            && name.split('[').next() == bare_name.split('[').next()))
+            };
+        let differing: Vec<_> = full
+            .iter()
+            .zip(&bare)
+            .filter(|(a, b)| !same(a, b))
+            .take(5)
+            .collect();
+        assert!(
+            differing.is_empty() && full.len() == bare.len(),
+            "{} vs {}: {differing:?}",
+            full.len(),
+            bare.len()
+        );
+        let version = read(&object, &stripped).expect("a Go image").version;
+        let go_version = Command::new("go")
+            .arg("version")
+            .output()
+            .expect("go version");
+        assert!(
+            String::from_utf8_lossy(&go_version.stdout).contains(&format!("{version} ")),
+            "{version}"
+        );
+    }
+
+    #[test]
+    fn inlined_functions_are_those_the_compiler_inlined() {
+        let Some((_dir, program, report)) = go_build("gofuncs.go", &["-gcflags=-m"]) else {
+            return;
+        };
+        // `./gofuncs.go:76:48: inlining call to partlyInlined` (package main's own names
+        // without their package).
+        let reported: BTreeSet<String> = report
+            .lines()
+            .filter_map(|line| line.split("inlining call to ").nth(1))
+            .map(|name| {
+                if name.contains('.') {
+                    name.to_owned()
+                } else {
+                    format!("main.{name}")
+                }
+            })
+            .collect();
+        let data = std::fs::read(&program).expect("reading");
+        let object = object::File::parse(&*data).expect("an ELF file");
+        let image = read(&object, &program).expect("a Go image");
+        assert!(image.inlining_known);
+        // Calls the compiler inlined into package main whose code is still there (an inlined
+        // body folded away entirely leaves no trace in the binary).
+        let found: BTreeSet<String> = image
+            .inlined_only
+            .iter()
+            .cloned()
+            .chain(
+                image
+                    .functions
+                    .iter()
+                    .filter(|function| function.refused.is_some_and(|why| why.contains("inlined")))
+                    .map(|function| function.name.clone()),
+            )
+            .filter(|name| reported.contains(name) || name.starts_with("main."))
+            .collect();
+        assert!(
+            found.is_subset(&reported),
+            "{found:?} not all in {reported:?}"
+        );
+        for name in ["main.getppid", "main.partlyInlined"] {
+            assert!(found.contains(name), "{name}: {found:?}");
+        }
+        assert!(image.inlined_only.contains(&"main.getppid".to_owned()));
+        let partly = image
+            .functions
+            .iter()
+            .find(|function| function.name == "main.partlyInlined")
+            .expect("its code is kept for the function value");
+        assert!(
+            partly
+                .refused
+                .is_some_and(|why| why.contains("inlined into callers"))
+        );
+        let plain = image
+            .functions
+            .iter()
+            .find(|function| function.name == "main.plain");
+        assert_eq!(plain.map(|function| function.refused), Some(None));
+    }
+
+    #[test]
+    fn the_runtime_layout_read_is_the_binarys_dwarf() {
+        let Some((_dir, program, _)) = go_build("goroutines.go", &[]) else {
+            return;
+        };
+        let data = std::fs::read(&program).expect("reading");
+        let object = object::File::parse(&*data).expect("an ELF file");
+        let found = layout::find_for_tests(&object).expect("DWARF");
+        assert_eq!(found, [Some(0), Some(8), Some(0), Some(16)]);
+        assert_eq!(layout::check(&object), Ok(()));
     }
 }

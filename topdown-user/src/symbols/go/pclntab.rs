@@ -401,23 +401,14 @@ fn varint(bytes: &[u8]) -> Option<(u32, usize)> {
     None
 }
 
-/// Functions by name. A name may have two functions: one and the ABI wrapper the linker made
-/// for callers of the other calling convention (`runtime.goexit1.abi0` in a symbol table),
-/// which jumps to it. The function itself is taken: a normal one (`funcID` 0) over a special
-/// one, then the larger (a wrapper is three instructions).
-pub fn by_name(functions: &[GoFunc]) -> HashMap<&str, &GoFunc> {
+/// Functions by name, the first of each name (`skip`ped ones left out).
+pub fn by_name<'a>(
+    functions: &'a [GoFunc],
+    skip: &std::collections::HashSet<u64>,
+) -> HashMap<&'a str, &'a GoFunc> {
     let mut named: HashMap<&str, &GoFunc> = HashMap::new();
-    for func in functions {
-        let preferred = |known: &GoFunc| {
-            (func.func_id == 0, func.end - func.entry)
-                > (known.func_id == 0, known.end - known.entry)
-        };
-        match named.get(func.name.as_str()) {
-            Some(known) if !preferred(known) => {}
-            _ => {
-                named.insert(func.name.as_str(), func);
-            }
-        }
+    for func in functions.iter().filter(|func| !skip.contains(&func.entry)) {
+        named.entry(func.name.as_str()).or_insert(func);
     }
     named
 }
