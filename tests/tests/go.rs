@@ -18,6 +18,7 @@ use topdown_tests::*;
 struct GoPrograms {
     goroutines: PathBuf,
     goroutines_stripped: PathBuf,
+    goroutines_pie: PathBuf,
     funcs: PathBuf,
     funcs_stripped: PathBuf,
     cgo: PathBuf,
@@ -69,6 +70,7 @@ fn programs() -> Option<&'static GoPrograms> {
             Some(GoPrograms {
                 goroutines: build("goroutines.go", "goroutines", &[]),
                 goroutines_stripped: build("goroutines.go", "goroutines-stripped", &stripped),
+                goroutines_pie: build("goroutines.go", "goroutines-pie", &["-buildmode=pie"]),
                 funcs: build("gofuncs.go", "gofuncs", &[]),
                 funcs_stripped: build("gofuncs.go", "gofuncs-stripped", &stripped),
                 cgo: build("gocgo.go", "gocgo", &[]),
@@ -315,6 +317,16 @@ fn goroutine_function_counts_are_exact_stripped() {
         return;
     };
     goroutine_counts_are_exact(&programs.goroutines_stripped);
+}
+
+/// A position-independent build keeps its function table in `.data.rel.ro.gopclntab`.
+#[test]
+fn goroutine_function_counts_are_exact_position_independent() {
+    let _serial = serial();
+    let Some(programs) = ready() else {
+        return;
+    };
+    goroutine_counts_are_exact(&programs.goroutines_pie);
 }
 
 /// Go names as written: a generic function's instantiations answer to its source name, a

@@ -137,10 +137,20 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"refresh") {
         bench_refresh(&topdown)?;
     }
+    if sections.contains(&"go") {
+        bench_go(&topdown, &floor)?;
+    }
     Ok(())
 }
 
-const SECTIONS: [&str; 5] = ["switches", "cgroups", "functions", "attach", "refresh"];
+const SECTIONS: [&str; 6] = [
+    "switches",
+    "cgroups",
+    "functions",
+    "attach",
+    "refresh",
+    "go",
+];
 
 /// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section
 /// can be re-measured without the others' minutes.
@@ -841,6 +851,182 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 trampoline. The default, `--returns auto`, gives a target uretprobes when nothing \
                 in the traced program can unwind (this plain C program), exit probes otherwise.\n";
     write_section("## Per-function probe cost", &section)
+}
+
+/// Round trips of the goroutine ping-pong (two switches each), and calls per Go run.
+const GO_ROUND_TRIPS: &str = "20000";
+const GO_CALLS: &str = "100000";
+
+/// Go programs (issue 24): ns per call of a tiny Go function under `topdown stat -u` (exit
+/// probes, frames per goroutine) beside its floor (aya programs reading the same counters at
+/// the same entry and exit points), and ns per goroutine switch with a probed function's frame
+/// open in both goroutines (each switch reads the counters as the goroutine leaves and joins a
+/// thread) beside empty uprobes at the same runtime functions.
+fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
+    let binary = topdown.with_file_name("gobench");
+    let cache = cmd::workspace_root().join("target/go-cache");
+    cmd::run(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(cmd::workspace_root().join("tests/workloads/gobench.go"))
+            .env("GOCACHE", cache.join("build"))
+            .env("GOPATH", cache.join("gopath"))
+            .env("GOFLAGS", "")
+            .env("GOPROXY", "off")
+            .env("GO111MODULE", "off"),
+    )
+    .context("building the Go benchmark workload (cargo xtask setup installs golang-go)")?;
+    let bench = binary.display().to_string();
+    let td = topdown.display().to_string();
+    let fl = floor.display().to_string();
+    let topdown_run = |pmu: &str, functions: &[&str], mode: &str, count: &str| {
+        let mut argv = strings(&[&td, "stat", "--pmu", pmu, "--format", "json", "-o"]);
+        argv.push("/dev/null".to_owned());
+        for function in functions {
+            argv.extend(strings(&["-u", &format!("{bench}:{function}")]));
+        }
+        argv.extend(strings(&["--", &bench, mode, count]));
+        argv
+    };
+    let call_floor =
+        |pmu: &str| format!("floor: aya uprobes at entry and at each exit reading --pmu {pmu}");
+    let mut calls = vec![(
+        Config::new("no probes", None, None),
+        CallRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
+    )];
+    const EMPTY_SWITCH: &str =
+        "empty uprobes at the runtime's switch points (gogo, mcall, morestack, goexit1)";
+    let mut switches = vec![
+        (
+            Config::new("no probes", None, None),
+            CallRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
+        ),
+        (
+            Config::new(EMPTY_SWITCH, None, None),
+            CallRun::Beside(strings(&[&fl, "--go-switches", &bench])),
+        ),
+    ];
+    for pmu in [SOFTWARE, SYNTHETIC] {
+        calls.push((
+            Config::new(call_floor(pmu), None, None),
+            CallRun::Beside(strings(&[
+                &fl,
+                "--pmu",
+                pmu,
+                "-u",
+                &format!("{bench}:main.tiny"),
+                "--returns",
+                "exit",
+            ])),
+        ));
+        calls.push((
+            Config::new(
+                format!("topdown -u (Go) --pmu {pmu}"),
+                None,
+                Some(call_floor(pmu)),
+            ),
+            CallRun::Alone(topdown_run(pmu, &["main.tiny"], "calls", GO_CALLS)),
+        ));
+        switches.push((
+            Config::new(
+                format!("topdown -u pingpong,peer (Go) --pmu {pmu}"),
+                None,
+                Some(EMPTY_SWITCH.to_owned()),
+            ),
+            CallRun::Alone(topdown_run(
+                pmu,
+                &["main.pingpong", "main.peer"],
+                "switches",
+                GO_ROUND_TRIPS,
+            )),
+        ));
+    }
+    let mut section = String::from(
+        "## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)
+
+",
+    );
+    section += &format!(
+        "Same machine; command: `{}`. `tests/workloads/gobench.go` built by Debian's Go: `calls`          calls a tiny Go function (`main.tiny`) {GO_CALLS} times; `switches` passes a token          between two goroutines on one P over unbuffered channels {GO_ROUND_TRIPS} times each          way, inside `main.pingpong` and `main.peer`, whose frames stay open, so every switch          stops one goroutine's counters and starts the other's. {CALL_ROUNDS} alternating          rounds, median. The per-call floor is `topdown-floor -u --returns exit` (aya programs          reading the same counters at the function's entry and at each `ret`); the per-switch          floor is `topdown-floor --go-switches`, empty uprobes on the runtime functions topdown          hooks. Uprobes trap into the kernel, and traps are slow in this VM: compare the ratios.
+
+",
+        command_text()
+    );
+    for (title, unit, field, configs) in [
+        ("per call", "ns per call", "ns_per_call=", calls),
+        (
+            "per goroutine switch",
+            "ns per switch",
+            "ns_per_switch=",
+            switches,
+        ),
+    ] {
+        let (configs, runs): (Vec<Config>, Vec<CallRun>) = configs.into_iter().unzip();
+        let standalone = match &runs[0] {
+            CallRun::Alone(argv) | CallRun::Beside(argv) => argv.clone(),
+        };
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for round in 0..CALL_ROUNDS {
+            for (index, (config, run)) in configs.iter().zip(&runs).enumerate() {
+                let value = measure_field(run, &standalone, field)
+                    .with_context(|| format!("Go {title}, round {round}: {}", config.name))?;
+                println!(
+                    "go {title}, round {}: {:<70} {value:>10.1} {unit}",
+                    round + 1,
+                    config.name
+                );
+                samples[index].push(value);
+            }
+        }
+        let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
+        let added = added_over(&configs, &medians, "");
+        section += &format!(
+            "| {title}: configuration | {unit} | added over no probes | added / its floor's |
+|---|---:|---:|---:|
+"
+        );
+        for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
+            section += &format!(
+                "| {} | {value:.1} | {:+.1} | {} |
+",
+                config.name,
+                added.added[index],
+                ratio(added.per_floor[index])
+            );
+        }
+        section += "
+";
+    }
+    write_section("## Go: per-call and per-goroutine-switch cost", &section)
+}
+
+/// Runs one configuration and reads `field` (`ns_per_call=`) from the workload's output: the
+/// command itself, or `standalone` beside a tracer.
+fn measure_field(run: &CallRun, standalone: &[String], field: &str) -> Result<f64> {
+    let (out, mut tracer) = match run {
+        CallRun::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
+        CallRun::Beside(argv) => {
+            let child = start_tracer(argv)?;
+            let out = cmd::output(Command::new(&standalone[0]).args(&standalone[1..]));
+            (out?, Some(child))
+        }
+    };
+    if let Some(child) = &mut tracer {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(child.id() as i32, 2) };
+        let _ = child.wait();
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix(field))
+        .and_then(|value| value.parse().ok())
+        .with_context(|| {
+            format!(
+                "no {field} in output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
 }
 
 fn measure_calls(run: &CallRun, bench: &str) -> Result<f64> {

@@ -6,7 +6,9 @@
 //! Without options: the empty `tp_btf/sched_switch` program. `--pmu MODEL` opens the counter
 //! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
-//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC.
+//! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC;
+//! `--go-switches BINARY` attaches an empty uprobe where topdown hooks that Go binary's
+//! goroutine switches (`topdown::symbols::go::HOOKS`).
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -49,6 +51,10 @@ struct Args {
     /// `--returns`).
     #[arg(long, value_enum, default_value_t = Returns::Uretprobe)]
     returns: Returns,
+    /// A Go binary: an empty uprobe on each runtime function topdown hooks to follow its
+    /// goroutines (their switches, stack growth and exits).
+    #[arg(long = "go-switches")]
+    go_switches: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -190,6 +196,23 @@ fn attach(
     entry_points.extend(points.exits);
     for (name, list) in [(entry, &entry_points), (ret, &points.returns)] {
         let (points, load_time) = attach_uprobes(&mut ebpf, name, list, multi)?;
+        attached += points;
+        loading += load_time;
+    }
+    if let Some(binary) = &args.go_switches {
+        let go = symbols::elf::functions(binary)?.go.ok_or_else(|| {
+            fail(
+                Failure::Usage,
+                format!("--go-switches {}: not a Go binary", binary.display()),
+            )
+        })?;
+        let hooks: Vec<(PathBuf, u64)> = go
+            .hooks
+            .iter()
+            .map(|(offset, _)| (binary.clone(), *offset))
+            .collect();
+        // One link per point, as topdown attaches its runtime hooks.
+        let (points, load_time) = attach_uprobes(&mut ebpf, "empty_uprobe", &hooks, false)?;
         attached += points;
         loading += load_time;
     }

@@ -77,7 +77,15 @@ pub struct GoFunction {
 pub fn is_go(file: &object::File<'_>) -> bool {
     file.section_by_name(".go.buildinfo").is_some()
         || file.section_by_name(".note.go.buildid").is_some()
-        || file.section_by_name(".gopclntab").is_some()
+        || function_table(file).is_some()
+}
+
+/// `.gopclntab`; in a position-independent build, `.data.rel.ro.gopclntab`.
+fn function_table<'data, 'file>(
+    file: &'file object::File<'data>,
+) -> Option<object::Section<'data, 'file>> {
+    file.section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
 }
 
 struct Sections<'a> {
@@ -128,7 +136,7 @@ pub fn read(file: &object::File<'_>, path: &Path) -> Result<GoImage> {
                 .into(),
         ));
     }
-    let section = file.section_by_name(".gopclntab").ok_or_else(|| {
+    let section = function_table(file).ok_or_else(|| {
         refuse("a Go binary without .gopclntab: its functions cannot be found".into())
     })?;
     let data = section
