@@ -43,6 +43,8 @@ fn programs() -> Option<&'static GoPrograms> {
             }
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("go-workloads");
             std::fs::create_dir_all(&dir).unwrap();
+            // Go's build cache, shared with topdown-user's tests and the benchmark.
+            let cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/go-cache");
             let build = |source: &str, out: &str, flags: &[&str]| {
                 let path = dir.join(out);
                 let output = Command::new("go")
@@ -52,8 +54,8 @@ fn programs() -> Option<&'static GoPrograms> {
                     .arg(&path)
                     .arg(source)
                     .current_dir(sources())
-                    .env("GOCACHE", dir.join("cache"))
-                    .env("GOPATH", dir.join("gopath"))
+                    .env("GOCACHE", cache.join("build"))
+                    .env("GOPATH", cache.join("gopath"))
                     .env("GOFLAGS", "")
                     .env("GOPROXY", "off")
                     .env("GO111MODULE", "off")

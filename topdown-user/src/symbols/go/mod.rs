@@ -327,19 +327,21 @@ mod tests {
             .join(name)
     }
 
-    /// Builds `source` with `flags` into a temporary directory, offline, with Go's caches
-    /// there too; `None` (after saying why) where there is no Go toolchain outside CI.
+    /// Builds `source` with `flags` into a temporary directory, offline, with Go's build cache
+    /// in the workspace's `target/` (shared with the benchmark's, safe for concurrent builds);
+    /// `None` (after saying why) where there is no Go toolchain outside CI.
     fn go_build(source: &str, flags: &[&str]) -> Option<(tempfile::TempDir, PathBuf, String)> {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let out = dir.path().join("program");
+        let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/go-cache");
         let built = Command::new("go")
             .arg("build")
             .args(flags)
             .arg("-o")
             .arg(&out)
             .arg(workload(source))
-            .env("GOCACHE", dir.path().join("cache"))
-            .env("GOPATH", dir.path().join("gopath"))
+            .env("GOCACHE", cache.join("build"))
+            .env("GOPATH", cache.join("gopath"))
             .env("GOFLAGS", "")
             .env("GOPROXY", "off")
             .env("GO111MODULE", "off")
