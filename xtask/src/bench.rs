@@ -856,6 +856,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
 /// Round trips of the goroutine ping-pong (two switches each), and calls per Go run.
 const GO_ROUND_TRIPS: &str = "20000";
 const GO_CALLS: &str = "100000";
+const GO_EMPTY_SWITCH: &str = "empty uprobes at the same runtime functions";
 
 /// Go programs (issue 24): ns per call of a tiny Go function under `topdown stat -u` (exit
 /// probes, frames per goroutine) beside its floor (aya programs reading the same counters at
@@ -891,19 +892,19 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
     };
     let call_floor =
         |pmu: &str| format!("floor: aya uprobes at entry and at each exit reading --pmu {pmu}");
+    let switch_floor =
+        |pmu: &str| format!("floor: aya uprobes at the same points reading --pmu {pmu}");
     let mut calls = vec![(
         Config::new("no probes", None, None),
         CallRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
     )];
-    const EMPTY_SWITCH: &str =
-        "empty uprobes at the runtime's switch points (gogo, mcall, morestack, goexit1)";
     let mut switches = vec![
         (
             Config::new("no probes", None, None),
             CallRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
         ),
         (
-            Config::new(EMPTY_SWITCH, None, None),
+            Config::new(GO_EMPTY_SWITCH, None, None),
             CallRun::Beside(strings(&[&fl, "--go-switches", &bench])),
         ),
     ];
@@ -929,10 +930,14 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             CallRun::Alone(topdown_run(pmu, &["main.tiny"], "calls", GO_CALLS)),
         ));
         switches.push((
+            Config::new(switch_floor(pmu), None, None),
+            CallRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
+        ));
+        switches.push((
             Config::new(
                 format!("topdown -u pingpong,peer (Go) --pmu {pmu}"),
                 None,
-                Some(EMPTY_SWITCH.to_owned()),
+                Some(switch_floor(pmu)),
             ),
             CallRun::Alone(topdown_run(
                 pmu,
@@ -942,17 +947,8 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             )),
         ));
     }
-    let mut section = String::from(
-        "## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)
-
-",
-    );
-    section += &format!(
-        "Same machine; command: `{}`. `tests/workloads/gobench.go` built by Debian's Go: `calls`          calls a tiny Go function (`main.tiny`) {GO_CALLS} times; `switches` passes a token          between two goroutines on one P over unbuffered channels {GO_ROUND_TRIPS} times each          way, inside `main.pingpong` and `main.peer`, whose frames stay open, so every switch          stops one goroutine's counters and starts the other's. {CALL_ROUNDS} alternating          rounds, median. The per-call floor is `topdown-floor -u --returns exit` (aya programs          reading the same counters at the function's entry and at each `ret`); the per-switch          floor is `topdown-floor --go-switches`, empty uprobes on the runtime functions topdown          hooks. Uprobes trap into the kernel, and traps are slow in this VM: compare the ratios.
-
-",
-        command_text()
-    );
+    let load_before = load_average();
+    let mut tables = String::new();
     for (title, unit, field, configs) in [
         ("per call", "ns per call", "ns_per_call=", calls),
         (
@@ -980,25 +976,53 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             }
         }
         let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-        let added = added_over(&configs, &medians, "");
-        section += &format!(
-            "| {title}: configuration | {unit} | added over no probes | added / its floor's |
-|---|---:|---:|---:|
-"
+        // The switch table's last column: added over empty probes at the same points (the
+        // comparison issue 24 asks for); `-` in the per-call table.
+        let added = added_over(&configs, &medians, GO_EMPTY_SWITCH);
+        tables += &format!(
+            "| {title}: configuration | {unit} | added over no probes | added / its floor's | \
+             added / empty probes' |\n|---|---:|---:|---:|---:|\n"
         );
         for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
-            section += &format!(
-                "| {} | {value:.1} | {:+.1} | {} |
-",
+            tables += &format!(
+                "| {} | {value:.1} | {:+.1} | {} | {} |\n",
                 config.name,
                 added.added[index],
-                ratio(added.per_floor[index])
+                ratio(added.per_floor[index]),
+                ratio(added.per_bpftrace[index])
             );
         }
-        section += "
-";
+        tables += "\n";
     }
+    let mut section =
+        String::from("## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)\n\n");
+    section += &format!(
+        "Same machine; command: `{}`. `tests/workloads/gobench.go` built by Debian's Go: \
+         `calls` calls a tiny Go function (`main.tiny`) {GO_CALLS} times; `switches` passes a \
+         token between two goroutines on one P over unbuffered channels {GO_ROUND_TRIPS} times \
+         each way, inside `main.pingpong` and `main.peer`, whose frames stay open, so every \
+         switch stops one goroutine's counters and starts the other's. {CALL_ROUNDS} \
+         alternating rounds, median. The per-call floor is `topdown-floor -u --returns exit` \
+         (aya programs reading the same counters at the function's entry and at each `ret`). \
+         The per-switch floor is `topdown-floor --pmu MODEL --go-switches`, aya programs \
+         reading the same counters at the runtime functions topdown hooks (`runtime.gogo`, \
+         `mcall`, `morestack`, `goexit1`); `topdown-floor --go-switches` without `--pmu` \
+         attaches empty programs there instead. Uprobes trap into the kernel, and traps are \
+         slow in this VM: compare the ratios. 1-minute load average on the 2 vCPUs: {load_before} \
+         at the start, {} at the end.\n\n",
+        command_text(),
+        load_average()
+    );
+    section += &tables;
     write_section("## Go: per-call and per-goroutine-switch cost", &section)
+}
+
+/// `/proc/loadavg`'s 1-minute figure, as the section's text gives it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// Runs one configuration and reads `field` (`ns_per_call=`) from the workload's output: the

@@ -7,8 +7,9 @@
 //! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
 //! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC;
-//! `--go-switches BINARY` attaches an empty uprobe where topdown hooks that Go binary's
-//! goroutine switches (`topdown::symbols::go::HOOKS`).
+//! `--go-switches BINARY` attaches uprobes where topdown hooks that Go binary's goroutine
+//! switches (`topdown::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty
+//! ones without.
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -51,8 +52,9 @@ struct Args {
     /// `--returns`).
     #[arg(long, value_enum, default_value_t = Returns::Uretprobe)]
     returns: Returns,
-    /// A Go binary: an empty uprobe on each runtime function topdown hooks to follow its
-    /// goroutines (their switches, stack growth and exits).
+    /// A Go binary: a uprobe on each runtime function topdown hooks to follow its goroutines
+    /// (their switches, stack growth and exits), reading every counter with --pmu, empty
+    /// without.
     #[arg(long = "go-switches")]
     go_switches: Option<PathBuf>,
 }
@@ -212,7 +214,12 @@ fn attach(
             .map(|(offset, _)| (binary.clone(), *offset))
             .collect();
         // One link per point, as topdown attaches its runtime hooks.
-        let (points, load_time) = attach_uprobes(&mut ebpf, "empty_uprobe", &hooks, false)?;
+        let program = if counters.is_some() {
+            "floor_entry"
+        } else {
+            "empty_uprobe"
+        };
+        let (points, load_time) = attach_uprobes(&mut ebpf, program, &hooks, false)?;
         attached += points;
         loading += load_time;
     }
