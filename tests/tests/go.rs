@@ -169,7 +169,7 @@ const PROBED: [&str; 7] = [
 
 /// What tests/workloads/goroutines.go does, worked out from its description (not from its
 /// output): each function's figures, and the program's getppid and getpgid totals.
-fn expected() -> (BTreeMap<&'static str, Figures>, u64, u64) {
+fn expected(goroutines: u64) -> (BTreeMap<&'static str, Figures>, u64, u64) {
     let mut all: BTreeMap<&str, Figures> = PROBED
         .iter()
         .map(|name| (*name, Figures::default()))
@@ -184,7 +184,7 @@ fn expected() -> (BTreeMap<&'static str, Figures>, u64, u64) {
         entry.5 += figures.5;
     };
     let (mut ppids, mut pgids) = (0, 0);
-    for i in 0..GOROUTINES {
+    for i in 0..goroutines {
         let k = 1 + i % 5;
         let work = (1, 0, k, 0, k, 0);
         match i % 6 {
@@ -231,7 +231,7 @@ fn goroutine_counts_are_exact(program: &Path) {
         .output()
         .unwrap();
     assert!(untraced.status.success());
-    let (all, ppids, pgids) = expected();
+    let (all, ppids, pgids) = expected(GOROUTINES);
     assert_eq!(
         String::from_utf8_lossy(&untraced.stdout),
         format!(
@@ -319,6 +319,62 @@ fn goroutine_function_counts_are_exact_stripped() {
         return;
     };
     goroutine_counts_are_exact(&programs.goroutines_stripped);
+}
+
+/// Two processes of one Go program at once: their goroutines have the same `g` addresses
+/// (every Go process allocates them alike), and each keeps its own stacks and counts.
+#[test]
+fn two_go_processes_keep_their_goroutines_apart() {
+    let _serial = serial();
+    let Some(programs) = ready() else {
+        return;
+    };
+    let program = path(&programs.goroutines);
+    let goroutines = 300;
+    let specs: Vec<String> = PROBED
+        .iter()
+        .map(|name| format!("{program}:main.{name}"))
+        .collect();
+    let mut args: Vec<&str> = vec!["--by", "function,task"];
+    for spec in &specs {
+        args.extend(["-u", spec]);
+    }
+    let script = format!("{program} {goroutines} & {program} {goroutines}; wait");
+    args.extend(["--", "sh", "-c", &script]);
+    let (output, report) = stat(&args);
+    let (all, _, _) = expected(goroutines);
+    let line = format!("goroutines {goroutines} work {} getppid ", all["work"].0);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout)
+            .matches(&line)
+            .count(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let mut pids: Vec<u64> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["pid"].as_u64())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 2, "{}", report["functions"]);
+    for pid in pids {
+        for (name, want) in &all {
+            let symbol = format!("main.{name}");
+            let function = report["functions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["symbol"] == symbol.as_str() && f["pid"].as_u64() == Some(pid))
+                .unwrap_or_else(|| panic!("{symbol} of {pid}"));
+            assert_eq!(figures(function), *want, "{symbol} of {pid}");
+        }
+    }
+    assert_eq!(report["diagnostics"]["goroutine_switches_lost"], 0);
+    assert_eq!(report["diagnostics"]["missed_returns"], 0);
 }
 
 /// A position-independent build keeps its function table in `.data.rel.ro.gopclntab`.

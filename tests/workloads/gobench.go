@@ -1,7 +1,7 @@
 // Benchmark workload of `cargo xtask bench` (its `go` section): the cost of a call of a tiny
 // Go function, and of a goroutine switch.
 //
-//	gobench calls N     calls tiny N times, prints ns_per_call
+//	gobench calls N     calls tiny N times, prints ns_per_call and calls
 //	gobench switches N  two goroutines on one P pass a token N times each way over unbuffered
 //	                    channels, inside pingpong and peer (whose frames stay open across every
 //	                    switch), prints ns_per_switch and switches
@@ -53,7 +53,8 @@ func main() {
 			sink = tiny(sink)
 		}
 		elapsed := time.Since(start)
-		fmt.Printf("ns_per_call=%.1f\nsink=%d\n", float64(elapsed.Nanoseconds())/float64(n), sink)
+		fmt.Printf("ns_per_call=%.1f\ncalls=%d\nsink=%d\n",
+			float64(elapsed.Nanoseconds())/float64(n), n, sink)
 	case "switches":
 		runtime.GOMAXPROCS(1)
 		there, back := make(chan int), make(chan int)

@@ -646,8 +646,18 @@ pub mod go_hook {
     pub const GOEXIT: u64 = 4;
 }
 
-/// A goroutine's shadow stack and virtual counters (value of `GO_STACKS`, keyed by its `g`
-/// pointer). Frame stack pointers are `SP - g.stack.hi` (wrapping): the order of frames is
+/// Key of `GO_STACKS`: a goroutine is its `g` pointer within its process (every Go process
+/// allocates its `g`s at the same addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GoroutineKey {
+    pub g: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// A goroutine's shadow stack and virtual counters (value of `GO_STACKS`, keyed by
+/// `GoroutineKey`). Frame stack pointers are `SP - g.stack.hi` (wrapping): the order of frames is
 /// kept, and a stack copied elsewhere gives the same values.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -677,6 +687,7 @@ mod user {
     unsafe impl aya::Pod for super::TaskCounters {}
     unsafe impl aya::Pod for super::TaskExit {}
     unsafe impl aya::Pod for super::GoStack {}
+    unsafe impl aya::Pod for super::GoroutineKey {}
 }
 
 #[cfg(test)]

@@ -25,10 +25,12 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use topdown_common::{
-    GoStack, MAX_COUNTERS, MAX_DEPTH, ShadowStack, exit_point, frame_flags, go_hook, go_layout,
+    GoStack, GoroutineKey, MAX_COUNTERS, MAX_DEPTH, ShadowStack, exit_point, frame_flags, go_hook,
+    go_layout,
 };
 
 use crate::{
+    counters::current_ids,
     functions::{
         attach_cookie, close_below, enter, frame_index, indirect_jump, leave, probe_stats,
         probed_task, virtual_counters,
@@ -79,9 +81,16 @@ fn frame_position(g: u64, sp: u64) -> Option<u64> {
     Some(sp.wrapping_sub(hi))
 }
 
+/// Goroutine `g` of the current process.
+#[inline(always)]
+fn key(g: u64) -> GoroutineKey {
+    let (_, tgid) = current_ids();
+    GoroutineKey { g, tgid, _pad: 0 }
+}
+
 #[inline(always)]
 fn existing(g: u64) -> Option<&'static mut GoStack> {
-    let stack = GO_STACKS.get_ptr_mut(&g)?;
+    let stack = GO_STACKS.get_ptr_mut(&key(g))?;
     // SAFETY: a live map value; only probes running on this goroutine's thread touch it
     // (a goroutine runs on one thread at a time).
     Some(unsafe { &mut *stack })
@@ -95,7 +104,7 @@ fn existing_or_new(g: u64) -> Option<&'static mut GoStack> {
     let zero = ZERO_GO_STACK.get_ptr(0)?;
     // SAFETY: a map value of the right type.
     if GO_STACKS
-        .insert(&g, unsafe { &*zero }, BPF_NOEXIST as u64)
+        .insert(&key(g), unsafe { &*zero }, BPF_NOEXIST as u64)
         .is_err()
     {
         if let Some(stats) = probe_stats() {
@@ -386,5 +395,5 @@ fn ends(g: u64) {
             stats.read_failures += 1;
         }
     }
-    let _ = GO_STACKS.remove(&g);
+    let _ = GO_STACKS.remove(&key(g));
 }

@@ -25,8 +25,8 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, IndirectJump, MAX_COUNTERS,
-    ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset, names,
+    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, GoroutineKey, IndirectJump,
+    MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset, names,
 };
 
 use crate::{
@@ -546,12 +546,19 @@ impl Session {
     }
 
     fn clear_goroutine_stacks(&mut self) -> Result<()> {
-        let mut stacks: BpfHashMap<&mut MapData, u64, topdown_common::GoStack> =
+        self.forget_goroutines(|_| true)
+    }
+
+    /// Deletes the shadow stacks of goroutines for which `gone` says so. One deleted meanwhile
+    /// by its goroutine's exit is gone either way.
+    fn forget_goroutines(&mut self, mut gone: impl FnMut(u32) -> bool) -> Result<()> {
+        let mut stacks: BpfHashMap<&mut MapData, GoroutineKey, topdown_common::GoStack> =
             map_mut(&mut self.ebpf, names::GO_STACKS)?;
-        let goroutines: Vec<u64> = stacks.keys().filter_map(Result::ok).collect();
-        for g in goroutines {
-            // One deleted meanwhile by its goroutine's exit is gone either way.
-            let _ = stacks.remove(&g);
+        let goroutines: Vec<GoroutineKey> = stacks.keys().filter_map(Result::ok).collect();
+        for goroutine in goroutines {
+            if gone(goroutine.tgid) {
+                let _ = stacks.remove(&goroutine);
+            }
         }
         Ok(())
     }
@@ -726,6 +733,14 @@ impl Session {
 
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         self.drain_exits();
+        // A Go process that ended leaves the stacks of its goroutines that never exited (the
+        // kernel side only sees goroutines end): free them, or a long `serve` fills the map.
+        let mut alive: HashMap<u32, bool> = HashMap::new();
+        self.forget_goroutines(|tgid| {
+            !*alive
+                .entry(tgid)
+                .or_insert_with(|| std::path::Path::new(&format!("/proc/{tgid}")).exists())
+        })?;
         let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =
             map_mut(&mut self.ebpf, names::TASKS)?;
         let (mut tids, mut counters) = (Vec::new(), Vec::new());
