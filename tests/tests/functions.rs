@@ -116,7 +116,8 @@ fn binaries() -> &'static Binaries {
                 .arg(format!("-L{}", plugin_dir.join("lib").display()))
                 .args(["-ltdplugin", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"]),
         );
-        // Any ELF with a .go.buildinfo section is a Go binary to topdown.
+        // Any ELF with a .go.buildinfo section is a Go binary to topdown; without a function
+        // table (.gopclntab) its functions cannot be found.
         let fake_go = dir.join("fake-go");
         let note = dir.join("buildinfo");
         std::fs::write(&note, b"\xff Go buildinf:").unwrap();
@@ -854,7 +855,7 @@ fn go_binaries_and_bad_specs_are_refused_clearly() {
     let cases: [(Vec<String>, &str); 4] = [
         (
             vec![format!("{}:main", path(&b.fake_go))],
-            "is a Go binary: uretprobes corrupt goroutine stacks",
+            "a Go binary without .gopclntab: its functions cannot be found",
         ),
         (vec![format!("{c}:no_such_function")], "no function of"),
         (vec![format!("{c}:zz*")], "no function of"),

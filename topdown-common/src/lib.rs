@@ -74,6 +74,12 @@ pub mod names {
     pub const PROG_FUNC_EXIT_MULTI: &str = "func_exit_multi";
     pub const PROG_FUNC_CATCH: &str = "func_catch";
     pub const PROG_THREAD_EXIT: &str = "thread_exit";
+    pub const PROG_GO_ENTRY: &str = "go_entry";
+    pub const PROG_GO_ENTRY_MULTI: &str = "go_entry_multi";
+    pub const PROG_GO_EXIT: &str = "go_exit";
+    pub const PROG_GO_EXIT_MULTI: &str = "go_exit_multi";
+    pub const PROG_GO_RUNTIME: &str = "go_runtime";
+    pub const GO_STACKS: &str = "GO_STACKS";
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
     pub const PROBE_STATS: &str = "PROBE_STATS";
@@ -104,7 +110,7 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 18] = [
+    pub const PROGRAMS: [&str; 23] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -123,6 +129,11 @@ pub mod names {
         PROG_THREAD_EXIT,
         PROG_USDT_SITE,
         PROG_USDT_SITE_MULTI,
+        PROG_GO_ENTRY,
+        PROG_GO_ENTRY_MULTI,
+        PROG_GO_EXIT,
+        PROG_GO_EXIT_MULTI,
+        PROG_GO_RUNTIME,
     ];
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
@@ -462,6 +473,10 @@ pub mod frame_flags {
     /// after its tail callee returned (the kernel chains the two return instances); the tail
     /// callee's return must not close it too.
     pub const URETPROBE: u32 = 2;
+    /// A Go function's prologue called `runtime.morestack` from this frame (its entry stack
+    /// pointer): the function starts again from its first instruction once the stack has
+    /// grown or the goroutine is rescheduled, and that second entry is the same call.
+    pub const RESTARTING: u32 = 4;
 }
 
 /// An entry probe's attach cookie: the function id, and whether its returns are caught by a
@@ -536,6 +551,10 @@ pub struct ProbeStats {
     /// Calls in every total but in no per-call histogram: their bucket was new and `HISTOGRAMS`
     /// was full (`--max-buckets`).
     pub histogram_full: u64,
+    /// Go: a goroutine with open frames found running on another thread than the one it was
+    /// last seen on, without its leaving that one seen (`goroutines` in topdown-ebpf): what
+    /// it ran there since its last switch-in is not in its calls.
+    pub goroutine_switches_lost: u64,
 }
 
 /// Exit-instruction probes: what the attach cookie of a probe on an exit instruction says.
@@ -944,6 +963,60 @@ pub mod usdt {
     pub const HASH_PRIME: u64 = 0x0000_0100_0000_01b3;
 }
 
+/// Go goroutines (`-u` on a Go binary): shadow stacks keyed by the goroutine (its `g`
+/// pointer), whose frames' stack pointers are kept relative to the goroutine's stack top, and
+/// whose counters run only while it runs on a thread.
+pub mod go_layout {
+    /// `runtime.g.stack.hi` (`g` starts with `stack stack`, `stack` is `{lo, hi uintptr}`):
+    /// the same from Go 1.17 on; user space checks it against the binary's DWARF when present.
+    pub const G_STACK_HI: u64 = 8;
+    /// `runtime.gobuf.sp` and `runtime.gobuf.g` (`gobuf` is `{sp, pc, g, ...}`).
+    pub const GOBUF_SP: u64 = 0;
+    pub const GOBUF_G: u64 = 16;
+}
+
+/// The runtime functions the `go_runtime` program hooks, as its attach cookie.
+pub mod go_hook {
+    /// `runtime.gogo(buf *gobuf)` (ABI0, `buf` at 8(SP)): a goroutine joins the thread.
+    pub const GOGO: u64 = 1;
+    /// `runtime.mcall(fn)`: the goroutine in R14 leaves for the scheduler's stack.
+    pub const MCALL: u64 = 2;
+    /// `runtime.morestack`: called from a function's prologue (goroutine in R14, that
+    /// function's entry stack pointer at 8(SP)); the goroutine leaves, and the function starts
+    /// again once its stack has grown.
+    pub const MORESTACK: u64 = 3;
+    /// `runtime.goexit1`: the goroutine in R14 ends (normally, or by `runtime.Goexit`).
+    pub const GOEXIT: u64 = 4;
+}
+
+/// Key of `GO_STACKS`: a goroutine is its `g` pointer within its process (every Go process
+/// allocates its `g`s at the same addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GoroutineKey {
+    pub g: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// A goroutine's shadow stack and virtual counters (value of `GO_STACKS`, keyed by
+/// `GoroutineKey`). Frame stack pointers are `SP - g.stack.hi` (wrapping): the order of frames is
+/// kept, and a stack copied elsewhere gives the same values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GoStack {
+    pub stack: ShadowStack,
+    /// The thread the goroutine runs on with `clock` as its offset; 0 while it is off every
+    /// thread (then `clock` holds its counters).
+    pub thread: u32,
+    pub _pad: u32,
+    /// Running: the goroutine's virtual counters minus its thread's; off a thread: its
+    /// virtual counters.
+    pub clock: [u64; MAX_COUNTERS],
+    /// Its virtual counters when it last joined a thread.
+    pub joined: [u64; MAX_COUNTERS],
+}
+
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::HistogramKey {}
@@ -964,6 +1037,8 @@ mod user {
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::TaskCounters {}
     unsafe impl aya::Pod for super::TaskExit {}
+    unsafe impl aya::Pod for super::GoStack {}
+    unsafe impl aya::Pod for super::GoroutineKey {}
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The benchmark's floor instrument (`cargo xtask bench`, run by `topdown-floor`).
 //!
 //! `empty_switch` does nothing: what it adds per context switch is what any `tp_btf/sched_switch`
-//! program costs. The others read every counter of this CPU the way topdown's `read_slots`
+//! program costs. `empty_uprobe` does nothing either: attached where topdown hooks a Go
+//! runtime's goroutine switches, it is what any probe there costs. The others read every counter of this CPU the way topdown's `read_slots`
 //! (counters.rs) does, from a map laid out as topdown's (`COUNTERS[cpu * MAX_COUNTERS + fd
 //! slot]`, `NUM_COUNTERS`, `SLOT_SOURCES`), into a per-CPU scratch, and do nothing else: what
 //! they add is the least any tool reading the same counters at the same points must pay.
@@ -131,6 +132,11 @@ pub fn floor_cpu_idle_cgroup(_ctx: TracePointContext) -> i32 {
     if let Some(delta) = take_delta() {
         add_to_cgroup(delta);
     }
+    0
+}
+
+#[uprobe]
+pub fn empty_uprobe(_ctx: ProbeContext) -> u32 {
     0
 }
 

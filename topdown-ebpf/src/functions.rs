@@ -53,7 +53,7 @@ pub(crate) fn stack_pointer(regs: *mut pt_regs) -> u64 {
 /// add. Callers check the range first, but LLVM then drops a plain mask as redundant and indexes
 /// with a register the verifier has no bounds for; the volatile read keeps the mask in place.
 #[inline(always)]
-fn frame_index(index: usize) -> usize {
+pub(crate) fn frame_index(index: usize) -> usize {
     const _: () = assert!(MAX_DEPTH.is_power_of_two());
     // SAFETY: reading a local.
     let opaque = unsafe { core::ptr::read_volatile(&index) };
@@ -231,7 +231,7 @@ fn on_exit(ctx: &ProbeContext) -> u32 {
 /// table), else `TAIL_CALL` when the target is a function whose returns are probed, `CUT`
 /// otherwise.
 #[inline(always)]
-fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
+pub(crate) fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
     // SAFETY: a map value nobody changes while probes are attached.
     let jump = unsafe { INDIRECT_JUMPS.get(&index) }?;
     let ip = register(regs, pt_regs_word::IP)?;
@@ -310,7 +310,6 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     let cookie = attach_cookie(ctx.as_ptr());
-    let function = cookie as u32;
     let sp = stack_pointer(ctx.regs);
     let stack = match STACKS.get_ptr_mut(&tid) {
         Some(stack) => stack,
@@ -336,6 +335,23 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
+    enter(stack, cookie, sp, |stack| {
+        virtual_counters(&mut stack.now, &mut stack.virtual_now, tid)
+    });
+    0
+}
+
+/// Pushes the frame of a call entering with the entry cookie `cookie` at stack pointer `sp`
+/// (or what stands for it: Go frames use their depth below the stack top), with the counters
+/// `read` puts into `stack.virtual_now`.
+#[inline(always)]
+pub(crate) fn enter(
+    stack: &mut ShadowStack,
+    cookie: u64,
+    sp: u64,
+    read: impl FnOnce(&mut ShadowStack) -> bool,
+) {
+    let function = cookie as u32;
     // A live caller's frame has a higher stack pointer than any callee's entry, or the same
     // one when it tail-called this function. Any other frame at or below ours was left without
     // a return (longjmp, exception).
@@ -362,13 +378,13 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
         if let Some(stats) = probe_stats() {
             stats.overflows += 1;
         }
-        return 0;
+        return;
     }
-    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
+    if !read(stack) {
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
-        return 0;
+        return;
     }
     let frame = &mut stack.frames[frame_index(depth)];
     frame.function = function;
@@ -382,7 +398,6 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     frame.callees = [0; MAX_COUNTERS];
     frame.callee_calls = 0;
     stack.depth += 1;
-    0
 }
 
 /// Tail callers closed with their callee at most, per return.
@@ -403,6 +418,24 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
     let entry_sp = stack_pointer(regs).wrapping_sub(sp_adjust);
+    leave(stack, tgid, entry_sp, function, kind, |stack| {
+        virtual_counters(&mut stack.now, &mut stack.virtual_now, tid)
+    });
+    0
+}
+
+/// The return part of `on_return` on a stack already found: `entry_sp` is the stack pointer
+/// the returning frame had at entry (for Go, its depth below the stack top), `read` puts the
+/// counters into `stack.virtual_now`.
+#[inline(always)]
+pub(crate) fn leave(
+    stack: &mut ShadowStack,
+    tgid: u32,
+    entry_sp: u64,
+    function: u32,
+    kind: u64,
+    read: impl FnOnce(&mut ShadowStack) -> bool,
+) {
     // Frames deeper than the returning one lost their returns.
     let mut guard = 0;
     while guard < MAX_DEPTH && stack.depth > 0 {
@@ -440,27 +473,27 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
         } else if own && let Some(stats) = probe_stats() {
             stats.unmatched_returns += 1;
         }
-        return 0;
+        return;
     }
     // A return-only point closes only frames that tail-called into its function.
     if !matches || (!own && !top_tail_calling) {
         if own && let Some(stats) = probe_stats() {
             stats.unmatched_returns += 1;
         }
-        return 0;
+        return;
     }
     if kind == exit_point::CUT
         && let Some(stats) = probe_stats()
     {
         stats.tail_calls_cut += 1;
     }
-    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
+    if !read(stack) {
         // Drop the frame: its numbers cannot be known.
         stack.depth -= 1;
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
-        return 0;
+        return;
     }
     let mut closed = 0;
     while closed < MAX_TAIL_CHAIN {
@@ -481,13 +514,12 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
             break;
         }
     }
-    0
 }
 
 /// Pops the top frame with the counters in `stack.virtual_now` and adds its call to the
 /// totals and to its caller's callees.
 #[inline(always)]
-fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
+pub(crate) fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
     let depth = stack.depth as usize;
     if depth == 0 || depth > MAX_DEPTH {
         return false;
@@ -597,6 +629,13 @@ fn close_unwound(limit_sp: u64) {
         }
         return;
     }
+    close_below(stack, tgid, limit_sp);
+}
+
+/// Closes, as unwound calls, the frames whose entry stack pointer is at or below `limit_sp`,
+/// with `stack.virtual_now` as their end.
+#[inline(always)]
+pub(crate) fn close_below(stack: &mut ShadowStack, tgid: u32, limit_sp: u64) {
     let mut guard = 0;
     while guard < MAX_DEPTH && stack.depth > 0 {
         guard += 1;

@@ -13,7 +13,8 @@
 //! Modules: `maps` (the maps and load-time globals), `counters` (reading and attribution, and
 //! the programs that trigger it), `process` (fork, exit and cgroup-migration hooks), `functions`
 //! (function probes), `histogram` (per-call histograms), `usdt` (USDT sites and their argument
-//! specs), `spans` (TopDown between a start and an end site).
+//! specs), `spans` (TopDown between a start and an end site), `goroutines` (function probes of
+//! Go programs, per goroutine).
 #![no_std]
 #![no_main]
 // The BPF target does not expose `AtomicU64::fetch_add`; the intrinsic lowers to BPF's atomic
@@ -23,6 +24,7 @@
 
 mod counters;
 mod functions;
+mod goroutines;
 mod histogram;
 mod maps;
 mod process;

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, IndirectJump,
-    MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, slot_source,
+    CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, GoStack, GoroutineKey,
+    IndirectJump, MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, slot_source,
     unseen_leavers,
 };
 
@@ -157,6 +157,18 @@ pub(crate) static EXITS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 pub(crate) static STACKS: HashMap<u32, ShadowStack> =
     HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Per-goroutine shadow stacks of probed Go calls, keyed by the goroutine's process and `g`
+/// pointer (the runtime reuses a `g` for a later goroutine only after `goexit1`, which deletes
+/// its entry; user space deletes those of processes that ended). Sized by user space like
+/// `STACKS` (`--max-stacks`); allocated on a goroutine's first probed call.
+#[map]
+pub(crate) static GO_STACKS: HashMap<GoroutineKey, GoStack> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Never written: the zeroed value new goroutine stacks are copied from (see `ZERO_STACK`).
+#[map]
+pub(crate) static ZERO_GO_STACK: Array<GoStack> = Array::with_max_entries(1, 0);
 
 /// Never written: the zeroed values new task and cgroup entries are copied from (with 24
 /// counters they no longer fit the 512-byte BPF stack).

@@ -163,6 +163,9 @@ impl Sub for Diagnostics {
             probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
             tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
             histogram_full: self.histogram_full.saturating_sub(earlier.histogram_full),
+            goroutine_switches_lost: self
+                .goroutine_switches_lost
+                .saturating_sub(earlier.goroutine_switches_lost),
             unsplit_migrations: self
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
@@ -872,6 +875,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         probe_map_full: snapshot.probes.map_full,
         tail_calls_cut: snapshot.probes.tail_calls_cut,
         histogram_full: snapshot.probes.histogram_full,
+        goroutine_switches_lost: snapshot.probes.goroutine_switches_lost,
         ..Diagnostics::default()
     };
     snapshot.cpus.iter().fold(probes, |mut sum, (_, state)| {

@@ -688,6 +688,7 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
                 } else {
                     vec![at(ret, exit_point::encode(id, exit_point::RETURN, 0))]
                 },
+                go: false,
             }
         };
         let caller = point(CALLER_ID, located.caller, located.caller_ret);

@@ -43,6 +43,8 @@ pub struct FunctionProbes {
     pub entry: Option<UprobeAt>,
     pub uretprobe: Option<UprobeAt>,
     pub exits: Vec<UprobeAt>,
+    /// A Go function: its probes keep frames per goroutine (never a uretprobe).
+    pub go: bool,
 }
 
 /// Everything to attach, with the maps the exit program reads.
@@ -82,12 +84,18 @@ pub fn plan(functions: &[Probed<'_>], files: &HashMap<PathBuf, FileFunctions>) -
         let function = probed.function;
         let file = planner.file(&function.target);
         let by_uretprobe = probed.uretprobe || function.exits.is_none();
+        // Go functions are refused before planning unless their exits are known and probed.
+        debug_assert!(
+            !(function.go && by_uretprobe),
+            "a uretprobe on a Go function"
+        );
         let mut probes = FunctionProbes {
             entry: Some(UprobeAt {
                 target: function.target.clone(),
                 offset: function.offset,
                 cookie: entry_cookie::encode(probed.id, by_uretprobe),
             }),
+            go: function.go,
             ..FunctionProbes::default()
         };
         match function.exits.as_ref().filter(|_| !probed.uretprobe) {
@@ -391,6 +399,7 @@ mod tests {
             ranges: vec![(address, address + size)],
             entry_probe: Some(ProbeCheck::Emulated),
             reads_return_address: false,
+            go: false,
         }
     }
 
@@ -405,6 +414,7 @@ mod tests {
             ranges: symbol.ranges.clone(),
             entry_probe: symbol.entry_probe.clone(),
             reads_return_address: symbol.reads_return_address,
+            go: symbol.go,
         }
     }
 

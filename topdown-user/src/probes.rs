@@ -154,7 +154,9 @@ impl Probes {
         let decisions = if reuse {
             self.target_returns.clone()
         } else {
-            unwinding::decide(self.returns, &targets, &self.image)
+            let mut decisions = unwinding::decide(self.returns, &targets, &self.image);
+            go_returns(&mut decisions, &files);
+            decisions
         };
         let exit_targets: BTreeSet<PathBuf> = targets
             .iter()
@@ -171,6 +173,8 @@ impl Probes {
         }
         let mut candidates: Vec<(u32, ResolvedFunction)> = Vec::new();
         let mut skipped: Vec<(String, String)> = Vec::new();
+        // Go functions whose calls the goroutine probes cannot follow (`symbols::go`).
+        let mut go_skipped: Vec<(String, String)> = Vec::new();
         for function in functions {
             let key = (
                 function.target.display().to_string(),
@@ -187,12 +191,13 @@ impl Probes {
                 continue;
             }
             match refusal(&function, !exit_targets.contains(&function.target)) {
+                Some(why) if function.go => go_skipped.push((function.display.clone(), why)),
                 Some(why) => skipped.push((function.display.clone(), why)),
                 None => candidates.push((id, function)),
             }
         }
-        if !skipped.is_empty() && candidates.is_empty() {
-            return Err(nothing_probeable(&skipped));
+        if (!skipped.is_empty() || !go_skipped.is_empty()) && candidates.is_empty() {
+            return Err(nothing_probeable(&skipped, &go_skipped));
         }
         self.single_step = candidates
             .iter()
@@ -203,12 +208,18 @@ impl Probes {
 
         // Read before anything is attached: with -a, topdown itself may map a probed file, and
         // reading every object of the image while its own calls trap took minutes.
-        let catches: Option<Vec<(PathBuf, u64)>> = (!exit_targets.is_empty()).then(|| {
+        // Go's panics and Goexit end at the runtime hooks; other exit-probed targets need
+        // catch points.
+        let unwinding_targets: BTreeSet<&PathBuf> = exit_targets
+            .iter()
+            .filter(|target| files.get(*target).is_none_or(|file| file.go.is_none()))
+            .collect();
+        let catches: Option<Vec<(PathBuf, u64)>> = (!unwinding_targets.is_empty()).then(|| {
             // Unwinding can end anywhere in the image: catch points in every object of it.
             // One per file: uprobes belong to an inode, however the file was reached.
             let mut objects: Vec<PathBuf> = Vec::new();
             let mut files = std::collections::BTreeSet::new();
-            for target in &exit_targets {
+            for target in &unwinding_targets {
                 for object in unwinding::objects_of(target, &self.image) {
                     if files.insert(identity(&object).ok_or_else(|| object.clone())) {
                         objects.push(object);
@@ -232,6 +243,25 @@ impl Probes {
 
         // Attached before a held command execs, so none of its calls are missed.
         let started = Instant::now();
+        // The Go runtime hooks first: a goroutine switch between a function's entry and its
+        // return must not go unseen.
+        let mut go_targets: Vec<&PathBuf> = Vec::new();
+        for (_, function) in candidates.iter().filter(|(_, function)| function.go) {
+            if !go_targets.contains(&&function.target) {
+                go_targets.push(&function.target);
+            }
+        }
+        for target in go_targets {
+            if let Some(runtime) = files.get(target).and_then(|file| file.go.as_ref()) {
+                log::info!(
+                    "{}: Go {}, runtime hooks at {:x?}",
+                    target.display(),
+                    runtime.version,
+                    runtime.hooks
+                );
+                session.attach_go_runtime(target, &runtime.hooks, &self.processes)?;
+            }
+        }
         let mut mode = None;
         if !candidates.is_empty() {
             match self.attach_planned(session, &candidates, &files, &exit_targets) {
@@ -256,12 +286,24 @@ impl Probes {
                         skipped.push((function.display, reason.clone()));
                     }
                     if candidates.is_empty() {
-                        return Err(nothing_probeable(&skipped));
+                        return Err(nothing_probeable(&skipped, &go_skipped));
                     }
                     mode =
                         Some(self.attach_planned(session, &candidates, &files, &exit_targets)?);
                 }
             }
+        }
+        if !go_skipped.is_empty() {
+            eprintln!(
+                "topdown: skipped {} Go function{} that cannot be followed: {}",
+                go_skipped.len(),
+                if go_skipped.len() == 1 { "" } else { "s" },
+                go_skipped
+                    .iter()
+                    .map(|(name, why)| format!("{name} ({why})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         if !skipped.is_empty() {
             eprintln!(
@@ -514,6 +556,24 @@ impl Probes {
     }
 }
 
+/// Go binaries get exit-instruction probes whatever `--returns` says: a uretprobe's return
+/// address is copied away when the runtime moves a goroutine's stack, corrupting the program.
+fn go_returns(decisions: &mut [TargetReturns], files: &HashMap<PathBuf, FileFunctions>) {
+    for decision in decisions {
+        let go = files
+            .iter()
+            .find(|(path, _)| path.display().to_string() == decision.target)
+            .and_then(|(_, file)| file.go.as_ref());
+        if let Some(go) = go {
+            decision.return_probe = ReturnProbe::Exit;
+            decision.reason = format!(
+                "a Go binary ({}): uretprobes corrupt goroutine stacks, which the runtime moves",
+                go.version
+            );
+        }
+    }
+}
+
 /// `exit_targets`: the targets whose returns are caught by exit-instruction probes (the rest
 /// by uretprobes).
 fn plan_of(
@@ -584,16 +644,32 @@ fn warn_self_probed(targets: &[PathBuf]) {
     }
 }
 
-fn nothing_probeable(skipped: &[(String, String)]) -> anyhow::Error {
+fn nothing_probeable(
+    skipped: &[(String, String)],
+    go_skipped: &[(String, String)],
+) -> anyhow::Error {
+    let list = |functions: &[(String, String)]| {
+        functions
+            .iter()
+            .map(|(name, why)| format!("{name} ({why})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut reasons = Vec::new();
+    if !skipped.is_empty() {
+        reasons.push(format!("the kernel refuses {}", list(skipped)));
+    }
+    if !go_skipped.is_empty() {
+        reasons.push(format!(
+            "Go functions that cannot be followed: {}",
+            list(go_skipped)
+        ));
+    }
     fail(
         Failure::Usage,
         format!(
-            "no function can be probed: the kernel refuses {}; choose other functions",
-            skipped
-                .iter()
-                .map(|(name, why)| format!("{name} ({why})"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "no function can be probed: {}; choose other functions",
+            reasons.join("; ")
         ),
     )
 }

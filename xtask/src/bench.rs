@@ -166,10 +166,13 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"postgres") {
         spans::bench_postgres(&topdown)?;
     }
+    if sections.contains(&"go") {
+        bench_go(&topdown, &floor)?;
+    }
     Ok(())
 }
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "switches",
     "cgroups",
     "functions",
@@ -179,6 +182,7 @@ const SECTIONS: [&str; 9] = [
     "beside",
     "spans",
     "postgres",
+    "go",
 ];
 
 /// `TOPDOWN_BENCH_ONLY=attach,refresh`: the sections to run (all by default), so one section
@@ -759,6 +763,276 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 trampoline. The default, `--returns auto`, gives a target uretprobes when nothing \
                 in the traced program can unwind (this plain C program), exit probes otherwise.\n";
     write_section("## Per-function probe cost", &section)
+}
+
+/// Round trips of the goroutine ping-pong (two switches each), and calls per Go run.
+const GO_ROUND_TRIPS: &str = "20000";
+const GO_CALLS: &str = "100000";
+/// Rounds of the Go section: more than elsewhere, its wall-clock figures spread widely here.
+const GO_ROUNDS: usize = 5;
+const GO_EMPTY_SWITCH: &str = "empty uprobes at the same runtime functions";
+
+/// Go programs (issue 24): ns per call of a tiny Go function under `topdown stat -u` (exit
+/// probes, frames per goroutine) beside its floor (aya programs reading the same counters at
+/// the same entry and exit points), and ns per goroutine switch with a probed function's frame
+/// open in both goroutines (each switch reads the counters as the goroutine leaves and joins a
+/// thread) beside empty uprobes at the same runtime functions.
+fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
+    let binary = topdown.with_file_name("gobench");
+    let cache = cmd::workspace_root().join("target/go-cache");
+    cmd::run(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(cmd::workspace_root().join("tests/workloads/gobench.go"))
+            .env("GOCACHE", cache.join("build"))
+            .env("GOPATH", cache.join("gopath"))
+            .env("GOFLAGS", "")
+            .env("GOPROXY", "off")
+            .env("GO111MODULE", "off"),
+    )
+    .context("building the Go benchmark workload (cargo xtask setup installs golang-go)")?;
+    let bench = binary.display().to_string();
+    let td = topdown.display().to_string();
+    let fl = floor.display().to_string();
+    // Beside the workload, as the floors, so the kernel's run time of its probe programs can
+    // be read before and after it (`-a`: the probes fire in any process running gobench).
+    let topdown_run = |pmu: &str, functions: &[&str]| {
+        let mut argv = strings(&[&td, "stat", "-a", "--pmu", pmu, "--format", "json", "-o"]);
+        argv.push("/dev/null".to_owned());
+        for function in functions {
+            argv.extend(strings(&["-u", &format!("{bench}:{function}")]));
+        }
+        argv
+    };
+    let call_floor =
+        |pmu: &str| format!("floor: aya uprobes at entry and at each exit reading --pmu {pmu}");
+    let switch_floor =
+        |pmu: &str| format!("floor: aya uprobes at the same points reading --pmu {pmu}");
+    let mut calls = vec![(
+        Config::new("no probes", None, None),
+        CallRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
+    )];
+    let mut switches = vec![
+        (
+            Config::new("no probes", None, None),
+            CallRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
+        ),
+        (
+            Config::new(GO_EMPTY_SWITCH, None, None),
+            CallRun::Beside(strings(&[&fl, "--go-switches", &bench])),
+        ),
+    ];
+    for pmu in [SOFTWARE, SYNTHETIC] {
+        calls.push((
+            Config::new(call_floor(pmu), None, None),
+            CallRun::Beside(strings(&[
+                &fl,
+                "--pmu",
+                pmu,
+                "-u",
+                &format!("{bench}:main.tiny"),
+                "--returns",
+                "exit",
+            ])),
+        ));
+        calls.push((
+            Config::new(
+                format!("topdown -u (Go) --pmu {pmu}"),
+                None,
+                Some(call_floor(pmu)),
+            ),
+            CallRun::Beside(topdown_run(pmu, &["main.tiny"])),
+        ));
+        switches.push((
+            Config::new(switch_floor(pmu), None, None),
+            CallRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
+        ));
+        switches.push((
+            Config::new(
+                format!("topdown -u pingpong,peer (Go) --pmu {pmu}"),
+                None,
+                Some(switch_floor(pmu)),
+            ),
+            CallRun::Beside(topdown_run(pmu, &["main.pingpong", "main.peer"])),
+        ));
+    }
+    let load_before = load_average();
+    let mut tables = String::new();
+    for (title, unit, field, count, configs) in [
+        ("per call", "ns per call", "ns_per_call=", "calls=", calls),
+        (
+            "per goroutine switch",
+            "ns per switch",
+            "ns_per_switch=",
+            "switches=",
+            switches,
+        ),
+    ] {
+        let (configs, runs): (Vec<Config>, Vec<CallRun>) = configs.into_iter().unzip();
+        let standalone = match &runs[0] {
+            CallRun::Alone(argv) | CallRun::Beside(argv) => argv.clone(),
+        };
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        for round in 0..GO_ROUNDS {
+            for (index, (config, run)) in configs.iter().zip(&runs).enumerate() {
+                let (value, program) = measure_field(run, &standalone, field, count)
+                    .with_context(|| format!("Go {title}, round {round}: {}", config.name))?;
+                println!(
+                    "go {title}, round {}: {:<70} {value:>10.1} {unit} (programs: {})",
+                    round + 1,
+                    config.name,
+                    program.map_or("-".to_owned(), |ns| format!("{ns:.1} ns"))
+                );
+                samples[index].push(value);
+                program_samples[index].extend(program);
+            }
+        }
+        let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
+        let program_medians: Vec<Option<f64>> = program_samples
+            .iter_mut()
+            .map(|values| (!values.is_empty()).then(|| median(values)))
+            .collect();
+        let program_floor = |index: usize| {
+            let floor = configs[index].floor.as_deref()?;
+            let floor = configs.iter().position(|config| config.name == floor)?;
+            Some(program_medians[index]? / program_medians[floor]?)
+        };
+        // The switch table's last column: added over empty probes at the same points (the
+        // comparison issue 24 asks for); `-` in the per-call table.
+        let added = added_over(&configs, &medians, GO_EMPTY_SWITCH);
+        tables += &format!(
+            "| {title}: configuration | {unit} | added over no probes | added / its floor's | \
+             added / empty probes' | BPF program ns | programs / floor's |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n"
+        );
+        for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
+            tables += &format!(
+                "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} |\n",
+                config.name,
+                added.added[index],
+                ratio(added.per_floor[index]),
+                ratio(added.per_bpftrace[index]),
+                program_medians[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+                ratio(program_floor(index))
+            );
+        }
+        tables += "\n";
+    }
+    let mut section =
+        String::from("## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)\n\n");
+    section += &format!(
+        "Same machine; command: `{}`. `tests/workloads/gobench.go` built by Debian's Go: \
+         `calls` calls a tiny Go function (`main.tiny`) {GO_CALLS} times; `switches` passes a \
+         token between two goroutines on one P over unbuffered channels {GO_ROUND_TRIPS} times \
+         each way, inside `main.pingpong` and `main.peer`, whose frames stay open, so every \
+         switch stops one goroutine's counters and starts the other's. {GO_ROUNDS} \
+         alternating rounds, median. Every tracer runs beside the workload (topdown with \
+         `stat -a`), so the kernel's run time of its uprobe programs (BPF statistics) over the \
+         workload's run is read too, per call or switch: the programs' own cost, which the \
+         machine's other load moves far less than the wall clock. The per-call floor is `topdown-floor -u --returns exit` \
+         (aya programs reading the same counters at the function's entry and at each `ret`). \
+         The per-switch floor is `topdown-floor --pmu MODEL --go-switches`, aya programs \
+         reading the same counters at the runtime functions topdown hooks (`runtime.gogo`, \
+         `mcall`, `morestack`, `goexit1`); `topdown-floor --go-switches` without `--pmu` \
+         attaches empty programs there instead. Uprobes trap into the kernel, and traps are \
+         slow in this VM: compare the ratios. 1-minute load average on the 2 vCPUs: {load_before} \
+         at the start, {} at the end.\n\n",
+        command_text(),
+        load_average()
+    );
+    section += &tables;
+    write_section("## Go: per-call and per-goroutine-switch cost", &section)
+}
+
+/// `/proc/loadavg`'s 1-minute figure, as the section's text gives it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// Runs one configuration and reads `field` (`ns_per_call=`) from the workload's output: the
+/// command itself, or `standalone` beside a tracer. With a tracer, also the kernel's run time
+/// of the tracer's uprobe programs over the workload's run, per `count` (`calls=`) of it: the
+/// probes' own cost, which other load on the machine does not move.
+fn measure_field(
+    run: &CallRun,
+    standalone: &[String],
+    field: &str,
+    count: &str,
+) -> Result<(f64, Option<f64>)> {
+    let _stats = enable_bpf_stats()?;
+    let (out, mut tracer, before) = match run {
+        CallRun::Alone(argv) => (
+            cmd::output(Command::new(&argv[0]).args(&argv[1..]))?,
+            None,
+            None,
+        ),
+        CallRun::Beside(argv) => {
+            let child = start_tracer(argv)?;
+            let before = uprobe_program_time(child.id());
+            let out = cmd::output(Command::new(&standalone[0]).args(&standalone[1..]));
+            (out?, Some(child), before)
+        }
+    };
+    let after = tracer
+        .as_ref()
+        .and_then(|child| uprobe_program_time(child.id()));
+    if let Some(child) = &mut tracer {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(child.id() as i32, 2) };
+        let _ = child.wait();
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let number = |name: &str| -> Result<f64> {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(name))
+            .and_then(|value| value.parse().ok())
+            .with_context(|| {
+                format!(
+                    "no {name} in output: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    let wall = number(field)?;
+    let program = match (before, after) {
+        (Some(before), Some(after)) if after > before => {
+            Some((after - before) as f64 / number(count)?)
+        }
+        _ => None,
+    };
+    Ok((wall, program))
+}
+
+/// The kernel's total run time (ns) of the uprobe programs process `pid` holds
+/// (`prog_type` 2, `BPF_PROG_TYPE_KPROBE`, in /proc/PID/fdinfo; BPF statistics on).
+fn uprobe_program_time(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let is_program = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
+        if !is_program {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            entry.file_name().to_string_lossy()
+        )) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        if field("prog_type:") == Some(2) {
+            total += field("run_time_ns:")?;
+        }
+    }
+    Some(total)
 }
 
 fn measure_calls(run: &CallRun, bench: &str) -> Result<f64> {

@@ -25,7 +25,7 @@ pub fn setup() -> Result<()> {
     )?;
     debian_packages(
         &GO_PACKAGES,
-        "`go tool pprof`, which reads --format pprof output in the export tests",
+        "the Go toolchain: it builds the Go function-probe tests' programs, and `go tool pprof` reads --format pprof output in the export tests",
     )?;
     debian_packages(
         &SAFETY_PACKAGES,

@@ -23,8 +23,9 @@ pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// at run time; its tests need it.
 pub const TEST_PACKAGES: [&str; 3] = ["prometheus", "tmux", "libpfm4"];
 
-/// Debian's Go toolchain: `go tool pprof` reads `--format pprof` output in the export tests
-/// (tests/tests/export.rs), the real consumer of profile.proto.
+/// Debian's Go toolchain (1.19 on bookworm): the Go function-probe tests build their Go
+/// programs with it at test time (standard library only, no network), and `go tool pprof`
+/// reads `--format pprof` output in the export tests (tests/tests/export.rs).
 pub const GO_PACKAGES: [&str; 1] = ["golang-go"];
 
 /// Debian packages of the real-program function-probe tests (tests/tests/real_programs.rs):

@@ -8,7 +8,10 @@
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
 //! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC; `-U
 //! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
-//! floor: the same two sites, the same counters, nothing else).
+//! floor: the same two sites, the same counters, nothing else); `--go-switches BINARY`
+//! attaches uprobes where topdown hooks that Go binary's goroutine switches
+//! (`topdown::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty ones
+//! without.
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -66,6 +69,11 @@ struct Args {
     /// --pmu; probes without semaphores only).
     #[arg(short = 'U')]
     usdt: Vec<String>,
+    /// A Go binary: a uprobe on each runtime function topdown hooks to follow its goroutines
+    /// (their switches, stack growth and exits), reading every counter with --pmu, empty
+    /// without.
+    #[arg(long = "go-switches")]
+    go_switches: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -269,6 +277,28 @@ fn attach(
     entry_points.extend(points.exits);
     for (name, list) in [(entry, &entry_points), (ret, &points.returns)] {
         let (points, load_time) = attach_uprobes(&mut ebpf, name, list, multi)?;
+        attached += points;
+        loading += load_time;
+    }
+    if let Some(binary) = &args.go_switches {
+        let go = symbols::elf::functions(binary)?.go.ok_or_else(|| {
+            fail(
+                Failure::Usage,
+                format!("--go-switches {}: not a Go binary", binary.display()),
+            )
+        })?;
+        let hooks: Vec<(PathBuf, u64)> = go
+            .hooks
+            .iter()
+            .map(|(offset, _)| (binary.clone(), *offset))
+            .collect();
+        // One link per point, as topdown attaches its runtime hooks.
+        let program = if counters.is_some() {
+            "floor_entry"
+        } else {
+            "empty_uprobe"
+        };
+        let (points, load_time) = attach_uprobes(&mut ebpf, program, &hooks, false)?;
         attached += points;
         loading += load_time;
     }

@@ -33,9 +33,9 @@ use aya::{
     },
 };
 use topdown_common::{
-    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, HistogramBucket, HistogramKey,
-    IndirectJump, MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result, kernel_offset,
-    names,
+    CallKey, CallStats, CgroupCounters, CpuState, FileAddress, GoroutineKey, HistogramBucket,
+    HistogramKey, IndirectJump, MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result,
+    kernel_offset, names,
 };
 
 use crate::{
@@ -239,6 +239,7 @@ impl Session {
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
             .map_max_entries(names::STACKS, config.max_stacks)
+            .map_max_entries(names::GO_STACKS, config.max_stacks)
             .map_max_entries(names::CALLS, config.max_calls)
             .map_max_entries(names::COUNTERS, counter_slots)
             .map_max_entries(names::GENERATIONS, possible_cpus)
@@ -435,14 +436,22 @@ impl Session {
             .unwrap_or(false);
         let pick =
             |single: &'static str, multiple: &'static str| if multi { multiple } else { single };
-        let entry = pick(names::PROG_FUNC_ENTRY, names::PROG_FUNC_ENTRY_MULTI);
-        let exit = pick(names::PROG_FUNC_EXIT, names::PROG_FUNC_EXIT_MULTI);
+        let native_entry = pick(names::PROG_FUNC_ENTRY, names::PROG_FUNC_ENTRY_MULTI);
+        let native_exit = pick(names::PROG_FUNC_EXIT, names::PROG_FUNC_EXIT_MULTI);
         let ret = pick(names::PROG_FUNC_RETURN, names::PROG_FUNC_RETURN_MULTI);
+        let go_entry = pick(names::PROG_GO_ENTRY, names::PROG_GO_ENTRY_MULTI);
+        let go_exit = pick(names::PROG_GO_EXIT, names::PROG_GO_EXIT_MULTI);
 
         type Points = Vec<UProbeAttachPoint<'static>>;
         let mut plan: std::collections::BTreeMap<(&'static str, &std::path::Path), Points> =
             std::collections::BTreeMap::new();
         for function in functions {
+            // Go functions keep their frames per goroutine (eBPF `goroutines`).
+            let (entry, exit) = if function.go {
+                (go_entry, go_exit)
+            } else {
+                (native_entry, native_exit)
+            };
             let points = function
                 .exits
                 .iter()
@@ -466,7 +475,7 @@ impl Session {
                 ));
             }
             let mut templates = Vec::new();
-            for program_name in [exit, ret, entry] {
+            for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
                 let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
                 let mut fd = None;
                 for ((name, target), target_points) in &plan {
@@ -516,7 +525,7 @@ impl Session {
                 .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
                 .collect()
         };
-        for program_name in [exit, ret, entry] {
+        for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
             let targets: Vec<_> = plan
                 .iter()
                 .filter(|((name, _), _)| *name == program_name)
@@ -601,6 +610,48 @@ impl Session {
         Ok(failed)
     }
 
+    /// Hooks the Go runtime of `target` at `hooks` (`(file offset, go_hook kind)`, see
+    /// `crate::symbols::go`): goroutine switches, morestack and goroutine exits, which the Go
+    /// function probes need. Attached before the functions' probes, detached with them.
+    pub fn attach_go_runtime(
+        &mut self,
+        target: &std::path::Path,
+        hooks: &[(u64, u64)],
+        processes: &[u32],
+    ) -> Result<()> {
+        let name = names::PROG_GO_RUNTIME;
+        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        if program.fd().is_err() {
+            let started = std::time::Instant::now();
+            program.load().map_err(load_error(name))?;
+            self.program_load_time += started.elapsed();
+        }
+        let scopes: Vec<UProbeScope> = if processes.is_empty() {
+            vec![UProbeScope::AllProcesses]
+        } else {
+            processes
+                .iter()
+                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
+                .collect()
+        };
+        for (offset, kind) in hooks {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(*offset),
+                cookie: Some(*kind),
+            };
+            for scope in &scopes {
+                let link = program.attach([point], target, *scope).with_context(|| {
+                    format!(
+                        "attaching the Go runtime hook at {offset:#x} of {}",
+                        target.display()
+                    )
+                })?;
+                self.function_links.push((name, link));
+            }
+        }
+        Ok(())
+    }
+
     /// `syscalls:sys_enter_exit`: a thread leaving by `pthread_exit` or cancellation has its
     /// open frames closed as unwound calls. Once per session.
     pub fn attach_thread_exit(&mut self) -> Result<()> {
@@ -639,7 +690,30 @@ impl Session {
                 first_error.get_or_insert(err);
             }
         }
+        // Goroutines switched and returned unseen while detached: their clocks and frames
+        // would mislead the next attachment.
+        if let Err(err) = self.clear_goroutine_stacks() {
+            first_error.get_or_insert(err);
+        }
         first_error.map_or(Ok(()), Err)
+    }
+
+    fn clear_goroutine_stacks(&mut self) -> Result<()> {
+        self.forget_goroutines(|_| true)
+    }
+
+    /// Deletes the shadow stacks of goroutines for which `gone` says so. One deleted meanwhile
+    /// by its goroutine's exit is gone either way.
+    fn forget_goroutines(&mut self, mut gone: impl FnMut(u32) -> bool) -> Result<()> {
+        let mut stacks: BpfHashMap<&mut MapData, GoroutineKey, topdown_common::GoStack> =
+            map_mut(&mut self.ebpf, names::GO_STACKS)?;
+        let goroutines: Vec<GoroutineKey> = stacks.keys().filter_map(Result::ok).collect();
+        for goroutine in goroutines {
+            if gone(goroutine.tgid) {
+                let _ = stacks.remove(&goroutine);
+            }
+        }
+        Ok(())
     }
 
     /// Total time the kernel has spent running this session's programs (needs BPF run-time
@@ -812,6 +886,14 @@ impl Session {
 
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         self.drain_exits();
+        // A Go process that ended leaves the stacks of its goroutines that never exited (the
+        // kernel side only sees goroutines end): free them, or a long `serve` fills the map.
+        let mut alive: HashMap<u32, bool> = HashMap::new();
+        self.forget_goroutines(|tgid| {
+            !*alive
+                .entry(tgid)
+                .or_insert_with(|| std::path::Path::new(&format!("/proc/{tgid}")).exists())
+        })?;
         let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =
             map_mut(&mut self.ebpf, names::TASKS)?;
         let (mut tids, mut counters) = (Vec::new(), Vec::new());
@@ -863,6 +945,7 @@ impl Session {
                 read_failures: sum.read_failures + cpu.read_failures,
                 tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
                 histogram_full: sum.histogram_full + cpu.histogram_full,
+                goroutine_switches_lost: sum.goroutine_switches_lost + cpu.goroutine_switches_lost,
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(&self.ebpf, names::CGROUPS)?;
@@ -934,6 +1017,9 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
         names::PROG_USDT_SITE,
+        names::PROG_GO_ENTRY,
+        names::PROG_GO_EXIT,
+        names::PROG_GO_RUNTIME,
     ] {
         program_mut::<UProbe>(&mut ebpf, name)?
             .load()

@@ -349,6 +349,11 @@ pub struct Diagnostics {
     /// stops at the jump.
     #[serde(default)]
     pub tail_calls_cut: u64,
+    /// Go: goroutines with open probed frames found on another thread than the one they were
+    /// last seen joining, without their leaving it seen; what they ran there is not in their
+    /// calls.
+    #[serde(default)]
+    pub goroutine_switches_lost: u64,
     /// Processes that moved themselves to another cgroup while the one they left was unknown:
     /// their counts since their CPU's last reading went to the cgroup they moved to.
     #[serde(default)]

@@ -336,6 +336,12 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.histogram_full
         );
     }
+    if d.goroutine_switches_lost > 0 {
+        text += &format!(
+            "note: {} times a goroutine with probed calls open was found on another thread without its leaving the last one seen: what it ran there is not in those calls\n",
+            d.goroutine_switches_lost
+        );
+    }
     if d.cgroup_map_full > 0 {
         text += &format!(
             "note: the cgroup map was full {} times: raise --max-cgroups\n",

@@ -43,6 +43,9 @@ pub struct FunctionSymbol {
     /// It reads its return address (itself or through a tail jump): a uretprobe would give
     /// it the kernel's trampoline instead (see [`x86::return_address_use`]).
     pub reads_return_address: bool,
+    /// A Go function, from `.gopclntab` (`super::go`); cgo's C functions in a Go binary are
+    /// not.
+    pub go: bool,
 }
 
 /// A file's functions, sorted by address, and where its loaded image ends.
@@ -59,6 +62,19 @@ pub struct FileFunctions {
     /// Names of `STT_GNU_IFUNC` symbols: their address is a resolver, not the code a call
     /// bound to the name runs (glibc's `memcpy` picks an implementation at load time).
     pub ifunc_names: std::collections::HashSet<String>,
+    /// A Go binary's runtime: what its Go functions' probes hook.
+    pub go: Option<GoRuntime>,
+}
+
+/// What the probes of a Go binary's functions need beyond the functions themselves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GoRuntime {
+    /// The Go release it was built with (`go1.19.8`).
+    pub version: String,
+    /// `(file offset, topdown_common::go_hook kind)` of the runtime hooks.
+    pub hooks: Vec<(u64, u64)>,
+    /// Functions that exist only inlined into others (no code of their own), by name.
+    pub inlined_only: Vec<String>,
 }
 
 impl FileFunctions {
@@ -95,7 +111,11 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             format!("{} is not an ELF file: {err}", path.display()),
         )
     })?;
-    refuse_go(&file, path)?;
+    let go = if super::go::is_go(&file) {
+        Some(super::go::read(&file, path)?)
+    } else {
+        None
+    };
     let segments: Vec<(u64, u64, u64)> = file
         .segments()
         .filter_map(|segment| {
@@ -125,10 +145,37 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             .with_context(|| format!("{} is not an ELF file", debug.display()))?;
         names.extend(symbols_of(&debug_file));
     }
+    // A Go binary's own functions come from its function table (the symbol table, when there
+    // is one, names the same ones); what lies outside them is cgo's C code.
+    let mut go_refused: HashMap<u64, &'static str> = HashMap::new();
+    if let Some(go) = &go {
+        // The function table names every instantiation of a generic function `pkg.F[...]`;
+        // a symbol table, when there is one, names its type arguments' shapes.
+        let shapes: HashMap<u64, String> = names
+            .iter()
+            .filter(|(name, _, _)| name.contains('['))
+            .map(|(name, address, _)| (*address, name.clone()))
+            .collect();
+        names.retain(|(_, address, _)| !go.covers(*address));
+        for function in &go.functions {
+            let name = match shapes.get(&function.address) {
+                Some(shaped)
+                    if function.name.contains("[...]")
+                        && shaped.split('[').next() == function.name.split('[').next() =>
+                {
+                    shaped.clone()
+                }
+                _ => function.name.clone(),
+            };
+            names.push((name, function.address, function.size));
+            go_refused.insert(function.address, function.refused.unwrap_or_default());
+        }
+    }
     let mut functions: Vec<FunctionSymbol> = names
         .into_iter()
         .filter_map(|(name, address, size)| {
             to_offset(address).map(|offset| FunctionSymbol {
+                go: go_refused.contains_key(&address),
                 name,
                 aliases: Vec::new(),
                 address,
@@ -211,6 +258,9 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             };
             code_at(function.address, size).or_else(|| code_at(function.address, 15))
         });
+        for function in functions.iter_mut().filter(|function| function.go) {
+            go_function_probes(function, go_refused.get(&function.address).copied());
+        }
     }
     let image_end = segments
         .iter()
@@ -238,6 +288,15 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
         imports,
         bound: HashMap::new(),
         ifunc_names,
+        go: go.map(|go| GoRuntime {
+            version: go.version,
+            hooks: go
+                .hooks
+                .iter()
+                .filter_map(|(address, kind)| Some((to_offset(*address)?, *kind)))
+                .collect(),
+            inlined_only: go.inlined_only,
+        }),
     })
 }
 
@@ -279,6 +338,26 @@ fn mark_return_address_readers<'a>(
         .collect();
     for (function, reads) in functions.iter_mut().zip(reads) {
         function.reads_return_address = reads;
+    }
+}
+
+/// A Go function's probes: the jump back to its first instruction after the prologue's
+/// `runtime.morestack` call is no exit (the function starts again on the grown stack, the
+/// same call), and a function topdown cannot follow (`super::go`), or whose exits were not
+/// decoded, is refused: Go functions never get a uretprobe.
+fn go_function_probes(function: &mut FunctionSymbol, refused: Option<&'static str>) {
+    let start = function.address;
+    if let Some(exits) = &mut function.exits {
+        exits.retain(|exit| exit.kind != x86::ExitKind::Jump(start));
+    }
+    let refused = refused.filter(|why| !why.is_empty()).or_else(|| {
+        function
+            .exits
+            .is_none()
+            .then_some("its code could not be decoded")
+    });
+    if let Some(why) = refused {
+        function.entry_probe = Some(x86::ProbeCheck::Refused(why));
     }
 }
 
@@ -327,25 +406,6 @@ fn symbols_of(file: &object::File<'_>) -> Vec<(String, u64, u64)> {
             ))
         })
         .collect()
-}
-
-/// uretprobes corrupt Go programs: the Go runtime moves goroutine stacks, so the return
-/// address the kernel planted is copied to a stack that no longer holds it.
-fn refuse_go(file: &object::File<'_>, path: &Path) -> Result<()> {
-    let is_go = file.section_by_name(".go.buildinfo").is_some()
-        || file.section_by_name(".note.go.buildid").is_some()
-        || file.section_by_name(".gopclntab").is_some();
-    if is_go {
-        return Err(fail(
-            Failure::Usage,
-            format!(
-                "{} is a Go binary: uretprobes corrupt goroutine stacks (the Go runtime moves \
-                 stacks), so topdown refuses to probe it",
-                path.display()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// The separate debug file of a stripped binary: `.gnu_debuglink` (next to it, in `.debug/`,

@@ -45,7 +45,7 @@ pub fn names(raw: &str) -> Names {
     Names {
         raw: raw.to_owned(),
         display: raw.to_owned(),
-        aliases: Vec::new(),
+        aliases: go_generic_aliases(raw),
         with_hash: None,
     }
 }
@@ -73,6 +73,38 @@ impl Names {
             }
         }
     }
+}
+
+/// A Go generic function's instantiations are named by their type-argument shapes
+/// (`main.Sum[go.shape.int_0]`, `main.(*List[go.shape.string_0]).Push`); they also answer to
+/// the name as the source writes it (`main.Sum`, `main.(*List).Push`) and as Go's tracebacks
+/// print it (`main.Sum[...]`). Nothing for names without brackets.
+fn go_generic_aliases(raw: &str) -> Vec<String> {
+    if !raw.contains('[') {
+        return Vec::new();
+    }
+    let (mut bare, mut elided) = (String::new(), String::new());
+    let mut depth = 0usize;
+    for c in raw.chars() {
+        match c {
+            '[' => {
+                if depth == 0 {
+                    elided.push_str("[...]");
+                }
+                depth += 1;
+            }
+            ']' if depth > 0 => depth -= 1,
+            _ if depth == 0 => {
+                bare.push(c);
+                elided.push(c);
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 || bare.is_empty() {
+        return Vec::new();
+    }
+    vec![bare, elided]
 }
 
 /// `ns::Parser::parse(std::string const&) const` -> `ns::Parser::parse`: cut at the `(` that
@@ -188,6 +220,28 @@ mod tests {
         versioned.add_symbol_aliases(&[]);
         assert!(matches("memcpy", &versioned));
         assert!(matches("memcpy@GLIBC_2.2.5", &versioned));
+    }
+
+    #[test]
+    fn go_generic_instantiations_answer_to_their_source_names() {
+        let sum = names("main.Sum[go.shape.int_0]");
+        assert_eq!(sum.display, "main.Sum[go.shape.int_0]");
+        assert!(matches("main.Sum", &sum));
+        assert!(matches("main.Sum[...]", &sum));
+        assert!(matches("main.Sum[go.shape.int_0]", &sum));
+        assert!(matches("main.S*", &sum));
+        assert!(!matches("main.Su", &sum));
+        let method = names("main.(*List[go.shape.string_0,go.shape.int_1]).Push");
+        assert!(matches("main.(*List).Push", &method));
+        assert!(matches("main.(*List[...]).Push", &method));
+        // Plain Go names are exact, their `*` included (a glob matching itself).
+        let plain = names("net/http.(*conn).serve");
+        assert!(plain.aliases.is_empty());
+        assert!(matches("net/http.(*conn).serve", &plain));
+        assert!(!matches(
+            "net/http.(*conn).serve",
+            &names("net/http.(*connReader).serve")
+        ));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::{
 const PROGRESS_FROM: usize = 20_000;
 
 pub mod elf;
+pub mod go;
 pub mod matching;
 pub mod plt;
 pub mod target;
@@ -92,6 +93,8 @@ pub struct ResolvedFunction {
     pub entry_probe: Option<x86::ProbeCheck>,
     /// It reads its return address: no uretprobe for it.
     pub reads_return_address: bool,
+    /// A Go function (`symbols::go`): probed per goroutine, at its exit instructions.
+    pub go: bool,
 }
 
 /// The functions to probe, and every function of their files (tail-call targets).
@@ -142,11 +145,39 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
             .filter(|(_, names)| matching::matches(&spec.function, names))
             .collect();
         if matched.is_empty() {
+            // A Go function inlined into every caller has no code: say so rather than "no
+            // such function".
+            let inlined: Vec<&String> = code
+                .get(&path)
+                .and_then(|file| file.go.as_ref())
+                .map(|go| {
+                    go.inlined_only
+                        .iter()
+                        .filter(|name| matching::matches(&spec.function, &matching::names(name)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !inlined.is_empty() {
+                return Err(fail(
+                    Failure::Usage,
+                    format!(
+                        "-u {}:{}: {}",
+                        spec.target,
+                        spec.function,
+                        inlined
+                            .iter()
+                            .map(|name| go::inlined_only_message(name))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ));
+            }
             let hint = close_matches(&spec.function, functions);
+            let go = code.get(&path).is_some_and(|file| file.go.is_some());
             return Err(fail(
                 Failure::Usage,
                 format!(
-                    "-u {}:{}: no function of {} matches{}",
+                    "-u {}:{}: no function of {} matches{}{}",
                     spec.target,
                     spec.function,
                     path.display(),
@@ -154,6 +185,12 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                         String::new()
                     } else {
                         format!(" (did you mean {}?)", hint.join(", "))
+                    },
+                    if go {
+                        " (a Go function the compiler inlined into every caller, or left out \
+                         as unused, has no code in the binary)"
+                    } else {
+                        ""
                     }
                 ),
             ));
@@ -178,6 +215,7 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
                 ranges: function.ranges.clone(),
                 entry_probe: function.entry_probe.clone(),
                 reads_return_address: function.reads_return_address,
+                go: function.go,
             };
             if seen.insert((entry.target.clone(), entry.offset)) {
                 resolved.push((entry, names.clone()));
@@ -336,6 +374,7 @@ mod tests {
                 ranges: Vec::new(),
                 entry_probe: None,
                 reads_return_address: false,
+                go: false,
             };
             (function, names)
         };

@@ -1,0 +1,399 @@
+//! Go function probes: the frames of `functions`, kept per goroutine instead of per thread.
+//!
+//! - A goroutine is its `g` pointer: R14 in every Go function (the register calling convention
+//!   of Go 1.17+ on amd64), and the `g` of the `gobuf` that `runtime.gogo` resumes.
+//! - Its frames' stack pointers are `SP - g.stack.hi`: the runtime copies a growing stack to a
+//!   new place, which moves `SP` and `stack.hi` together, so a frame keeps its value and the
+//!   order of frames is that of their stack pointers.
+//! - Its counters advance only while it runs on a thread: `GoStack::clock` holds them while it
+//!   is off every thread, and their offset from the thread's virtual counters while it runs.
+//!   It leaves a thread at `runtime.mcall` (parking, yielding, preemption, exiting, a panic's
+//!   recovery) and `runtime.morestack` (the prologue's stack check, which may grow the stack
+//!   or reschedule), and joins one at `runtime.gogo`: one reading each, as `sched_switch`
+//!   reads at a thread's switch, only for goroutines with open frames.
+//! - `runtime.morestack` runs the function again from its first instruction, on the grown
+//!   stack: the second entry at the same depth is the same call (`frame_flags::RESTARTING`).
+//! - A panic recovered above probed frames resumes the goroutine (`gogo`) at a stack pointer
+//!   above them, and `runtime.Goexit` ends the goroutine (`goexit1`) with frames open: both
+//!   close those frames as unwound calls, with the goroutine's counters at that moment.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{BPF_NOEXIST, pt_regs},
+    helpers::bpf_probe_read_user,
+    macros::uprobe,
+    programs::ProbeContext,
+};
+use topdown_common::{
+    GoStack, GoroutineKey, MAX_COUNTERS, MAX_DEPTH, ShadowStack, exit_point, frame_flags, go_hook,
+    go_layout,
+};
+
+use crate::{
+    counters::current_ids,
+    functions::{
+        attach_cookie, close_below, enter, frame_index, indirect_jump, leave, probe_stats,
+        probed_task, virtual_counters,
+    },
+    maps::{GO_STACKS, NUM_COUNTERS, ZERO_GO_STACK, global},
+};
+
+/// The registers the Go probes read.
+struct GoRegisters {
+    /// R14: the running goroutine's `g` in Go functions.
+    g: u64,
+    sp: u64,
+}
+
+#[inline(always)]
+fn registers(regs: *mut pt_regs) -> Option<GoRegisters> {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        // SAFETY: the probe context's registers are readable.
+        let (g, sp) = unsafe { ((*regs).r14, (*regs).rsp) };
+        Some(GoRegisters { g, sp })
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        let _ = regs;
+        None
+    }
+}
+
+#[inline(always)]
+fn read_user(address: u64) -> Option<u64> {
+    // SAFETY: a user address read through the helper, which fails cleanly.
+    match unsafe { bpf_probe_read_user(address as *const u64) } {
+        Ok(value) => Some(value),
+        Err(_) => {
+            if let Some(stats) = probe_stats() {
+                stats.read_failures += 1;
+            }
+            None
+        }
+    }
+}
+
+/// `sp` as a Go frame's position: its distance below the goroutine's stack top, negated.
+#[inline(always)]
+fn frame_position(g: u64, sp: u64) -> Option<u64> {
+    let hi = read_user(g.wrapping_add(go_layout::G_STACK_HI))?;
+    Some(sp.wrapping_sub(hi))
+}
+
+/// Goroutine `g` of the current process.
+#[inline(always)]
+fn key(g: u64) -> GoroutineKey {
+    let (_, tgid) = current_ids();
+    GoroutineKey { g, tgid, _pad: 0 }
+}
+
+#[inline(always)]
+fn existing(g: u64) -> Option<&'static mut GoStack> {
+    let stack = GO_STACKS.get_ptr_mut(&key(g))?;
+    // SAFETY: a live map value; only probes running on this goroutine's thread touch it
+    // (a goroutine runs on one thread at a time).
+    Some(unsafe { &mut *stack })
+}
+
+#[inline(always)]
+fn existing_or_new(g: u64) -> Option<&'static mut GoStack> {
+    if let Some(stack) = existing(g) {
+        return Some(stack);
+    }
+    let zero = ZERO_GO_STACK.get_ptr(0)?;
+    // SAFETY: a map value of the right type.
+    if GO_STACKS
+        .insert(&key(g), unsafe { &*zero }, BPF_NOEXIST as u64)
+        .is_err()
+    {
+        if let Some(stats) = probe_stats() {
+            stats.map_full += 1;
+        }
+        return None;
+    }
+    existing(g)
+}
+
+/// The goroutine's virtual counters into `stack.virtual_now`, joining it to thread `tid`
+/// first if it is not running there with a known offset.
+#[inline(always)]
+fn goroutine_counters(
+    stack: &mut ShadowStack,
+    thread: &mut u32,
+    clock: &mut [u64; MAX_COUNTERS],
+    joined: &mut [u64; MAX_COUNTERS],
+    tid: u32,
+) -> bool {
+    if !virtual_counters(&mut stack.now, &mut stack.virtual_now, tid) {
+        return false;
+    }
+    let used = global(&NUM_COUNTERS) as usize;
+    if *thread != tid {
+        // Running elsewhere as far as its probes know: it left that thread by a way not
+        // hooked, and what it ran there since it joined is lost.
+        let lost = *thread != 0;
+        if lost && let Some(stats) = probe_stats() {
+            stats.goroutine_switches_lost += 1;
+        }
+        let mut slot = 0;
+        while slot < MAX_COUNTERS && slot < used {
+            if lost {
+                clock[slot] = joined[slot];
+            }
+            joined[slot] = clock[slot];
+            clock[slot] = clock[slot].wrapping_sub(stack.virtual_now[slot]);
+            slot += 1;
+        }
+        *thread = tid;
+    }
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        stack.virtual_now[slot] = stack.virtual_now[slot].wrapping_add(clock[slot]);
+        slot += 1;
+    }
+    true
+}
+
+#[uprobe]
+pub fn go_entry(ctx: ProbeContext) -> u32 {
+    on_go_entry(&ctx)
+}
+
+#[uprobe(multi)]
+pub fn go_entry_multi(ctx: ProbeContext) -> u32 {
+    on_go_entry(&ctx)
+}
+
+#[uprobe]
+pub fn go_exit(ctx: ProbeContext) -> u32 {
+    on_go_exit(&ctx)
+}
+
+#[uprobe(multi)]
+pub fn go_exit_multi(ctx: ProbeContext) -> u32 {
+    on_go_exit(&ctx)
+}
+
+/// The runtime's goroutine switches and exits (`go_hook` kind in the cookie).
+#[uprobe]
+pub fn go_runtime(ctx: ProbeContext) -> u32 {
+    let Some(registers) = registers(ctx.regs) else {
+        return 0;
+    };
+    match attach_cookie(ctx.as_ptr()) {
+        go_hook::GOGO => joins(registers.sp),
+        go_hook::MCALL => leaves(registers.g, None),
+        go_hook::MORESTACK => leaves(registers.g, Some(registers.sp.wrapping_add(8))),
+        go_hook::GOEXIT => ends(registers.g),
+        _ => {}
+    }
+    0
+}
+
+#[inline(always)]
+fn on_go_entry(ctx: &ProbeContext) -> u32 {
+    let Some((tid, _)) = probed_task() else {
+        return 0;
+    };
+    let Some(registers) = registers(ctx.regs) else {
+        return 0;
+    };
+    let Some(position) = frame_position(registers.g, registers.sp) else {
+        return 0;
+    };
+    let cookie = attach_cookie(ctx.as_ptr());
+    let Some(go) = existing_or_new(registers.g) else {
+        return 0;
+    };
+    let depth = go.stack.depth as usize;
+    if depth == 0 {
+        // An outermost call: the goroutine's counters start again from zero here.
+        go.thread = 0;
+        let used = global(&NUM_COUNTERS) as usize;
+        let mut slot = 0;
+        while slot < MAX_COUNTERS && slot < used {
+            go.clock[slot] = 0;
+            slot += 1;
+        }
+    } else if depth <= MAX_DEPTH {
+        let top = &mut go.stack.frames[frame_index(depth - 1)];
+        if top.tail_calling & frame_flags::RESTARTING != 0
+            && top.sp == position
+            && top.function == cookie as u32
+        {
+            // The prologue's morestack ran it again from its start: the same call.
+            top.tail_calling &= !frame_flags::RESTARTING;
+            return 0;
+        }
+    }
+    let GoStack {
+        stack,
+        thread,
+        clock,
+        joined,
+        ..
+    } = go;
+    enter(stack, cookie, position, |stack| {
+        goroutine_counters(stack, thread, clock, joined, tid)
+    });
+    0
+}
+
+#[inline(always)]
+fn on_go_exit(ctx: &ProbeContext) -> u32 {
+    let cookie = attach_cookie(ctx.as_ptr());
+    let function = exit_point::function(cookie);
+    let mut kind = exit_point::kind(cookie);
+    if kind == exit_point::INDIRECT {
+        match indirect_jump(ctx.regs, exit_point::index(cookie)) {
+            Some(decided) => kind = decided,
+            None => return 0,
+        }
+    }
+    let Some((tid, tgid)) = probed_task() else {
+        return 0;
+    };
+    let Some(registers) = registers(ctx.regs) else {
+        return 0;
+    };
+    let Some(go) = existing(registers.g) else {
+        return 0;
+    };
+    if go.stack.depth == 0 {
+        return 0;
+    }
+    let Some(position) = frame_position(registers.g, registers.sp) else {
+        return 0;
+    };
+    let GoStack {
+        stack,
+        thread,
+        clock,
+        joined,
+        ..
+    } = go;
+    leave(stack, tgid, position, function, kind, |stack| {
+        goroutine_counters(stack, thread, clock, joined, tid)
+    });
+    0
+}
+
+/// `runtime.gogo(buf)`: the goroutine of `buf` joins this thread at `buf.sp`. Frames below
+/// that stack pointer were left without returning (a recovered panic resumes the frame that
+/// deferred the recovering call): they end here, unwound.
+#[inline(always)]
+fn joins(sp: u64) {
+    let Some(buf) = read_user(sp.wrapping_add(8)) else {
+        return;
+    };
+    let Some(g) = read_user(buf.wrapping_add(go_layout::GOBUF_G)) else {
+        return;
+    };
+    let Some(go) = existing(g) else {
+        return;
+    };
+    if go.stack.depth == 0 {
+        return;
+    }
+    let Some((tid, tgid)) = probed_task() else {
+        return;
+    };
+    let GoStack {
+        stack,
+        thread,
+        clock,
+        joined,
+        ..
+    } = go;
+    if !goroutine_counters(stack, thread, clock, joined, tid) {
+        // Not joined: its next probe joins it, and what it runs until then is not in its
+        // calls.
+        if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+        return;
+    }
+    let Some(resumed) = read_user(buf.wrapping_add(go_layout::GOBUF_SP)) else {
+        return;
+    };
+    let Some(position) = frame_position(g, resumed) else {
+        return;
+    };
+    // Frames strictly below the resumed stack pointer; the function that morestack runs again
+    // resumes exactly at its own frame, which stays open.
+    close_below(stack, tgid, position.wrapping_sub(1));
+}
+
+/// `runtime.mcall` and `runtime.morestack`: goroutine `g` leaves this thread; its counters
+/// stop. At morestack, `entry_sp` is the stack pointer the calling function had at its first
+/// instruction: if that function's frame is open, its next entry is the same call.
+#[inline(always)]
+fn leaves(g: u64, entry_sp: Option<u64>) {
+    let Some(go) = existing(g) else {
+        return;
+    };
+    let depth = go.stack.depth as usize;
+    if depth == 0 || depth > MAX_DEPTH {
+        return;
+    }
+    if let Some(entry_sp) = entry_sp {
+        let Some(position) = frame_position(g, entry_sp) else {
+            return;
+        };
+        let top = &mut go.stack.frames[frame_index(depth - 1)];
+        if top.sp == position {
+            top.tail_calling |= frame_flags::RESTARTING;
+        }
+    }
+    let Some((tid, _)) = probed_task() else {
+        return;
+    };
+    if go.thread != tid {
+        return;
+    }
+    let used = global(&NUM_COUNTERS) as usize;
+    // Its counters since it joined cannot be known if the reading fails: it leaves with those
+    // it joined with.
+    let read = virtual_counters(&mut go.stack.now, &mut go.stack.virtual_now, tid);
+    if !read && let Some(stats) = probe_stats() {
+        stats.read_failures += 1;
+    }
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        go.clock[slot] = if read {
+            go.clock[slot].wrapping_add(go.stack.virtual_now[slot])
+        } else {
+            go.joined[slot]
+        };
+        slot += 1;
+    }
+    go.thread = 0;
+}
+
+/// `runtime.goexit1`: goroutine `g` ends. Frames still open were left by `runtime.Goexit`
+/// (after its deferred calls): they end here, unwound. The `g` may serve a later goroutine, so
+/// its stack goes.
+#[inline(always)]
+fn ends(g: u64) {
+    let Some(go) = existing(g) else {
+        return;
+    };
+    if go.stack.depth > 0
+        && let Some((tid, tgid)) = probed_task()
+    {
+        let GoStack {
+            stack,
+            thread,
+            clock,
+            joined,
+            ..
+        } = go;
+        if goroutine_counters(stack, thread, clock, joined, tid) {
+            close_below(stack, tgid, u64::MAX);
+        } else if let Some(stats) = probe_stats() {
+            stats.read_failures += 1;
+        }
+    }
+    let _ = GO_STACKS.remove(&key(g));
+}
