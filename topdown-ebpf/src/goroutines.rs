@@ -20,7 +20,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::bpf_probe_read_user,
+    helpers::{bpf_probe_read_user, generated::bpf_loop},
     macros::uprobe,
     programs::ProbeContext,
 };
@@ -32,7 +32,7 @@ use topdown_common::{
 use crate::{
     counters::current_ids,
     functions::{
-        attach_cookie, close_below, enter, frame_index, indirect_jump, leave, probe_stats,
+        attach_cookie, close_top, enter, frame_index, indirect_jump, leave, probe_stats,
         probed_task, virtual_counters,
     },
     maps::{GO_STACKS, NUM_COUNTERS, ZERO_GO_STACK, global},
@@ -181,14 +181,86 @@ pub fn go_runtime(ctx: ProbeContext) -> u32 {
     let Some(registers) = registers(ctx.regs) else {
         return 0;
     };
-    match attach_cookie(ctx.as_ptr()) {
+    let hook = attach_cookie(ctx.as_ptr());
+    let to_close = match hook {
         go_hook::GOGO => joins(registers.sp),
-        go_hook::MCALL => leaves(registers.g, None),
-        go_hook::MORESTACK => leaves(registers.g, Some(registers.sp.wrapping_add(8))),
+        go_hook::MCALL => {
+            leaves(registers.g, None);
+            None
+        }
+        go_hook::MORESTACK => {
+            leaves(registers.g, Some(registers.sp.wrapping_add(8)));
+            None
+        }
         go_hook::GOEXIT => ends(registers.g),
-        _ => {}
+        _ => None,
+    };
+    if let Some((g, tgid, limit_sp)) = to_close {
+        close_frames(key(g), tgid, limit_sp);
+    }
+    if hook == go_hook::GOEXIT {
+        // The `g` may serve a later goroutine, so its stack goes.
+        let _ = GO_STACKS.remove(&key(registers.g));
     }
     0
+}
+
+/// Frames a hook leaves to close as unwound, with the counters in its stack's `virtual_now`:
+/// the goroutine's `g`, its process, and the frame position at or below which they end.
+type ToClose = Option<(u64, u32, u64)>;
+
+/// What `close_step` needs: the goroutine's stack is looked up again in each step.
+#[repr(C)]
+struct Closing {
+    key: GoroutineKey,
+    tgid: u32,
+    _pad: u32,
+    limit_sp: u64,
+}
+
+/// Closes, as unwound calls, the goroutine's frames whose position is at or below `limit_sp`,
+/// innermost first. Through `bpf_loop` (Linux 5.17), as spans close theirs: the verifier walks
+/// one close once, where an unrolled loop of `MAX_DEPTH` closes, each adding to a per-call
+/// histogram, took `go_runtime` past its 1M-instruction budget.
+#[inline(always)]
+fn close_frames(key: GoroutineKey, tgid: u32, limit_sp: u64) {
+    let mut closing = Closing {
+        key,
+        tgid,
+        _pad: 0,
+        limit_sp,
+    };
+    // SAFETY: `close_step` has the callback signature bpf_loop expects, and `closing` outlives
+    // the call.
+    unsafe {
+        bpf_loop(
+            MAX_DEPTH as u32,
+            close_step as *mut core::ffi::c_void,
+            (&raw mut closing).cast(),
+            0,
+        );
+    }
+}
+
+/// One step of `close_frames`: 0 to go on, 1 to stop.
+extern "C" fn close_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `close_frames` passes a `Closing` on its stack.
+    let closing = unsafe { &*context.cast::<Closing>() };
+    let Some(go) = GO_STACKS.get_ptr_mut(&closing.key) else {
+        return 1;
+    };
+    // SAFETY: a live map value; only probes on this goroutine's thread touch it.
+    let stack = unsafe { &mut (*go).stack };
+    let depth = stack.depth as usize;
+    if depth == 0 || depth > MAX_DEPTH || stack.frames[frame_index(depth - 1)].sp > closing.limit_sp
+    {
+        return 1;
+    }
+    if close_top(stack, closing.tgid, true) {
+        0
+    } else {
+        1
+    }
 }
 
 #[inline(always)]
@@ -283,22 +355,14 @@ fn on_go_exit(ctx: &ProbeContext) -> u32 {
 /// that stack pointer were left without returning (a recovered panic resumes the frame that
 /// deferred the recovering call): they end here, unwound.
 #[inline(always)]
-fn joins(sp: u64) {
-    let Some(buf) = read_user(sp.wrapping_add(8)) else {
-        return;
-    };
-    let Some(g) = read_user(buf.wrapping_add(go_layout::GOBUF_G)) else {
-        return;
-    };
-    let Some(go) = existing(g) else {
-        return;
-    };
+fn joins(sp: u64) -> ToClose {
+    let buf = read_user(sp.wrapping_add(8))?;
+    let g = read_user(buf.wrapping_add(go_layout::GOBUF_G))?;
+    let go = existing(g)?;
     if go.stack.depth == 0 {
-        return;
+        return None;
     }
-    let Some((tid, tgid)) = probed_task() else {
-        return;
-    };
+    let (tid, tgid) = probed_task()?;
     let GoStack {
         stack,
         thread,
@@ -312,17 +376,13 @@ fn joins(sp: u64) {
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
-        return;
+        return None;
     }
-    let Some(resumed) = read_user(buf.wrapping_add(go_layout::GOBUF_SP)) else {
-        return;
-    };
-    let Some(position) = frame_position(g, resumed) else {
-        return;
-    };
+    let resumed = read_user(buf.wrapping_add(go_layout::GOBUF_SP))?;
+    let position = frame_position(g, resumed)?;
     // Frames strictly below the resumed stack pointer; the function that morestack runs again
     // resumes exactly at its own frame, which stays open.
-    close_below(stack, tgid, position.wrapping_sub(1));
+    Some((g, tgid, position.wrapping_sub(1)))
 }
 
 /// `runtime.mcall` and `runtime.morestack`: goroutine `g` leaves this thread; its counters
@@ -372,28 +432,27 @@ fn leaves(g: u64, entry_sp: Option<u64>) {
 }
 
 /// `runtime.goexit1`: goroutine `g` ends. Frames still open were left by `runtime.Goexit`
-/// (after its deferred calls): they end here, unwound. The `g` may serve a later goroutine, so
-/// its stack goes.
+/// (after its deferred calls): they end here, unwound (the caller then removes its stack).
 #[inline(always)]
-fn ends(g: u64) {
-    let Some(go) = existing(g) else {
-        return;
-    };
-    if go.stack.depth > 0
-        && let Some((tid, tgid)) = probed_task()
-    {
-        let GoStack {
-            stack,
-            thread,
-            clock,
-            joined,
-            ..
-        } = go;
-        if goroutine_counters(stack, thread, clock, joined, tid) {
-            close_below(stack, tgid, u64::MAX);
-        } else if let Some(stats) = probe_stats() {
+fn ends(g: u64) -> ToClose {
+    let go = existing(g)?;
+    if go.stack.depth == 0 {
+        return None;
+    }
+    let (tid, tgid) = probed_task()?;
+    let GoStack {
+        stack,
+        thread,
+        clock,
+        joined,
+        ..
+    } = go;
+    if goroutine_counters(stack, thread, clock, joined, tid) {
+        Some((g, tgid, u64::MAX))
+    } else {
+        if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
+        None
     }
-    let _ = GO_STACKS.remove(&key(g));
 }
