@@ -22,6 +22,7 @@ struct GoPrograms {
     funcs: PathBuf,
     funcs_stripped: PathBuf,
     cgo: PathBuf,
+    bench: PathBuf,
 }
 
 fn sources() -> PathBuf {
@@ -76,6 +77,7 @@ fn programs() -> Option<&'static GoPrograms> {
                 funcs: build("gofuncs.go", "gofuncs", &[]),
                 funcs_stripped: build("gofuncs.go", "gofuncs-stripped", &stripped),
                 cgo: build("gocgo.go", "gocgo", &[]),
+                bench: build("gobench.go", "gobench", &[]),
             })
         })
         .as_ref()
@@ -576,4 +578,63 @@ fn cgo_functions_are_native_code_inside_go_calls() {
         (Some(9), 45)
     );
     assert_eq!(c_work["return_probe"], "exit");
+}
+
+/// Whether process `pid` has hit a uprobe: the kernel maps its `[uprobes]` page (the
+/// out-of-line execution area) into a process at its first breakpoint hit.
+fn hit_a_uprobe(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|err| panic!("/proc/{pid}/maps: {err}"))
+        .contains("[uprobes]")
+}
+
+/// `-- CMD` on a Go program probes only the command's processes (issue 21's scope rule), the
+/// runtime hooks included: another process of the same binary, switching goroutines all the
+/// while, never traps. With `-p` of that process, it does (the oracle can see a hit).
+#[test]
+fn an_untraced_go_process_never_traps() {
+    let _serial = serial();
+    let Some(programs) = ready() else {
+        return;
+    };
+    let program = path(&programs.bench);
+    let spawn_switching = || {
+        let child = Command::new(program)
+            .args(["switches", "1000000000"])
+            .env("GOMAXPROCS", "1")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Killed however the test ends.
+        KillOnDrop(child)
+    };
+    let beside = spawn_switching();
+    let spec = format!("{program}:main.tiny");
+    let (output, report) = stat(&["-u", &spec, "--", program, "calls", "100000"]);
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("calls=100000"),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(function(&report, "main.tiny")["calls"], 100000);
+    assert!(
+        !hit_a_uprobe(beside.0.id()),
+        "the untraced Go process hit a probe while topdown traced another one"
+    );
+    // The same probes given to that process with -p: it traps at once (its goroutine switches
+    // reach the runtime hooks).
+    let traced = spawn_switching();
+    let pid = traced.0.id().to_string();
+    stat(&["-u", &spec, "-p", &pid, "-d", "1"]);
+    assert!(hit_a_uprobe(traced.0.id()), "-p {pid}: no probe hit");
+    assert!(!hit_a_uprobe(beside.0.id()));
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

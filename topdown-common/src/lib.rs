@@ -79,6 +79,7 @@ pub mod names {
     pub const PROG_GO_EXIT: &str = "go_exit";
     pub const PROG_GO_EXIT_MULTI: &str = "go_exit_multi";
     pub const PROG_GO_RUNTIME: &str = "go_runtime";
+    pub const PROG_GO_RUNTIME_MULTI: &str = "go_runtime_multi";
     pub const GO_STACKS: &str = "GO_STACKS";
     pub const STACKS: &str = "STACKS";
     pub const CALLS: &str = "CALLS";
@@ -110,7 +111,7 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 23] = [
+    pub const PROGRAMS: [&str; 24] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -134,6 +135,7 @@ pub mod names {
         PROG_GO_EXIT,
         PROG_GO_EXIT_MULTI,
         PROG_GO_RUNTIME,
+        PROG_GO_RUNTIME_MULTI,
     ];
 
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";

@@ -178,6 +178,17 @@ pub fn go_exit_multi(ctx: ProbeContext) -> u32 {
 /// The runtime's goroutine switches and exits (`go_hook` kind in the cookie).
 #[uprobe]
 pub fn go_runtime(ctx: ProbeContext) -> u32 {
+    on_go_runtime(&ctx)
+}
+
+/// `go_runtime` in the traced processes only (`-- CMD`: a link per followed process).
+#[uprobe(multi)]
+pub fn go_runtime_multi(ctx: ProbeContext) -> u32 {
+    on_go_runtime(&ctx)
+}
+
+#[inline(always)]
+fn on_go_runtime(ctx: &ProbeContext) -> u32 {
     let Some(registers) = registers(ctx.regs) else {
         return 0;
     };

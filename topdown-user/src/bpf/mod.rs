@@ -619,6 +619,26 @@ impl Session {
         hooks: &[(u64, u64)],
         processes: &[u32],
     ) -> Result<()> {
+        if let Some(followed) = self.followed.clone() {
+            // `-- CMD`: the hooks go into the command's processes only, like its functions: an
+            // untraced Go program's goroutine switches never trap.
+            let name = names::PROG_GO_RUNTIME_MULTI;
+            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+            if program.fd().is_err() {
+                let started = std::time::Instant::now();
+                program.load().map_err(load_error(name))?;
+                self.program_load_time += started.elapsed();
+            }
+            let fd = program
+                .fd()
+                .map_err(|err| anyhow!("{name}: {err}"))?
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating a program fd")?;
+            let template =
+                process_links::LinkTemplate::new(std::sync::Arc::new(fd), target, hooks, false)?;
+            return followed.add(vec![template]);
+        }
         let name = names::PROG_GO_RUNTIME;
         let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
         if program.fd().is_err() {
