@@ -359,6 +359,77 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
     }
 }
 
+/// `-- CMD` puts its USDT sites into the command's processes only (issue 21's scope rule): an
+/// untraced process of the same binary keeps its semaphore at 0 and never traps, while the
+/// command's guarded probe fires at every call.
+#[test]
+fn an_untraced_process_keeps_its_semaphore_at_zero() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let program = &programs().no_pie;
+    let watcher = Command::new(program)
+        .arg("watch")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut watcher = KilledOnDrop::new(watcher);
+    let pid = watcher.child().id();
+    let mut input = watcher.child().stdin.take().unwrap();
+    let mut lines = BufReader::new(watcher.child().stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let mut semaphore = move || -> String {
+        writeln!(input, "?").unwrap();
+        lines.next().unwrap().unwrap()
+    };
+    assert_eq!(semaphore(), "semaphore 0");
+    let out = std::env::temp_dir().join(format!("topdown-usdt-beside-{}.json", std::process::id()));
+    // The command fires its guarded probe 25 times, then stays a while so the watcher is
+    // asked while topdown's probes are attached.
+    let script = format!("{} guarded 25 && sleep 2", program.display());
+    let tracer = topdown()
+        .args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "--format",
+            "json",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("-U")
+        .arg(format!("{}:test:guarded", program.display()))
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut tracer = KilledOnDrop::new(tracer);
+    wait_until_counting(tracer.child(), Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        semaphore(),
+        "semaphore 0",
+        "while topdown traced the command"
+    );
+    let status = tracer.child().wait().unwrap();
+    assert!(status.success(), "{status}");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut tracer.child().stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(stdout, "fired 25\n");
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(report["usdt"][0]["hits"], 25, "{}", report["usdt"]);
+    assert_eq!(semaphore(), "semaphore 0", "after topdown");
+    assert!(
+        !std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .contains("[uprobes]"),
+        "the untraced process hit a probe"
+    );
+}
+
 /// Python's own collection counts (gc.get_stats, read before the interpreter exits without
 /// finalising) against spans between python:gc__start and gc__done keyed by the generation,
 /// an argument on the stack (`-4@112(%rsp)`), in Debian's non-PIE python3.11, whose probes

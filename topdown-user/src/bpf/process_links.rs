@@ -54,6 +54,9 @@ pub struct LinkTemplate {
     path: CString,
     offsets: Vec<u64>,
     cookies: Vec<u64>,
+    /// USDT semaphores (`ref_ctr_offsets`, one per offset), or empty: the kernel raises each
+    /// in the linked process only.
+    ref_ctr_offsets: Vec<u64>,
     returns: bool,
 }
 
@@ -71,8 +74,24 @@ impl LinkTemplate {
                 .map_err(|_| anyhow!("{} has a NUL byte", path.display()))?,
             offsets: points.iter().map(|(offset, _)| *offset).collect(),
             cookies: points.iter().map(|(_, cookie)| *cookie).collect(),
+            ref_ctr_offsets: Vec::new(),
             returns,
         })
+    }
+
+    /// The same probes with a semaphore file offset per point (0: none), in point order.
+    pub fn with_ref_ctr_offsets(mut self, offsets: Vec<u64>) -> Result<Self> {
+        if offsets.len() != self.offsets.len() {
+            return Err(anyhow!(
+                "{} semaphore offsets for {} probes",
+                offsets.len(),
+                self.offsets.len()
+            ));
+        }
+        if offsets.iter().any(|offset| *offset != 0) {
+            self.ref_ctr_offsets = offsets;
+        }
+        Ok(self)
     }
 
     /// The link of these probes for process `pid`.
@@ -83,6 +102,11 @@ impl LinkTemplate {
             path: self.path.as_ptr() as u64,
             offsets: self.offsets.as_ptr() as u64,
             cookies: self.cookies.as_ptr() as u64,
+            ref_ctr_offsets: if self.ref_ctr_offsets.is_empty() {
+                0
+            } else {
+                self.ref_ctr_offsets.as_ptr() as u64
+            },
             cnt: self.offsets.len() as u32,
             multi_flags: if self.returns {
                 BPF_F_UPROBE_MULTI_RETURN

@@ -125,6 +125,38 @@ impl Session {
                 None => groups.push((key, vec![point])),
             }
         }
+        if multi && let Some(followed) = self.followed.clone() {
+            // `-- CMD`: the sites go into the command's processes only, like its functions, so
+            // an untraced process of the same binary neither traps nor has its semaphores
+            // raised.
+            let mut templates = Vec::with_capacity(groups.len());
+            for ((target, retprobe), points) in &groups {
+                let owned = program
+                    .try_clone_to_owned()
+                    .context("duplicating a program fd")?;
+                let offsets: Vec<(u64, u64)> = points
+                    .iter()
+                    .map(|point| (point.offset, point.cookie))
+                    .collect();
+                templates.push(
+                    super::process_links::LinkTemplate::new(
+                        std::sync::Arc::new(owned),
+                        target,
+                        &offsets,
+                        *retprobe,
+                    )?
+                    .with_ref_ctr_offsets(
+                        points.iter().map(|point| point.ref_ctr_offset).collect(),
+                    )?,
+                );
+            }
+            followed.add(templates)?;
+            return Ok(UsdtLinks {
+                _fds: Vec::new(),
+                mode: AttachMode::Multi,
+                links: groups.len(),
+            });
+        }
         for ((target, retprobe), points) in &groups {
             for pid in &pids {
                 if multi {
