@@ -319,3 +319,86 @@ fn probing_whole_libraries_changes_no_program() {
          traced runs, {before:.1} ns before"
     );
 }
+
+/// SIGINT and SIGTERM while topdown reads symbols and attaches (whole copies of libc and
+/// libstdc++: over a second of set-up here) end it within a second, with status 128 + signal
+/// and one line saying so, and nothing stays attached: a process started afterwards that
+/// calls into the copies never hits a breakpoint (the kernel maps its `[uprobes]` page into a
+/// process at its first hit).
+#[test]
+fn a_signal_while_setting_up_ends_topdown_at_once() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("probe-safety-signals");
+    std::fs::create_dir_all(&lib).unwrap();
+    for soname in ["libc.so.6", "libstdc++.so.6"] {
+        std::fs::copy(system_library(soname), lib.join(soname)).unwrap();
+    }
+    for (signal, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let mut tracer = topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl"])
+            .arg("-u")
+            .arg(format!("{}:*", lib.join("libc.so.6").display()))
+            .arg("-u")
+            .arg(format!("{}:*", lib.join("libstdc++.so.6").display()))
+            .args(["--", "sleep", "30"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        let signalled = Instant::now();
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(tracer.id() as i32, signal) };
+        let mut waited = None;
+        while signalled.elapsed() < Duration::from_secs(10) {
+            if let Some(exit) = tracer.try_wait().unwrap() {
+                waited = Some((exit, signalled.elapsed()));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let Some((exit, took)) = waited else {
+            let _ = tracer.kill();
+            let _ = tracer.wait();
+            panic!("signal {signal}: topdown still ran 10 s later");
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut tracer.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(
+            !stderr.contains("topdown: counting"),
+            "set-up ended within 150 ms: nothing tested\n{stderr}"
+        );
+        assert_eq!(exit.code(), Some(status), "signal {signal}: {stderr}");
+        assert!(
+            took < Duration::from_secs(1),
+            "signal {signal}: ended {took:?} after it"
+        );
+        assert_eq!(
+            stderr.trim_end().lines().last(),
+            Some(
+                "topdown: interrupted while setting up (reading symbols, attaching): nothing was \
+                 counted and nothing is left attached"
+            ),
+            "{stderr}"
+        );
+    }
+    // Calls into both copies from a fresh process: no breakpoint left behind.
+    let probe = Command::new("python3")
+        .args([
+            "-c",
+            "import ctypes, sys; ctypes.CDLL('libstdc++.so.6'); \
+             print(open('/proc/self/maps').read().count('[uprobes]'))",
+        ])
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout),
+        "0\n",
+        "{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+}

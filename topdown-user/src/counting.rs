@@ -553,6 +553,8 @@ impl CountingSession {
             return;
         };
         let started = std::time::Instant::now();
+        // A signal while calibrating ends topdown at once (`crate::interrupt`).
+        let phase = crate::interrupt::set(crate::interrupt::Phase::Calibrating);
         let calibrated = calibrate_probes(Setup {
             groups: pending.groups,
             plan: &self.plan,
@@ -562,6 +564,7 @@ impl CountingSession {
             calls: pending.calls,
             weight_slot: pending.weight_slot,
         });
+        crate::interrupt::set(phase);
         if let Some(calibration) = calibrated {
             let run = CalibrationRun {
                 at,

@@ -18,6 +18,7 @@ pub mod distribution;
 pub mod error;
 pub mod exit_plan;
 pub mod follow;
+pub mod interrupt;
 pub mod list;
 pub mod output;
 pub mod pmu;

@@ -45,6 +45,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
         terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
     };
+    // Until counting starts, reading symbols and attaching can take many seconds: a signal ends
+    // topdown at once there (`crate::interrupt`), with nothing attached.
+    crate::interrupt::guard_setup().context("installing the set-up signal handler")?;
     let scope = scope_of(&args);
     // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
     // a report is complete: a run that fails before counting leaves the last result in place.
@@ -137,6 +140,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         CalibrateAt::FirstReport
     };
     let mut session = prepared.start(&args.counting, targets, verbose, calibrate_at)?;
+    // From here a signal ends the counting with a report (the event loop takes it).
+    crate::interrupt::set(crate::interrupt::Phase::Counting);
     let command_pid = match pending {
         Some(pending) => {
             session.mark_command_start()?;
