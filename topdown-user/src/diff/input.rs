@@ -133,12 +133,18 @@ fn file_name(target: &str) -> &str {
         .unwrap_or(target)
 }
 
+/// `kind: key`, or the kind alone for kinds without a key (their key is empty).
 fn span_name(span: &SpanRecord) -> String {
     let key = match &span.key {
         serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Null => String::new(),
         other => other.to_string(),
     };
-    format!("{}: {key}", span.kind)
+    if key.is_empty() {
+        span.kind.clone()
+    } else {
+        format!("{}: {key}", span.kind)
+    }
 }
 
 pub fn edge_name(caller: Option<&str>, callee: &str) -> String {
@@ -302,4 +308,29 @@ pub fn check_comparable(runs: &[&Run]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(kind: &str, key: serde_json::Value) -> SpanRecord {
+        SpanRecord {
+            kind: kind.to_owned(),
+            key,
+            calls: 1,
+            counters: Counts::default(),
+        }
+    }
+
+    #[test]
+    fn spans_are_named_by_kind_and_key_or_kind_alone() {
+        assert_eq!(span_name(&span("batch", "".into())), "batch");
+        assert_eq!(span_name(&span("batch", serde_json::Value::Null)), "batch");
+        assert_eq!(
+            span_name(&span("query", "SELECT $1".into())),
+            "query: SELECT $1"
+        );
+        assert_eq!(span_name(&span("request", 42.into())), "request: 42");
+    }
 }
