@@ -118,6 +118,24 @@ pub(crate) fn virtual_counters(
     false
 }
 
+/// How `enter` and `leave` put the counters of what runs the frames (a thread, a goroutine)
+/// into `stack.virtual_now`. A trait whose method is always inlined, not a closure: the
+/// closure became a BPF subprogram of its own, and verifying `func_entry_multi` with it took
+/// more than the verifier's 1M instructions at level 2 (13 counters).
+pub(crate) trait ReadCounters {
+    fn read(self, stack: &mut ShadowStack) -> bool;
+}
+
+/// A thread's virtual counters (`virtual_counters`).
+pub(crate) struct ThreadCounters(pub u32);
+
+impl ReadCounters for ThreadCounters {
+    #[inline(always)]
+    fn read(self, stack: &mut ShadowStack) -> bool {
+        virtual_counters(&mut stack.now, &mut stack.virtual_now, self.0)
+    }
+}
+
 /// Only tasks whose counts are attributed to them can have meaningful virtual counters.
 #[inline(always)]
 pub(crate) fn probed_task() -> Option<(u32, u32)> {
@@ -335,22 +353,15 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
-    enter(stack, cookie, sp, |stack| {
-        virtual_counters(&mut stack.now, &mut stack.virtual_now, tid)
-    });
+    enter(stack, cookie, sp, ThreadCounters(tid));
     0
 }
 
 /// Pushes the frame of a call entering with the entry cookie `cookie` at stack pointer `sp`
 /// (or what stands for it: Go frames use their depth below the stack top), with the counters
-/// `read` puts into `stack.virtual_now`.
+/// `counters` puts into `stack.virtual_now`.
 #[inline(always)]
-pub(crate) fn enter(
-    stack: &mut ShadowStack,
-    cookie: u64,
-    sp: u64,
-    read: impl FnOnce(&mut ShadowStack) -> bool,
-) {
+pub(crate) fn enter(stack: &mut ShadowStack, cookie: u64, sp: u64, counters: impl ReadCounters) {
     let function = cookie as u32;
     // A live caller's frame has a higher stack pointer than any callee's entry, or the same
     // one when it tail-called this function. Any other frame at or below ours was left without
@@ -380,7 +391,7 @@ pub(crate) fn enter(
         }
         return;
     }
-    if !read(stack) {
+    if !counters.read(stack) {
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
         }
@@ -418,15 +429,13 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
     let entry_sp = stack_pointer(regs).wrapping_sub(sp_adjust);
-    leave(stack, tgid, entry_sp, function, kind, |stack| {
-        virtual_counters(&mut stack.now, &mut stack.virtual_now, tid)
-    });
+    leave(stack, tgid, entry_sp, function, kind, ThreadCounters(tid));
     0
 }
 
 /// The return part of `on_return` on a stack already found: `entry_sp` is the stack pointer
-/// the returning frame had at entry (for Go, its depth below the stack top), `read` puts the
-/// counters into `stack.virtual_now`.
+/// the returning frame had at entry (for Go, its depth below the stack top), `counters` puts
+/// into `stack.virtual_now`.
 #[inline(always)]
 pub(crate) fn leave(
     stack: &mut ShadowStack,
@@ -434,7 +443,7 @@ pub(crate) fn leave(
     entry_sp: u64,
     function: u32,
     kind: u64,
-    read: impl FnOnce(&mut ShadowStack) -> bool,
+    counters: impl ReadCounters,
 ) {
     // Frames deeper than the returning one lost their returns.
     let mut guard = 0;
@@ -487,7 +496,7 @@ pub(crate) fn leave(
     {
         stats.tail_calls_cut += 1;
     }
-    if !read(stack) {
+    if !counters.read(stack) {
         // Drop the frame: its numbers cannot be known.
         stack.depth -= 1;
         if let Some(stats) = probe_stats() {

@@ -32,8 +32,8 @@ use topdown_common::{
 use crate::{
     counters::current_ids,
     functions::{
-        attach_cookie, close_top, enter, frame_index, indirect_jump, leave, probe_stats,
-        probed_task, virtual_counters,
+        ReadCounters, attach_cookie, close_top, enter, frame_index, indirect_jump, leave,
+        probe_stats, probed_task, virtual_counters,
     },
     maps::{GO_STACKS, NUM_COUNTERS, ZERO_GO_STACK, global},
 };
@@ -274,6 +274,21 @@ extern "C" fn close_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     }
 }
 
+/// A goroutine's virtual counters (`goroutine_counters`) for `enter` and `leave`.
+struct GoroutineCounters<'a> {
+    thread: &'a mut u32,
+    clock: &'a mut [u64; MAX_COUNTERS],
+    joined: &'a mut [u64; MAX_COUNTERS],
+    tid: u32,
+}
+
+impl ReadCounters for GoroutineCounters<'_> {
+    #[inline(always)]
+    fn read(self, stack: &mut ShadowStack) -> bool {
+        goroutine_counters(stack, self.thread, self.clock, self.joined, self.tid)
+    }
+}
+
 #[inline(always)]
 fn on_go_entry(ctx: &ProbeContext) -> u32 {
     let Some((tid, _)) = probed_task() else {
@@ -317,9 +332,17 @@ fn on_go_entry(ctx: &ProbeContext) -> u32 {
         joined,
         ..
     } = go;
-    enter(stack, cookie, position, |stack| {
-        goroutine_counters(stack, thread, clock, joined, tid)
-    });
+    enter(
+        stack,
+        cookie,
+        position,
+        GoroutineCounters {
+            thread,
+            clock,
+            joined,
+            tid,
+        },
+    );
     0
 }
 
@@ -356,9 +379,19 @@ fn on_go_exit(ctx: &ProbeContext) -> u32 {
         joined,
         ..
     } = go;
-    leave(stack, tgid, position, function, kind, |stack| {
-        goroutine_counters(stack, thread, clock, joined, tid)
-    });
+    leave(
+        stack,
+        tgid,
+        position,
+        function,
+        kind,
+        GoroutineCounters {
+            thread,
+            clock,
+            joined,
+            tid,
+        },
+    );
     0
 }
 

@@ -992,8 +992,13 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
     let possible_cpus = aya::util::nr_cpus()
         .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
         .get();
+    // The programs' loops over counter slots run to `NUM_COUNTERS`, a constant to the
+    // verifier: verified with every slot in use, the largest a model can ask for, so a program
+    // that only a big model's run would find too complex fails here.
+    let num_counters = MAX_COUNTERS as u32;
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(names::COUNTERS, possible_cpus * MAX_COUNTERS as u32)
+        .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
         .load(EBPF_OBJECT)
         .map_err(|err| {
             fail(
@@ -1045,6 +1050,23 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             .load()
             .map_err(load_error(name))?;
         loaded.push(name);
+    }
+    // The uprobe.multi variants: the same code, verified with their own attach type, where the
+    // kernel has them (listed apart: `check` names the programs above).
+    if uprobe_multi_supported() {
+        for name in [
+            names::PROG_FUNC_ENTRY_MULTI,
+            names::PROG_FUNC_RETURN_MULTI,
+            names::PROG_FUNC_EXIT_MULTI,
+            names::PROG_USDT_SITE_MULTI,
+            names::PROG_GO_ENTRY_MULTI,
+            names::PROG_GO_EXIT_MULTI,
+            names::PROG_GO_RUNTIME_MULTI,
+        ] {
+            program_mut::<UProbe>(&mut ebpf, name)?
+                .load()
+                .map_err(load_error(name))?;
+        }
     }
     Ok(loaded)
 }
