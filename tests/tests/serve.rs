@@ -91,28 +91,33 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     })
     .expect("the exporter becomes healthy");
 
-    // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process named
-    // td-workload: retiring = 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring. And
-    // 77 getcwd, the -e event.
-    run_ok(Command::new(WORKLOAD).arg("getppid=1234,getpgid=400,getcwd=77")).unwrap();
-    let total =
-        r#"topdown_process_slots_total{category="total",comm="td-workload",model="intel-icl"}"#;
-    let retiring =
-        r#"topdown_process_slots_total{category="retiring",comm="td-workload",model="intel-icl"}"#;
+    // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process: retiring =
+    // 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring. And 77 getcwd, the -e event.
+    // The series are machine-wide by comm: the workload runs as a copy named for this test
+    // run, so another run of td-workload on the machine (another test binary, another
+    // checkout) adds nothing to them.
+    let comm = format!("td-prom-{}", std::process::id() % 1_000_000);
+    let copy = std::env::temp_dir().join(&comm);
+    std::fs::copy(WORKLOAD, &copy).unwrap();
+    let ran = run_ok(Command::new(&copy).arg("getppid=1234,getpgid=400,getcwd=77"));
+    let _ = std::fs::remove_file(&copy);
+    ran.unwrap();
+    let total = format!(
+        r#"topdown_process_slots_total{{category="total",comm="{comm}",model="intel-icl"}}"#
+    );
+    let retiring = format!(
+        r#"topdown_process_slots_total{{category="retiring",comm="{comm}",model="intel-icl"}}"#
+    );
+    let getcwd = format!(
+        r#"topdown_process_events_total{{comm="{comm}",event="syscalls:sys_enter_getcwd"}}"#
+    );
     let metrics = wait_for(Duration::from_secs(10), || {
         let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, total) == Some(1234.0)).then_some(body)
+        (sample(&body, &total) == Some(1234.0)).then_some(body)
     })
     .expect("the workload's 1234 slots in /metrics");
-    assert_eq!(sample(&metrics, retiring), Some(1234.0), "{metrics}");
-    assert_eq!(
-        sample(
-            &metrics,
-            r#"topdown_process_events_total{comm="td-workload",event="syscalls:sys_enter_getcwd"}"#
-        ),
-        Some(77.0),
-        "{metrics}"
-    );
+    assert_eq!(sample(&metrics, &retiring), Some(1234.0), "{metrics}");
+    assert_eq!(sample(&metrics, &getcwd), Some(77.0), "{metrics}");
     assert!(
         metrics.contains("topdown_cgroup_events_total{"),
         "{metrics}"
@@ -169,9 +174,11 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
         .spawn()
         .expect("prometheus (Debian's package)");
     let _prometheus = Reaped(prometheus);
-    let query = "/api/v1/query?query=topdown_process_slots_total%7Bcomm%3D%22td-workload%22%2Ccategory%3D%22total%22%7D";
+    let query = format!(
+        "/api/v1/query?query=topdown_process_slots_total%7Bcomm%3D%22{comm}%22%2Ccategory%3D%22total%22%7D"
+    );
     let stored = wait_for(Duration::from_secs(60), || {
-        let (status, body) = http_get(prometheus_port, query)?;
+        let (status, body) = http_get(prometheus_port, &query)?;
         let json: Value = serde_json::from_str(&body).ok()?;
         let value = json["data"]["result"][0]["value"][1].as_str()?.to_owned();
         (status == 200).then_some(value)
