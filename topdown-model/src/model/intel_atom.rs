@@ -123,8 +123,9 @@ impl IntelAtom {
             // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
             // Level 2 (lunarlake/pipeline.json, cpu_atom): FRONTEND_LATENCY 0x71/0x72,
             // FRONTEND_BANDWIDTH 0x71/0x8d, MISPREDICT 0x73/0x04, ALLOC_RESTRICTIONS 0x74/0x01.
-            // No MACHINE_CLEARS counter: 9 counters keep `synthetic:hybrid:intel-icl+intel-skt`
-            // within the 24 synthetic syscalls (15 + 9); `metrics` derives machine clears.
+            // MACHINE_CLEARS 0x73/0x03 (lunarlake/pipeline.json, cpu_atom
+            // TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS), last so the other counters keep their
+            // places (and their synthetic syscalls).
             Core::Skymont => vec![
                 (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
                 (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x019c)),
@@ -149,6 +150,10 @@ impl IntelAtom {
                 (
                     input::ALLOC_RESTRICTIONS,
                     CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
+                ),
+                (
+                    input::MACHINE_CLEARS,
+                    CounterSpec::raw(MACHINE_CLEARS, 0x0373).in_group(level_two),
                 ),
             ],
         }
@@ -245,16 +250,9 @@ impl Model for IntelAtom {
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
         // Skymont has the same formulas with width 8 (perf lunarlake/lnl-metrics.json, Unit
         // cpu_atom: tma_ifetch_latency, tma_ifetch_bandwidth, tma_branch_mispredicts,
-        // tma_machine_clears, tma_core_bound, tma_resource_bound), except Machine_Clears below.
-        let machine_clears = match self.core {
-            Core::Gracemont | Core::Crestmont => per_slot(input::MACHINE_CLEARS),
-            // Skymont opens no MACHINE_CLEARS counter (see `layout`). Perf's tma_machine_clears
-            // is MACHINE_CLEARS (0x73/0x03: NUKE 0x01 | FASTNUKE 0x02) / S; BAD_SPECULATION.ALL_P
-            // is the same event 0x73 with umask 0 (mispredicts or machine clears), and
-            // MISPREDICT is umask 0x04, so ALL_P - MISPREDICT counts what MACHINE_CLEARS
-            // counts. This is an inference from the umasks, not a perf formula.
-            Core::Skymont => ratio(get(input::BAD_SPECULATION) - get(input::MISPREDICT), slots),
-        };
+        // tma_machine_clears = TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS / slots, tma_core_bound,
+        // tma_resource_bound).
+        let machine_clears = per_slot(input::MACHINE_CLEARS);
         let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
         let resource_bound = backend.zip(core_bound).map(|(be, core)| be - core);
         for (name, value) in [
@@ -306,24 +304,37 @@ mod tests {
         assert_eq!(config("intel-grt", BAD_SPECULATION), None);
         assert_eq!(config("intel-skt", FRONTEND_LATENCY), raw(0x7271));
         assert_eq!(config("intel-skt", ALLOC_RESTRICTIONS), raw(0x0174));
-        assert_eq!(config("intel-skt", MACHINE_CLEARS), None);
+        assert_eq!(config("intel-skt", MACHINE_CLEARS), raw(0x0373));
     }
 
     #[test]
-    fn skymont_fits_nine_counters_and_derives_machine_clears() {
-        // 15 intel-icl counters + these must fit the 24 synthetic syscalls of
-        // `synthetic:hybrid:intel-icl+intel-skt`.
+    fn skymont_reads_machine_clears_from_its_own_counter() {
+        // perf's tma_machine_clears (lnl-metrics.json, cpu_atom): MACHINE_CLEARS / slots, not
+        // BAD_SPECULATION.ALL_P - MISPREDICT.
         let skt = IntelAtom::new(Core::Skymont);
-        assert_eq!(skt.counters().len(), 9);
+        assert_eq!(skt.counters().len(), 10);
+        assert_eq!(skt.at.of(input::MACHINE_CLEARS), Some(9));
         assert_eq!(skt.max_level(), 2);
-        // CLOCKS 100 (S = 800); BAD_SPECULATION.ALL 200, MISPREDICT 120: machine clears are
-        // (200 - 120)/800.
-        let metrics = skt.metrics(&[100, 0, 400, 0, 200, 0, 0, 120, 160], 2);
+        // CLOCKS 100 (S = 800); BAD_SPECULATION.ALL 200, MISPREDICT 120, MACHINE_CLEARS 50
+        // (the other 30 of bad speculation counted by neither sub-event).
+        let metrics = skt.metrics(&[100, 0, 400, 0, 200, 0, 0, 120, 160, 50], 2);
+        assert_eq!(metrics["bad_speculation"], Some(200.0 / 800.0));
         assert_eq!(metrics["branch_mispredicts"], Some(120.0 / 800.0));
-        assert_eq!(metrics["machine_clears"], Some(80.0 / 800.0));
+        assert_eq!(metrics["machine_clears"], Some(50.0 / 800.0));
         assert_eq!(metrics["core_bound"], Some(160.0 / 800.0));
         assert_eq!(metrics["memory_bound"], Some(240.0 / 800.0));
         assert_eq!(metrics["light_operations"], None);
+        // Level 1 opens none of the level-2 counters.
+        let level_one: Vec<_> = skt
+            .counters()
+            .into_iter()
+            .filter(|spec| spec.group == 0)
+            .map(|spec| spec.name)
+            .collect();
+        assert!(
+            !level_one.iter().any(|name| name == MACHINE_CLEARS),
+            "{level_one:?}"
+        );
     }
 
     #[test]
