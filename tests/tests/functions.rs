@@ -296,6 +296,27 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
     assert_eq!(report["overflows"].as_u64(), Some(36));
     // Counting after the overflow is exact again.
     assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
+
+    // Under uretprobes the kernel omits the returns past 64 nested instances per thread
+    // (`uprobe: omit uretprobe due to nestedness limit`): exactly the calls topdown does not
+    // record, so they are counted as overflows and nothing is misattributed or missed.
+    let report = stat(&[
+        "--returns",
+        "uretprobe",
+        "-u",
+        &format!("{c}:recurse"),
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        c,
+        "recurse",
+        "100",
+    ]);
+    assert_eq!(figures(function(&report, "recurse")), (64, 4384, 0, 100, 0));
+    assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(36));
+    assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(0));
+    assert_eq!(report["diagnostics"]["unmatched_returns"].as_u64(), Some(0));
+    assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
 }
 
 #[test]
