@@ -507,6 +507,15 @@ pub struct CountingArgs {
 }
 
 impl CountingArgs {
+    /// Whether any probe goes into traced processes (`-u`, `-U`, `--span`, `--postgres`): with
+    /// `-- CMD` they are scoped to the command's processes (`crate::follow`).
+    pub fn probes_processes(&self) -> bool {
+        !self.uprobes.is_empty()
+            || !self.usdt.is_empty()
+            || !self.spans.is_empty()
+            || self.postgres.is_some()
+    }
+
     /// `--returns`, with the hidden `--uretprobes` meaning `--returns uretprobe`.
     pub fn return_mode(&self) -> crate::unwinding::ReturnMode {
         if self.uretprobes {

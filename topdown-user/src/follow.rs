@@ -48,6 +48,24 @@ pub struct FollowStats {
     pub first_error: Mutex<Option<String>>,
 }
 
+/// Follows the held command `pid` so its probes go into its processes only: the tracer and
+/// the links it keeps per process. If ptrace is refused (topdown is traced itself, or a
+/// security module forbids it), says so and returns `None`: the probes are then attached
+/// machine-wide.
+pub fn follow_command(pid: u32) -> Option<(Follower, ProcessLinks)> {
+    let links = ProcessLinks::new();
+    match Follower::start(pid, links.clone()) {
+        Ok(follower) => Some((follower, links)),
+        Err(err) => {
+            eprintln!(
+                "topdown: cannot follow the command ({err:#}): its function and USDT probes are \
+                 attached machine-wide, so other processes mapping the probed files pay for them too"
+            );
+            None
+        }
+    }
+}
+
 /// The tracer thread; it ends by itself when no traced process is left.
 pub struct Follower {
     stats: Arc<FollowStats>,

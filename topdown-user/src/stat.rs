@@ -95,24 +95,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     };
     // Function probes and USDT sites of a command go to its processes only, followed with
     // ptrace.
-    let probes_processes = !args.counting.uprobes.is_empty()
-        || !args.counting.usdt.is_empty()
-        || !args.counting.spans.is_empty()
-        || args.counting.postgres.is_some();
     let follower = match &pending {
-        Some(pending) if probes_processes => {
-            let links = crate::bpf::ProcessLinks::new();
-            match crate::follow::Follower::start(pending.pid(), links.clone()) {
-                Ok(follower) => Some((follower, links)),
-                Err(err) => {
-                    eprintln!(
-                        "topdown: cannot follow the command ({err:#}): its function and USDT \
-                         probes are attached machine-wide, so other processes mapping the probed files pay \
-                         for them too"
-                    );
-                    None
-                }
-            }
+        Some(pending) if args.counting.probes_processes() => {
+            crate::follow::follow_command(pending.pid())
         }
         _ => None,
     };

@@ -67,6 +67,13 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
             )
         }
     };
+    // Function probes and USDT sites of a command go to its processes only, as in `stat`.
+    let follower = match &pending {
+        Some(pending) if args.counting.probes_processes() => {
+            crate::follow::follow_command(pending.pid())
+        }
+        _ => None,
+    };
     let targets = Targets {
         scope: scope.describe(),
         probe_processes: match &scope {
@@ -77,8 +84,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         tracked_tgids,
         functions_per_process: false,
         command: pending.as_ref().map(|pending| pending.program().to_owned()),
-        // `top -- CMD -u`: probes stay machine-wide (only `stat` follows the command).
-        followed: None,
+        followed: follower.as_ref().map(|(_, links)| links.clone()),
     };
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
@@ -232,6 +238,11 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         let _ = reap(pid);
     }
     drop(session);
+    // Nothing of the probes stays on the command's processes.
+    if let Some((follower, links)) = &follower {
+        links.clear();
+        follower.report();
+    }
     Ok(0)
 }
 
