@@ -333,9 +333,9 @@ pub fn idle_entries() -> Option<u64> {
 
 /// Context switches of PID 1's threads so far (voluntary and not, from
 /// /proc/1/task/*/status). The kernel reports none of the switches away from them on the test
-/// VM (README, Scope), so topdown marks PID 1 as leaving unseen and reads every switch into it:
-/// a bound on the readings a filtered run takes for it, which grows with what the machine's
-/// agent does (each command anyone runs).
+/// VM (docs/accuracy.md, Unseen switches), so topdown marks PID 1 as leaving unseen and reads
+/// every switch into it: a bound on the readings a filtered run takes for it, which grows with
+/// what the machine's agent does (each command anyone runs).
 pub fn pid1_switches() -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/1/task") else {
         return 0;

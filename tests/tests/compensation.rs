@@ -397,7 +397,7 @@ fn known_work_matches_its_unprobed_time_within_five_percent() {
     let w = path(&binaries().compensation);
     // ~0.5 ms of spinning per unit here: three probed calls (~40-50 us on this VM) are well
     // beyond 5% of it, and the traps' extra cost after long user work, which the back-to-back
-    // calibration does not see (~+40% per probed callee here, README), stays within it.
+    // calibration does not see (~+40% per probed callee here, docs/accuracy.md), stays within it.
     let units = 1000.0;
     let specs: Vec<String> = ["outer", "spin", "empty", "reference"]
         .iter()

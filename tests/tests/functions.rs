@@ -1030,10 +1030,11 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
 }
 
 /// A command that sleeps before each of its 3000 calls is woken on an idle CPU 3000 times. On
-/// the test VM about half of the switches away from idle fire no `sched_switch` (README,
-/// Scope), so the command often runs without its arrival being seen: with readings skipped at
-/// untraced switches (the default with `-- CMD`) it is credited from the reading taken when the
-/// CPU went idle, and its probes claim that, so every call and every count is still its own.
+/// the test VM about half of the switches away from idle fire no `sched_switch`
+/// (docs/accuracy.md, Unseen switches), so the command often runs without its arrival being
+/// seen: with readings skipped at untraced switches (the default with `-- CMD`) it is credited
+/// from the reading taken when the CPU went idle, and its probes claim that, so every call and
+/// every count is still its own.
 /// Before that, up to 7 of its calls (and counts) per run went to `untracked` here (4, 7 and 0
 /// in three runs).
 #[test]

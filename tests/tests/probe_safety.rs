@@ -227,7 +227,8 @@ fn probing_whole_libraries_changes_no_program() {
     let mut failures = Vec::new();
     for mechanism in ["auto", "exit", "uretprobe"] {
         // A uretprobe rewrites return addresses, so an exception unwinding through a probed
-        // frame aborts the program (README): forced uretprobes are not for code that throws.
+        // frame aborts the program (docs/accuracy.md, Return mechanisms): forced uretprobes are
+        // not for code that throws.
         let only: Vec<&str> = PROGRAMS
             .iter()
             .copied()

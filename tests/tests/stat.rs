@@ -970,10 +970,11 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
 }
 
 /// A traced command on CPU 0 beside an untraced spinner on every CPU, for a few seconds. On
-/// the test VM no switch away from PID 1's threads fires `sched_switch` (README, Scope), and
-/// they wake several times a second on the busy CPUs: one that preempts the spinner (a switch
-/// between untraced tasks, not read) and then hands the CPU to the command unseen leaves the
-/// command running with the delta since the last reading spanning several tasks. Processes
+/// the test VM no switch away from PID 1's threads fires `sched_switch` (docs/accuracy.md,
+/// Unseen switches), and they wake several times a second on the busy CPUs: one that preempts
+/// the spinner (a switch between untraced tasks, not read) and then hands the CPU to the command
+/// unseen leaves the command running with the delta since the last reading spanning several
+/// tasks. Processes
 /// whose switch-outs go unseen are found at the first one and read at every switch into them
 /// from then on (the second of warm-up before the command starts lets that happen), so the
 /// command keeps every call. Before that, 8 runs of this test out of 8 failed here, losing 33

@@ -1,6 +1,6 @@
 //! The cost of one region begin/end pair on this machine: `pair_cost [PAIRS]` prints
 //! `ns_per_pair=X path=P` for the model of `TOPDOWN_REGION_MODEL` (default software).
-//! README's "Regions in your own code" section quotes it (release build).
+//! docs/regions.md, "Regions or `-u`? Cost", quotes it (release build).
 
 fn main() {
     let pairs: u32 = std::env::args()

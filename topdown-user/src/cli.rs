@@ -427,7 +427,7 @@ pub struct CountingArgs {
 
     /// With -p, -- CMD or -G: read the counters at every context switch on the machine, as -a
     /// does, instead of only where a traced task leaves or arrives and where a CPU goes idle
-    /// (costlier; see README, Scope).
+    /// (costlier; see docs/usage.md, Scope).
     #[arg(long = "read-every-switch")]
     pub read_every_switch: bool,
 

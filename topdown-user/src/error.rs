@@ -5,7 +5,8 @@
 
 use std::fmt;
 
-/// Why topdown could not do what was asked. Each has its own exit status (see README).
+/// Why topdown could not do what was asked. Each has its own exit status (see docs/usage.md,
+/// Exit status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
     /// Bad option values or combinations.

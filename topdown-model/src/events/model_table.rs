@@ -10,7 +10,7 @@ use super::{EventAttr, EventKind, Exclude, PmuCatalog, pfm};
 
 /// libpfm PMU names this libpfm4 (4.13) lacks, and the topdown model whose counters cover their
 /// TopDown events. Granite Rapids' Redwood Cove cores count TopDown as Sapphire Rapids' do
-/// (one `intel-spr` model, README's model table).
+/// (one `intel-spr` model, docs/models.md's model table).
 const PMUS_LIBPFM_LACKS: &[(&str, &str)] = &[
     ("gnr", "intel-spr"),
     ("amd64_fam1ah_zen5", "amd-zen5"),

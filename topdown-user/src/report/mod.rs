@@ -360,7 +360,7 @@ pub struct Diagnostics {
     pub unsplit_migrations: u64,
     /// Tasks found running although no `sched_switch` reported their arrival (the kernel does
     /// not fire it for every switch); with `-p`, `-- CMD` or `-G` those arriving after an
-    /// untraced task's reading are credited from it (README, Scope).
+    /// untraced task's reading are credited from it (docs/accuracy.md, Unseen switches).
     #[serde(default)]
     pub unseen_switches: u64,
     /// Without BPF (`--no-bpf`): tasks of the command whose own counts could not be told apart

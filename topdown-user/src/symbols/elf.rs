@@ -500,7 +500,8 @@ mod tests {
         assert_eq!(cold_parent("foo.cold.x"), None);
     }
 
-    /// README: a bad probe target is a usage error (exit 2), a directory included.
+    /// A bad probe target is a usage error (exit 2; docs/usage.md, Exit status), a directory
+    /// included.
     #[test]
     fn a_directory_target_is_a_usage_error() {
         let dir = tempfile::tempdir().unwrap();
