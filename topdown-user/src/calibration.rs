@@ -45,12 +45,16 @@
 //! - run A, caller and empty both probed, `N` calls of the caller.
 //! - run B, only the caller probed, `N` calls: the caller's inclusive holds its body, the empty
 //!   function's unprobed body and `P`. Run A's caller held the same plus `T`, so
-//!   `T = (inclusive_A(caller) - inclusive_B(caller)) / N`.
+//!   `T = (inclusive_A(caller) - inclusive_B(caller)) / N`. B calls a second copy of the pair
+//!   (`topdown_calibration_lone_caller` and `topdown_calibration_lone_empty`, the same
+//!   instructions), whose callee is never probed, so that all three runs share one attachment.
 //!
-//! The calls are split into rounds alternating A and C (one attachment, taking turns) with B,
-//! each after a warm-up whose counts are left out (page faults, cold caches), so a drift of the
-//! machine's speed during the calibration weighs on all three alike. Each run's calls are
-//! measured in 32 pieces of a few ms, and each figure is the mean of the pieces' per-call means
+//! One attachment of the three probed functions serves all three runs: each detach waits for
+//! the kernel's grace periods (60-100 ms per detach here, next to ~2 ms of CPU), which, four
+//! times over, made a run ended by Ctrl-C wait more than a second for its report. After a
+//! warm-up whose counts are left out (page faults, cold caches), A, C and B take turns piece
+//! by piece, so a drift of the machine's speed during the calibration weighs on all three
+//! alike. Each run's calls are measured in 32 pieces of a few ms, and each figure is the mean of the pieces' per-call means
 //! without the fastest and slowest quarter (`trimmed_mean`): on the 2-vCPU test VM single
 //! pieces ran up to 40% slow or 20% fast (steal time, other tenants), a plain mean takes such
 //! a burst in by its length. Negative estimates (noise) become 0. Counters of a hybrid PMU
@@ -102,10 +106,8 @@ pub const CALIBRATION_CALLS: u64 = 16_000;
 pub const SYNTHETIC_CALIBRATION_CALLS: u64 = 2_048;
 /// Calls before each measured run, not counted.
 const WARM_UP_CALLS: u64 = 250;
-/// Rounds of A, B and C (module documentation) the calls are split into.
-const ROUNDS: u64 = 2;
-/// Pieces each round's calls are measured in (`trimmed_mean`).
-const PIECES: u64 = 16;
+/// Pieces each run's calls are measured in (`trimmed_mean`), the runs taking turns.
+const PIECES: u64 = 32;
 /// Share of the pieces left out at each end of the sorted per-call means.
 const TRIM: f64 = 0.25;
 
@@ -504,6 +506,27 @@ mod functions {
             empty = sym topdown_calibration_empty,
         )
     }
+
+    /// Run B's copy of the empty function: never probed.
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub extern "C" fn topdown_calibration_lone_empty() {
+        core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
+    }
+
+    /// Run B's copy of the caller: probed, its callee not.
+    #[unsafe(naked)]
+    #[unsafe(no_mangle)]
+    pub extern "C" fn topdown_calibration_lone_caller() {
+        core::arch::naked_asm!(
+            "push rbp",
+            "mov rbp, rsp",
+            "call {empty}",
+            "pop rbp",
+            "ret",
+            empty = sym topdown_calibration_lone_empty,
+        )
+    }
 }
 
 /// Where the calibration functions are: the file topdown runs from, their entries' file
@@ -515,13 +538,15 @@ struct Located {
     empty_ret: u64,
     caller: u64,
     caller_ret: u64,
+    lone_caller: u64,
+    lone_caller_ret: u64,
 }
 
+/// Checks that the caller at `caller_address` and the empty function at `empty_address` are
+/// the instructions written in `functions`, the one calling the other.
 #[cfg(target_arch = "x86_64")]
-fn locate() -> Result<Located> {
+fn check_pair(caller_address: usize, empty_address: usize) -> Result<()> {
     use functions::*;
-    let empty_address = topdown_calibration_empty as *const () as usize;
-    let caller_address = topdown_calibration_caller as *const () as usize;
     // SAFETY: reading the first bytes of two functions of this binary (mapped, readable code).
     let empty_bytes: [u8; 6] = unsafe { std::ptr::read_unaligned(empty_address as *const _) };
     // SAFETY: as above.
@@ -544,6 +569,20 @@ fn locate() -> Result<Located> {
              (empty: {empty_bytes:02x?}, caller: {caller_bytes:02x?})"
         );
     }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn locate() -> Result<Located> {
+    use functions::*;
+    let empty_address = topdown_calibration_empty as *const () as usize;
+    let caller_address = topdown_calibration_caller as *const () as usize;
+    let lone_caller_address = topdown_calibration_lone_caller as *const () as usize;
+    check_pair(caller_address, empty_address)?;
+    check_pair(
+        lone_caller_address,
+        topdown_calibration_lone_empty as *const () as usize,
+    )?;
     let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
     let offset_of = |address: usize| -> Result<u64> {
         for line in maps.lines() {
@@ -573,6 +612,7 @@ fn locate() -> Result<Located> {
     };
     let empty = offset_of(empty_address)?;
     let caller = offset_of(caller_address)?;
+    let lone_caller = offset_of(lone_caller_address)?;
     Ok(Located {
         // The kernel resolves the path in topdown's own process: the running file, even if it
         // was replaced on disk since.
@@ -581,6 +621,8 @@ fn locate() -> Result<Located> {
         empty_ret: empty + EMPTY_RET,
         caller,
         caller_ret: caller + CALLER_RET,
+        lone_caller,
+        lone_caller_ret: lone_caller + CALLER_RET,
     })
 }
 
@@ -592,10 +634,12 @@ fn locate() -> Result<Located> {
 /// Which calibration function a run's loop calls.
 #[derive(Clone, Copy, Debug)]
 enum Calls {
-    /// The caller, which calls the empty function once.
+    /// The caller, which calls the empty function once (run A).
     Caller,
-    /// The empty function itself, from an unprobed loop.
+    /// The empty function itself, from an unprobed loop (run C).
     Empty,
+    /// The lone caller, whose callee is never probed (run B).
+    LoneCaller,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -603,6 +647,7 @@ fn call(calls: Calls, times: u64) {
     let function: extern "C" fn() = std::hint::black_box(match calls {
         Calls::Caller => functions::topdown_calibration_caller,
         Calls::Empty => functions::topdown_calibration_empty,
+        Calls::LoneCaller => functions::topdown_calibration_lone_caller,
     });
     for _ in 0..times {
         function();
@@ -615,6 +660,7 @@ fn call(_calls: Calls, _times: u64) {}
 /// Function ids inside the calibration session (its own maps: they never meet the run's).
 const CALLER_ID: u32 = 0;
 const EMPTY_ID: u32 = 1;
+const LONE_CALLER_ID: u32 = 2;
 
 /// What the calibration needs from the run being started.
 pub struct Setup<'a> {
@@ -629,6 +675,11 @@ pub struct Setup<'a> {
     pub calls: u64,
     /// The run's `SessionConfig::weight_slot`.
     pub weight_slot: u32,
+    /// The run has stopped counting: the calibration session is dropped on a thread of its
+    /// own. Its detach waits ~100 ms for the kernel's grace periods on almost no CPU, which
+    /// the report need not wait for; a run still counting waits, so that none of the
+    /// calibration's programs runs beside it.
+    pub after_counting: bool,
 }
 
 /// Measures P and T (module documentation) for each mechanism on each core type.
@@ -672,7 +723,13 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
             .collect()
     };
     let mut costs = Vec::new();
-    for &mechanism in &setup.mechanisms {
+    for (index, &mechanism) in setup.mechanisms.iter().enumerate() {
+        // One mechanism's probes at a time on the same functions.
+        if index > 0 {
+            session
+                .detach_functions()
+                .context("detaching the calibration probes")?;
+        }
         let point = |id: u32, offset: u64, ret: u64| {
             let at = |offset: u64, cookie: u64| UprobeAt {
                 target: located.target.clone(),
@@ -691,46 +748,27 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
                 go: false,
             }
         };
-        let caller = point(CALLER_ID, located.caller, located.caller_ret);
-        let empty = point(EMPTY_ID, located.empty, located.empty_ret);
-        let both = [caller.clone(), empty.clone()];
-        // A, B and C alternate in rounds, so a drift of the machine's speed during the
-        // calibration lands in all three and cancels out of T = A - B.
-        let per_round = (setup.calls / ROUNDS).max(1);
-        let samples = (per_round / PIECES).max(1) * PIECES * ROUNDS;
-        let mut run_a: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
-        let mut run_b: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
-        let mut run_c: Vec<Vec<Piece>> = vec![Vec::new(); core_types.len()];
-        for _ in 0..ROUNDS {
-            // A and C share the attachment: the loop calling the empty function directly
-            // records it as called from outside any probed function.
-            let a_and_c = measure(
-                &mut session,
-                &both,
-                &[Calls::Caller, Calls::Empty],
-                &core_types,
-                per_round,
-                pid,
-            )?;
-            for ((a, c), mut loops) in run_a.iter_mut().zip(&mut run_c).zip(a_and_c) {
-                c.extend(loops.pop().unwrap_or_default());
-                a.extend(loops.pop().unwrap_or_default());
-            }
-            let b = measure(
-                &mut session,
-                std::slice::from_ref(&caller),
-                &[Calls::Caller],
-                &core_types,
-                per_round,
-                pid,
-            )?;
-            for (b, mut loops) in run_b.iter_mut().zip(b) {
-                b.extend(loops.pop().unwrap_or_default());
-            }
-        }
-        for ((core_type, cpu), ((a, b), c)) in
-            core_types.iter().zip(run_a.iter().zip(&run_b).zip(&run_c))
-        {
+        let probed = [
+            point(CALLER_ID, located.caller, located.caller_ret),
+            point(EMPTY_ID, located.empty, located.empty_ret),
+            point(LONE_CALLER_ID, located.lone_caller, located.lone_caller_ret),
+        ];
+        // A, C and B take turns piece by piece, so a drift of the machine's speed during the
+        // calibration lands in all three and cancels out of T = A - B. The loop calling the
+        // empty function directly (C) records it as called from outside any probed function.
+        let samples = (setup.calls / PIECES).max(1) * PIECES;
+        let runs = measure(
+            &mut session,
+            &probed,
+            &[Calls::Caller, Calls::Empty, Calls::LoneCaller],
+            &core_types,
+            setup.calls,
+            pid,
+        )?;
+        for ((core_type, cpu), loops) in core_types.iter().zip(&runs) {
+            let [a, c, b] = loops.as_slice() else {
+                bail!("the calibration measured {} runs, not 3", loops.len());
+            };
             let mean = |pieces: &[Piece], key: CallKey| -> Result<(u64, Vec<f64>)> {
                 let (recorded, means) = trimmed_mean(pieces, key, slot_names.len());
                 if recorded == 0 {
@@ -750,9 +788,8 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
             // function is; called from a probed caller (run A) it costs less here (module
             // documentation), which left a part of P in every function's figures.
             let (recorded, per_call) = mean(c, key(EMPTY_ID, ROOT_FUNCTION))?;
-            let caller_key = key(CALLER_ID, ROOT_FUNCTION);
-            let (_, with_callee) = mean(a, caller_key)?;
-            let (_, without_callee) = mean(b, caller_key)?;
+            let (_, with_callee) = mean(a, key(CALLER_ID, ROOT_FUNCTION))?;
+            let (_, without_callee) = mean(b, key(LONE_CALLER_ID, ROOT_FUNCTION))?;
             if log::log_enabled!(log::Level::Debug) {
                 let (_, nested) = mean(a, key(EMPTY_ID, CALLER_ID))?;
                 log::debug!(
@@ -783,7 +820,12 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
             });
         }
     }
-    drop(session);
+    if setup.after_counting {
+        // Not joined: at exit the kernel completes a close the thread has started.
+        std::thread::spawn(move || drop(session));
+    } else {
+        drop(session);
+    }
     log::info!(
         "probe-cost calibration took {:.0} ms",
         started.elapsed().as_secs_f64() * 1e3
@@ -849,7 +891,8 @@ fn key(function: u32, parent: u32) -> CallKey {
 
 /// Attaches `points`, runs the calibration calls on each core type and returns, per core type
 /// and per loop of `called`, what each of `PIECES` pieces of `calls` calls recorded (warm-up
-/// left out; the loops take turns piece by piece); detaches before returning.
+/// left out; the loops take turns piece by piece). The probes stay attached until the session
+/// is dropped: a detach here would wait for the kernel's grace periods once more.
 fn measure(
     session: &mut Session,
     points: &[FunctionProbes],
@@ -861,35 +904,31 @@ fn measure(
     session
         .attach_functions(points, &[pid])
         .context("attaching the calibration probes")?;
-    let measured = (|| {
-        let mut results = Vec::new();
-        for (_, cpu) in core_types {
-            for &loop_calls in called {
-                run_on(*cpu, loop_calls, WARM_UP_CALLS)?;
-            }
-            let mut before = session.snapshot()?;
-            let mut pieces = vec![Vec::new(); called.len()];
-            for _ in 0..PIECES {
-                for (&loop_calls, pieces) in called.iter().zip(&mut pieces) {
-                    run_on(*cpu, loop_calls, (calls / PIECES).max(1))?;
-                    let after = session.snapshot()?;
-                    let delta = Aggregate::since(&after, Some(&before));
-                    pieces.push(
-                        delta
-                            .calls
-                            .into_iter()
-                            .map(|call| (call.key, call))
-                            .collect(),
-                    );
-                    before = after;
-                }
-            }
-            results.push(pieces);
+    let mut results = Vec::new();
+    for (_, cpu) in core_types {
+        for &loop_calls in called {
+            run_on(*cpu, loop_calls, WARM_UP_CALLS)?;
         }
-        Ok(results)
-    })();
-    session.detach_functions()?;
-    measured
+        let mut before = session.snapshot()?;
+        let mut pieces = vec![Vec::new(); called.len()];
+        for _ in 0..PIECES {
+            for (&loop_calls, pieces) in called.iter().zip(&mut pieces) {
+                run_on(*cpu, loop_calls, (calls / PIECES).max(1))?;
+                let after = session.snapshot()?;
+                let delta = Aggregate::since(&after, Some(&before));
+                pieces.push(
+                    delta
+                        .calls
+                        .into_iter()
+                        .map(|call| (call.key, call))
+                        .collect(),
+                );
+                before = after;
+            }
+        }
+        results.push(pieces);
+    }
+    Ok(results)
 }
 
 /// Calls the calibration caller `times` times on a thread of its own, pinned to `cpu` if given.
