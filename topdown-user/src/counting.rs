@@ -563,6 +563,7 @@ impl CountingSession {
             hybrid_cpus: pending.hybrid_cpus,
             calls: pending.calls,
             weight_slot: pending.weight_slot,
+            after_counting: at == CalibratedAt::End,
         });
         crate::interrupt::set(phase);
         if let Some(calibration) = calibrated {

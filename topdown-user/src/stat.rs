@@ -191,6 +191,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     }
 
     let snapshot = session.snapshot(true)?;
+    // Counting is over: the detach runs beside the calibration and the report, so that a
+    // Ctrl-C is answered within a second with a whole libc probed.
+    let closing = session.bpf.close_in_background();
     let elapsed = started.elapsed();
     match &mut interval_state {
         Some(state) => {
@@ -218,6 +221,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     }
     output.commit()?;
     drop(session);
+    if closing.join().is_err() {
+        eprintln!("topdown: detaching the BPF programs panicked; the kernel detaches them at exit");
+    }
     // Nothing of the probes stays on the command's processes.
     if let Some((_, links)) = &follower {
         links.clear();

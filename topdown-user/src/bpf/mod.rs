@@ -150,7 +150,8 @@ pub struct Snapshot {
 
 /// A loaded and attached BPF session.
 pub struct Session {
-    ebpf: Ebpf,
+    /// `None` once closed (`close_in_background`).
+    ebpf: Option<Ebpf>,
     exits: RingBuf<MapData>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// Kept open for as long as the BPF side reads them.
@@ -344,7 +345,7 @@ impl Session {
             attach_sched_switch(&mut ebpf)?;
         }
         let mut session = Self {
-            ebpf,
+            ebpf: Some(ebpf),
             exits,
             logger,
             groups,
@@ -376,7 +377,7 @@ impl Session {
     /// are probed (`crate::exit_plan`), replacing what a previous attachment left.
     pub fn set_exit_maps(&mut self, plan: &Plan) -> Result<()> {
         let mut jumps: BpfHashMap<&mut MapData, u32, IndirectJump> =
-            map_mut(&mut self.ebpf, names::INDIRECT_JUMPS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::INDIRECT_JUMPS)?;
         let stale: Vec<u32> = jumps.keys().filter_map(Result::ok).collect();
         for key in stale {
             let _ = jumps.remove(&key);
@@ -387,7 +388,7 @@ impl Session {
                 .context("filling the indirect-jump map (too many indirect jumps?)")?;
         }
         let mut targets: BpfHashMap<&mut MapData, FileAddress, u8> =
-            map_mut(&mut self.ebpf, names::RETURN_TARGETS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::RETURN_TARGETS)?;
         let stale: Vec<FileAddress> = targets.keys().filter_map(Result::ok).collect();
         for key in stale {
             let _ = targets.remove(&key);
@@ -419,7 +420,9 @@ impl Session {
         let result = self.attach_functions_or_leave_some(functions, processes);
         if result.is_err() {
             for (program_name, link) in self.function_links.split_off(before).into_iter().rev() {
-                if let Ok(program) = program_mut::<UProbe>(&mut self.ebpf, program_name) {
+                if let Ok(program) = loaded(&mut self.ebpf)
+                    .and_then(|ebpf| program_mut::<UProbe>(ebpf, program_name))
+                {
                     let _ = program.detach(link);
                 }
             }
@@ -476,7 +479,7 @@ impl Session {
             }
             let mut templates = Vec::new();
             for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
-                let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
+                let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, program_name)?;
                 let mut fd = None;
                 for ((name, target), target_points) in &plan {
                     if *name != program_name {
@@ -533,7 +536,7 @@ impl Session {
             if targets.is_empty() {
                 continue;
             }
-            let program: &mut UProbe = program_mut(&mut self.ebpf, program_name)?;
+            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, program_name)?;
             if program.fd().is_err() {
                 let started = std::time::Instant::now();
                 program.load().map_err(load_error(program_name))?;
@@ -581,7 +584,7 @@ impl Session {
             return Ok(failed);
         }
         let name = names::PROG_FUNC_CATCH;
-        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
         if program.fd().is_err() {
             let started = std::time::Instant::now();
             program.load().map_err(load_error(name))?;
@@ -623,7 +626,7 @@ impl Session {
             // `-- CMD`: the hooks go into the command's processes only, like its functions: an
             // untraced Go program's goroutine switches never trap.
             let name = names::PROG_GO_RUNTIME_MULTI;
-            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
             if program.fd().is_err() {
                 let started = std::time::Instant::now();
                 program.load().map_err(load_error(name))?;
@@ -640,7 +643,7 @@ impl Session {
             return followed.add(vec![template]);
         }
         let name = names::PROG_GO_RUNTIME;
-        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
         if program.fd().is_err() {
             let started = std::time::Instant::now();
             program.load().map_err(load_error(name))?;
@@ -676,7 +679,7 @@ impl Session {
     /// open frames closed as unwound calls. Once per session.
     pub fn attach_thread_exit(&mut self) -> Result<()> {
         let name = names::PROG_THREAD_EXIT;
-        let program: &mut TracePoint = program_mut(&mut self.ebpf, name)?;
+        let program: &mut TracePoint = program_mut(loaded(&mut self.ebpf)?, name)?;
         if program.fd().is_ok() {
             return Ok(());
         }
@@ -700,8 +703,9 @@ impl Session {
         }
         let mut first_error = None;
         for (program_name, link) in std::mem::take(&mut self.function_links).into_iter().rev() {
-            let detached =
-                program_mut::<UProbe>(&mut self.ebpf, program_name).and_then(|program| {
+            let detached = loaded(&mut self.ebpf)
+                .and_then(|ebpf| program_mut::<UProbe>(ebpf, program_name))
+                .and_then(|program| {
                     program
                         .detach(link)
                         .with_context(|| format!("detaching {program_name} probes"))
@@ -726,7 +730,7 @@ impl Session {
     /// by its goroutine's exit is gone either way.
     fn forget_goroutines(&mut self, mut gone: impl FnMut(u32) -> bool) -> Result<()> {
         let mut stacks: BpfHashMap<&mut MapData, GoroutineKey, topdown_common::GoStack> =
-            map_mut(&mut self.ebpf, names::GO_STACKS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::GO_STACKS)?;
         let goroutines: Vec<GoroutineKey> = stacks.keys().filter_map(Result::ok).collect();
         for goroutine in goroutines {
             if gone(goroutine.tgid) {
@@ -736,12 +740,32 @@ impl Session {
         Ok(())
     }
 
+    /// Detaches every program and frees the maps on a thread of its own, for when counting is
+    /// over (the last snapshot taken): the kernel's unregistration of tracepoint and uprobe
+    /// links waits for RCU grace periods, 250-440 ms for a run probing a whole libc here, on
+    /// ~3 ms of CPU, which the report need not wait for. Reading the session afterwards is an
+    /// error; the counter fds stay open until it is dropped.
+    pub fn close_in_background(&mut self) -> std::thread::JoinHandle<()> {
+        let ebpf = self.ebpf.take();
+        let followed = self
+            .followed
+            .as_ref()
+            .map(ProcessLinks::take)
+            .unwrap_or_default();
+        // Ids into the programs going away with `ebpf`.
+        self.function_links.clear();
+        std::thread::spawn(move || {
+            drop(followed);
+            drop(ebpf);
+        })
+    }
+
     /// Total time the kernel has spent running this session's programs (needs BPF run-time
     /// statistics enabled, `aya::sys::enable_stats`), and how many runs.
     pub fn program_run_time(&self) -> Result<(Duration, u64)> {
         let mut total = Duration::ZERO;
         let mut runs = 0;
-        for (name, program) in self.ebpf.programs() {
+        for (name, program) in loaded_ref(&self.ebpf)?.programs() {
             // Programs never loaded (unused triggers) have no info.
             if let Ok(info) = program.info() {
                 total += info.run_time();
@@ -756,19 +780,18 @@ impl Session {
     /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
     pub fn track(&mut self, tgid: u32) -> Result<()> {
         let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
-            map_mut(&mut self.ebpf, names::TRACKED)?;
+            map_mut(loaded(&mut self.ebpf)?, names::TRACKED)?;
         tracked
             .insert(&tgid, &1, 0)
             .with_context(|| format!("tracking pid {tgid}"))?;
-        set_tracked_bit(&mut self.ebpf, tgid)
+        set_tracked_bit(loaded(&mut self.ebpf)?, tgid)
     }
 
     /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
     /// so the state read afterwards is final and exactly consistent.
     pub fn flush(&mut self, last: bool) -> Result<()> {
         self.check_cpus()?;
-        let program: &RawTracePoint = self
-            .ebpf
+        let program: &RawTracePoint = loaded_ref(&self.ebpf)?
             .program(names::PROG_FLUSH)
             .ok_or_else(|| anyhow!("BPF object has no {} program", names::PROG_FLUSH))?
             .try_into()?;
@@ -797,7 +820,8 @@ impl Session {
     /// flush); counts on a returning CPU before the next poll are not counted.
     pub fn check_cpus(&mut self) -> Result<()> {
         let online = crate::counters::online_cpus()?;
-        let cpu_state: PerCpuArray<&MapData, CpuState> = map(&self.ebpf, names::CPU_STATE)?;
+        let cpu_state: PerCpuArray<&MapData, CpuState> =
+            map(loaded_ref(&self.ebpf)?, names::CPU_STATE)?;
         let states = cpu_state.get(&0, 0).context("reading per-CPU state")?;
         let mut failing = Vec::new();
         for &cpu in &online {
@@ -830,7 +854,7 @@ impl Session {
     /// new counters and the first reading after is a baseline.
     pub fn reopen_cpu(&mut self, cpu: u32) -> Result<()> {
         let mut generations: aya::maps::Array<&mut MapData, u32> =
-            map_mut(&mut self.ebpf, names::GENERATIONS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::GENERATIONS)?;
         let current = generations.get(&cpu, 0).unwrap_or(0) & !1;
         generations
             .set(cpu, &(current + 1), 0)
@@ -838,7 +862,7 @@ impl Session {
         let reopened = self.groups.reopen(cpu);
         if reopened.is_ok() {
             let mut counters: PerfEventArray<&mut MapData> =
-                map_mut(&mut self.ebpf, names::COUNTERS)?;
+                map_mut(loaded(&mut self.ebpf)?, names::COUNTERS)?;
             for (slot, fd) in self.groups.cpu_fds(cpu) {
                 let index = cpu * MAX_COUNTERS as u32 + slot as u32;
                 counters.set(index, &fd).with_context(|| {
@@ -847,7 +871,7 @@ impl Session {
             }
         }
         let mut generations: aya::maps::Array<&mut MapData, u32> =
-            map_mut(&mut self.ebpf, names::GENERATIONS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::GENERATIONS)?;
         generations
             .set(cpu, &(current + 2), 0)
             .context("publishing the CPU's new counters")?;
@@ -887,7 +911,7 @@ impl Session {
     /// a removed cgroup can have no task, and a daemon must not fill the map with the dead.
     pub fn forget_cgroups(&mut self, ids: &[u64]) -> Result<()> {
         let mut cgroups: BpfHashMap<&mut MapData, u64, CgroupCounters> =
-            map_mut(&mut self.ebpf, names::CGROUPS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::CGROUPS)?;
         for id in ids {
             match cgroups.remove(id) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
@@ -915,7 +939,7 @@ impl Session {
                 .or_insert_with(|| std::path::Path::new(&format!("/proc/{tgid}")).exists())
         })?;
         let mut tasks: BpfHashMap<&mut MapData, u32, TaskCounters> =
-            map_mut(&mut self.ebpf, names::TASKS)?;
+            map_mut(loaded(&mut self.ebpf)?, names::TASKS)?;
         let (mut tids, mut counters) = (Vec::new(), Vec::new());
         read_whole(&tasks, &mut tids, &mut counters).context("reading the task map")?;
         let dead: Vec<(usize, u32)> = counters
@@ -934,25 +958,28 @@ impl Session {
             }
         }
         let live = LiveTasks::from_entries(tids, counters);
-        let cpu_state: PerCpuArray<&MapData, CpuState> = map(&self.ebpf, names::CPU_STATE)?;
+        let cpu_state: PerCpuArray<&MapData, CpuState> =
+            map(loaded_ref(&self.ebpf)?, names::CPU_STATE)?;
         let per_cpu = cpu_state.get(&0, 0).context("reading per-CPU state")?;
         let cpus = self
             .groups
             .cpus()
             .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
             .collect();
-        let calls_map: BpfHashMap<&MapData, CallKey, CallStats> = map(&self.ebpf, names::CALLS)?;
+        let calls_map: BpfHashMap<&MapData, CallKey, CallStats> =
+            map(loaded_ref(&self.ebpf)?, names::CALLS)?;
         let (mut call_keys, mut call_stats) = (Vec::new(), Vec::new());
         read_whole(&calls_map, &mut call_keys, &mut call_stats)
             .context("reading the function map")?;
         let calls = call_keys.into_iter().zip(call_stats).collect();
         let histogram_map: BpfHashMap<&MapData, HistogramKey, HistogramBucket> =
-            map(&self.ebpf, names::HISTOGRAMS)?;
+            map(loaded_ref(&self.ebpf)?, names::HISTOGRAMS)?;
         let (mut bucket_keys, mut buckets) = (Vec::new(), Vec::new());
         read_whole(&histogram_map, &mut bucket_keys, &mut buckets)
             .context("reading the per-call histogram map")?;
         let histograms = bucket_keys.into_iter().zip(buckets).collect();
-        let probe_map: PerCpuArray<&MapData, ProbeStats> = map(&self.ebpf, names::PROBE_STATS)?;
+        let probe_map: PerCpuArray<&MapData, ProbeStats> =
+            map(loaded_ref(&self.ebpf)?, names::PROBE_STATS)?;
         let probes = probe_map
             .get(&0, 0)
             .context("reading function-probe statistics")?
@@ -968,7 +995,7 @@ impl Session {
                 goroutine_switches_lost: sum.goroutine_switches_lost + cpu.goroutine_switches_lost,
             });
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
-            map(&self.ebpf, names::CGROUPS)?;
+            map(loaded_ref(&self.ebpf)?, names::CGROUPS)?;
         let (mut cgroup_ids, mut cgroup_counters) = (Vec::new(), Vec::new());
         read_whole(&cgroup_map, &mut cgroup_ids, &mut cgroup_counters)
             .context("reading the cgroup map")?;
@@ -1200,6 +1227,17 @@ fn load_error(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> any
             format!("the kernel refused BPF program {name}: {err:#}"),
         )
     }
+}
+
+/// The loaded object of a session not yet closed (`Session::close_in_background`).
+fn loaded(ebpf: &mut Option<Ebpf>) -> Result<&mut Ebpf> {
+    ebpf.as_mut()
+        .ok_or_else(|| anyhow!("the BPF session is closed: its programs are detached"))
+}
+
+fn loaded_ref(ebpf: &Option<Ebpf>) -> Result<&Ebpf> {
+    ebpf.as_ref()
+        .ok_or_else(|| anyhow!("the BPF session is closed: its programs are detached"))
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>

@@ -233,6 +233,17 @@ impl ProcessLinks {
         state.templates.clear();
     }
 
+    /// Takes every process's links (each in reverse attach order: entries stop before
+    /// returns, as in `clear`) for the caller to drop; no process is probed from here on.
+    pub fn take(&self) -> Vec<OwnedFd> {
+        let mut state = self.state();
+        state.templates.clear();
+        std::mem::take(&mut state.links)
+            .into_values()
+            .flat_map(|links| links.into_iter().rev())
+            .collect()
+    }
+
     /// The processes probed.
     pub fn followed(&self) -> Vec<u32> {
         self.state().links.keys().copied().collect()

@@ -16,7 +16,9 @@ use topdown_common::{
     usdt::{SpanKey, SpanKind, SpanStats, SpanText, SpanTotals, UsdtSite},
 };
 
-use super::{AttachMode, Session, load_error, map, map_mut, program_mut, read_whole};
+use super::{
+    AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, read_whole,
+};
 use crate::usdt::{PlannedSite, SitePlan, attach};
 
 /// How the USDT program is linked to its sites.
@@ -58,7 +60,7 @@ impl Session {
     ) -> Result<UsdtLinks> {
         {
             let mut sites: Array<&mut MapData, UsdtSite> =
-                map_mut(&mut self.ebpf, names::USDT_SITES)?;
+                map_mut(loaded(&mut self.ebpf)?, names::USDT_SITES)?;
             for (cookie, planned) in plan.sites.iter().enumerate() {
                 sites
                     .set(cookie as u32, &planned.site, 0)
@@ -67,7 +69,7 @@ impl Session {
         }
         {
             let mut kinds: Array<&mut MapData, SpanKind> =
-                map_mut(&mut self.ebpf, names::SPAN_KINDS)?;
+                map_mut(loaded(&mut self.ebpf)?, names::SPAN_KINDS)?;
             for (id, kind) in plan.kinds.iter().enumerate() {
                 kinds
                     .set(id as u32, kind, 0)
@@ -80,7 +82,7 @@ impl Session {
         } else {
             names::PROG_USDT_SITE
         };
-        let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
         if program.fd().is_err() {
             let started = std::time::Instant::now();
             program.load().map_err(load_error(name))?;
@@ -204,7 +206,7 @@ impl Session {
     /// probes there are.
     pub fn span_snapshot(&mut self, hit_probes: usize) -> Result<SpanSnapshot> {
         let totals_map: BpfHashMap<&MapData, SpanKey, SpanTotals> =
-            map(&self.ebpf, names::SPAN_TOTALS)?;
+            map(loaded_ref(&self.ebpf)?, names::SPAN_TOTALS)?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         read_whole(&totals_map, &mut keys, &mut values).context("reading the span map")?;
         let totals: Vec<(SpanKey, SpanTotals)> = keys.into_iter().zip(values).collect();
@@ -218,7 +220,7 @@ impl Session {
         });
         if wanted {
             let texts_map: BpfHashMap<&MapData, u64, SpanText> =
-                map(&self.ebpf, names::SPAN_TEXTS)?;
+                map(loaded_ref(&self.ebpf)?, names::SPAN_TEXTS)?;
             let (mut hashes, mut texts) = (Vec::new(), Vec::new());
             read_whole(&texts_map, &mut hashes, &mut texts).context("reading the span text map")?;
             let known = Arc::make_mut(&mut self.span_texts);
@@ -229,13 +231,14 @@ impl Session {
                 });
             }
         }
-        let hits_map: PerCpuArray<&MapData, u64> = map(&self.ebpf, names::USDT_HITS)?;
+        let hits_map: PerCpuArray<&MapData, u64> = map(loaded_ref(&self.ebpf)?, names::USDT_HITS)?;
         let mut hits = Vec::with_capacity(hit_probes);
         for id in 0..hit_probes as u32 {
             let per_cpu = hits_map.get(&id, 0).context("reading USDT hits")?;
             hits.push(per_cpu.iter().sum());
         }
-        let stats_map: PerCpuArray<&MapData, SpanStats> = map(&self.ebpf, names::SPAN_STATS)?;
+        let stats_map: PerCpuArray<&MapData, SpanStats> =
+            map(loaded_ref(&self.ebpf)?, names::SPAN_STATS)?;
         let stats = stats_map
             .get(&0, 0)
             .context("reading span statistics")?
