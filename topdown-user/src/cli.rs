@@ -1,9 +1,11 @@
 //! Command-line interface, perf-like.
 
+pub mod usage;
+
 use std::{ffi::OsString, path::PathBuf};
 
 use clap::{
-    ArgAction, Args, Parser, Subcommand,
+    ArgAction, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand,
     builder::{PossibleValuesParser, TypedValueParser},
 };
 
@@ -90,6 +92,37 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// What the `topdown` binary parses: the documented [`Cli`], or the hidden `generate` that
+/// writes the usage reference generated from [`Cli`]. Kept out of [`Cli`] because
+/// clap_complete would offer a hidden subcommand in the completions.
+#[derive(Debug)]
+pub enum Invocation {
+    Run(Cli),
+    Generate(usage::Generate),
+}
+
+impl Invocation {
+    pub fn try_parse() -> Result<Self, clap::Error> {
+        Self::try_parse_from(std::env::args_os())
+    }
+
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut command = Cli::command().subcommand(usage::Generate::command());
+        let matches = command.try_get_matches_from_mut(args)?;
+        let parsed = match matches.subcommand() {
+            Some(("generate", generate)) => {
+                usage::Generate::from_arg_matches(generate).map(Invocation::Generate)
+            }
+            _ => Cli::from_arg_matches(&matches).map(Invocation::Run),
+        };
+        parsed.map_err(|err| err.format(&mut command))
+    }
 }
 
 #[derive(Debug, Subcommand)]

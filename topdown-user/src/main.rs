@@ -2,16 +2,26 @@
 
 use std::{io::Write as _, process::ExitCode};
 
-use clap::Parser as _;
 use topdown::{
-    cli::{Cli, Command},
+    cli::{Cli, Command, Invocation},
     error::{EXIT_RUNTIME, failure_of},
     report, stat,
 };
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let cli = match Invocation::try_parse() {
+        Ok(Invocation::Run(cli)) => cli,
+        Ok(Invocation::Generate(generate)) => {
+            return match generate.run() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("topdown: error: {err:#}");
+                    ExitCode::from(
+                        failure_of(&err).map_or(EXIT_RUNTIME, |failure| failure.exit_code()),
+                    )
+                }
+            };
+        }
         Err(err) if !err.use_stderr() => err.exit(),
         Err(err) => {
             // Usage errors on one line: clap's message and its hint (possible values, the

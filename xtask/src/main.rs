@@ -10,6 +10,7 @@ mod repeat;
 mod setup;
 mod soak;
 mod toolchain;
+mod usage;
 
 use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 
@@ -25,7 +26,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the pinned toolchains, LLVM 22, bpf-linker, and mount tracefs (idempotent).
+    /// Install the pinned toolchains, LLVM 22, bpf-linker, the test packages, mount tracefs,
+    /// then build topdown and install its man pages and shell completions (idempotent).
     Setup,
     /// Setup, build topdown (release) and run it: by default the demo (three functions of a
     /// bundled workload, each dominated by a different bottleneck, traced with `-u`).
@@ -81,10 +83,16 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.task {
-        Task::Setup => setup::setup().map(|()| ExitCode::SUCCESS),
+        Task::Setup => {
+            setup::setup()?;
+            // The usage reference is written by the binary itself (`topdown generate`).
+            usage::install(&build_topdown(false)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Task::Run { args } => {
             setup::setup()?;
             let binary = build_topdown(true)?;
+            install_usage(&binary);
             let args = if args.is_empty() {
                 demo_args(&binary)?
             } else {
@@ -109,6 +117,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cmd::run(cmd::cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
             clippy_ebpf()?;
             let binary = build_topdown(false)?;
+            install_usage(&binary);
             cmd::run(
                 cmd::cargo()
                     .args(["test"])
@@ -153,6 +162,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             fuzz::fuzz(seconds)?;
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// Setup's last step where a task builds topdown anyway: its man pages and completions. Nothing
+/// in the run or the tests needs them, so a failure (not root) is said and the task goes on.
+fn install_usage(binary: &std::path::Path) {
+    if let Err(err) = usage::install(binary) {
+        println!("not installed: man pages and completions: {err:#}");
     }
 }
 

@@ -8,7 +8,8 @@ use crate::{
     cmd::{describe, is_root, output, run},
     toolchain::{
         BPF_LINKER_VERSION, EBPF_TOOLCHAIN, GO_PACKAGES, HOST_TOOLCHAIN, LLVM_PACKAGES,
-        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, SAFETY_PACKAGES, TEST_PACKAGES, USDT_PACKAGES,
+        LLVM_PREFIX, REAL_PROGRAM_PACKAGES, SAFETY_PACKAGES, TEST_PACKAGES, USAGE_PACKAGES,
+        USDT_PACKAGES,
     },
 };
 
@@ -34,6 +35,10 @@ pub fn setup() -> Result<()> {
     debian_packages(
         &USDT_PACKAGES,
         "the USDT and --postgres tests (sys/sdt.h, python3.11, a PostgreSQL 15 server with pg_stat_statements, psql, pgbench)",
+    )?;
+    debian_packages(
+        &USAGE_PACKAGES,
+        "man and bash-completion to read topdown's man pages and completions, zsh and fish to test theirs",
     )?;
     bpf_linker()?;
     tracefs()?;

@@ -56,3 +56,9 @@ pub const USDT_PACKAGES: [&str; 5] = [
     "postgresql-client-15",
     "postgresql-contrib",
 ];
+
+/// Debian packages for topdown's usage reference (installed by `cargo xtask setup`, see
+/// usage.rs): man-db to read the man pages, bash-completion to load the bash script, and zsh
+/// and fish, whose scripts the usage test (tests/tests/usage.rs) checks with the shells
+/// themselves.
+pub const USAGE_PACKAGES: [&str; 4] = ["man-db", "bash-completion", "zsh", "fish"];
