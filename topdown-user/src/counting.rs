@@ -16,7 +16,8 @@ use crate::{
     bpf::{Session, SessionConfig, Snapshot, Trigger},
     calibration::{
         CALIBRATION_CALLS, CalibratedAt, Calibration, CalibrationRun, CompensationReport,
-        ReturnMechanism, SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
+        ReturnMechanism, SHORTENED_CALIBRATION_CALLS, SHORTENED_CALIBRATION_SHARE,
+        SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
     },
     cgroup::CgroupTree,
     cli::CountingArgs,
@@ -538,6 +539,21 @@ impl CountingSession {
             report.span_diagnostics = Some(aggregate.spans.stats.into());
         }
         report
+    }
+
+    /// Shortens the calibration still to run (`calibration::SHORTENED_CALIBRATION_SHARE`):
+    /// the run was ended by a signal, whose sender waits for topdown to end.
+    pub fn shorten_calibration(&mut self) {
+        if let CalibrationState::Pending(pending) = &mut self.calibration {
+            let planned = pending.calls;
+            pending.calls = (planned / SHORTENED_CALIBRATION_SHARE)
+                .max(SHORTENED_CALIBRATION_CALLS.min(planned));
+            eprintln!(
+                "topdown: ended by a signal: the probes' cost is calibrated with {} calls per \
+                 run instead of {planned}, so that topdown ends within a second",
+                pending.calls,
+            );
+        }
     }
 
     /// Runs the probe-cost calibration if it is still to run (`CalibrateAt::FirstReport`);

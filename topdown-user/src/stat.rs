@@ -191,6 +191,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     }
 
     let snapshot = session.snapshot(true)?;
+    if matches!(stop, Stop::Signal(_)) {
+        session.shorten_calibration();
+    }
     // Counting is over: the detach runs beside the calibration and the report, so that a
     // Ctrl-C is answered within a second with a whole libc probed.
     let closing = session.bpf.close_in_background();
