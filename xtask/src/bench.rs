@@ -23,6 +23,7 @@ use crate::cmd;
 mod beside;
 mod cgroups;
 mod rounds;
+mod signal;
 mod spans;
 mod startup;
 
@@ -154,6 +155,9 @@ pub fn bench() -> Result<()> {
     if sections.contains(&"startup") {
         startup::bench(&topdown)?;
     }
+    if sections.contains(&"signal") {
+        signal::bench(&topdown)?;
+    }
     if sections.contains(&"refresh") {
         bench_refresh(&topdown)?;
     }
@@ -172,12 +176,13 @@ pub fn bench() -> Result<()> {
     Ok(())
 }
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "switches",
     "cgroups",
     "functions",
     "attach",
     "startup",
+    "signal",
     "refresh",
     "beside",
     "spans",
