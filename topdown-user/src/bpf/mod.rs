@@ -755,8 +755,10 @@ impl Session {
         // Ids into the programs going away with `ebpf`.
         self.function_links.clear();
         std::thread::spawn(move || {
-            drop(followed);
+            // Two threads, so that their waits overlap.
+            let links = std::thread::spawn(move || drop(followed));
             drop(ebpf);
+            let _ = links.join();
         })
     }
 

@@ -188,7 +188,13 @@ impl ProcessLinks {
 
     /// Stops probing `pid` (it exited).
     pub fn forget(&self, pid: u32) {
-        self.state().links.remove(&pid);
+        let links = self.state().links.remove(&pid);
+        // Closed with the lock released: closing a process's links unregisters every probe of
+        // a whole library (300+ ms here), and the report waited on the lock meanwhile. Entries
+        // stop before returns, as in `clear`.
+        for link in links.into_iter().flatten().rev() {
+            drop(link);
+        }
     }
 
     /// Re-creates `pid`'s links: after an exec from another thread than the leader, the
@@ -225,12 +231,21 @@ impl ProcessLinks {
 
     /// Detaches every probe, keeping the followed processes (a later `add` probes them).
     pub fn clear(&self) {
-        let mut state = self.state();
-        // Entries stop before returns: reverse attach order, as `Session::detach_functions`.
-        for links in state.links.values_mut() {
-            while links.pop().is_some() {}
+        let mut taken = Vec::new();
+        {
+            let mut state = self.state();
+            for links in state.links.values_mut() {
+                taken.push(std::mem::take(links));
+            }
+            state.templates.clear();
         }
-        state.templates.clear();
+        // With the lock released (`forget`). Entries stop before returns: reverse attach
+        // order, as `Session::detach_functions`.
+        for links in taken {
+            for link in links.into_iter().rev() {
+                drop(link);
+            }
+        }
     }
 
     /// Takes every process's links (each in reverse attach order: entries stop before
