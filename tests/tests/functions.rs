@@ -547,6 +547,50 @@ fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
     );
 }
 
+/// `-- CMD` puts the catch points (`__cxa_begin_catch`, where unwinding ends) into the
+/// command's processes only, like its functions (issue 21: a process that is not traced pays
+/// nothing): another process of the same C++ binary, throwing and catching all the while,
+/// never traps. The oracle is the kernel's `[uprobes]` page, mapped into a process at its first
+/// breakpoint hit.
+#[test]
+fn an_untraced_cpp_process_never_traps_at_catch_points() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cpp = path(&binaries().cpp);
+    let mut beside = Command::new(cpp)
+        .args(["throw", "2000000000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let beside_pid = beside.id();
+    let hit = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap_or_else(|err| panic!("/proc/{pid}/maps: {err}"))
+            .contains("[uprobes]")
+    };
+    let report = traced_like_untraced(
+        &[format!("{cpp}:app::middle"), format!("{cpp}:app::thrower")],
+        cpp,
+        &["throw", "1000"],
+    );
+    let untouched = !hit(beside_pid);
+    let still_running = beside.try_wait().unwrap().is_none();
+    let _ = beside.kill();
+    let _ = beside.wait();
+    assert!(still_running, "the untraced process ended before the check");
+    assert_eq!(
+        unwinding_figures(&report, "app::thrower(int)"),
+        (1000, 1000, 3000, 3000, "exit".to_owned()),
+        "the traced run's exceptions were closed at its catch points"
+    );
+    assert!(
+        untouched,
+        "the untraced C++ process hit a probe while topdown traced another one"
+    );
+}
+
 #[test]
 fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
     let _serial = serial();

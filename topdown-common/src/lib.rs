@@ -73,6 +73,7 @@ pub mod names {
     pub const PROG_FUNC_EXIT: &str = "func_exit";
     pub const PROG_FUNC_EXIT_MULTI: &str = "func_exit_multi";
     pub const PROG_FUNC_CATCH: &str = "func_catch";
+    pub const PROG_FUNC_CATCH_MULTI: &str = "func_catch_multi";
     pub const PROG_THREAD_EXIT: &str = "thread_exit";
     pub const PROG_GO_ENTRY: &str = "go_entry";
     pub const PROG_GO_ENTRY_MULTI: &str = "go_entry_multi";
@@ -111,7 +112,7 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 24] = [
+    pub const PROGRAMS: [&str; 25] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -127,6 +128,7 @@ pub mod names {
         PROG_FUNC_EXIT,
         PROG_FUNC_EXIT_MULTI,
         PROG_FUNC_CATCH,
+        PROG_FUNC_CATCH_MULTI,
         PROG_THREAD_EXIT,
         PROG_USDT_SITE,
         PROG_USDT_SITE_MULTI,

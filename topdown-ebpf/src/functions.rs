@@ -666,6 +666,14 @@ pub fn func_catch(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// `func_catch` in per-process uprobe.multi links (`-- CMD`: only the command's processes trap
+/// where exceptions are caught).
+#[uprobe(multi)]
+pub fn func_catch_multi(ctx: ProbeContext) -> u32 {
+    close_unwound(stack_pointer(ctx.regs));
+    0
+}
+
 /// `sys_enter_exit`: a thread (not the whole process, which is `exit_group`) ends. The only
 /// frames still open then were left by `pthread_exit` or cancellation, both of which unwind
 /// the thread's stack to its start (glibc nptl/unwind.c) before this syscall.

@@ -583,6 +583,44 @@ impl Session {
         if points.is_empty() {
             return Ok(failed);
         }
+        if let Some(followed) = self.followed.clone() {
+            // `-- CMD`: in the command's processes only, like the functions: another C++
+            // program catching exceptions never traps (issue 21).
+            let name = names::PROG_FUNC_CATCH_MULTI;
+            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
+            if program.fd().is_err() {
+                let started = std::time::Instant::now();
+                program.load().map_err(load_error(name))?;
+                self.program_load_time += started.elapsed();
+            }
+            let fd = std::sync::Arc::new(
+                program
+                    .fd()
+                    .map_err(|err| anyhow!("{name}: {err}"))?
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .context("duplicating a program fd")?,
+            );
+            let mut by_target: std::collections::BTreeMap<&std::path::Path, Vec<(u64, u64)>> =
+                std::collections::BTreeMap::new();
+            for (target, offset) in points {
+                by_target
+                    .entry(target.as_path())
+                    .or_default()
+                    .push((*offset, 0));
+            }
+            let mut templates = Vec::new();
+            for (target, target_points) in by_target {
+                templates.push(process_links::LinkTemplate::new(
+                    fd.clone(),
+                    target,
+                    &target_points,
+                    false,
+                )?);
+            }
+            followed.add(templates)?;
+            return Ok(failed);
+        }
         let name = names::PROG_FUNC_CATCH;
         let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
         if program.fd().is_err() {
