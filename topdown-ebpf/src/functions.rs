@@ -6,7 +6,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::{bpf_get_attach_cookie, bpf_probe_read_user},
+    helpers::{bpf_get_attach_cookie, bpf_probe_read_user, generated::bpf_loop},
     macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
@@ -638,21 +638,55 @@ fn close_unwound(limit_sp: u64) {
         }
         return;
     }
-    close_below(stack, tgid, limit_sp);
+    let mut unwinding = Unwinding {
+        tid,
+        tgid,
+        limit_sp,
+    };
+    // SAFETY: `unwind_step` has the callback signature bpf_loop expects, and `unwinding`
+    // outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_DEPTH as u32,
+            unwind_step as *mut core::ffi::c_void,
+            (&raw mut unwinding).cast(),
+            0,
+        );
+    }
 }
 
-/// Closes, as unwound calls, the frames whose entry stack pointer is at or below `limit_sp`,
-/// with `stack.virtual_now` as their end.
-#[inline(always)]
-pub(crate) fn close_below(stack: &mut ShadowStack, tgid: u32, limit_sp: u64) {
-    let mut guard = 0;
-    while guard < MAX_DEPTH && stack.depth > 0 {
-        guard += 1;
-        let top = (stack.depth - 1) as usize;
-        if top >= MAX_DEPTH || stack.frames[frame_index(top)].sp > limit_sp {
-            break;
-        }
-        close_top(stack, tgid, true);
+/// What `unwind_step` closes: the thread's frames whose entry stack pointer is at or below
+/// `limit_sp`.
+#[repr(C)]
+struct Unwinding {
+    tid: u32,
+    tgid: u32,
+    limit_sp: u64,
+}
+
+/// One step of `close_unwound`, innermost frame first: 0 to go on, 1 to stop. Through
+/// `bpf_loop` (Linux 5.17), as `goroutines::close_frames`: the verifier walks one close once,
+/// where an unrolled loop of `MAX_DEPTH` closes took `func_catch` past its 1M-instruction
+/// budget with 32 counter slots.
+extern "C" fn unwind_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `close_unwound` passes an `Unwinding` on its stack.
+    let unwinding = unsafe { &*context.cast::<Unwinding>() };
+    let Some(stack) = STACKS.get_ptr_mut(&unwinding.tid) else {
+        return 1;
+    };
+    // SAFETY: this thread's stack; only its own probes (and its own exit) touch it.
+    let stack = unsafe { &mut *stack };
+    let depth = stack.depth as usize;
+    if depth == 0
+        || depth > MAX_DEPTH
+        || stack.frames[frame_index(depth - 1)].sp > unwinding.limit_sp
+    {
+        return 1;
+    }
+    if close_top(stack, unwinding.tgid, true) {
+        0
+    } else {
+        1
     }
 }
 

@@ -1129,6 +1129,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             names::PROG_GO_ENTRY_MULTI,
             names::PROG_GO_EXIT_MULTI,
             names::PROG_GO_RUNTIME_MULTI,
+            names::PROG_FUNC_CATCH_MULTI,
         ] {
             program_mut::<UProbe>(&mut ebpf, name)?
                 .load()
