@@ -273,7 +273,38 @@ impl Prepared {
         } else {
             Some((self.groups.try_clone()?, self.groups.hybrid_cpus()))
         };
-        let mut bpf = Session::start(&config, self.groups, &self.tracefs)?;
+        // Reading the probed files' symbols needs nothing of the BPF session: it runs on a
+        // thread of its own while this one loads the programs and the kernel verifies them,
+        // which is most of the time before the command may run (issue 28's 300 ms).
+        let (bpf, resolution) = std::thread::scope(|scope| {
+            let resolving = (!self.probe_specs.is_empty()).then(|| {
+                scope.spawn(|| {
+                    let started = std::time::Instant::now();
+                    let resolution =
+                        crate::symbols::resolve(&self.probe_specs, &targets.probe_processes);
+                    log::info!(
+                        "reading the probed functions' symbols took {:.1} ms",
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    resolution
+                })
+            });
+            let started = std::time::Instant::now();
+            let bpf = Session::start(&config, self.groups, &self.tracefs);
+            log::info!(
+                "loading the BPF programs and maps took {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            let resolution = resolving.map(|thread| {
+                thread.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!(
+                        "reading the probed functions' symbols panicked"
+                    ))
+                })
+            });
+            (bpf, resolution)
+        });
+        let mut bpf = bpf?;
         if let Some(links) = &targets.followed {
             bpf.follow_processes(links.clone());
         }
@@ -286,17 +317,17 @@ impl Prepared {
             )?),
             None => None,
         };
-        let probes = if self.probe_specs.is_empty() {
-            None
-        } else {
-            Some(Probes::attach(
+        let probes = match resolution {
+            None => None,
+            Some(resolution) => Some(Probes::attach_resolution(
                 &mut bpf,
                 self.probe_specs,
                 targets.probe_processes.clone(),
                 args.return_mode(),
                 targets.image(),
                 verbose,
-            )?)
+                resolution?,
+            )?),
         };
         let calibration = match (calibration_counters, &probes) {
             (Some((groups, hybrid_cpus)), Some(probes)) => CalibrationState::Pending(Pending {

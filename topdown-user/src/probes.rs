@@ -81,6 +81,21 @@ impl Probes {
         image: Image,
         verbose: bool,
     ) -> Result<Self> {
+        let resolved = resolve_functions(&specs, &processes)?;
+        Self::attach_resolution(session, specs, processes, returns, image, verbose, resolved)
+    }
+
+    /// Attaches `specs` as `resolved` (by [`crate::symbols::resolve`] over the same specs and
+    /// processes), which start-up reads beside the BPF programs' loading.
+    pub fn attach_resolution(
+        session: &mut Session,
+        specs: Vec<ProbeSpec>,
+        processes: Vec<u32>,
+        returns: ReturnMode,
+        image: Image,
+        verbose: bool,
+        resolved: Resolution,
+    ) -> Result<Self> {
         let mut probes = Self {
             specs,
             processes,
@@ -97,7 +112,6 @@ impl Probes {
             paused: false,
             resolution: None,
         };
-        let resolved = resolve_functions(&probes.specs, &probes.processes)?;
         probes.attach_resolved(session, resolved)?;
         Ok(probes)
     }

@@ -470,6 +470,11 @@ impl Session {
                     });
             }
         }
+        let needed: Vec<&'static str> = [native_exit, go_exit, ret, native_entry, go_entry]
+            .into_iter()
+            .filter(|program| plan.keys().any(|(name, _)| name == program))
+            .collect();
+        self.program_load_time += load_uprobes_together(loaded(&mut self.ebpf)?, &needed)?;
         if let Some(followed) = self.followed.clone() {
             if !multi {
                 return Err(fail(
@@ -1259,6 +1264,42 @@ fn attach_cgroup_switch(ebpf: &mut Ebpf, groups: &CounterGroups) -> Result<()> {
             .with_context(|| format!("attaching to the cgroup-switches event on CPU {cpu}"))?;
     }
     Ok(())
+}
+
+/// Loads the named uprobe programs not loaded yet, each on a thread of its own, and returns
+/// the time it took. The kernel's verifier runs on the loading thread and privileged loads
+/// take no common lock, so the programs a probe set needs (tens of milliseconds each, most of
+/// attaching) are verified side by side on the CPUs instead of one after another.
+fn load_uprobes_together(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    let mut pending: Vec<(&'static str, &mut UProbe)> = Vec::new();
+    for (name, program) in ebpf.programs_mut() {
+        let Some(wanted) = wanted.iter().find(|wanted| **wanted == name) else {
+            continue;
+        };
+        let program: &mut UProbe = program.try_into()?;
+        if program.fd().is_err() {
+            pending.push((wanted, program));
+        }
+    }
+    if pending.len() < 2 {
+        for (name, program) in pending {
+            program.load().map_err(load_error(name))?;
+        }
+        return Ok(started.elapsed());
+    }
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = pending
+            .into_iter()
+            .map(|(name, program)| scope.spawn(move || program.load().map_err(load_error(name))))
+            .collect();
+        for load in loads {
+            load.join()
+                .unwrap_or_else(|_| Err(anyhow!("loading a probe program panicked")))?;
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(started.elapsed())
 }
 
 fn load_error(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> anyhow::Error {
