@@ -448,6 +448,28 @@ pub fn held_programs(pid: u32) -> Vec<(u32, String)> {
     held
 }
 
+/// The tracepoints process `pid` holds BPF links on (`tp_name` of its perf-event links, from
+/// /proc/PID/fdinfo: the kernel's own account, Linux 6.6 or later).
+pub fn held_tracepoints(pid: u32) -> Vec<String> {
+    let mut held = Vec::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return held;
+    };
+    for entry in entries.flatten() {
+        let info = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        if !info.lines().any(|line| {
+            line.split_whitespace().collect::<Vec<_>>() == ["event_type:", "tracepoint"]
+        }) {
+            continue;
+        }
+        if let Some(name) = info.lines().find_map(|line| line.strip_prefix("tp_name:")) {
+            held.push(name.trim().to_owned());
+        }
+    }
+    held.sort();
+    held
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::OsStr;

@@ -591,6 +591,69 @@ fn an_untraced_cpp_process_never_traps_at_catch_points() {
     );
 }
 
+/// With catch points (exit-instruction probes), the program that closes the frames a
+/// `pthread_exit` unwound sits on `sched:sched_process_exit`, never on a system-call tracepoint:
+/// enabling one puts every task's system calls, traced or not, on the kernel's slow path
+/// (issue 21). The oracle is the kernel's account of topdown's links (/proc/PID/fdinfo).
+#[test]
+fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cpp = path(&binaries().cpp);
+    let mut traced = KilledOnDrop::new(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--returns",
+                "exit",
+                "-u",
+                &format!("{cpp}:app::thrower"),
+                "--",
+                cpp,
+                "throw",
+                "2000000000",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until_counting(traced.child(), START_TIMEOUT).unwrap();
+    let pid = traced.child().id();
+    let tracepoints = held_tracepoints(pid);
+    let programs: Vec<String> = held_programs(pid)
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect();
+    // SAFETY: a plain kill(2) to our own child; topdown passes SIGINT on to the command.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let output = traced.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(128 + libc::SIGINT),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        programs.iter().any(|name| name == "thread_exit"),
+        "the thread-exit program is attached: {programs:?}"
+    );
+    assert!(
+        tracepoints.iter().any(|name| name == "sched_process_exit"),
+        "{tracepoints:?}"
+    );
+    assert!(
+        !tracepoints
+            .iter()
+            .any(|name| name.starts_with("sys_enter") || name.starts_with("sys_exit")),
+        "a system-call tracepoint is attached: {tracepoints:?}"
+    );
+}
+
 #[test]
 fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
     let _serial = serial();
@@ -635,6 +698,43 @@ fn cancelled_threads_end_their_probed_calls_as_unwound() {
         unwinding_figures(&report, "cancelled"),
         (5, 5, 35, 35, "exit".to_owned())
     );
+}
+
+/// A group exit (`exit()` in one thread) ends every thread of the process without unwinding
+/// anything: the calls open in them are missed returns, never unwound calls. The thread-exit
+/// program closes only the frames a thread's own `pthread_exit` or cancellation unwound.
+#[test]
+fn calls_open_at_a_group_exit_are_missed_returns_not_unwound_calls() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let cancel = path(&binaries().cancel);
+    // 4 threads wait inside stuck() after 3 getppid calls each; then the main thread calls
+    // exit() inside quitter().
+    let report = stat(&[
+        "--returns",
+        "exit",
+        "-u",
+        &format!("{cancel}:stuck"),
+        "-u",
+        &format!("{cancel}:quitter"),
+        "--",
+        cancel,
+        "exit",
+        "3",
+        "4",
+    ]);
+    assert_eq!(
+        report["diagnostics"]["missed_returns"].as_u64(),
+        Some(5),
+        "the 4 calls of stuck() and the one of quitter() never end"
+    );
+    let functions = report["functions"].as_array().cloned().unwrap_or_default();
+    for entry in &functions {
+        assert_eq!(entry["calls"].as_u64(), Some(0), "{entry}");
+        assert_eq!(entry["unwound"].as_u64().unwrap_or(0), 0, "{entry}");
+    }
 }
 
 /// `auto` reads the libraries a program needs the way ld.so finds them (here through a

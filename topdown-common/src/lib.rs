@@ -99,6 +99,7 @@ pub mod names {
     pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
     pub const GLOBAL_SPLIT_FUNCTIONS_BY_PROCESS: &str = "SPLIT_FUNCTIONS_BY_PROCESS";
     pub const HISTOGRAMS: &str = "HISTOGRAMS";
+    pub const THREAD_EXIT_FIELDS: &str = "THREAD_EXIT_FIELDS";
     pub const GLOBAL_WEIGHT_SLOT: &str = "WEIGHT_SLOT";
     pub const PROG_USDT_SITE: &str = "usdt_site";
     pub const PROG_USDT_SITE_MULTI: &str = "usdt_site_multi";
@@ -403,6 +404,16 @@ pub mod unseen_leavers {
 
 /// Indexes of `KERNEL_OFFSETS`: byte offsets of kernel structure fields, from the kernel's BTF,
 /// that the sched_switch program reads the arriving task's ids and cgroup through.
+/// Indexes of `THREAD_EXIT_FIELDS`: the offsets (from the kernel's BTF) through which the
+/// thread-exit program tells a thread's own exit from one of its process's group exit.
+pub mod thread_exit_field {
+    /// `task_struct.signal` (`struct signal_struct *`).
+    pub const TASK_SIGNAL: u32 = 0;
+    /// `signal_struct.flags` (u32; `SIGNAL_GROUP_EXIT` is `0x4`, include/linux/sched/signal.h).
+    pub const SIGNAL_FLAGS: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
 pub mod kernel_offset {
     /// `task_struct.pid`; `tgid` must follow it (both are read as one u64).
     pub const TASK_PID: usize = 0;

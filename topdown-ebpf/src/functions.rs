@@ -6,14 +6,17 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::{bpf_get_attach_cookie, bpf_probe_read_user, generated::bpf_loop},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::bpf_loop,
+    },
     macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use topdown_common::{
     CallKey, FileAddress, MAX_COUNTERS, MAX_DEPTH, MAX_FUNCTION_RANGES, ProbeStats, ROOT_FUNCTION,
     ShadowStack, entry_cookie, exit_point, frame_flags, histogram as histogram_kind, pt_regs_word,
-    reading_owner,
+    reading_owner, thread_exit_field,
 };
 
 use crate::{
@@ -21,8 +24,8 @@ use crate::{
     histogram,
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
-        SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, ZERO_CALL, ZERO_STACK,
-        atomic_add, atomic_swap, generation, global,
+        SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, THREAD_EXIT_FIELDS, ZERO_CALL,
+        ZERO_STACK, atomic_add, atomic_swap, generation, global,
     },
 };
 
@@ -708,11 +711,52 @@ pub fn func_catch_multi(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `sys_enter_exit`: a thread (not the whole process, which is `exit_group`) ends. The only
-/// frames still open then were left by `pthread_exit` or cancellation, both of which unwind
-/// the thread's stack to its start (glibc nptl/unwind.c) before this syscall.
-#[tracepoint(category = "syscalls", name = "sys_enter_exit")]
+/// `sched_process_exit`, in the exiting thread: a thread ending on its own (the `exit`
+/// syscall) has open frames only if `pthread_exit` or a cancellation unwound them, both of
+/// which unwind the thread's stack to its start (glibc nptl/unwind.c) first; they are closed
+/// as unwound calls. A thread ended by its process's group exit (`exit()`, `exit_group`, a
+/// fatal signal) unwound nothing: its frames stay open, to be counted as missed returns when
+/// its entry is retired. This tracepoint fires only as tasks end, unlike the `exit` syscall's,
+/// whose enabling puts every task's system calls on the kernel's traced slow path.
+#[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn thread_exit(_ctx: TracePointContext) -> i32 {
-    close_unwound(u64::MAX);
+    if !in_group_exit() {
+        close_unwound(u64::MAX);
+    }
     0
+}
+
+/// `SIGNAL_GROUP_EXIT` of `signal_struct.flags` (include/linux/sched/signal.h).
+const SIGNAL_GROUP_EXIT: u32 = 0x4;
+
+/// Whether the current task's process is exiting as a whole: `current->signal->flags` has
+/// `SIGNAL_GROUP_EXIT` (kernel/exit.c `do_group_exit`, kernel/signal.c `complete_signal`). Where
+/// that cannot be read, true: frames are then left as missed returns, never closed wrongly.
+#[inline(always)]
+fn in_group_exit() -> bool {
+    let field = |index: u32| {
+        THREAD_EXIT_FIELDS
+            .get(index)
+            .copied()
+            .filter(|offset| *offset != topdown_common::FIELD_ABSENT)
+    };
+    let (Some(signal_at), Some(flags_at)) = (
+        field(thread_exit_field::TASK_SIGNAL),
+        field(thread_exit_field::SIGNAL_FLAGS),
+    ) else {
+        return true;
+    };
+    // SAFETY: a helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: the helper checks the addresses; a bad one is an error, not a fault.
+    let Ok(signal) =
+        (unsafe { bpf_probe_read_kernel((task + u64::from(signal_at)) as *const u64) })
+    else {
+        return true;
+    };
+    // SAFETY: as above.
+    match unsafe { bpf_probe_read_kernel((signal + u64::from(flags_at)) as *const u32) } {
+        Ok(flags) => flags & SIGNAL_GROUP_EXIT != 0,
+        Err(_) => true,
+    }
 }

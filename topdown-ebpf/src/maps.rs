@@ -86,6 +86,12 @@ pub(crate) fn kernel_field_offset(index: usize) -> u64 {
     u64::from(unsafe { core::ptr::read_volatile(KERNEL_OFFSETS.as_ptr().add(index)) })
 }
 
+/// `thread_exit_field` offsets, written by user space before the thread-exit program is
+/// attached; `FIELD_ABSENT` (or no entry) where the kernel's BTF lacks them.
+#[map]
+pub(crate) static THREAD_EXIT_FIELDS: Array<u32> =
+    Array::with_max_entries(topdown_common::thread_exit_field::COUNT, 0);
+
 /// Counter fds: index `cpu * MAX_COUNTERS + slot`. Sized by user space to possible CPUs.
 #[map]
 pub(crate) static COUNTERS: PerfEventArray<u32> = PerfEventArray::new(0);

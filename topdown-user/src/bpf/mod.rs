@@ -26,7 +26,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerfEventArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerfEventArray, RingBuf},
     programs::{
         BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
@@ -35,7 +35,7 @@ use aya::{
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FileAddress, GoroutineKey, HistogramBucket,
     HistogramKey, IndirectJump, MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result,
-    kernel_offset, names,
+    kernel_offset, names, thread_exit_field,
 };
 
 use crate::{
@@ -718,18 +718,34 @@ impl Session {
         Ok(())
     }
 
-    /// `syscalls:sys_enter_exit`: a thread leaving by `pthread_exit` or cancellation has its
-    /// open frames closed as unwound calls. Once per session.
+    /// `sched:sched_process_exit`: a thread leaving by `pthread_exit` or cancellation has its
+    /// open frames closed as unwound calls (not one its process's group exit ends: the program
+    /// tells them apart through `current->signal->flags`, at offsets from the kernel's BTF).
+    /// Once per session.
     pub fn attach_thread_exit(&mut self) -> Result<()> {
         let name = names::PROG_THREAD_EXIT;
-        let program: &mut TracePoint = program_mut(loaded(&mut self.ebpf)?, name)?;
-        if program.fd().is_ok() {
+        let ebpf = loaded(&mut self.ebpf)?;
+        if program_mut::<TracePoint>(ebpf, name)?.fd().is_ok() {
             return Ok(());
         }
+        let types = kernel_types::KernelTypes::from_sys_fs()?;
+        let mut fields: Array<&mut MapData, u32> = map_mut(ebpf, names::THREAD_EXIT_FIELDS)?;
+        for (index, structure, field) in [
+            (thread_exit_field::TASK_SIGNAL, "task_struct", "signal"),
+            (thread_exit_field::SIGNAL_FLAGS, "signal_struct", "flags"),
+        ] {
+            let offset = types
+                .offset_of(structure, field)
+                .with_context(|| format!("no {structure}.{field} in the kernel's BTF"))?;
+            fields
+                .set(index, &offset, 0)
+                .with_context(|| format!("storing the offset of {structure}.{field}"))?;
+        }
+        let program: &mut TracePoint = program_mut(ebpf, name)?;
         program.load().map_err(load_error(name))?;
         program
-            .attach("syscalls", "sys_enter_exit")
-            .context("attaching to syscalls:sys_enter_exit")?;
+            .attach("sched", "sched_process_exit")
+            .context("attaching to sched:sched_process_exit")?;
         Ok(())
     }
 
@@ -1099,6 +1115,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_TASK_RENAME,
         names::PROG_CGROUP_ATTACH,
         names::PROG_CPU_IDLE,
+        names::PROG_THREAD_EXIT,
     ] {
         program_mut::<TracePoint>(&mut ebpf, name)?
             .load()
@@ -1113,6 +1130,7 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
+        names::PROG_FUNC_CATCH,
         names::PROG_USDT_SITE,
         names::PROG_GO_ENTRY,
         names::PROG_GO_EXIT,
