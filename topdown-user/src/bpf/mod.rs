@@ -483,28 +483,15 @@ impl Session {
                 ));
             }
             let mut templates = Vec::new();
-            for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
-                let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, program_name)?;
-                let mut fd = None;
+            for program_name in needed {
+                let fd = shared_fd(
+                    loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, program_name)?,
+                    program_name,
+                )?;
                 for ((name, target), target_points) in &plan {
                     if *name != program_name {
                         continue;
                     }
-                    if program.fd().is_err() {
-                        let started = std::time::Instant::now();
-                        program.load().map_err(load_error(program_name))?;
-                        self.program_load_time += started.elapsed();
-                    }
-                    if fd.is_none() {
-                        let owned = program
-                            .fd()
-                            .map_err(|err| anyhow!("{program_name}: {err}"))?
-                            .as_fd()
-                            .try_clone_to_owned()
-                            .context("duplicating a program fd")?;
-                        fd = Some(std::sync::Arc::new(owned));
-                    }
-                    let Some(fd) = &fd else { continue };
                     let points: Vec<(u64, u64)> = target_points
                         .iter()
                         .filter_map(|point| match point.location {
@@ -525,14 +512,7 @@ impl Session {
             followed.add(templates)?;
             return Ok(AttachMode::Multi);
         }
-        let scopes: Vec<UProbeScope> = if processes.is_empty() {
-            vec![UProbeScope::AllProcesses]
-        } else {
-            processes
-                .iter()
-                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
-                .collect()
-        };
+        let scopes = scopes_of(processes);
         for program_name in [native_exit, go_exit, ret, native_entry, go_entry] {
             let targets: Vec<_> = plan
                 .iter()
@@ -541,12 +521,7 @@ impl Session {
             if targets.is_empty() {
                 continue;
             }
-            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, program_name)?;
-            if program.fd().is_err() {
-                let started = std::time::Instant::now();
-                program.load().map_err(load_error(program_name))?;
-                self.program_load_time += started.elapsed();
-            }
+            let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, program_name)?;
             for ((_, target), target_points) in targets {
                 for scope in &scopes {
                     let link = program
@@ -592,20 +567,8 @@ impl Session {
             // `-- CMD`: in the command's processes only, like the functions: another C++
             // program catching exceptions never traps (issue 21).
             let name = names::PROG_FUNC_CATCH_MULTI;
-            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
-            if program.fd().is_err() {
-                let started = std::time::Instant::now();
-                program.load().map_err(load_error(name))?;
-                self.program_load_time += started.elapsed();
-            }
-            let fd = std::sync::Arc::new(
-                program
-                    .fd()
-                    .map_err(|err| anyhow!("{name}: {err}"))?
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .context("duplicating a program fd")?,
-            );
+            let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
+            let fd = shared_fd(program, name)?;
             let mut by_target: std::collections::BTreeMap<&std::path::Path, Vec<(u64, u64)>> =
                 std::collections::BTreeMap::new();
             for (target, offset) in points {
@@ -627,20 +590,8 @@ impl Session {
             return Ok(failed);
         }
         let name = names::PROG_FUNC_CATCH;
-        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
-        if program.fd().is_err() {
-            let started = std::time::Instant::now();
-            program.load().map_err(load_error(name))?;
-            self.program_load_time += started.elapsed();
-        }
-        let scopes: Vec<UProbeScope> = if processes.is_empty() {
-            vec![UProbeScope::AllProcesses]
-        } else {
-            processes
-                .iter()
-                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
-                .collect()
-        };
+        let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
+        let scopes = scopes_of(processes);
         for (target, offset) in points {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(*offset),
@@ -669,37 +620,14 @@ impl Session {
             // `-- CMD`: the hooks go into the command's processes only, like its functions: an
             // untraced Go program's goroutine switches never trap.
             let name = names::PROG_GO_RUNTIME_MULTI;
-            let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
-            if program.fd().is_err() {
-                let started = std::time::Instant::now();
-                program.load().map_err(load_error(name))?;
-                self.program_load_time += started.elapsed();
-            }
-            let fd = program
-                .fd()
-                .map_err(|err| anyhow!("{name}: {err}"))?
-                .as_fd()
-                .try_clone_to_owned()
-                .context("duplicating a program fd")?;
-            let template =
-                process_links::LinkTemplate::new(std::sync::Arc::new(fd), target, hooks, false)?;
+            let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
+            let fd = shared_fd(program, name)?;
+            let template = process_links::LinkTemplate::new(fd, target, hooks, false)?;
             return followed.add(vec![template]);
         }
         let name = names::PROG_GO_RUNTIME;
-        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
-        if program.fd().is_err() {
-            let started = std::time::Instant::now();
-            program.load().map_err(load_error(name))?;
-            self.program_load_time += started.elapsed();
-        }
-        let scopes: Vec<UProbeScope> = if processes.is_empty() {
-            vec![UProbeScope::AllProcesses]
-        } else {
-            processes
-                .iter()
-                .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
-                .collect()
-        };
+        let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
+        let scopes = scopes_of(processes);
         for (offset, kind) in hooks {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(*offset),
@@ -1282,6 +1210,46 @@ fn attach_cgroup_switch(ebpf: &mut Ebpf, groups: &CounterGroups) -> Result<()> {
             .with_context(|| format!("attaching to the cgroup-switches event on CPU {cpu}"))?;
     }
     Ok(())
+}
+
+/// Uprobe program `name` of a session's object (`Session::ebpf`), loaded if it was not yet,
+/// the verifier's time added to `load_time` (`Session::program_load_time`). Apart from the
+/// session so that its links can be stored while the program is borrowed.
+fn loaded_uprobe<'a>(
+    ebpf: &'a mut Option<Ebpf>,
+    load_time: &mut Duration,
+    name: &'static str,
+) -> Result<&'a mut UProbe> {
+    let program: &mut UProbe = program_mut(loaded(ebpf)?, name)?;
+    if program.fd().is_err() {
+        let started = std::time::Instant::now();
+        program.load().map_err(load_error(name))?;
+        *load_time += started.elapsed();
+    }
+    Ok(program)
+}
+
+/// A loaded program's fd, duplicated so links made later (per followed process) hold it.
+fn shared_fd(program: &UProbe, name: &str) -> Result<std::sync::Arc<std::os::fd::OwnedFd>> {
+    let fd = program
+        .fd()
+        .map_err(|err| anyhow!("{name}: {err}"))?
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating a program fd")?;
+    Ok(std::sync::Arc::new(fd))
+}
+
+/// Where machine-wide or per-process (`-p`) uprobes go: every process, or each of `processes`.
+fn scopes_of(processes: &[u32]) -> Vec<UProbeScope> {
+    if processes.is_empty() {
+        vec![UProbeScope::AllProcesses]
+    } else {
+        processes
+            .iter()
+            .filter_map(|pid| std::num::NonZeroU32::new(*pid).map(UProbeScope::OneProcess))
+            .collect()
+    }
 }
 
 /// Loads the named uprobe programs not loaded yet, each on a thread of its own, and returns
