@@ -12,7 +12,6 @@ use clap::{
 use crate::{
     bpf::Trigger,
     diff::{input::Kind, render::DiffFormat},
-    list::ListFormat,
     report::{By, Format, Weight},
     serve::duty_cycle::DutyCycle,
 };
@@ -260,6 +259,13 @@ pub struct ListArgs {
     /// Output format of `-e`.
     #[arg(long = "format", value_parser = named::<ListFormat>(), default_value = "table", requires = "events")]
     pub format: ListFormat,
+}
+
+/// `topdown list --format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListFormat {
+    Table,
+    Json,
 }
 
 impl Named for ListFormat {

@@ -6,6 +6,7 @@ use std::{io::Write, path::Path};
 use anyhow::Result;
 
 use crate::{
+    cli::ListFormat,
     model::{CounterSource, CounterUse, Model, all_models},
     schedule::{self, group_level},
 };
@@ -118,13 +119,6 @@ pub fn write_model(
         Err(err) => writeln!(out, "Plan:       {err:#}")?,
     }
     Ok(())
-}
-
-/// `topdown list --format`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ListFormat {
-    Table,
-    Json,
 }
 
 /// `topdown list`: `-e` specs' encodings, `--all` models, or this machine and its model.

@@ -22,7 +22,7 @@ use crate::{
     output::Output,
     progress::Progress,
     report::{By, Format, IntervalInfo, render},
-    target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
+    target::{PendingCommand, ProcessWatch, Scope, resolve_pids, wait_command},
 };
 
 /// Why the counting stopped.
@@ -363,15 +363,6 @@ fn write_interval(
     state.previous = Some(snapshot.clone());
     state.previous_end = now;
     Ok(())
-}
-
-pub(crate) async fn wait_command(pid: u32) -> u8 {
-    loop {
-        if let Some(status) = reap(pid) {
-            return u8::try_from(status).unwrap_or(u8::MAX);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

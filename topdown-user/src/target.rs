@@ -228,6 +228,16 @@ impl PendingCommand {
 }
 
 /// Reaps an exited child and returns its exit status as a shell reports it (128+signal).
+/// Waits for the command `pid` to end; its exit status (128 + signal if a signal ended it).
+pub async fn wait_command(pid: u32) -> u8 {
+    loop {
+        if let Some(status) = reap(pid) {
+            return u8::try_from(status).unwrap_or(u8::MAX);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 pub fn reap(pid: u32) -> Option<i32> {
     // The tracer thread following the command (`crate::follow`) reaps with waitpid(-1).
     if let Some(status) = crate::follow::reaped(pid) {

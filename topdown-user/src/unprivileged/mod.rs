@@ -257,7 +257,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
     output.commit()?;
     drop(counters);
-    Ok(crate::stat::wait_command(pid).await)
+    Ok(crate::target::wait_command(pid).await)
 }
 
 /// The model, its plan and how to open it, checked before the command is started.
