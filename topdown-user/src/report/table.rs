@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use std::collections::{HashMap, HashSet};
 
 use super::{By, CallEdge, Entity, Report};
-use crate::model::{L1_METRICS, L2_METRICS};
+use crate::model::{L1_METRICS, L2_METRICS, Name};
 
 /// Column titles for the metric names.
 pub(crate) fn title(metric: &str) -> &str {
@@ -72,7 +72,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         .totals
         .metrics
         .keys()
-        .map(String::as_str)
+        .map(Name::as_str)
         .filter(|name| {
             !name.contains('.') && !L1_METRICS.contains(name) && !L2_METRICS.contains(name)
         })
@@ -119,7 +119,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
             .map(|event| entity.counters.get(event).copied().unwrap_or(0).to_string())
             .collect();
         cells.extend(metrics.iter().map(
-            |name| match entity.metrics.get(*name).copied().flatten() {
+            |name| match entity.metrics.get(name).copied().flatten() {
                 Some(fraction) if entity.estimated.iter().any(|e| e == name) => {
                     format!("~{:.1}%", 100.0 * fraction)
                 }
@@ -456,7 +456,7 @@ fn functions_text(
                 },
             ]);
             row.extend(metrics.iter().map(|name| {
-                match function.exclusive.metrics.get(*name).copied().flatten() {
+                match function.exclusive.metrics.get(name).copied().flatten() {
                     Some(fraction) => format!("{:.1}%", 100.0 * fraction),
                     None => "-".to_owned(),
                 }
@@ -690,8 +690,8 @@ mod tests {
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
             estimated: Vec::new(),
-            derived: BTreeMap::new(),
-            counters: BTreeMap::from([("slots".to_owned(), slots)]),
+            derived: Default::default(),
+            counters: [("slots", slots)].into(),
             metrics: L1_METRICS
                 .iter()
                 .map(|name| {
