@@ -4,10 +4,10 @@
 //! A report holds one map of counters and one of metrics per entity (every thread, process,
 //! function and call edge), all with the same dozen or two names. As `BTreeMap<String, _>`
 //! each entity paid for its own tree nodes and its own heap copy of every name: ~4.5 KB per
-//! thread at level 2, ~620 MB for a report of 100,000 threads. [`NamedMap`] keeps its entries
-//! in one exact-size `Vec` sorted by name, and a [`Name`] is a shared pointer, so entities
-//! built from one name table (the counter plan's slot names, a model's metric names) hold a
-//! pointer per name, not a copy.
+//! thread at level 2, ~620 MB for a report of 100,000 threads. A [`Name`] is a shared
+//! pointer, and a [`NamedMap`] keeps its names as one sorted slice shared with the maps it was
+//! cloned from, beside its own values: entities built from one template (the counter plan's
+//! slot names, a model's metric names) hold their values and a pointer, not the names.
 //!
 //! Iteration is in name order (`str`'s), as `BTreeMap<String, _>`'s was, so everything that
 //! prints or serializes these maps (tables, JSON, CSV) writes the same bytes as before.
@@ -151,12 +151,17 @@ impl<'de> Deserialize<'de> for Name {
 }
 
 /// Values by [`Name`], iterated in name order: the `BTreeMap<String, V>` API the report code
-/// uses, over a `Vec` of entries kept sorted by name with no name twice. Lookups are binary
-/// searches; these maps hold tens of entries, so an insert's shift costs less than a tree's
-/// nodes would.
+/// uses. The names are one sorted slice with no name twice, shared by the maps cloned from one
+/// another (every entity's counters are a clone of one template, every entity's metrics of
+/// another), so each map owns only its values; a name is looked up by binary search.
+/// Adding or removing a name copies the names (these maps hold tens of entries, and the
+/// report's maps are built whole, not grown).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct NamedMap<V> {
-    entries: Vec<(Name, V)>,
+    /// `None` when empty, so an empty map allocates nothing.
+    names: Option<Arc<[Name]>>,
+    /// The value of each of `names`, by position.
+    values: Box<[V]>,
 }
 
 impl<V> Default for NamedMap<V> {
@@ -166,43 +171,46 @@ impl<V> Default for NamedMap<V> {
 }
 
 impl<V> NamedMap<V> {
-    pub const fn new() -> Self {
+    pub fn new() -> Self {
         Self {
-            entries: Vec::new(),
+            names: None,
+            values: Box::default(),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.values.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.values.is_empty()
     }
 
     pub fn clear(&mut self) {
-        self.entries.clear();
+        *self = Self::new();
+    }
+
+    fn names(&self) -> &[Name] {
+        self.names.as_deref().unwrap_or(&[])
     }
 
     fn position(&self, key: &str) -> Result<usize, usize> {
-        self.entries
-            .binary_search_by(|(name, _)| name.as_str().cmp(key))
+        self.names().binary_search_by(|name| name.as_str().cmp(key))
     }
 
     pub fn get(&self, key: &str) -> Option<&V> {
         let index = self.position(key).ok()?;
-        Some(&self.entries[index].1)
+        self.values.get(index)
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
         let index = self.position(key).ok()?;
-        Some(&mut self.entries[index].1)
+        self.values.get_mut(index)
     }
 
     pub fn get_key_value(&self, key: &str) -> Option<(&Name, &V)> {
         let index = self.position(key).ok()?;
-        let (name, value) = &self.entries[index];
-        Some((name, value))
+        Some((self.names().get(index)?, self.values.get(index)?))
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -213,21 +221,41 @@ impl<V> NamedMap<V> {
     pub fn insert(&mut self, key: impl Into<Name>, value: V) -> Option<V> {
         let key = key.into();
         match self.position(&key) {
-            Ok(index) => Some(std::mem::replace(&mut self.entries[index].1, value)),
+            Ok(index) => Some(std::mem::replace(&mut self.values[index], value)),
             Err(index) => {
-                self.entries.insert(index, (key, value));
+                self.insert_at(index, key, value);
                 None
             }
         }
     }
 
+    /// Adds a name that is not there at its place in order.
+    fn insert_at(&mut self, index: usize, key: Name, value: V) {
+        let mut names = self.names().to_vec();
+        names.insert(index, key);
+        let mut values = std::mem::take(&mut self.values).into_vec();
+        values.insert(index, value);
+        self.names = Some(names.into());
+        self.values = values.into_boxed_slice();
+    }
+
     pub fn remove(&mut self, key: &str) -> Option<V> {
         let index = self.position(key).ok()?;
-        Some(self.entries.remove(index).1)
+        let mut names = self.names().to_vec();
+        names.remove(index);
+        let mut values = std::mem::take(&mut self.values).into_vec();
+        let removed = values.remove(index);
+        self.names = (!names.is_empty()).then(|| names.into());
+        self.values = values.into_boxed_slice();
+        Some(removed)
     }
 
     pub fn retain(&mut self, mut keep: impl FnMut(&Name, &mut V) -> bool) {
-        self.entries.retain_mut(|(name, value)| keep(name, value));
+        let entries: Vec<(Name, V)> = std::mem::take(self)
+            .into_iter()
+            .filter_map(|(name, mut value)| keep(&name, &mut value).then_some((name, value)))
+            .collect();
+        *self = Self::from_sorted(entries);
     }
 
     pub fn entry(&mut self, key: impl Into<Name>) -> Entry<'_, V> {
@@ -243,44 +271,56 @@ impl<V> NamedMap<V> {
     }
 
     pub fn first_key_value(&self) -> Option<(&Name, &V)> {
-        self.entries.first().map(|(name, value)| (name, value))
+        Some((self.names().first()?, self.values.first()?))
     }
 
     pub fn last_key_value(&self) -> Option<(&Name, &V)> {
-        self.entries.last().map(|(name, value)| (name, value))
+        Some((self.names().last()?, self.values.last()?))
     }
 
     pub fn iter(&self) -> Iter<'_, V> {
-        self.entries.iter().map(pair as fn(_) -> _)
+        self.names().iter().zip(self.values.iter())
     }
 
     pub fn iter_mut(&mut self) -> IterMut<'_, V> {
-        self.entries.iter_mut().map(pair_mut as fn(_) -> _)
+        let names = self.names.as_deref().unwrap_or(&[]);
+        names.iter().zip(self.values.iter_mut())
     }
 
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &Name> + ExactSizeIterator + Clone {
-        self.entries.iter().map(|(name, _)| name)
+    pub fn keys(&self) -> std::slice::Iter<'_, Name> {
+        self.names().iter()
     }
 
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + ExactSizeIterator + Clone {
-        self.entries.iter().map(|(_, value)| value)
+    pub fn values(&self) -> std::slice::Iter<'_, V> {
+        self.values.iter()
     }
 
-    pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut V> + ExactSizeIterator {
-        self.entries.iter_mut().map(|(_, value)| value)
+    pub fn values_mut(&mut self) -> std::slice::IterMut<'_, V> {
+        self.values.iter_mut()
     }
 
     pub fn into_keys(self) -> impl DoubleEndedIterator<Item = Name> + ExactSizeIterator {
-        self.entries.into_iter().map(|(name, _)| name)
+        self.into_iter().map(|(name, _)| name)
     }
 
-    pub fn into_values(self) -> impl DoubleEndedIterator<Item = V> + ExactSizeIterator {
-        self.entries.into_iter().map(|(_, value)| value)
+    pub fn into_values(self) -> std::vec::IntoIter<V> {
+        self.values.into_vec().into_iter()
+    }
+
+    /// Entries sorted by name with no name twice.
+    fn from_sorted(entries: Vec<(Name, V)>) -> Self {
+        if entries.is_empty() {
+            return Self::new();
+        }
+        let (names, values): (Vec<Name>, Vec<V>) = entries.into_iter().unzip();
+        Self {
+            names: Some(names.into()),
+            values: values.into_boxed_slice(),
+        }
     }
 
     /// Sorts `entries` by name, keeping the last value of a name given twice (as collecting
-    /// into a `BTreeMap` does). Entries already in order, as those built from a sorted name
-    /// table are, are only checked.
+    /// into a `BTreeMap` does). Entries already in order are only checked.
     fn from_entries(mut entries: Vec<(Name, V)>) -> Self {
         let sorted = entries
             .windows(2)
@@ -297,28 +337,58 @@ impl<V> NamedMap<V> {
             }
             entries = deduplicated;
         }
-        entries.shrink_to_fit();
-        Self { entries }
+        Self::from_sorted(entries)
     }
 }
 
-fn pair<V>(entry: &(Name, V)) -> (&Name, &V) {
-    (&entry.0, &entry.1)
-}
-
-fn pair_mut<V>(entry: &mut (Name, V)) -> (&Name, &mut V) {
-    (&entry.0, &mut entry.1)
-}
-
 /// [`NamedMap::iter`]'s iterator.
-pub type Iter<'a, V> =
-    std::iter::Map<std::slice::Iter<'a, (Name, V)>, fn(&'a (Name, V)) -> (&'a Name, &'a V)>;
+pub type Iter<'a, V> = std::iter::Zip<std::slice::Iter<'a, Name>, std::slice::Iter<'a, V>>;
 
 /// [`NamedMap::iter_mut`]'s iterator.
-pub type IterMut<'a, V> = std::iter::Map<
-    std::slice::IterMut<'a, (Name, V)>,
-    fn(&'a mut (Name, V)) -> (&'a Name, &'a mut V),
->;
+pub type IterMut<'a, V> = std::iter::Zip<std::slice::Iter<'a, Name>, std::slice::IterMut<'a, V>>;
+
+/// [`NamedMap`]'s owning iterator: each value with its name (a shared pointer, cloned).
+pub struct IntoIter<V> {
+    names: Option<Arc<[Name]>>,
+    /// The name of the next value from the front.
+    front: usize,
+    values: std::vec::IntoIter<V>,
+}
+
+impl<V> IntoIter<V> {
+    fn name(&self, index: usize) -> Name {
+        match self.names.as_deref().and_then(|names| names.get(index)) {
+            Some(name) => name.clone(),
+            // Never: a map has a name per value.
+            None => Name::new(""),
+        }
+    }
+}
+
+impl<V> Iterator for IntoIter<V> {
+    type Item = (Name, V);
+
+    fn next(&mut self) -> Option<(Name, V)> {
+        let value = self.values.next()?;
+        let name = self.name(self.front);
+        self.front += 1;
+        Some((name, value))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.values.size_hint()
+    }
+}
+
+impl<V> DoubleEndedIterator for IntoIter<V> {
+    fn next_back(&mut self) -> Option<(Name, V)> {
+        let value = self.values.next_back()?;
+        // What is left runs from `front` to `front + len`; the value taken was just past it.
+        Some((self.name(self.front + self.values.len()), value))
+    }
+}
+
+impl<V> ExactSizeIterator for IntoIter<V> {}
 
 /// [`NamedMap::entry`]: a name's place in a map, filled or not.
 pub enum Entry<'a, V> {
@@ -344,13 +414,10 @@ impl<'a, V> Entry<'a, V> {
 
     pub fn or_insert_with(self, default: impl FnOnce() -> V) -> &'a mut V {
         match self {
-            Self::Occupied(entry) => &mut entry.map.entries[entry.index].1,
+            Self::Occupied(entry) => &mut entry.map.values[entry.index],
             Self::Vacant(entry) => {
-                entry
-                    .map
-                    .entries
-                    .insert(entry.index, (entry.key, default()));
-                &mut entry.map.entries[entry.index].1
+                entry.map.insert_at(entry.index, entry.key, default());
+                &mut entry.map.values[entry.index]
             }
         }
     }
@@ -364,14 +431,14 @@ impl<'a, V> Entry<'a, V> {
 
     pub fn and_modify(mut self, modify: impl FnOnce(&mut V)) -> Self {
         if let Self::Occupied(entry) = &mut self {
-            modify(&mut entry.map.entries[entry.index].1);
+            modify(&mut entry.map.values[entry.index]);
         }
         self
     }
 
     pub fn key(&self) -> &Name {
         match self {
-            Self::Occupied(entry) => &entry.map.entries[entry.index].0,
+            Self::Occupied(entry) => &entry.map.names()[entry.index],
             Self::Vacant(entry) => &entry.key,
         }
     }
@@ -400,19 +467,24 @@ impl<K: Into<Name>, V, const N: usize> From<[(K, V); N]> for NamedMap<V> {
 }
 
 impl<K: Into<Name>, V> Extend<(K, V)> for NamedMap<V> {
+    /// All at once: inserting one by one would copy the names per new name.
     fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
-        for (key, value) in iter {
-            self.insert(key, value);
-        }
+        let mut entries: Vec<(Name, V)> = std::mem::take(self).into_iter().collect();
+        entries.extend(iter.into_iter().map(|(key, value)| (key.into(), value)));
+        *self = Self::from_entries(entries);
     }
 }
 
 impl<V> IntoIterator for NamedMap<V> {
     type Item = (Name, V);
-    type IntoIter = std::vec::IntoIter<(Name, V)>;
+    type IntoIter = IntoIter<V>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
+        IntoIter {
+            names: self.names,
+            front: 0,
+            values: self.values.into_vec().into_iter(),
+        }
     }
 }
 
@@ -590,13 +662,63 @@ mod tests {
     }
 
     #[test]
-    fn names_built_from_one_table_share_it() {
+    fn clones_share_their_names_until_one_adds_a_name() {
         let table: Vec<Name> = NAMES.iter().map(|name| Name::from(*name)).collect();
-        let one: NamedMap<u64> = table.iter().map(|name| (name, 1)).collect();
-        let two = one.clone();
-        for ((a, _), (b, _)) in one.iter().zip(&two) {
-            assert!(std::ptr::eq(a.as_str(), b.as_str()));
+        let template: NamedMap<u64> = table.iter().map(|name| (name, 0)).collect();
+        let mut one = template.clone();
+        for (value, at) in one.values_mut().zip(1..) {
+            *value = at;
         }
+        assert!(std::ptr::eq(
+            template.keys().as_slice(),
+            one.keys().as_slice()
+        ));
+        for name in one.keys() {
+            assert!(
+                table
+                    .iter()
+                    .any(|kept| std::ptr::eq(name.as_str(), kept.as_str()))
+            );
+        }
+        one.insert("new", 0);
+        assert!(!std::ptr::eq(
+            template.keys().as_slice(),
+            one.keys().as_slice()
+        ));
+        assert_eq!(template.len(), NAMES.len());
+        assert!(template.values().all(|value| *value == 0));
+    }
+
+    #[test]
+    fn removes_retains_and_iterates_owned_from_both_ends() {
+        let (mut named, mut tree) = both();
+        assert_eq!(named.remove("slots"), tree.remove("slots"));
+        named.retain(|_, value| *value % 2 == 0);
+        tree.retain(|_, value| *value % 2 == 0);
+        let owned: Vec<(String, u64)> = named
+            .clone()
+            .into_iter()
+            .map(|(k, v)| (k.into(), v))
+            .collect();
+        assert_eq!(owned, tree.clone().into_iter().collect::<Vec<_>>());
+        let backwards: Vec<(String, u64)> = named
+            .clone()
+            .into_iter()
+            .rev()
+            .map(|(k, v)| (k.into(), v))
+            .collect();
+        assert_eq!(
+            backwards,
+            tree.clone().into_iter().rev().collect::<Vec<_>>()
+        );
+        let mut ends = named.clone().into_iter();
+        let first = ends.next().map(|(k, v)| (String::from(k), v));
+        let last = ends.next_back().map(|(k, v)| (String::from(k), v));
+        assert_eq!(first, tree.first_key_value().map(|(k, v)| (k.clone(), *v)));
+        assert_eq!(last, tree.last_key_value().map(|(k, v)| (k.clone(), *v)));
+        named.retain(|_, _| false);
+        assert!(named.is_empty());
+        assert_eq!(named, NamedMap::new());
     }
 
     #[test]

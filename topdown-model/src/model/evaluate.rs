@@ -50,11 +50,11 @@ pub struct Evaluator<'a> {
 /// A model's metric names at one level and which of them are level-2 names.
 struct MetricNames {
     names: Vec<String>,
-    /// `names` shared by every entity's [`Metrics`]: one allocation per name per evaluator,
-    /// not per entity.
-    shared: Vec<Name>,
+    /// Every entity's [`Metrics`] is a clone of this one (all `None`), so all of them share
+    /// its names: one allocation per evaluator, not per entity.
+    template: Metrics,
     /// Positions in `names` in name order, the last of a name given twice (what collecting
-    /// into a map keeps), so each entity's metrics are built already sorted.
+    /// into a map keeps): where each of `template`'s values comes from.
     sorted: Vec<usize>,
     level_two: Vec<bool>,
     level_one: Vec<bool>,
@@ -120,7 +120,7 @@ impl<'a> Evaluator<'a> {
                 .map(|(_, index)| *index)
                 .collect();
             MetricNames {
-                shared: names.iter().map(Name::from).collect(),
+                template: names.iter().map(|name| (name, None)).collect(),
                 sorted,
                 level_two: names
                     .iter()
@@ -200,11 +200,10 @@ impl<'a> Evaluator<'a> {
         let names = &self.metric_names[usize::from(level.min(2))];
         let mut values = vec![None; names.names.len()];
         let scaled = self.evaluate_with_into(slot, level, &mut values);
-        let metrics: Metrics = names
-            .sorted
-            .iter()
-            .map(|&index| (&names.shared[index], values[index]))
-            .collect();
+        let mut metrics = names.template.clone();
+        for (metric, index) in metrics.values_mut().zip(&names.sorted) {
+            *metric = values.get(*index).copied().flatten();
+        }
         let mut estimated = Vec::new();
         for (name, value) in &metrics {
             let is_level_one = self.level_one.contains(&name.as_str());
@@ -425,9 +424,7 @@ mod tests {
         let evaluator = Evaluator::new(&Pair, &["cycles", "a", "b", "c"]);
         let one = evaluator.evaluate(&[1000, 250, 10, 40], 2).metrics;
         let two = evaluator.evaluate(&[1000, 500, 10, 40], 2).metrics;
-        for ((a, _), (b, _)) in one.iter().zip(&two) {
-            assert!(std::ptr::eq(a.as_str(), b.as_str()), "{a}");
-        }
+        assert!(std::ptr::eq(one.keys().as_slice(), two.keys().as_slice()));
         // The same map, in the same order, as the model's own named metrics.
         assert_eq!(one, Pair.metrics(&[1000, 250, 10, 40], 2));
         assert_eq!(one["retiring"], Some(0.25));
