@@ -4,7 +4,10 @@
 
 use anyhow::{Context as _, Result};
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    io::Write,
+};
 
 use super::{By, CallEdge, Entity, Report};
 use crate::model::{L1_METRICS, L2_METRICS, Name};
@@ -30,11 +33,30 @@ pub(crate) fn title(metric: &str) -> &str {
 }
 
 pub fn write_table(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
-    let text = table_text(report, by);
-    out.write_all(text.as_bytes()).context("writing the report")
+    // Line by line into `out`: the table of every thread is not held whole.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, out);
+    write_table_text(report, by, &mut buffered)
+        .and_then(|()| buffered.flush())
+        .context("writing the report")
 }
 
+/// The table as one string (for tests).
+#[cfg(test)]
 fn table_text(report: &Report, by: &[By]) -> String {
+    let mut bytes = Vec::new();
+    let written = write_table_text(report, by, &mut bytes);
+    assert!(written.is_ok(), "{written:?}");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Writes `text` out and empties it: before a table laid out straight into `out`.
+fn spill(text: &mut String, out: &mut dyn Write) -> std::io::Result<()> {
+    out.write_all(text.as_bytes())?;
+    text.clear();
+    Ok(())
+}
+
+fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io::Result<()> {
     let mut text = String::new();
     let interval = report
         .interval
@@ -99,44 +121,42 @@ fn table_text(report: &Report, by: &[By]) -> String {
         weight.to_owned()
     };
 
-    let cells_of = |entity: &Entity, shared: bool| -> Vec<String> {
+    // Each entity's figures, written into the table's one buffer of cells.
+    let cells_of = |rows: &mut Rows, entity: &Entity, shared: bool| {
         let value = entity.counters.get(weight).copied().unwrap_or(0);
-        let mut cells = vec![
-            if weight == "cpu-clock" {
-                format!("{:.3}", value as f64 / 1e6)
-            } else {
-                value.to_string()
-            },
-            if total_weight == 0 || !shared {
-                "-".to_owned()
-            } else {
-                format!("{:.1}%", 100.0 * value as f64 / total_weight as f64)
-            },
-        ];
-        let extra_counts: Vec<String> = report
-            .extra_events
-            .iter()
-            .map(|event| entity.counters.get(event).copied().unwrap_or(0).to_string())
-            .collect();
-        cells.extend(metrics.iter().map(
-            |name| match entity.metrics.get(name).copied().flatten() {
+        if weight == "cpu-clock" {
+            rows.cell_fmt(format_args!("{:.3}", value as f64 / 1e6));
+        } else {
+            rows.cell_fmt(format_args!("{value}"));
+        }
+        if total_weight == 0 || !shared {
+            rows.cell("-");
+        } else {
+            rows.cell_fmt(format_args!(
+                "{:.1}%",
+                100.0 * value as f64 / total_weight as f64
+            ));
+        }
+        for name in &metrics {
+            match entity.metrics.get(name).copied().flatten() {
                 Some(fraction) if entity.estimated.iter().any(|e| e == name) => {
-                    format!("~{:.1}%", 100.0 * fraction)
+                    rows.cell_fmt(format_args!("~{:.1}%", 100.0 * fraction));
                 }
-                Some(fraction) => format!("{:.1}%", 100.0 * fraction),
-                None => "-".to_owned(),
-            },
-        ));
-        cells.extend(extra_counts);
-        cells.extend(report.derived.iter().map(|figure| {
-            entity
-                .derived
-                .get(&figure.name)
-                .map_or_else(|| "-".to_owned(), |value| format!("{value:.1}"))
-        }));
-        cells
+                Some(fraction) => rows.cell_fmt(format_args!("{:.1}%", 100.0 * fraction)),
+                None => rows.cell("-"),
+            }
+        }
+        for event in &report.extra_events {
+            let count = entity.counters.get(event).copied().unwrap_or(0);
+            rows.cell_fmt(format_args!("{count}"));
+        }
+        for figure in &report.derived {
+            match entity.derived.get(&figure.name) {
+                Some(value) => rows.cell_fmt(format_args!("{value:.1}")),
+                None => rows.cell("-"),
+            }
+        }
     };
-    let cells = |entity: &Entity| cells_of(entity, true);
     any_estimated |= report
         .totals
         .estimated
@@ -200,87 +220,75 @@ fn table_text(report: &Report, by: &[By]) -> String {
     }
 
     if by.contains(&By::Task) {
-        let mut rows: Vec<Vec<String>> = report
-            .tasks
-            .iter()
-            .map(|task| {
-                let mut row = vec![
-                    task.tid.to_string(),
-                    task.tgid.to_string(),
-                    format!(
-                        "{}{}",
-                        task.comm,
-                        if task.exited { " (exited)" } else { "" }
-                    ),
-                ];
-                row.extend(cells(&task.entity));
-                row
-            })
-            .collect();
-        rows.extend(summary.iter().map(|(label, entity, shared)| {
-            let mut row = vec![String::new(), String::new(), label.clone()];
-            row.extend(cells_of(entity, *shared));
-            row
-        }));
+        let mut rows = Rows::default();
+        for task in &report.tasks {
+            rows.row();
+            rows.cell_fmt(format_args!("{}", task.tid));
+            rows.cell_fmt(format_args!("{}", task.tgid));
+            rows.cell_fmt(format_args!(
+                "{}{}",
+                task.comm,
+                if task.exited { " (exited)" } else { "" }
+            ));
+            cells_of(&mut rows, &task.entity, true);
+        }
+        for (label, entity, shared) in &summary {
+            rows.row();
+            rows.cell("");
+            rows.cell("");
+            rows.cell(label);
+            cells_of(&mut rows, entity, *shared);
+        }
         let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nTasks\n";
-        text += &layout(&header, &rows, 2);
+        spill(&mut text, out)?;
+        layout_to(out, &header, rows.iter(), 2)?;
     }
     if by.contains(&By::Process) {
-        let mut rows: Vec<Vec<String>> = report
-            .processes
-            .iter()
-            .map(|process| {
-                let mut row = vec![
-                    process.pid.to_string(),
-                    process.comm.clone(),
-                    process.threads.to_string(),
-                ];
-                row.extend(cells(&process.entity));
-                row
-            })
-            .collect();
-        rows.extend(summary.iter().map(|(label, entity, shared)| {
-            let mut row = vec![String::new(), label.clone(), String::new()];
-            row.extend(cells_of(entity, *shared));
-            row
-        }));
+        let mut rows = Rows::default();
+        for process in &report.processes {
+            rows.row();
+            rows.cell_fmt(format_args!("{}", process.pid));
+            rows.cell(&process.comm);
+            rows.cell_fmt(format_args!("{}", process.threads));
+            cells_of(&mut rows, &process.entity, true);
+        }
+        for (label, entity, shared) in &summary {
+            rows.row();
+            rows.cell("");
+            rows.cell(label);
+            rows.cell("");
+            cells_of(&mut rows, entity, *shared);
+        }
         let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nProcesses\n";
-        text += &layout(&header, &rows, 1);
+        spill(&mut text, out)?;
+        layout_to(out, &header, rows.iter(), 1)?;
     }
 
     if by.contains(&By::Cgroup) {
-        let mut rows: Vec<Vec<String>> = report
-            .cgroups
-            .iter()
-            .map(|cgroup| {
-                let mut row = vec![
-                    cgroup.id.to_string(),
-                    cgroup.path.clone().unwrap_or_else(|| {
-                        if cgroup.id == 0 {
-                            "(cgroup map full)".to_owned()
-                        } else {
-                            "(unknown)".to_owned()
-                        }
-                    }),
-                    cgroup
-                        .container
-                        .as_ref()
-                        .map(|info| info.label())
-                        .unwrap_or_default(),
-                ];
-                row.extend(cells(&cgroup.entity));
-                row
-            })
-            .collect();
-        rows.push({
-            let mut row = vec![String::new(), "idle".to_owned(), String::new()];
-            row.extend(cells_of(&report.idle, report.command.is_none()));
-            row
-        });
+        let mut rows = Rows::default();
+        for cgroup in &report.cgroups {
+            rows.row();
+            rows.cell_fmt(format_args!("{}", cgroup.id));
+            rows.cell(match &cgroup.path {
+                Some(path) => path,
+                None if cgroup.id == 0 => "(cgroup map full)",
+                None => "(unknown)",
+            });
+            match &cgroup.container {
+                Some(info) => rows.cell(&info.label()),
+                None => rows.cell(""),
+            }
+            cells_of(&mut rows, &cgroup.entity, true);
+        }
+        rows.row();
+        rows.cell("");
+        rows.cell("idle");
+        rows.cell("");
+        cells_of(&mut rows, &report.idle, report.command.is_none());
         let mut header = vec![
             "CGROUP ID".to_owned(),
             "PATH".to_owned(),
@@ -293,7 +301,8 @@ fn table_text(report: &Report, by: &[By]) -> String {
             }
             None => "\nCgroups\n".to_owned(),
         };
-        text += &layout(&header, &rows, 3);
+        spill(&mut text, out)?;
+        layout_to(out, &header, rows.iter(), 3)?;
     }
 
     if by.contains(&By::Function) && !report.functions.is_empty() {
@@ -385,7 +394,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.unsplit_tasks
         );
     }
-    text
+    out.write_all(text.as_bytes())
 }
 
 /// The per-function table (metrics of the exclusive counts: what the function itself did) and
@@ -635,19 +644,116 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
     text
 }
 
+/// The cells of a table's rows in one buffer: a table of every thread (100,000 rows of ~17
+/// cells) held as a `String` per cell took ~100 MB while it was laid out.
+#[derive(Default)]
+pub(crate) struct Rows {
+    text: String,
+    /// Each cell's end in `text`, counted from its row's start (a row is far shorter than
+    /// 4 GiB: numbers, a comm, a cgroup path).
+    ends: Vec<u32>,
+    /// Each row's start in `text` and its first cell in `ends`.
+    rows: Vec<(usize, usize)>,
+}
+
+impl Rows {
+    /// Starts a row; the cells that follow are its cells.
+    pub(crate) fn row(&mut self) {
+        self.rows.push((self.text.len(), self.ends.len()));
+    }
+
+    pub(crate) fn cell(&mut self, cell: &str) {
+        self.text.push_str(cell);
+        self.end_cell();
+    }
+
+    pub(crate) fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut self.text, cell);
+        self.end_cell();
+    }
+
+    fn end_cell(&mut self) {
+        let start = self.rows.last().map_or(0, |(start, _)| *start);
+        self.ends
+            .push(u32::try_from(self.text.len() - start).unwrap_or(u32::MAX));
+    }
+
+    /// Each row's cells.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = impl Iterator<Item = &str> + Clone> + Clone {
+        self.rows
+            .iter()
+            .enumerate()
+            .map(|(index, &(start, first))| {
+                let last = self
+                    .rows
+                    .get(index + 1)
+                    .map_or(self.ends.len(), |(_, next)| *next);
+                let row = self.text.get(start..).unwrap_or("");
+                let ends = self.ends.get(first..last).unwrap_or(&[]);
+                ends.iter().scan(0usize, move |from, &end| {
+                    let end = end as usize;
+                    let cell = row.get(*from..end).unwrap_or("");
+                    *from = end;
+                    Some(cell)
+                })
+            })
+    }
+}
+
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
 pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
+    let mut text = String::new();
+    layout_lines(
+        header,
+        rows.iter().map(|row| row.iter().map(String::as_str)),
+        text_columns,
+        |line| {
+            text.push_str(line);
+            Ok(())
+        },
+    )
+    .map(|()| text)
+    // Only `emit` fails, and this one never does.
+    .unwrap_or_default()
+}
+
+/// [`layout`] of `rows` (each an iterator of its cells), written to `out` line by line.
+pub(crate) fn layout_to<'a, C>(
+    out: &mut dyn Write,
+    header: &[String],
+    rows: impl Iterator<Item = C> + Clone,
+    text_columns: usize,
+) -> std::io::Result<()>
+where
+    C: Iterator<Item = &'a str>,
+{
+    layout_lines(header, rows, text_columns, |line| {
+        out.write_all(line.as_bytes())
+    })
+}
+
+/// Lays `rows` out under `header` and hands each line (with its newline) to `emit`.
+fn layout_lines<'a, C>(
+    header: &[String],
+    rows: impl Iterator<Item = C> + Clone,
+    text_columns: usize,
+    mut emit: impl FnMut(&str) -> std::io::Result<()>,
+) -> std::io::Result<()>
+where
+    C: Iterator<Item = &'a str>,
+{
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
-    for row in rows {
+    for row in rows.clone() {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     // Written straight into one string: a string per padded cell and per line made the table
     // the slowest of the outputs.
-    let line = |text: &mut String, cells: &[String]| {
-        let start = text.len();
+    let line = |text: &mut String, cells: &[&str]| {
+        text.clear();
         for (column, (cell, width)) in cells.iter().zip(&widths).enumerate() {
             if column > 0 {
                 text.push_str("  ");
@@ -668,16 +774,23 @@ pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usiz
                 text.push_str(cell);
             }
         }
-        let kept = text[start..].trim_end().len();
-        text.truncate(start + kept);
+        let kept = text.trim_end().len();
+        text.truncate(kept);
         text.push('\n');
     };
+    // One line and one vector of a line's cells, reused for every row.
     let mut text = String::new();
-    line(&mut text, header);
+    let titles: Vec<&str> = header.iter().map(String::as_str).collect();
+    line(&mut text, &titles);
+    emit(&text)?;
+    let mut cells: Vec<&'a str> = Vec::with_capacity(titles.len());
     for row in rows {
-        line(&mut text, row);
+        cells.clear();
+        cells.extend(row);
+        line(&mut text, &cells);
+        emit(&text)?;
     }
-    text
+    Ok(())
 }
 
 #[cfg(test)]
