@@ -121,8 +121,8 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
         weight.to_owned()
     };
 
-    // Each entity's figures, written into the table's one buffer of cells.
-    let cells_of = |rows: &mut Rows, entity: &Entity, shared: bool| {
+    // Each entity's figures, as cells of its row.
+    let cells_of = |rows: &mut dyn Cells, entity: &Entity, shared: bool| {
         let value = entity.counters.get(weight).copied().unwrap_or(0);
         if weight == "cpu-clock" {
             rows.cell_fmt(format_args!("{:.3}", value as f64 / 1e6));
@@ -220,75 +220,78 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
     }
 
     if by.contains(&By::Task) {
-        let mut rows = Rows::default();
-        for task in &report.tasks {
-            rows.row();
-            rows.cell_fmt(format_args!("{}", task.tid));
-            rows.cell_fmt(format_args!("{}", task.tgid));
-            rows.cell_fmt(format_args!(
-                "{}{}",
-                task.comm,
-                if task.exited { " (exited)" } else { "" }
-            ));
-            cells_of(&mut rows, &task.entity, true);
-        }
-        for (label, entity, shared) in &summary {
-            rows.row();
-            rows.cell("");
-            rows.cell("");
-            rows.cell(label);
-            cells_of(&mut rows, entity, *shared);
-        }
+        let rows = |rows: &mut dyn Cells| {
+            for task in &report.tasks {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", task.tid));
+                rows.cell_fmt(format_args!("{}", task.tgid));
+                rows.cell_fmt(format_args!(
+                    "{}{}",
+                    task.comm,
+                    if task.exited { " (exited)" } else { "" }
+                ));
+                cells_of(rows, &task.entity, true);
+            }
+            for (label, entity, shared) in &summary {
+                rows.row();
+                rows.cell("");
+                rows.cell("");
+                rows.cell(label);
+                cells_of(rows, entity, *shared);
+            }
+        };
         let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nTasks\n";
         spill(&mut text, out)?;
-        layout_to(out, &header, rows.iter(), 2)?;
+        layout_twice(out, &header, 2, &rows)?;
     }
     if by.contains(&By::Process) {
-        let mut rows = Rows::default();
-        for process in &report.processes {
-            rows.row();
-            rows.cell_fmt(format_args!("{}", process.pid));
-            rows.cell(&process.comm);
-            rows.cell_fmt(format_args!("{}", process.threads));
-            cells_of(&mut rows, &process.entity, true);
-        }
-        for (label, entity, shared) in &summary {
-            rows.row();
-            rows.cell("");
-            rows.cell(label);
-            rows.cell("");
-            cells_of(&mut rows, entity, *shared);
-        }
+        let rows = |rows: &mut dyn Cells| {
+            for process in &report.processes {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", process.pid));
+                rows.cell(&process.comm);
+                rows.cell_fmt(format_args!("{}", process.threads));
+                cells_of(rows, &process.entity, true);
+            }
+            for (label, entity, shared) in &summary {
+                rows.row();
+                rows.cell("");
+                rows.cell(label);
+                rows.cell("");
+                cells_of(rows, entity, *shared);
+            }
+        };
         let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nProcesses\n";
         spill(&mut text, out)?;
-        layout_to(out, &header, rows.iter(), 1)?;
+        layout_twice(out, &header, 1, &rows)?;
     }
 
     if by.contains(&By::Cgroup) {
-        let mut rows = Rows::default();
-        for cgroup in &report.cgroups {
-            rows.row();
-            rows.cell_fmt(format_args!("{}", cgroup.id));
-            rows.cell(match &cgroup.path {
-                Some(path) => path,
-                None if cgroup.id == 0 => "(cgroup map full)",
-                None => "(unknown)",
-            });
-            match &cgroup.container {
-                Some(info) => rows.cell(&info.label()),
-                None => rows.cell(""),
+        let rows = |rows: &mut dyn Cells| {
+            for cgroup in &report.cgroups {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", cgroup.id));
+                rows.cell(match &cgroup.path {
+                    Some(path) => path,
+                    None if cgroup.id == 0 => "(cgroup map full)",
+                    None => "(unknown)",
+                });
+                match &cgroup.container {
+                    Some(info) => rows.cell(&info.label()),
+                    None => rows.cell(""),
+                }
+                cells_of(rows, &cgroup.entity, true);
             }
-            cells_of(&mut rows, &cgroup.entity, true);
-        }
-        rows.row();
-        rows.cell("");
-        rows.cell("idle");
-        rows.cell("");
-        cells_of(&mut rows, &report.idle, report.command.is_none());
+            rows.row();
+            rows.cell("");
+            rows.cell("idle");
+            rows.cell("");
+            cells_of(rows, &report.idle, report.command.is_none());
+        };
         let mut header = vec![
             "CGROUP ID".to_owned(),
             "PATH".to_owned(),
@@ -302,7 +305,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
             None => "\nCgroups\n".to_owned(),
         };
         spill(&mut text, out)?;
-        layout_to(out, &header, rows.iter(), 3)?;
+        layout_twice(out, &header, 3, &rows)?;
     }
 
     if by.contains(&By::Function) && !report.functions.is_empty() {
@@ -644,153 +647,196 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
     text
 }
 
-/// The cells of a table's rows in one buffer: a table of every thread (100,000 rows of ~17
-/// cells) held as a `String` per cell took ~100 MB while it was laid out.
-#[derive(Default)]
-pub(crate) struct Rows {
-    text: String,
-    /// Each cell's end in `text`, counted from its row's start (a row is far shorter than
-    /// 4 GiB: numbers, a comm, a cgroup path).
-    ends: Vec<u32>,
-    /// Each row's start in `text` and its first cell in `ends`.
-    rows: Vec<(usize, usize)>,
+/// Where a table's cells go, row by row. [`layout_twice`] hands them to a [`Widths`] and
+/// then to a [`Lines`]: a table of every thread (100,000 rows of ~17 cells), held as a
+/// `String` per cell while it was laid out, took ~100 MB.
+pub(crate) trait Cells {
+    /// Starts a row; the cells that follow are its cells.
+    fn row(&mut self);
+    fn cell(&mut self, cell: &str);
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>);
 }
 
-impl Rows {
-    /// Starts a row; the cells that follow are its cells.
-    pub(crate) fn row(&mut self) {
-        self.rows.push((self.text.len(), self.ends.len()));
+/// The first pass: each column's width, in characters.
+struct Widths {
+    widths: Vec<usize>,
+    column: usize,
+    scratch: String,
+}
+
+impl Cells for Widths {
+    fn row(&mut self) {
+        self.column = 0;
     }
 
-    pub(crate) fn cell(&mut self, cell: &str) {
-        self.text.push_str(cell);
-        self.end_cell();
+    fn cell(&mut self, cell: &str) {
+        // A cell past the header's columns is left out, as `layout` leaves it out.
+        if let Some(width) = self.widths.get_mut(self.column) {
+            *width = (*width).max(cell.chars().count());
+        }
+        self.column += 1;
     }
 
-    pub(crate) fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
         // Writing into a `String` cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut self.text, cell);
-        self.end_cell();
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        self.scratch = scratch;
+    }
+}
+
+/// The second pass: each row laid out in `line` and written to `out`.
+struct Lines<'o> {
+    out: &'o mut dyn Write,
+    widths: Vec<usize>,
+    text_columns: usize,
+    line: String,
+    /// The next cell's column; `None` before the first row.
+    column: Option<usize>,
+    scratch: String,
+    /// The first write that failed; nothing is written after it.
+    error: Option<std::io::Error>,
+}
+
+impl Lines<'_> {
+    /// Writes the row in `line`, if one was started.
+    fn end_row(&mut self) {
+        if self.column.is_none() || self.error.is_some() {
+            return;
+        }
+        let kept = self.line.trim_end().len();
+        self.line.truncate(kept);
+        self.line.push('\n');
+        if let Err(err) = self.out.write_all(self.line.as_bytes()) {
+            self.error = Some(err);
+        }
+        self.line.clear();
+    }
+}
+
+impl Cells for Lines<'_> {
+    fn row(&mut self) {
+        self.end_row();
+        self.column = Some(0);
     }
 
-    fn end_cell(&mut self) {
-        let start = self.rows.last().map_or(0, |(start, _)| *start);
-        self.ends
-            .push(u32::try_from(self.text.len() - start).unwrap_or(u32::MAX));
+    fn cell(&mut self, cell: &str) {
+        let Some(column) = self.column else { return };
+        self.column = Some(column + 1);
+        // A cell past the header's columns is left out, as `layout` leaves it out.
+        let Some(width) = self.widths.get(column) else {
+            return;
+        };
+        // A streamed row's length is not known until it ends: the last column cannot be
+        // told apart, so `text_columns` 5 is not for these tables.
+        let left = left_aligned(self.text_columns, column, usize::MAX);
+        push_cell(&mut self.line, column, cell, *width, left);
     }
 
-    /// Each row's cells.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = impl Iterator<Item = &str> + Clone> + Clone {
-        self.rows
-            .iter()
-            .enumerate()
-            .map(|(index, &(start, first))| {
-                let last = self
-                    .rows
-                    .get(index + 1)
-                    .map_or(self.ends.len(), |(_, next)| *next);
-                let row = self.text.get(start..).unwrap_or("");
-                let ends = self.ends.get(first..last).unwrap_or(&[]);
-                ends.iter().scan(0usize, move |from, &end| {
-                    let end = end as usize;
-                    let cell = row.get(*from..end).unwrap_or("");
-                    *from = end;
-                    Some(cell)
-                })
-            })
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        self.scratch = scratch;
+    }
+}
+
+/// [`layout`] of the rows `rows` makes, written to `out`: `rows` runs twice, once for the
+/// column widths and once for the lines, so no cell is held (`text_columns` 1 to 4).
+pub(crate) fn layout_twice(
+    out: &mut dyn Write,
+    header: &[String],
+    text_columns: usize,
+    rows: &dyn Fn(&mut dyn Cells),
+) -> std::io::Result<()> {
+    debug_assert!(
+        text_columns != 5,
+        "the last column of a streamed row is not known"
+    );
+    let mut widths = Widths {
+        widths: header.iter().map(|cell| cell.chars().count()).collect(),
+        column: 0,
+        scratch: String::new(),
+    };
+    rows(&mut widths);
+    let mut lines = Lines {
+        out,
+        widths: widths.widths,
+        text_columns,
+        line: String::new(),
+        column: None,
+        scratch: widths.scratch,
+        error: None,
+    };
+    lines.row();
+    for title in header {
+        lines.cell(title);
+    }
+    rows(&mut lines);
+    lines.end_row();
+    match lines.error {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// Whether `column` of a row of `cells` cells is text, left-aligned (see [`layout`]).
+fn left_aligned(text_columns: usize, column: usize, cells: usize) -> bool {
+    match text_columns {
+        1 => column == 1,
+        2 => column == 2,
+        3 => column == 1 || column == 2,
+        5 => column <= 1 || column + 1 == cells,
+        _ => column <= 1,
+    }
+}
+
+/// Appends `cell`, padded to `width`, to the line being laid out.
+fn push_cell(line: &mut String, column: usize, cell: &str, width: usize, left: bool) {
+    if column > 0 {
+        line.push_str("  ");
+    }
+    let padding = width.saturating_sub(cell.chars().count());
+    if left {
+        line.push_str(cell);
+        line.extend(std::iter::repeat_n(' ', padding));
+    } else {
+        line.extend(std::iter::repeat_n(' ', padding));
+        line.push_str(cell);
     }
 }
 
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
 pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
-    let mut text = String::new();
-    layout_lines(
-        header,
-        rows.iter().map(|row| row.iter().map(String::as_str)),
-        text_columns,
-        |line| {
-            text.push_str(line);
-            Ok(())
-        },
-    )
-    .map(|()| text)
-    // Only `emit` fails, and this one never does.
-    .unwrap_or_default()
-}
-
-/// [`layout`] of `rows` (each an iterator of its cells), written to `out` line by line.
-pub(crate) fn layout_to<'a, C>(
-    out: &mut dyn Write,
-    header: &[String],
-    rows: impl Iterator<Item = C> + Clone,
-    text_columns: usize,
-) -> std::io::Result<()>
-where
-    C: Iterator<Item = &'a str>,
-{
-    layout_lines(header, rows, text_columns, |line| {
-        out.write_all(line.as_bytes())
-    })
-}
-
-/// Lays `rows` out under `header` and hands each line (with its newline) to `emit`.
-fn layout_lines<'a, C>(
-    header: &[String],
-    rows: impl Iterator<Item = C> + Clone,
-    text_columns: usize,
-    mut emit: impl FnMut(&str) -> std::io::Result<()>,
-) -> std::io::Result<()>
-where
-    C: Iterator<Item = &'a str>,
-{
     let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
-    for row in rows.clone() {
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     // Written straight into one string: a string per padded cell and per line made the table
     // the slowest of the outputs.
-    let line = |text: &mut String, cells: &[&str]| {
-        text.clear();
+    let line = |text: &mut String, cells: &[String]| {
+        let start = text.len();
         for (column, (cell, width)) in cells.iter().zip(&widths).enumerate() {
-            if column > 0 {
-                text.push_str("  ");
-            }
-            let left = match text_columns {
-                1 => column == 1,
-                2 => column == 2,
-                3 => column == 1 || column == 2,
-                5 => column <= 1 || column + 1 == cells.len(),
-                _ => column <= 1,
-            };
-            let padding = width.saturating_sub(cell.chars().count());
-            if left {
-                text.push_str(cell);
-                text.extend(std::iter::repeat_n(' ', padding));
-            } else {
-                text.extend(std::iter::repeat_n(' ', padding));
-                text.push_str(cell);
-            }
+            let left = left_aligned(text_columns, column, cells.len());
+            push_cell(text, column, cell, *width, left);
         }
-        let kept = text.trim_end().len();
-        text.truncate(kept);
+        let kept = text[start..].trim_end().len();
+        text.truncate(start + kept);
         text.push('\n');
     };
-    // One line and one vector of a line's cells, reused for every row.
     let mut text = String::new();
-    let titles: Vec<&str> = header.iter().map(String::as_str).collect();
-    line(&mut text, &titles);
-    emit(&text)?;
-    let mut cells: Vec<&'a str> = Vec::with_capacity(titles.len());
+    line(&mut text, header);
     for row in rows {
-        cells.clear();
-        cells.extend(row);
-        line(&mut text, &cells);
-        emit(&text)?;
+        line(&mut text, row);
     }
-    Ok(())
+    text
 }
 
 #[cfg(test)]
@@ -814,6 +860,43 @@ mod tests {
                     )
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn a_table_laid_out_twice_is_the_table_laid_out_from_held_cells() {
+        let header: Vec<String> = ["TID", "PID", "COMM", "slots", "Retiring"]
+            .map(str::to_owned)
+            .to_vec();
+        let rows: Vec<Vec<&str>> = vec![
+            vec!["1", "1", "init", "123456", "50.0%"],
+            vec!["22", "1", "wörker é", "7", "-"],
+            // Past the header's columns: left out.
+            vec!["333", "22", "x", "8", "~1.5%", "extra"],
+            vec!["", "", "total", "123471", ""],
+        ];
+        for text_columns in 1..=4 {
+            let held: Vec<Vec<String>> = rows
+                .iter()
+                .map(|row| row.iter().map(|cell| (*cell).to_owned()).collect())
+                .collect();
+            let expected = layout(&header, &held, text_columns);
+            let mut streamed = Vec::new();
+            let fill = |cells: &mut dyn Cells| {
+                for row in &rows {
+                    cells.row();
+                    for (at, cell) in row.iter().enumerate() {
+                        if at % 2 == 0 {
+                            cells.cell(cell);
+                        } else {
+                            cells.cell_fmt(format_args!("{cell}"));
+                        }
+                    }
+                }
+            };
+            let written = layout_twice(&mut streamed, &header, text_columns, &fill);
+            assert!(written.is_ok(), "{written:?}");
+            assert_eq!(String::from_utf8_lossy(&streamed), expected);
         }
     }
 
