@@ -54,4 +54,5 @@
 pub mod events;
 pub mod groups;
 pub mod model;
+pub mod named;
 pub mod schedule;

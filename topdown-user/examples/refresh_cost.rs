@@ -237,7 +237,9 @@ fn main() -> anyhow::Result<()> {
         // own (the entries it returns become the current snapshot in topdown).
         _ => None,
     };
-    let (unordered_tids, unordered_counters) = task_entries(tasks, 2);
+    // The entries `order` sorts, as the kernel map returns them: only the paths that run
+    // `order` hold them (`stat` takes its snapshot from the session already in order).
+    let unordered = (path != Path::Stat).then(|| task_entries(tasks, 2));
     let mut rendered = 0usize;
     for _ in 0..rounds {
         if let Some((batch_fd, by_entry)) = &task_map {
@@ -258,7 +260,7 @@ fn main() -> anyhow::Result<()> {
             rendered += read;
         }
 
-        if path != Path::Stat {
+        if let Some((unordered_tids, unordered_counters)) = &unordered {
             let (tids, counters) = (unordered_tids.clone(), unordered_counters.clone());
             let started = Started::now();
             let ordered = LiveTasks::from_entries(tids, counters);

@@ -189,7 +189,7 @@ pub fn dominant_categories(entity: &Entity) -> Option<String> {
         names
             .iter()
             .filter_map(|name| {
-                let value = entity.metrics.get(*name).copied().flatten()?;
+                let value = entity.metrics.get(name).copied().flatten()?;
                 value.is_finite().then(|| ((*name).to_owned(), value))
             })
             .fold(

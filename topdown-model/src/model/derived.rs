@@ -35,7 +35,7 @@ pub struct DerivedFigure {
 impl DerivedFigure {
     /// numerator / denominator of `counts`; `None` when either is missing or nothing was
     /// counted below the line.
-    pub fn value(&self, counts: &std::collections::BTreeMap<String, u64>) -> Option<f64> {
+    pub fn value(&self, counts: &super::Counts) -> Option<f64> {
         let numerator = *counts.get(&self.numerator)?;
         let denominator = *counts.get(&self.denominator)?;
         (denominator != 0).then(|| numerator as f64 / denominator as f64)

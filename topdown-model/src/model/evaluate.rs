@@ -5,7 +5,7 @@
 //! counts can be scaled by its own enabled/running ratio before the model's formulas run. The
 //! metrics fed by scaled counts are estimates and are reported as such.
 
-use super::{Counts, L1_METRICS, L2_METRICS, Metrics, Model};
+use super::{Counts, L1_METRICS, L2_METRICS, Metrics, Model, Name};
 use crate::groups::{enabled_slot_name, group_level, running_slot_name};
 
 /// A model's metrics for one entity.
@@ -50,6 +50,12 @@ pub struct Evaluator<'a> {
 /// A model's metric names at one level and which of them are level-2 names.
 struct MetricNames {
     names: Vec<String>,
+    /// Every entity's [`Metrics`] is a clone of this one (all `None`), so all of them share
+    /// its names: one allocation per evaluator, not per entity.
+    template: Metrics,
+    /// Positions in `names` in name order, the last of a name given twice (what collecting
+    /// into a map keeps): where each of `template`'s values comes from.
+    sorted: Vec<usize>,
     level_two: Vec<bool>,
     level_one: Vec<bool>,
 }
@@ -100,7 +106,22 @@ impl<'a> Evaluator<'a> {
             .collect();
         let metric_names = [0, 1, 2].map(|level| {
             let names = model.metric_names(level);
+            let mut sorted: Vec<usize> = (0..names.len()).collect();
+            // Stable, then the last of each run of equal names.
+            sorted.sort_by(|a, b| names[*a].cmp(&names[*b]));
+            let sorted = sorted
+                .iter()
+                .enumerate()
+                .filter(|(at, index)| {
+                    sorted
+                        .get(at + 1)
+                        .is_none_or(|next| names[*next] != names[**index])
+                })
+                .map(|(_, index)| *index)
+                .collect();
             MetricNames {
+                template: names.iter().map(|name| (name, None)).collect(),
+                sorted,
                 level_two: names
                     .iter()
                     .map(|name| L2_METRICS.contains(&name.as_str()))
@@ -176,10 +197,13 @@ impl<'a> Evaluator<'a> {
     /// ran for this entity leaves the metrics of its level unknown (`None`) instead of
     /// computing them from a zero.
     fn evaluate_with(&self, slot: impl Fn(usize) -> Option<u64>, level: u8) -> Evaluation {
-        let names = &self.metric_names[usize::from(level.min(2))].names;
-        let mut values = vec![None; names.len()];
+        let names = &self.metric_names[usize::from(level.min(2))];
+        let mut values = vec![None; names.names.len()];
         let scaled = self.evaluate_with_into(slot, level, &mut values);
-        let metrics: Metrics = names.iter().cloned().zip(values).collect();
+        let mut metrics = names.template.clone();
+        for (metric, index) in metrics.values_mut().zip(&names.sorted) {
+            *metric = values.get(*index).copied().flatten();
+        }
         let mut estimated = Vec::new();
         for (name, value) in &metrics {
             let is_level_one = self.level_one.contains(&name.as_str());
@@ -189,7 +213,7 @@ impl<'a> Evaluator<'a> {
                 scaled.level_one || scaled.level_two
             };
             if scaled_input && value.is_some() {
-                estimated.push(name.clone());
+                estimated.push(name.to_string());
             }
         }
         Evaluation { metrics, estimated }
@@ -255,7 +279,7 @@ impl<'a> Evaluator<'a> {
 /// Evaluates `model` at `level` on named `counts`: [`Evaluator`] for a single entity, for
 /// callers that have no slot list (a check, a test). Reports build one [`Evaluator`] instead.
 pub fn evaluate(model: &dyn Model, counts: &Counts, level: u8) -> Evaluation {
-    let names: Vec<&str> = counts.keys().map(String::as_str).collect();
+    let names: Vec<&str> = counts.keys().map(Name::as_str).collect();
     let values: Vec<u64> = counts.values().copied().collect();
     Evaluator::new(model, &names).evaluate(&values, level)
 }
@@ -393,6 +417,17 @@ mod tests {
         assert_eq!(result.metrics["retiring"], Some(0.25));
         assert_eq!(result.metrics["heavy_operations"], None);
         assert_eq!(result.metrics["light_operations"], None);
+    }
+
+    #[test]
+    fn entities_share_the_evaluators_names_in_the_models_order() {
+        let evaluator = Evaluator::new(&Pair, &["cycles", "a", "b", "c"]);
+        let one = evaluator.evaluate(&[1000, 250, 10, 40], 2).metrics;
+        let two = evaluator.evaluate(&[1000, 500, 10, 40], 2).metrics;
+        assert!(std::ptr::eq(one.keys().as_slice(), two.keys().as_slice()));
+        // The same map, in the same order, as the model's own named metrics.
+        assert_eq!(one, Pair.metrics(&[1000, 250, 10, 40], 2));
+        assert_eq!(one["retiring"], Some(0.25));
     }
 
     #[test]

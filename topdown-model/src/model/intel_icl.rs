@@ -265,7 +265,7 @@ mod tests {
         let metrics = IntelIcl.metrics(&[0; 20], 2);
         assert!(metrics.values().all(Option::is_none));
         for name in L1_METRICS.iter().chain(L2_METRICS.iter()) {
-            assert!(metrics.contains_key(*name), "{name}");
+            assert!(metrics.contains_key(name), "{name}");
         }
     }
 

@@ -9,9 +9,9 @@
 //! by name. `topdown report -i` rebuilds the model from its name alone, so a recording made on
 //! a production host can be re-analysed elsewhere.
 
-use std::collections::BTreeMap;
-
 use anyhow::{Result, bail};
+
+pub use crate::named::{Name, NamedMap};
 
 pub mod amd_zen;
 pub mod arm_neoverse;
@@ -34,10 +34,10 @@ pub mod with_events;
 pub use evaluate::{Evaluation, Evaluator, Scaled, evaluate};
 
 /// Raw counter values by counter name (the Linux perf event name, e.g. `slots`).
-pub type Counts = BTreeMap<String, u64>;
+pub type Counts = NamedMap<u64>;
 
 /// Metric name -> fraction in 0..1 (`None` where the model cannot compute it).
-pub type Metrics = BTreeMap<String, Option<f64>>;
+pub type Metrics = NamedMap<Option<f64>>;
 
 /// Level-1 TopDown metric names, in report order.
 pub const L1_METRICS: [&str; 4] = [
@@ -173,7 +173,10 @@ pub trait Model: Send + Sync {
     /// whatever the values; models with a typed evaluation list [`standard_metric_names`].
     fn metric_names(&self, level: u8) -> Vec<String> {
         let zeroes = vec![0; self.counters().len()];
-        self.metrics(&zeroes, level).into_keys().collect()
+        self.metrics(&zeroes, level)
+            .into_keys()
+            .map(String::from)
+            .collect()
     }
 
     /// The typed evaluation: the metrics of [`Model::metrics`], written into `out` by position

@@ -11,6 +11,7 @@
 use anyhow::{Context as _, Result};
 
 use super::{By, Entity, Report};
+use crate::model::Name;
 
 /// The identifying columns, before the counters and metrics.
 pub const KEY_COLUMNS: [&str; 13] = [
@@ -47,7 +48,7 @@ struct Key<'a> {
 
 pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
     let mut writer = ::csv::Writer::from_writer(out);
-    let metric_names: Vec<&String> = report.totals.metrics.keys().collect();
+    let metric_names: Vec<&Name> = report.totals.metrics.keys().collect();
     let header = KEY_COLUMNS
         .iter()
         .copied()
@@ -88,7 +89,7 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
         cells.extend(metric_names.iter().map(|name| {
             entity
                 .metrics
-                .get(*name)
+                .get(name)
                 .copied()
                 .flatten()
                 .map(|value| value.to_string())

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Counts, Metrics};
+use crate::model::{Counts, Metrics, Name, NamedMap};
 
 pub mod csv;
 pub mod folded;
@@ -135,8 +135,8 @@ pub struct Entity {
     pub estimated: Vec<String>,
     /// The report's derived figures for this entity (name -> value in the figure's unit);
     /// absent where the denominator counted nothing.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub derived: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "NamedMap::is_empty")]
+    pub derived: NamedMap<f64>,
 }
 
 /// A figure derived from two counters (`crate::model::derived::DerivedFigure`), as recorded.
@@ -209,15 +209,16 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
 /// like the metrics: never trusted from a file).
 pub fn fill_derived(report: &mut Report) {
-    let figures: Vec<_> = report.derived.iter().map(DerivedEntry::figure).collect();
+    // Each figure's name once, shared by every entity's map.
+    let figures: Vec<_> = report
+        .derived
+        .iter()
+        .map(|entry| (Name::from(&entry.name), entry.figure()))
+        .collect();
     for_each_entity_mut(report, |entity| {
         entity.derived = figures
             .iter()
-            .filter_map(|figure| {
-                figure
-                    .value(&entity.counters)
-                    .map(|value| (figure.name.clone(), value))
-            })
+            .filter_map(|(name, figure)| figure.value(&entity.counters).map(|value| (name, value)))
             .collect();
     });
 }
@@ -770,15 +771,12 @@ pub(crate) mod tests {
             denominator: responses.into(),
             unit: "core cycles".into(),
         }];
-        report.totals.counters.insert(outstanding.into(), 3000);
-        report.totals.counters.insert(responses.into(), 12);
-        report.tasks[0]
-            .entity
-            .counters
-            .insert(outstanding.into(), 500);
-        report.tasks[0].entity.counters.insert(responses.into(), 0);
+        report.totals.counters.insert(outstanding, 3000);
+        report.totals.counters.insert(responses, 12);
+        report.tasks[0].entity.counters.insert(outstanding, 500);
+        report.tasks[0].entity.counters.insert(responses, 0);
         // A value in the file is never trusted.
-        report.totals.derived.insert("offcore_latency".into(), 1.0);
+        report.totals.derived.insert("offcore_latency", 1.0);
         recompute(&mut report, model.as_ref(), 1);
         assert_eq!(report.totals.derived.get("offcore_latency"), Some(&250.0));
         // Nothing below the line: no figure rather than infinity.

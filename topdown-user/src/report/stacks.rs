@@ -117,7 +117,7 @@ fn category_names(report: &Report) -> Vec<String> {
         .iter()
         .chain(crate::model::L2_METRICS.iter())
         .chain(["smt_contention"].iter())
-        .filter(|name| known.contains_key(**name))
+        .filter(|name| known.contains_key(name))
         .map(|name| (*name).to_owned())
         .collect()
 }

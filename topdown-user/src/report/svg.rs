@@ -750,7 +750,7 @@ mod tests {
             .map(|(name, value)| (name.to_owned(), Some(value)))
             .collect(),
             estimated: Vec::new(),
-            derived: BTreeMap::new(),
+            derived: Default::default(),
         }
     }
 

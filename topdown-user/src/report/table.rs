@@ -4,10 +4,13 @@
 
 use anyhow::{Context as _, Result};
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    io::Write,
+};
 
 use super::{By, CallEdge, Entity, Report};
-use crate::model::{L1_METRICS, L2_METRICS};
+use crate::model::{L1_METRICS, L2_METRICS, Name};
 
 /// Column titles for the metric names.
 pub(crate) fn title(metric: &str) -> &str {
@@ -30,11 +33,30 @@ pub(crate) fn title(metric: &str) -> &str {
 }
 
 pub fn write_table(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
-    let text = table_text(report, by);
-    out.write_all(text.as_bytes()).context("writing the report")
+    // Line by line into `out`: the table of every thread is not held whole.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, out);
+    write_table_text(report, by, &mut buffered)
+        .and_then(|()| buffered.flush())
+        .context("writing the report")
 }
 
+/// The table as one string (for tests).
+#[cfg(test)]
 fn table_text(report: &Report, by: &[By]) -> String {
+    let mut bytes = Vec::new();
+    let written = write_table_text(report, by, &mut bytes);
+    assert!(written.is_ok(), "{written:?}");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Writes `text` out and empties it: before a table laid out straight into `out`.
+fn spill(text: &mut String, out: &mut dyn Write) -> std::io::Result<()> {
+    out.write_all(text.as_bytes())?;
+    text.clear();
+    Ok(())
+}
+
+fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io::Result<()> {
     let mut text = String::new();
     let interval = report
         .interval
@@ -72,7 +94,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
         .totals
         .metrics
         .keys()
-        .map(String::as_str)
+        .map(Name::as_str)
         .filter(|name| {
             !name.contains('.') && !L1_METRICS.contains(name) && !L2_METRICS.contains(name)
         })
@@ -99,44 +121,42 @@ fn table_text(report: &Report, by: &[By]) -> String {
         weight.to_owned()
     };
 
-    let cells_of = |entity: &Entity, shared: bool| -> Vec<String> {
+    // Each entity's figures, as cells of its row.
+    let cells_of = |rows: &mut dyn Cells, entity: &Entity, shared: bool| {
         let value = entity.counters.get(weight).copied().unwrap_or(0);
-        let mut cells = vec![
-            if weight == "cpu-clock" {
-                format!("{:.3}", value as f64 / 1e6)
-            } else {
-                value.to_string()
-            },
-            if total_weight == 0 || !shared {
-                "-".to_owned()
-            } else {
-                format!("{:.1}%", 100.0 * value as f64 / total_weight as f64)
-            },
-        ];
-        let extra_counts: Vec<String> = report
-            .extra_events
-            .iter()
-            .map(|event| entity.counters.get(event).copied().unwrap_or(0).to_string())
-            .collect();
-        cells.extend(metrics.iter().map(
-            |name| match entity.metrics.get(*name).copied().flatten() {
+        if weight == "cpu-clock" {
+            rows.cell_fmt(format_args!("{:.3}", value as f64 / 1e6));
+        } else {
+            rows.cell_fmt(format_args!("{value}"));
+        }
+        if total_weight == 0 || !shared {
+            rows.cell("-");
+        } else {
+            rows.cell_fmt(format_args!(
+                "{:.1}%",
+                100.0 * value as f64 / total_weight as f64
+            ));
+        }
+        for name in &metrics {
+            match entity.metrics.get(name).copied().flatten() {
                 Some(fraction) if entity.estimated.iter().any(|e| e == name) => {
-                    format!("~{:.1}%", 100.0 * fraction)
+                    rows.cell_fmt(format_args!("~{:.1}%", 100.0 * fraction));
                 }
-                Some(fraction) => format!("{:.1}%", 100.0 * fraction),
-                None => "-".to_owned(),
-            },
-        ));
-        cells.extend(extra_counts);
-        cells.extend(report.derived.iter().map(|figure| {
-            entity
-                .derived
-                .get(&figure.name)
-                .map_or_else(|| "-".to_owned(), |value| format!("{value:.1}"))
-        }));
-        cells
+                Some(fraction) => rows.cell_fmt(format_args!("{:.1}%", 100.0 * fraction)),
+                None => rows.cell("-"),
+            }
+        }
+        for event in &report.extra_events {
+            let count = entity.counters.get(event).copied().unwrap_or(0);
+            rows.cell_fmt(format_args!("{count}"));
+        }
+        for figure in &report.derived {
+            match entity.derived.get(&figure.name) {
+                Some(value) => rows.cell_fmt(format_args!("{value:.1}")),
+                None => rows.cell("-"),
+            }
+        }
     };
-    let cells = |entity: &Entity| cells_of(entity, true);
     any_estimated |= report
         .totals
         .estimated
@@ -200,87 +220,78 @@ fn table_text(report: &Report, by: &[By]) -> String {
     }
 
     if by.contains(&By::Task) {
-        let mut rows: Vec<Vec<String>> = report
-            .tasks
-            .iter()
-            .map(|task| {
-                let mut row = vec![
-                    task.tid.to_string(),
-                    task.tgid.to_string(),
-                    format!(
-                        "{}{}",
-                        task.comm,
-                        if task.exited { " (exited)" } else { "" }
-                    ),
-                ];
-                row.extend(cells(&task.entity));
-                row
-            })
-            .collect();
-        rows.extend(summary.iter().map(|(label, entity, shared)| {
-            let mut row = vec![String::new(), String::new(), label.clone()];
-            row.extend(cells_of(entity, *shared));
-            row
-        }));
+        let rows = |rows: &mut dyn Cells| {
+            for task in &report.tasks {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", task.tid));
+                rows.cell_fmt(format_args!("{}", task.tgid));
+                rows.cell_fmt(format_args!(
+                    "{}{}",
+                    task.comm,
+                    if task.exited { " (exited)" } else { "" }
+                ));
+                cells_of(rows, &task.entity, true);
+            }
+            for (label, entity, shared) in &summary {
+                rows.row();
+                rows.cell("");
+                rows.cell("");
+                rows.cell(label);
+                cells_of(rows, entity, *shared);
+            }
+        };
         let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nTasks\n";
-        text += &layout(&header, &rows, 2);
+        spill(&mut text, out)?;
+        layout_twice(out, &header, 2, &rows)?;
     }
     if by.contains(&By::Process) {
-        let mut rows: Vec<Vec<String>> = report
-            .processes
-            .iter()
-            .map(|process| {
-                let mut row = vec![
-                    process.pid.to_string(),
-                    process.comm.clone(),
-                    process.threads.to_string(),
-                ];
-                row.extend(cells(&process.entity));
-                row
-            })
-            .collect();
-        rows.extend(summary.iter().map(|(label, entity, shared)| {
-            let mut row = vec![String::new(), label.clone(), String::new()];
-            row.extend(cells_of(entity, *shared));
-            row
-        }));
+        let rows = |rows: &mut dyn Cells| {
+            for process in &report.processes {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", process.pid));
+                rows.cell(&process.comm);
+                rows.cell_fmt(format_args!("{}", process.threads));
+                cells_of(rows, &process.entity, true);
+            }
+            for (label, entity, shared) in &summary {
+                rows.row();
+                rows.cell("");
+                rows.cell(label);
+                rows.cell("");
+                cells_of(rows, entity, *shared);
+            }
+        };
         let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
         header.extend(header_tail.iter().cloned());
         text += "\nProcesses\n";
-        text += &layout(&header, &rows, 1);
+        spill(&mut text, out)?;
+        layout_twice(out, &header, 1, &rows)?;
     }
 
     if by.contains(&By::Cgroup) {
-        let mut rows: Vec<Vec<String>> = report
-            .cgroups
-            .iter()
-            .map(|cgroup| {
-                let mut row = vec![
-                    cgroup.id.to_string(),
-                    cgroup.path.clone().unwrap_or_else(|| {
-                        if cgroup.id == 0 {
-                            "(cgroup map full)".to_owned()
-                        } else {
-                            "(unknown)".to_owned()
-                        }
-                    }),
-                    cgroup
-                        .container
-                        .as_ref()
-                        .map(|info| info.label())
-                        .unwrap_or_default(),
-                ];
-                row.extend(cells(&cgroup.entity));
-                row
-            })
-            .collect();
-        rows.push({
-            let mut row = vec![String::new(), "idle".to_owned(), String::new()];
-            row.extend(cells_of(&report.idle, report.command.is_none()));
-            row
-        });
+        let rows = |rows: &mut dyn Cells| {
+            for cgroup in &report.cgroups {
+                rows.row();
+                rows.cell_fmt(format_args!("{}", cgroup.id));
+                rows.cell(match &cgroup.path {
+                    Some(path) => path,
+                    None if cgroup.id == 0 => "(cgroup map full)",
+                    None => "(unknown)",
+                });
+                match &cgroup.container {
+                    Some(info) => rows.cell(&info.label()),
+                    None => rows.cell(""),
+                }
+                cells_of(rows, &cgroup.entity, true);
+            }
+            rows.row();
+            rows.cell("");
+            rows.cell("idle");
+            rows.cell("");
+            cells_of(rows, &report.idle, report.command.is_none());
+        };
         let mut header = vec![
             "CGROUP ID".to_owned(),
             "PATH".to_owned(),
@@ -293,7 +304,8 @@ fn table_text(report: &Report, by: &[By]) -> String {
             }
             None => "\nCgroups\n".to_owned(),
         };
-        text += &layout(&header, &rows, 3);
+        spill(&mut text, out)?;
+        layout_twice(out, &header, 3, &rows)?;
     }
 
     if by.contains(&By::Function) && !report.functions.is_empty() {
@@ -385,7 +397,7 @@ fn table_text(report: &Report, by: &[By]) -> String {
             d.unsplit_tasks
         );
     }
-    text
+    out.write_all(text.as_bytes())
 }
 
 /// The per-function table (metrics of the exclusive counts: what the function itself did) and
@@ -456,7 +468,7 @@ fn functions_text(
                 },
             ]);
             row.extend(metrics.iter().map(|name| {
-                match function.exclusive.metrics.get(*name).copied().flatten() {
+                match function.exclusive.metrics.get(name).copied().flatten() {
                     Some(fraction) => format!("{:.1}%", 100.0 * fraction),
                     None => "-".to_owned(),
                 }
@@ -635,6 +647,169 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
     text
 }
 
+/// Where a table's cells go, row by row. [`layout_twice`] hands them to a [`Widths`] and
+/// then to a [`Lines`]: a table of every thread (100,000 rows of ~17 cells), held as a
+/// `String` per cell while it was laid out, took ~100 MB.
+pub(crate) trait Cells {
+    /// Starts a row; the cells that follow are its cells.
+    fn row(&mut self);
+    fn cell(&mut self, cell: &str);
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>);
+}
+
+/// The first pass: each column's width, in characters.
+struct Widths {
+    widths: Vec<usize>,
+    column: usize,
+    scratch: String,
+}
+
+impl Cells for Widths {
+    fn row(&mut self) {
+        self.column = 0;
+    }
+
+    fn cell(&mut self, cell: &str) {
+        // A cell past the header's columns is left out, as `layout` leaves it out.
+        if let Some(width) = self.widths.get_mut(self.column) {
+            *width = (*width).max(cell.chars().count());
+        }
+        self.column += 1;
+    }
+
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        self.scratch = scratch;
+    }
+}
+
+/// The second pass: each row laid out in `line` and written to `out`.
+struct Lines<'o> {
+    out: &'o mut dyn Write,
+    widths: Vec<usize>,
+    text_columns: usize,
+    line: String,
+    /// The next cell's column; `None` before the first row.
+    column: Option<usize>,
+    scratch: String,
+    /// The first write that failed; nothing is written after it.
+    error: Option<std::io::Error>,
+}
+
+impl Lines<'_> {
+    /// Writes the row in `line`, if one was started.
+    fn end_row(&mut self) {
+        if self.column.is_none() || self.error.is_some() {
+            return;
+        }
+        let kept = self.line.trim_end().len();
+        self.line.truncate(kept);
+        self.line.push('\n');
+        if let Err(err) = self.out.write_all(self.line.as_bytes()) {
+            self.error = Some(err);
+        }
+        self.line.clear();
+    }
+}
+
+impl Cells for Lines<'_> {
+    fn row(&mut self) {
+        self.end_row();
+        self.column = Some(0);
+    }
+
+    fn cell(&mut self, cell: &str) {
+        let Some(column) = self.column else { return };
+        self.column = Some(column + 1);
+        // A cell past the header's columns is left out, as `layout` leaves it out.
+        let Some(width) = self.widths.get(column) else {
+            return;
+        };
+        // A streamed row's length is not known until it ends: the last column cannot be
+        // told apart, so `text_columns` 5 is not for these tables.
+        let left = left_aligned(self.text_columns, column, usize::MAX);
+        push_cell(&mut self.line, column, cell, *width, left);
+    }
+
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        self.scratch = scratch;
+    }
+}
+
+/// [`layout`] of the rows `rows` makes, written to `out`: `rows` runs twice, once for the
+/// column widths and once for the lines, so no cell is held (`text_columns` 1 to 4).
+pub(crate) fn layout_twice(
+    out: &mut dyn Write,
+    header: &[String],
+    text_columns: usize,
+    rows: &dyn Fn(&mut dyn Cells),
+) -> std::io::Result<()> {
+    debug_assert!(
+        text_columns != 5,
+        "the last column of a streamed row is not known"
+    );
+    let mut widths = Widths {
+        widths: header.iter().map(|cell| cell.chars().count()).collect(),
+        column: 0,
+        scratch: String::new(),
+    };
+    rows(&mut widths);
+    let mut lines = Lines {
+        out,
+        widths: widths.widths,
+        text_columns,
+        line: String::new(),
+        column: None,
+        scratch: widths.scratch,
+        error: None,
+    };
+    lines.row();
+    for title in header {
+        lines.cell(title);
+    }
+    rows(&mut lines);
+    lines.end_row();
+    match lines.error {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// Whether `column` of a row of `cells` cells is text, left-aligned (see [`layout`]).
+fn left_aligned(text_columns: usize, column: usize, cells: usize) -> bool {
+    match text_columns {
+        1 => column == 1,
+        2 => column == 2,
+        3 => column == 1 || column == 2,
+        5 => column <= 1 || column + 1 == cells,
+        _ => column <= 1,
+    }
+}
+
+/// Appends `cell`, padded to `width`, to the line being laid out.
+fn push_cell(line: &mut String, column: usize, cell: &str, width: usize, left: bool) {
+    if column > 0 {
+        line.push_str("  ");
+    }
+    let padding = width.saturating_sub(cell.chars().count());
+    if left {
+        line.push_str(cell);
+        line.extend(std::iter::repeat_n(' ', padding));
+    } else {
+        line.extend(std::iter::repeat_n(' ', padding));
+        line.push_str(cell);
+    }
+}
+
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
 pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {
@@ -649,24 +824,8 @@ pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usiz
     let line = |text: &mut String, cells: &[String]| {
         let start = text.len();
         for (column, (cell, width)) in cells.iter().zip(&widths).enumerate() {
-            if column > 0 {
-                text.push_str("  ");
-            }
-            let left = match text_columns {
-                1 => column == 1,
-                2 => column == 2,
-                3 => column == 1 || column == 2,
-                5 => column <= 1 || column + 1 == cells.len(),
-                _ => column <= 1,
-            };
-            let padding = width.saturating_sub(cell.chars().count());
-            if left {
-                text.push_str(cell);
-                text.extend(std::iter::repeat_n(' ', padding));
-            } else {
-                text.extend(std::iter::repeat_n(' ', padding));
-                text.push_str(cell);
-            }
+            let left = left_aligned(text_columns, column, cells.len());
+            push_cell(text, column, cell, *width, left);
         }
         let kept = text[start..].trim_end().len();
         text.truncate(start + kept);
@@ -690,8 +849,8 @@ mod tests {
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
             estimated: Vec::new(),
-            derived: BTreeMap::new(),
-            counters: BTreeMap::from([("slots".to_owned(), slots)]),
+            derived: Default::default(),
+            counters: [("slots", slots)].into(),
             metrics: L1_METRICS
                 .iter()
                 .map(|name| {
@@ -701,6 +860,43 @@ mod tests {
                     )
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn a_table_laid_out_twice_is_the_table_laid_out_from_held_cells() {
+        let header: Vec<String> = ["TID", "PID", "COMM", "slots", "Retiring"]
+            .map(str::to_owned)
+            .to_vec();
+        let rows: Vec<Vec<&str>> = vec![
+            vec!["1", "1", "init", "123456", "50.0%"],
+            vec!["22", "1", "wörker é", "7", "-"],
+            // Past the header's columns: left out.
+            vec!["333", "22", "x", "8", "~1.5%", "extra"],
+            vec!["", "", "total", "123471", ""],
+        ];
+        for text_columns in 1..=4 {
+            let held: Vec<Vec<String>> = rows
+                .iter()
+                .map(|row| row.iter().map(|cell| (*cell).to_owned()).collect())
+                .collect();
+            let expected = layout(&header, &held, text_columns);
+            let mut streamed = Vec::new();
+            let fill = |cells: &mut dyn Cells| {
+                for row in &rows {
+                    cells.row();
+                    for (at, cell) in row.iter().enumerate() {
+                        if at % 2 == 0 {
+                            cells.cell(cell);
+                        } else {
+                            cells.cell_fmt(format_args!("{cell}"));
+                        }
+                    }
+                }
+            };
+            let written = layout_twice(&mut streamed, &header, text_columns, &fill);
+            assert!(written.is_ok(), "{written:?}");
+            assert_eq!(String::from_utf8_lossy(&streamed), expected);
         }
     }
 

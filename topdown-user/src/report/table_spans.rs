@@ -66,7 +66,7 @@ pub(super) fn spans_text(
                         .map_or_else(|| "-".to_owned(), show),
                 ];
                 row.extend(metrics.iter().map(|name| {
-                    match span.entity.metrics.get(*name).copied().flatten() {
+                    match span.entity.metrics.get(name).copied().flatten() {
                         Some(fraction) => format!("{:.1}%", 100.0 * fraction),
                         None => "-".to_owned(),
                     }

@@ -8,7 +8,7 @@ use ratatui::{
 };
 
 use crate::{
-    model::{L1_METRICS, L2_METRICS},
+    model::{L1_METRICS, L2_METRICS, Name},
     report::{Entity, Report},
 };
 
@@ -136,7 +136,7 @@ pub fn categories(report: &Report, level: u8) -> Vec<String> {
 /// `metric_names`.
 pub fn categories_of<'k>(
     counted_level: u8,
-    metric_names: impl Iterator<Item = &'k String>,
+    metric_names: impl Iterator<Item = &'k Name>,
     level: u8,
 ) -> Vec<String> {
     if counted_level == 0 {
@@ -151,13 +151,13 @@ pub fn categories_of<'k>(
         L2_METRICS
             .iter()
             .map(|name| (*name).to_owned())
-            .chain(extra.cloned())
+            .chain(extra.map(|name| name.to_string()))
             .collect()
     } else {
         L1_METRICS
             .iter()
             .map(|name| (*name).to_owned())
-            .chain(extra.cloned())
+            .chain(extra.map(|name| name.to_string()))
             .collect()
     }
 }
