@@ -26,6 +26,7 @@ pub mod probes;
 pub mod progress;
 pub mod report;
 pub mod serve;
+pub mod slot_counts;
 pub mod spans;
 pub mod stat;
 pub mod symbols;

@@ -25,6 +25,7 @@
 //! `exclude_guest`/`exclude_host`; KVM then switches counting at guest entry and exit, with a
 //! short blind window on non-VHE hosts.
 
+pub mod attr;
 pub mod catalog;
 pub mod libpfm;
 pub mod model_table;
@@ -35,46 +36,9 @@ use anyhow::{Result, bail};
 pub use catalog::PmuCatalog;
 use catalog::{CatalogPmu, ConfigWord};
 
-/// `perf_event_attr.type` values.
-pub const PERF_TYPE_HARDWARE: u32 = 0;
-pub const PERF_TYPE_SOFTWARE: u32 = 1;
-pub const PERF_TYPE_RAW: u32 = 4;
-
-/// Privilege filters set by modifiers. `None` in [`EventAttr::exclude`] means "as the run's
-/// `--all-user`/`--all-kernel` says".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Exclude {
-    pub user: bool,
-    pub kernel: bool,
-    pub hv: bool,
-    pub host: bool,
-    pub guest: bool,
-    pub idle: bool,
-}
-
-/// What an event is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Perf {
-        perf_type: u32,
-        config: u64,
-        config1: u64,
-        config2: u64,
-    },
-    /// A tracepoint; its id comes from tracefs when the counter is opened.
-    Tracepoint { group: String, name: String },
-}
-
-/// A parsed event spec.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventAttr {
-    /// The spec as the user wrote it: the counter's name in reports.
-    pub name: String,
-    /// The PMU it was resolved on, when one was named or found.
-    pub pmu: Option<String>,
-    pub kind: EventKind,
-    pub exclude: Option<Exclude>,
-}
+pub use attr::{
+    EventAttr, EventKind, Exclude, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
+};
 
 /// Parses one `-e` spec against the machine's PMUs.
 pub fn parse_event(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {

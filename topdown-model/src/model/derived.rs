@@ -8,7 +8,7 @@
 //! and cannot check that the requests match; the pairing here does, from the encodings.
 
 use super::{CounterSource, Model};
-use crate::events::EventKind;
+use crate::events::attr::EventKind;
 
 /// `PERF_TYPE_RAW`.
 const RAW: u32 = 4;

@@ -522,11 +522,11 @@ mod tests {
     fn an_event_named_like_a_model_counter_keeps_its_own_slot() {
         // `-e a` beside the model's own `a`: the plan has two slots named `a`, the model's
         // first. The model reads 250 (retiring 0.25), not the event's 999.
-        let event = crate::events::EventAttr {
+        let event = crate::events::attr::EventAttr {
             name: "a".to_owned(),
             pmu: None,
             kind: crate::events::EventKind::Perf {
-                perf_type: crate::events::PERF_TYPE_SOFTWARE,
+                perf_type: crate::events::attr::PERF_TYPE_SOFTWARE,
                 config: 2,
                 config1: 0,
                 config2: 0,

@@ -68,7 +68,7 @@ pub enum CounterSource {
     /// when the counter is opened.
     Tracepoint { group: String, name: String },
     /// A user's `-e` event, with its own config words and privilege modifiers.
-    Event(crate::events::EventAttr),
+    Event(crate::events::attr::EventAttr),
 }
 
 /// Which hardware counter an event occupies, for the counter budget (`crate::schedule`).

@@ -2,7 +2,7 @@
 //! reported as raw counts beside its metrics, never part of its formulas.
 
 use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
-use crate::events::{EventAttr, EventKind, PERF_TYPE_SOFTWARE};
+use crate::events::attr::{EventAttr, EventKind, PERF_TYPE_SOFTWARE};
 
 /// `PERF_TYPE_TRACEPOINT` (include/uapi/linux/perf_event.h).
 const PERF_TYPE_TRACEPOINT: u32 = 2;
@@ -176,7 +176,7 @@ impl Model for WithEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Exclude;
+    use crate::events::attr::Exclude;
     use crate::model::{base_model, model_by_name};
 
     fn event(name: &str, kind: EventKind) -> EventAttr {
@@ -202,7 +202,7 @@ mod tests {
         let model = WithEvents::new(
             base_model("software").unwrap(),
             vec![
-                event("cycles", perf(crate::events::PERF_TYPE_HARDWARE, 0)),
+                event("cycles", perf(crate::events::attr::PERF_TYPE_HARDWARE, 0)),
                 event("page-faults", perf(PERF_TYPE_SOFTWARE, 2)),
                 event(
                     "sched:sched_switch",
@@ -235,8 +235,8 @@ mod tests {
         let model = WithEvents::new(
             base_model("software").unwrap(),
             vec![
-                event("cycles", perf(crate::events::PERF_TYPE_HARDWARE, 0)),
-                event("r01c2", perf(crate::events::PERF_TYPE_RAW, 0x01c2)),
+                event("cycles", perf(crate::events::attr::PERF_TYPE_HARDWARE, 0)),
+                event("r01c2", perf(crate::events::attr::PERF_TYPE_RAW, 0x01c2)),
             ],
         );
         let message = missing_pmu_message(&model);
@@ -253,7 +253,10 @@ mod tests {
     fn a_hardware_model_is_named_even_with_hardware_events() {
         let model = WithEvents::new(
             base_model("intel-icl").unwrap(),
-            vec![event("cycles", perf(crate::events::PERF_TYPE_HARDWARE, 0))],
+            vec![event(
+                "cycles",
+                perf(crate::events::attr::PERF_TYPE_HARDWARE, 0),
+            )],
         );
         let needs = hardware_needs(&model);
         assert_eq!(needs.model.first().map(String::as_str), Some("slots"));

@@ -9,18 +9,23 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Counts, Metrics, Name, NamedMap};
+use crate::model::{Counts, Name};
 
 pub mod csv;
+pub mod entity;
 pub mod folded;
 pub mod json;
+pub mod layout;
 pub mod pprof;
 pub mod stacks;
 pub mod svg;
 pub mod svg_distribution;
+pub mod svg_parts;
 mod svg_spans;
 pub mod table;
 mod table_spans;
+
+pub use entity::Entity;
 
 /// One run's (or one interval's) results.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -103,7 +108,7 @@ pub struct Report {
     /// With `-u`: the function probes' own cost, measured at start and subtracted from the
     /// function figures (`crate::calibration`); absent with `--no-compensation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_compensation: Option<crate::calibration::CompensationReport>,
+    pub probe_compensation: Option<crate::calibration::record::CompensationReport>,
     /// Per span kind and key (`--span`, `--postgres`; `crate::spans::report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spans: Vec<crate::spans::report::SpanEntry>,
@@ -123,20 +128,6 @@ pub struct Report {
 pub struct IntervalInfo {
     pub index: u64,
     pub end_s: f64,
-}
-
-/// Counters and the metrics derived from them.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Entity {
-    pub counters: Counts,
-    pub metrics: Metrics,
-    /// Metrics computed from counts scaled for counter rotation (`crate::schedule`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub estimated: Vec<String>,
-    /// The report's derived figures for this entity (name -> value in the figure's unit);
-    /// absent where the denominator counted nothing.
-    #[serde(default, skip_serializing_if = "NamedMap::is_empty")]
-    pub derived: NamedMap<f64>,
 }
 
 /// A figure derived from two counters (`crate::model::derived::DerivedFigure`), as recorded.

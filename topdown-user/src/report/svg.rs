@@ -10,18 +10,14 @@
 
 use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
+pub use super::svg_parts::{
+    BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
+    NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
+};
 use super::{CallEdge, Entity, FunctionEntry, Report, Weight};
 use crate::error::{Failure, fail};
 
-/// Drawing width in pixels; frames share it minus the margins.
-pub const WIDTH: f64 = 1200.0;
-pub const MARGIN: f64 = 10.0;
 const FRAME_HEIGHT: f64 = 18.0;
-pub const BAR_HEIGHT: f64 = 16.0;
-const BAR_LABEL_WIDTH: f64 = 260.0;
-const BAR_FIGURES_WIDTH: f64 = 240.0;
-/// Monospace glyph width at font-size 11, for fitting labels into frames.
-const CHAR_WIDTH: f64 = 6.7;
 /// Deeper paths are not drawn: a bound on work for pathological graphs (the probes' own
 /// nesting limit is 64).
 const MAX_DEPTH: usize = 64;
@@ -30,40 +26,6 @@ const MAX_DEPTH: usize = 64;
 const MAX_VISITS: usize = 200_000;
 /// Frames narrower than this many pixels are not drawn (nor their callees, narrower still).
 const MIN_PIXELS: f64 = 0.1;
-
-/// A TopDown level-1 category and its colour. Hues as toplev and VTune draw them: retiring
-/// green, bad speculation red, frontend bound purple, backend bound orange.
-pub struct Category {
-    pub metric: &'static str,
-    pub label: &'static str,
-    pub colour: &'static str,
-}
-
-pub const CATEGORIES: [Category; 4] = [
-    Category {
-        metric: "retiring",
-        label: "Retiring",
-        colour: "#43a047",
-    },
-    Category {
-        metric: "bad_speculation",
-        label: "Bad Speculation",
-        colour: "#e53935",
-    },
-    Category {
-        metric: "frontend_bound",
-        label: "Frontend Bound",
-        colour: "#7e57c2",
-    },
-    Category {
-        metric: "backend_bound",
-        label: "Backend Bound",
-        colour: "#fb8c00",
-    },
-];
-
-/// Frames without TopDown metrics (software model, or nothing counted).
-pub const NEUTRAL: &str = "#9e9e9e";
 
 /// One drawn frame of the icicle graph, in weight units (not pixels).
 #[derive(Clone, Debug, PartialEq)]
@@ -75,51 +37,6 @@ pub struct Frame<'a> {
     pub width: f64,
     /// Fraction of the edge this frame stands for (1 unless its caller has several callers).
     pub share: f64,
-}
-
-/// The level-1 category with the largest value in `metrics`, if any has a value.
-pub fn dominant(entity: &Entity) -> Option<&'static Category> {
-    CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite())
-                .map(|value| (category, value))
-        })
-        .fold(
-            None,
-            |best: Option<(&Category, f64)>, (category, value)| match best {
-                Some((_, top)) if top >= value => best,
-                _ => Some((category, value)),
-            },
-        )
-        .map(|(category, _)| category)
-}
-
-fn colour(entity: &Entity) -> &'static str {
-    dominant(entity).map_or(NEUTRAL, |category| category.colour)
-}
-
-/// Text safe inside XML elements and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            // XML 1.0 allows no other control characters, even escaped.
-            c if c.is_control() && !matches!(c, '\n' | '\t') => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// The probed call tree, laid out.
@@ -311,11 +228,6 @@ pub fn layout(report: &Report, weight: Weight) -> Tree<'_> {
     }
 }
 
-/// Whether the report carries TopDown level-1 metrics (not the software model).
-fn has_topdown(report: &Report) -> bool {
-    report.level > 0
-}
-
 /// A function's name, with its process where the report holds more than one.
 fn label(symbol: &str, pid: Option<u32>, show_pid: bool) -> String {
     match pid {
@@ -329,23 +241,6 @@ fn several_processes(report: &Report) -> bool {
     let mut pids = report.functions.iter().map(|function| function.pid);
     let first = pids.next().flatten();
     pids.any(|pid| pid != first)
-}
-
-/// `text` cut to fit `width` pixels, or nothing when not even a few characters fit.
-fn fit(text: &str, width: f64) -> Option<String> {
-    let room = ((width - 6.0) / CHAR_WIDTH).floor();
-    if room < 3.0 {
-        return None;
-    }
-    let room = room as usize;
-    let count = text.chars().count();
-    Some(if count <= room {
-        text.to_owned()
-    } else {
-        let mut cut: String = text.chars().take(room.saturating_sub(2)).collect();
-        cut.push_str("..");
-        cut
-    })
 }
 
 fn metric_lines(entity: &Entity, out: &mut String) {
@@ -419,40 +314,6 @@ fn frame_tooltip(
     text
 }
 
-pub(super) fn legend(report: &Report, y: f64, svg: &mut String) {
-    if !has_topdown(report) {
-        let _ = write!(
-            svg,
-            r#"<g class="legend"><rect x="{MARGIN}" y="{y}" width="14" height="14" fill="{NEUTRAL}"/><text x="{}" y="{}">model {}: no TopDown metrics, one colour for all</text></g>"#,
-            MARGIN + 20.0,
-            y + 11.0,
-            escape(&report.model)
-        );
-        svg.push('\n');
-        return;
-    }
-    svg.push_str(r#"<g class="legend">"#);
-    let mut x = MARGIN;
-    for category in &CATEGORIES {
-        let _ = write!(
-            svg,
-            r#"<rect x="{x}" y="{y}" width="14" height="14" fill="{}"/><text x="{}" y="{}">{}</text>"#,
-            category.colour,
-            x + 20.0,
-            y + 11.0,
-            category.label
-        );
-        x += 40.0 + category.label.len() as f64 * CHAR_WIDTH;
-    }
-    let _ = write!(
-        svg,
-        r#"<rect x="{x}" y="{y}" width="14" height="14" fill="{NEUTRAL}"/><text x="{}" y="{}">no metrics</text>"#,
-        x + 20.0,
-        y + 11.0
-    );
-    svg.push_str("</g>\n");
-}
-
 /// Exclusive TopDown per function, as 100% stacked bars, heaviest function first.
 fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
     let mut functions: Vec<&FunctionEntry> = report
@@ -509,81 +370,6 @@ fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
         row_y += BAR_HEIGHT + 4.0;
     }
     row_y
-}
-
-/// One bar: `name`, the entity's level-1 TopDown as a 100% stacked bar (or, without metrics,
-/// a grey bar `relative` of the full length), and `figures` after it.
-pub(super) fn bar_row(
-    svg: &mut String,
-    name: &str,
-    entity: &Entity,
-    relative: f64,
-    figures: &str,
-    row_y: f64,
-) {
-    let bar_x = MARGIN + BAR_LABEL_WIDTH;
-    let bar_width = WIDTH - 2.0 * MARGIN - BAR_LABEL_WIDTH - BAR_FIGURES_WIDTH;
-    let _ = write!(
-        svg,
-        r#"<g class="bar" data-symbol="{}"><text x="{MARGIN}" y="{}">{}</text>"#,
-        escape(name),
-        row_y + 12.0,
-        escape(&fit(name, BAR_LABEL_WIDTH).unwrap_or_default())
-    );
-    let values: Vec<(&Category, f64)> = CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite() && *value > 0.0)
-                .map(|value| (category, value))
-        })
-        .collect();
-    // Level-1 fractions sum to 1 only up to the kernel's rounding: normalise for the bar.
-    let sum: f64 = values.iter().map(|(_, value)| value).sum();
-    if values.is_empty() {
-        // No breakdown: the bar's length says how much it did.
-        let width = bar_width * relative;
-        let _ = write!(
-            svg,
-            r#"<rect class="segment" x="{bar_x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{NEUTRAL}"><title>{}: no TopDown metrics</title></rect>"#,
-            escape(name)
-        );
-    } else {
-        let mut x = bar_x;
-        for (category, value) in values {
-            let width = bar_width * value / sum;
-            let _ = write!(
-                svg,
-                r#"<rect class="segment" data-category="{}" x="{x:.3}" y="{row_y}" width="{width:.3}" height="{BAR_HEIGHT}" fill="{}"><title>{}: {} {:.1}%</title></rect>"#,
-                category.metric,
-                category.colour,
-                escape(name),
-                category.label,
-                100.0 * value
-            );
-            let percent = format!("{:.0}%", 100.0 * value);
-            if width >= (percent.len() as f64 + 1.0) * CHAR_WIDTH {
-                let _ = write!(
-                    svg,
-                    r#"<text x="{:.3}" y="{}" pointer-events="none">{percent}</text>"#,
-                    x + 3.0,
-                    row_y + 12.0
-                );
-            }
-            x += width;
-        }
-    }
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.3}" y="{}">{}</text></g>"#,
-        bar_x + bar_width + 8.0,
-        row_y + 12.0,
-        escape(figures)
-    );
 }
 
 /// Writes `report` as an SVG picture of its probed call tree.

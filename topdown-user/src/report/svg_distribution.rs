@@ -10,7 +10,7 @@ use topdown_common::histogram;
 
 use super::{
     Report,
-    svg::{CATEGORIES, Category, MARGIN, NEUTRAL, WIDTH, escape},
+    svg_parts::{CATEGORIES, Category, MARGIN, NEUTRAL, WIDTH, escape},
 };
 use crate::distribution::{Bucket, Distribution};
 

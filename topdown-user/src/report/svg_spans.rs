@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::{
     Report,
-    svg::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend},
+    svg_parts::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend},
 };
 use crate::spans::report::SpanKeyType;
 

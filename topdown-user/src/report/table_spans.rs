@@ -3,7 +3,7 @@
 
 use super::{
     Report,
-    table::{layout, title},
+    layout::{layout, title},
 };
 use crate::spans::report::SpanKeyType;
 

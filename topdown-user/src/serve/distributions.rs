@@ -19,10 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use prometheus::proto::{self, MetricType};
+use prometheus::proto::MetricType;
 use topdown_common::histogram;
 
-use super::exporter::{Families, Spec, spec};
+use super::families::{Families, Spec, spec};
 use crate::aggregate::{Aggregate, Naming};
 
 /// Labels of a function's histogram: `function`, `target`.
@@ -154,26 +154,6 @@ fn p99_bucket(histogram: &FunctionHistogram, calls: u64) -> Option<(u32, &Bucket
             tally.calls > 0 && cumulative as f64 >= rank
         })
         .map(|(index, tally)| (*index, tally))
-}
-
-/// A histogram sample as the text encoder writes it (`_bucket`, `_sum`, `_count`; `+Inf` is
-/// added by the encoder from the count).
-pub(super) fn histogram_metric(buckets: &[(f64, u64)], count: u64, sum: f64) -> proto::Histogram {
-    let mut histogram = proto::Histogram::default();
-    histogram.set_sample_count(count);
-    histogram.set_sample_sum(sum);
-    histogram.set_bucket(
-        buckets
-            .iter()
-            .map(|(upper_bound, cumulative)| {
-                let mut bucket = proto::Bucket::default();
-                bucket.set_upper_bound(*upper_bound);
-                bucket.set_cumulative_count(*cumulative);
-                bucket
-            })
-            .collect(),
-    );
-    histogram
 }
 
 #[cfg(test)]

@@ -11,12 +11,13 @@ use std::{
 use prometheus::{
     TextEncoder,
     core::{Collector, Desc},
-    proto::{self, LabelPair, MetricFamily, MetricType},
+    proto::{MetricFamily, MetricType},
 };
 
 use super::{
     distributions::{self, CallHistograms},
     duty_cycle::Window,
+    families::{Families, Spec, spec},
 };
 use crate::{
     aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
@@ -732,30 +733,6 @@ impl<'n, 'a> Valuation<'n, 'a> {
     }
 }
 
-/// One exported family as `Desc` and the text encoder take it.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Spec {
-    name: &'static str,
-    help: &'static str,
-    kind: MetricType,
-    /// Label names, in the order `Families::push` takes their values.
-    labels: &'static [&'static str],
-}
-
-pub(super) const fn spec(
-    name: &'static str,
-    help: &'static str,
-    kind: MetricType,
-    labels: &'static [&'static str],
-) -> Spec {
-    Spec {
-        name,
-        help,
-        kind,
-        labels,
-    }
-}
-
 const CALLS: Spec = spec(
     "topdown_function_calls_total",
     "Calls of probed functions",
@@ -968,92 +945,6 @@ static DESCS: LazyLock<Vec<Desc>> = LazyLock::new(|| {
         })
         .collect()
 });
-
-/// The families of one collection, keyed (and so ordered) by name as `Registry::gather` orders
-/// them.
-#[derive(Default)]
-pub(super) struct Families(BTreeMap<&'static str, MetricFamily>);
-
-impl Families {
-    /// Adds one histogram sample: `buckets` are `(le, cumulative calls)` by increasing `le`.
-    pub(super) fn push_histogram(
-        &mut self,
-        spec: Spec,
-        values: &[&str],
-        buckets: &[(f64, u64)],
-        count: u64,
-        sum: f64,
-    ) {
-        let mut metric = proto::Metric::from_label(label_pairs(spec, values));
-        metric.set_histogram(distributions::histogram_metric(buckets, count, sum));
-        self.family(spec).mut_metric().push(metric);
-    }
-
-    fn family(&mut self, spec: Spec) -> &mut MetricFamily {
-        self.0.entry(spec.name).or_insert_with(|| {
-            let mut family = MetricFamily::default();
-            family.set_name(spec.name.to_owned());
-            family.set_help(spec.help.to_owned());
-            family.set_field_type(spec.kind);
-            family
-        })
-    }
-
-    /// Adds one sample; `values` are the values of `spec.labels`, in that order.
-    pub(super) fn push(&mut self, spec: Spec, values: &[&str], value: f64) {
-        let mut metric = proto::Metric::from_label(label_pairs(spec, values));
-        if spec.kind == MetricType::GAUGE {
-            let mut gauge = proto::Gauge::default();
-            gauge.set_value(value);
-            metric.set_gauge(gauge);
-        } else {
-            let mut counter = proto::Counter::default();
-            counter.set_value(value);
-            metric.set_counter(counter);
-        }
-        self.family(spec).mut_metric().push(metric);
-    }
-
-    /// The families by name, each one's samples by label values: `Registry::gather`'s order
-    /// (prometheus 0.14, src/registry.rs), so the exposition is stable across scrapes.
-    fn finish(self) -> Vec<MetricFamily> {
-        self.0
-            .into_values()
-            .map(|mut family| {
-                // Compared in place: a copy of the label values per comparison made this
-                // sort the exporter's largest cost.
-                family.mut_metric().sort_by(|a, b| {
-                    fn values(metric: &proto::Metric) -> impl Iterator<Item = &str> {
-                        metric.get_label().iter().map(|pair| pair.value())
-                    }
-                    a.get_label()
-                        .len()
-                        .cmp(&b.get_label().len())
-                        .then_with(|| values(a).cmp(values(b)))
-                });
-                family
-            })
-            .collect()
-    }
-}
-
-/// `values` as `spec`'s label pairs, sorted by name as the crate's own metrics write them.
-fn label_pairs(spec: Spec, values: &[&str]) -> Vec<LabelPair> {
-    debug_assert_eq!(values.len(), spec.labels.len(), "{}", spec.name);
-    let mut labels: Vec<LabelPair> = spec
-        .labels
-        .iter()
-        .zip(values)
-        .map(|(name, value)| {
-            let mut pair = LabelPair::default();
-            pair.set_name((*name).to_owned());
-            pair.set_value((*value).to_owned());
-            pair
-        })
-        .collect();
-    labels.sort();
-    labels
-}
 
 /// The exporter is a collector over its live series: each collection reads the store as the
 /// last refresh left it, so the exporter can also be registered with any `Registry`.

@@ -5,6 +5,7 @@ pub mod config;
 mod distributions;
 pub mod duty_cycle;
 pub mod exporter;
+mod families;
 pub mod http;
 
 use std::{

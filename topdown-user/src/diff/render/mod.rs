@@ -135,7 +135,7 @@ pub fn write_table(comparison: &Comparison, out: &mut dyn std::io::Write) -> Res
     header.extend(
         categories
             .iter()
-            .map(|name| format!("{} pp", crate::report::table::title(name))),
+            .map(|name| format!("{} pp", crate::report::layout::title(name))),
     );
     header.push("VERDICT".into());
     let rows: Vec<Vec<String>> = comparison
@@ -192,7 +192,7 @@ pub fn write_table(comparison: &Comparison, out: &mut dyn std::io::Write) -> Res
         text += "nothing to compare: neither side has functions, call-tree edges, spans, processes or cgroups of the chosen kinds\n";
     } else {
         // Kind and name left-aligned, figures right-aligned.
-        text += &crate::report::table::layout(&header, &rows, 4);
+        text += &crate::report::layout::layout(&header, &rows, 4);
     }
     let regressions: Vec<&Change> = comparison.regressions().collect();
     text.push('\n');
