@@ -150,8 +150,8 @@ pub fn parse_json(text: &[u8]) -> Result<Value> {
     serde_json::from_str(last).with_context(|| format!("report is not JSON: {text}"))
 }
 
-/// Runs a build command (a compiler), failing with its stderr.
-pub fn compile(command: &mut Command) {
+/// Runs a build command (a compiler, objcopy), failing with its stderr; returns its stdout.
+pub fn compile(command: &mut Command) -> String {
     let output = command
         .output()
         .unwrap_or_else(|err| panic!("{command:?}: {err}"));
@@ -160,11 +160,27 @@ pub fn compile(command: &mut Command) {
         "{command:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Runs `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>` to completion
 /// and returns the report and topdown's output (the command's stdout, topdown's stderr).
 pub fn stat_json<I, S>(args: I) -> Result<(Value, Output)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut all: Vec<std::ffi::OsString> = ["--pmu", "synthetic:intel-icl"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    all.extend(args.into_iter().map(|arg| arg.as_ref().to_owned()));
+    stat_report(all)
+}
+
+/// Runs `topdown stat --format json -o FILE <args>` (the model is the args' or the machine's)
+/// to completion and returns the report and topdown's output.
+pub fn stat_report<I, S>(args: I) -> Result<(Value, Output)>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
@@ -177,20 +193,44 @@ where
     ));
     let output = run_ok(
         topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
+            .args(["stat", "--format", "json", "-o"])
             .arg(&out)
             .args(args),
     )?;
     let text = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
     let _ = std::fs::remove_file(&out);
     Ok((parse_json(&text)?, output))
+}
+
+/// The `functions[]` entry of `symbol`; fails the test, naming the report's functions, if
+/// there is none.
+pub fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
+    report["functions"]
+        .as_array()
+        .and_then(|functions| {
+            functions
+                .iter()
+                .find(|f| f["symbol"].as_str() == Some(symbol))
+        })
+        .unwrap_or_else(|| panic!("{symbol} not in {}", report["functions"]))
+}
+
+/// A function's `(calls, inclusive slots, inclusive retiring, exclusive slots, exclusive
+/// retiring)`: with the synthetic model's mapping, slots count getppid and retiring getpgid.
+pub fn figures(function: &Value) -> (u64, u64, u64, u64, u64) {
+    (
+        function["calls"].as_u64().unwrap_or(0),
+        counter(&function["inclusive"], "slots"),
+        counter(&function["inclusive"], "topdown-retiring"),
+        counter(&function["exclusive"], "slots"),
+        counter(&function["exclusive"], "topdown-retiring"),
+    )
+}
+
+/// A path as the `&str` a command line takes (the tests' paths are UTF-8).
+pub fn path_str(path: &std::path::Path) -> &str {
+    path.to_str()
+        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()))
 }
 
 /// The `spans[]` entry of `kind` and `key`.

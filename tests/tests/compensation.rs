@@ -3,11 +3,7 @@
 //! and on the software model (`cpu-clock` ns) an empty function close to zero and known work
 //! close to the same work run unprobed in the same run.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
-};
+use std::{path::PathBuf, process::Command, sync::OnceLock};
 
 use serde_json::Value;
 use topdown_tests::*;
@@ -15,17 +11,6 @@ use topdown_tests::*;
 struct Binaries {
     funcs: PathBuf,
     compensation: PathBuf,
-}
-
-fn build(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// Builds the workloads once per test binary.
@@ -37,7 +22,7 @@ fn binaries() -> &'static Binaries {
         std::fs::create_dir_all(&dir).unwrap();
         let build_c = |name: &str| {
             let binary = dir.join(name);
-            build(
+            compile(
                 Command::new("cc")
                     .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
                     .arg(&binary)
@@ -52,34 +37,10 @@ fn binaries() -> &'static Binaries {
     })
 }
 
-fn path(binary: &Path) -> String {
-    binary.display().to_string()
-}
-
 /// Runs `topdown stat --format json <args>` and returns the report and topdown's stderr.
 fn stat(args: &[&str]) -> (Value, String) {
-    let out = std::env::temp_dir().join(format!(
-        "topdown-compensation-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let output = run_ok(
-        topdown()
-            .args(["stat", "--format", "json", "-o"])
-            .arg(&out)
-            .args(args),
-    )
-    .unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let _ = std::fs::remove_file(out);
+    let (report, output) = stat_report(args).unwrap();
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
-}
-
-fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| functions.iter().find(|f| f["symbol"] == symbol))
-        .unwrap_or_else(|| panic!("no function {symbol} in {report}"))
 }
 
 fn raw_function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
@@ -128,7 +89,7 @@ fn synthetic_counts_compensate_by_exactly_zero() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().funcs);
+    let c = path_str(&binaries().funcs);
     for (flag, mechanism) in [
         ("--returns=exit", "exit"),
         ("--returns=uretprobe", "uretprobe"),
@@ -136,7 +97,7 @@ fn synthetic_counts_compensate_by_exactly_zero() {
         let mut args = vec!["--pmu", "synthetic:intel-icl", flag];
         let leaf = format!("{c}:leaf");
         let mid = format!("{c}:mid");
-        args.extend(["-u", &leaf, "-u", &mid, "--", &c, "leafmid", "7", "10", "5"]);
+        args.extend(["-u", &leaf, "-u", &mid, "--", c, "leafmid", "7", "10", "5"]);
         let (report, stderr) = stat(&args);
         let cost = cost(&report, mechanism);
         // 2,048 calls on a synthetic model (its cost can only be 0); a hit whose reading kept
@@ -204,7 +165,7 @@ fn interval_reports_are_calibrated_before_counting() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().funcs);
+    let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
     let out = std::env::temp_dir().join(format!(
         "topdown-compensation-interval-{}.json",
@@ -215,7 +176,7 @@ fn interval_reports_are_calibrated_before_counting() {
             .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json"])
             .args(["-I", "60000", "-o"])
             .arg(&out)
-            .args(["-u", &leaf, "--", &c, "leafmid", "3", "10", "0"]),
+            .args(["-u", &leaf, "--", c, "leafmid", "3", "10", "0"]),
     )
     .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -247,7 +208,7 @@ fn hybrid_models_calibrate_each_core_type() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().funcs);
+    let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
     let (report, stderr) = stat(&[
         "--pmu",
@@ -257,7 +218,7 @@ fn hybrid_models_calibrate_each_core_type() {
         "-u",
         &leaf,
         "--",
-        &c,
+        c,
         "leafmid",
         "3",
         "10",
@@ -320,13 +281,13 @@ fn empty_function_compensates_to_within_ten_percent_of_zero() {
     if !privileged() {
         return;
     }
-    let w = path(&binaries().compensation);
+    let w = path_str(&binaries().compensation);
     let empty = format!("{w}:empty");
     let mut shares: [Vec<f64>; 2] = Default::default();
     let mut failures: [Vec<String>; 2] = Default::default();
     for _ in 0..RUNS {
         for (index, returns) in MECHANISMS.iter().enumerate() {
-            match empty_function_attempt(&w, &empty, returns) {
+            match empty_function_attempt(w, &empty, returns) {
                 Ok(share) => shares[index].push(share),
                 Err(failure) => failures[index].push(failure),
             }
@@ -394,7 +355,7 @@ fn known_work_matches_its_unprobed_time_within_five_percent() {
     if !privileged() {
         return;
     }
-    let w = path(&binaries().compensation);
+    let w = path_str(&binaries().compensation);
     // ~0.5 ms of spinning per unit here: three probed calls (~40-50 us on this VM) are well
     // beyond 5% of it, and the traps' extra cost after long user work, which the back-to-back
     // calibration does not see (~+40% per probed callee here, docs/accuracy.md), stays within it.
@@ -408,7 +369,7 @@ fn known_work_matches_its_unprobed_time_within_five_percent() {
     for spec in &specs {
         args.extend(["-u", spec.as_str()]);
     }
-    args.extend(["--", &w, "work", "1000", "600000"]);
+    args.extend(["--", w, "work", "1000", "600000"]);
     // Timing on a shared VM: up to three runs, each checked in full; one within the bounds
     // passes (a systematic error fails all three).
     let mut failures = Vec::new();
@@ -470,7 +431,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
     if !privileged() {
         return;
     }
-    let w = path(&binaries().compensation);
+    let w = path_str(&binaries().compensation);
     let recording = std::env::temp_dir().join(format!(
         "topdown-compensation-run-{}.json",
         std::process::id()
@@ -480,7 +441,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
             .args(["stat", "--pmu", "software", "-u", &format!("{w}:empty")])
             .args(["--format", "json", "-o"])
             .arg(&recording)
-            .args(["--", &w, "empty", "500000"]),
+            .args(["--", w, "empty", "500000"]),
     )
     .unwrap();
     let report = parse_json(&std::fs::read(&recording).unwrap()).unwrap();
@@ -542,7 +503,7 @@ fn no_compensation_reports_raw_figures() {
     if !privileged() {
         return;
     }
-    let w = path(&binaries().compensation);
+    let w = path_str(&binaries().compensation);
     let empty = format!("{w}:empty");
     let (report, stderr) = stat(&[
         "--pmu",
@@ -551,7 +512,7 @@ fn no_compensation_reports_raw_figures() {
         "-u",
         &empty,
         "--",
-        &w,
+        w,
         "empty",
         "2000",
     ]);

@@ -29,17 +29,6 @@ fn sources() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
 }
 
-fn build(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// Builds the workloads once per test binary.
 fn binaries() -> &'static Binaries {
     static BUILT: OnceLock<Binaries> = OnceLock::new();
@@ -47,7 +36,7 @@ fn binaries() -> &'static Binaries {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("function-workloads");
         std::fs::create_dir_all(&dir).unwrap();
         let c = dir.join("funcs");
-        build(
+        compile(
             Command::new("cc")
                 .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
                 .arg(&c)
@@ -58,27 +47,27 @@ fn binaries() -> &'static Binaries {
         std::fs::create_dir_all(&stripped_dir).unwrap();
         let stripped = stripped_dir.join("funcs-stripped");
         let debug = stripped_dir.join("funcs-stripped.debug");
-        build(
+        compile(
             Command::new("objcopy")
                 .arg("--only-keep-debug")
                 .arg(&c)
                 .arg(&debug),
         );
-        build(
+        compile(
             Command::new("strip")
                 .arg("--strip-all")
                 .arg("-o")
                 .arg(&stripped)
                 .arg(&c),
         );
-        build(
+        compile(
             Command::new("objcopy")
                 .current_dir(&stripped_dir)
                 .arg("--add-gnu-debuglink=funcs-stripped.debug")
                 .arg(&stripped),
         );
         let cpp = dir.join("funcs-cpp");
-        build(
+        compile(
             Command::new("c++")
                 .args(["-O0", "-g", "-o"])
                 .arg(&cpp)
@@ -86,14 +75,14 @@ fn binaries() -> &'static Binaries {
         );
         let rust = dir.join("funcs_rs");
         let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-        build(
+        compile(
             Command::new(rustc)
                 .args(["--edition", "2024", "-C", "opt-level=1", "-o"])
                 .arg(&rust)
                 .arg(sources().join("funcs_rs.rs")),
         );
         let cancel = dir.join("cancel");
-        build(
+        compile(
             Command::new("cc")
                 .args(["-O0", "-g", "-pthread", "-o"])
                 .arg(&cancel)
@@ -101,14 +90,14 @@ fn binaries() -> &'static Binaries {
         );
         let plugin_dir = dir.join("plugin");
         std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
-        build(
+        compile(
             Command::new("c++")
                 .args(["-O0", "-g", "-shared", "-fPIC", "-o"])
                 .arg(plugin_dir.join("lib/libtdplugin.so"))
                 .arg(sources().join("plugin.cpp")),
         );
         let plugin_main = plugin_dir.join("plugin_main");
-        build(
+        compile(
             Command::new("cc")
                 .args(["-O0", "-g", "-o"])
                 .arg(&plugin_main)
@@ -121,7 +110,7 @@ fn binaries() -> &'static Binaries {
         let fake_go = dir.join("fake-go");
         let note = dir.join("buildinfo");
         std::fs::write(&note, b"\xff Go buildinf:").unwrap();
-        build(
+        compile(
             Command::new("objcopy")
                 .arg(format!("--add-section=.go.buildinfo={}", note.display()))
                 .arg(&c)
@@ -139,41 +128,8 @@ fn binaries() -> &'static Binaries {
     })
 }
 
-/// Runs `topdown stat --pmu synthetic:intel-icl --format json <args>` and returns the report.
 fn stat(args: &[&str]) -> Value {
-    let out = std::env::temp_dir().join(format!(
-        "topdown-functions-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(args),
-    )
-    .unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let _ = std::fs::remove_file(out);
-    report
-}
-
-fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| {
-            functions
-                .iter()
-                .find(|f| f["symbol"].as_str() == Some(symbol))
-        })
-        .unwrap_or_else(|| panic!("{symbol} not in {}", report["functions"]))
+    stat_json(args).unwrap().0
 }
 
 fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value {
@@ -187,28 +143,13 @@ fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value 
         .unwrap_or_else(|| panic!("{caller:?} -> {callee} not in {}", report["call_tree"]))
 }
 
-/// `(calls, inclusive slots, inclusive retiring, exclusive slots, exclusive retiring)`.
-fn figures(function: &Value) -> (u64, u64, u64, u64, u64) {
-    (
-        function["calls"].as_u64().unwrap_or(0),
-        counter(&function["inclusive"], "slots"),
-        counter(&function["inclusive"], "topdown-retiring"),
-        counter(&function["exclusive"], "slots"),
-        counter(&function["exclusive"], "topdown-retiring"),
-    )
-}
-
-fn path(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
 #[test]
 fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
     let _serial = serial();
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     // mid: 7 x leaf(10) + 5 getpgid; then leaf(10) once more from main. The extra -e event
     // counts the same syscall as `slots` and must be attributed to functions identically.
     let report = stat(&[
@@ -262,7 +203,7 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let report = stat(&[
         "-u",
         &format!("{c}:recurse"),
@@ -325,7 +266,7 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     for mode in ["stay", "migrate"] {
         // Thread A: blocker(30) on CPU 0, blocked while thread B makes 1000 calls on CPU 0.
         let report = stat(&[
@@ -367,7 +308,7 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
         return;
     }
     let b = binaries();
-    let c = path(&b.c);
+    let c = path_str(&b.c);
     for mode in ["auto", "exit", "uretprobe"] {
         let report = stat(&[
             "--returns",
@@ -386,15 +327,18 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
             0,
             "{mode}: jumper never returns"
         );
+        // The diagnostics tell a lost entry (read_failures) from a lost return
+        // (missed/unmatched returns) should this ever fail.
+        let diagnostics = &report["diagnostics"];
         assert_eq!(
             figures(function(&report, "leaf")),
             (1, 5, 0, 5, 0),
-            "{mode}"
+            "{mode}: {diagnostics}"
         );
         assert_eq!(
-            report["diagnostics"]["missed_returns"].as_u64(),
+            diagnostics["missed_returns"].as_u64(),
             Some(1),
-            "{mode}"
+            "{mode}: {diagnostics}"
         );
         assert_eq!(
             function(&report, "leaf")["return_probe"],
@@ -437,7 +381,7 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
         );
     }
 
-    let cpp = path(&b.cpp);
+    let cpp = path_str(&b.cpp);
     let report = stat(&[
         "-u",
         &format!("{cpp}:app::thrower"),
@@ -522,7 +466,7 @@ fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
     if !privileged() {
         return;
     }
-    let cpp = path(&binaries().cpp);
+    let cpp = path_str(&binaries().cpp);
     // 1000 x middle(2 getppid) -> thrower(3 getppid) -> throw, caught in main.
     let report = traced_like_untraced(
         &[format!("{cpp}:app::middle"), format!("{cpp}:app::thrower")],
@@ -558,7 +502,7 @@ fn an_untraced_cpp_process_never_traps_at_catch_points() {
     if !privileged() {
         return;
     }
-    let cpp = path(&binaries().cpp);
+    let cpp = path_str(&binaries().cpp);
     let mut beside = Command::new(cpp)
         .args(["throw", "2000000000"])
         .stdout(std::process::Stdio::null())
@@ -601,7 +545,7 @@ fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
     if !privileged() {
         return;
     }
-    let cpp = path(&binaries().cpp);
+    let cpp = path_str(&binaries().cpp);
     let mut traced = KilledOnDrop::new(
         topdown()
             .args([
@@ -660,7 +604,7 @@ fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
     if !privileged() {
         return;
     }
-    let rust = path(&binaries().rust);
+    let rust = path_str(&binaries().rust);
     // 100 x outer(2 getppid) -> panicker(3 getppid) -> panic, caught by catch_unwind.
     let report = traced_like_untraced(
         &[
@@ -687,7 +631,7 @@ fn cancelled_threads_end_their_probed_calls_as_unwound() {
     if !privileged() {
         return;
     }
-    let cancel = path(&binaries().cancel);
+    let cancel = path_str(&binaries().cancel);
     // 5 threads, each cancelled inside cancelled() after 7 getppid calls.
     let report = traced_like_untraced(
         &[format!("{cancel}:cancelled")],
@@ -709,7 +653,7 @@ fn calls_open_at_a_group_exit_are_missed_returns_not_unwound_calls() {
     if !privileged() {
         return;
     }
-    let cancel = path(&binaries().cancel);
+    let cancel = path_str(&binaries().cancel);
     // 4 threads wait inside stuck() after 3 getppid calls each; then the main thread calls
     // exit() inside quitter().
     let report = stat(&[
@@ -746,12 +690,12 @@ fn a_throwing_library_found_through_runpath_gives_exit_probes() {
     if !privileged() {
         return;
     }
-    let main = path(&binaries().plugin_main);
+    let main = path_str(&binaries().plugin_main);
     let library = binaries()
         .plugin_main
         .with_file_name("lib")
         .join("libtdplugin.so");
-    let library = path(&library);
+    let library = path_str(&library);
     // 10 x work(2 getppid) -> plugin_work -> plugin_thrower(4 getppid) -> throw, caught in
     // plugin_work.
     let report = traced_like_untraced(
@@ -781,7 +725,7 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
         return;
     }
     let b = binaries();
-    let c = path(&b.c);
+    let c = path_str(&b.c);
     for (mode, mechanism) in [
         ("auto", "uretprobe"),
         ("exit", "exit"),
@@ -817,7 +761,7 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
         }
     }
     // The C++ program gets uretprobes only when asked: it never throws in this mode.
-    let cpp = path(&b.cpp);
+    let cpp = path_str(&b.cpp);
     let report = stat(&[
         "--returns",
         "uretprobe",
@@ -864,7 +808,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
     }
     let b = binaries();
     // C++ by its name without parameters; the report shows the full demangled name.
-    let cpp = path(&b.cpp);
+    let cpp = path_str(&b.cpp);
     let report = stat(&["-u", &format!("{cpp}:app::Parser::parse"), "--", cpp]);
     let parse = &report["functions"][0];
     assert!(
@@ -877,7 +821,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
     assert_eq!(figures(parse), (1, 12, 0, 12, 0));
 
     // Rust by its demangled path without hash, and a glob over the module.
-    let rust = path(&b.rust);
+    let rust = path_str(&b.rust);
     for func in ["funcs_rs::parser::parse_request", "funcs_rs::parser::*"] {
         let report = stat(&["-u", &format!("{rust}:{func}"), "--", rust]);
         assert_eq!(
@@ -888,7 +832,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
     }
 
     // A library by its short name.
-    let c = path(&b.c);
+    let c = path_str(&b.c);
     let report = stat(&["-u", "libc:getppid", "--", c, "libc", "17"]);
     assert_eq!(figures(function(&report, "getppid")), (17, 17, 0, 17, 0));
 
@@ -905,7 +849,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
         "1",
     ]);
     assert_eq!(figures(function(&report, "leaf")), (3, 9, 0, 9, 0));
-    let stripped = path(&b.stripped);
+    let stripped = path_str(&b.stripped);
     let report = stat(&[
         "-u",
         &format!("{stripped}:leaf"),
@@ -929,7 +873,7 @@ fn functions_split_per_process_with_by_function_task() {
         return;
     }
     // Two runs of the workload under one command: each process gets its own function entry.
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let script = format!("{c} leafmid 1 4 0; {c} leafmid 1 9 0");
     let report = stat(&[
         "--by",
@@ -969,7 +913,7 @@ fn attaching_to_a_running_process_counts_its_functions() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let mut workload = Command::new(c)
         .args(["wait", "3", "10", "2"])
         .stdin(Stdio::piped())
@@ -1016,10 +960,10 @@ fn go_binaries_and_bad_specs_are_refused_clearly() {
         return;
     }
     let b = binaries();
-    let c = path(&b.c);
+    let c = path_str(&b.c);
     let cases: [(Vec<String>, &str); 4] = [
         (
-            vec![format!("{}:main", path(&b.fake_go))],
+            vec![format!("{}:main", path_str(&b.fake_go))],
             "a Go binary without .gopclntab: its functions cannot be found",
         ),
         (vec![format!("{c}:no_such_function")], "no function of"),
@@ -1050,7 +994,7 @@ fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let recording = std::env::temp_dir().join(format!(
         "topdown-functions-replay-{}.json",
         std::process::id()
@@ -1124,7 +1068,7 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let out = std::env::temp_dir().join(format!(
         "topdown-functions-uncalled-{}.json",
         std::process::id()
@@ -1187,7 +1131,7 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     for _ in 0..2 {
         // leaf(1) 2000 times a second for 1.5 s: one getppid (one slot) per call.
         let report = stat(&["-u", &format!("{c}:leaf"), "--", c, "steady", "2000", "1.5"]);
@@ -1231,7 +1175,7 @@ fn per_call_distributions_are_exact_and_survive_a_replay() {
     if !privileged() {
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("distribution-replay");
     std::fs::create_dir_all(&dir).unwrap();
     let recorded = dir.join("run.json");
@@ -1348,7 +1292,7 @@ fn histogram_buckets_match_bpftraces() {
         skipped("bpftrace not installed");
         return;
     }
-    let c = path(&binaries().c);
+    let c = path_str(&binaries().c);
     // Every value below 20, both ends and the middle of several powers of two, and repeats.
     let mut values: Vec<u64> = (0..20).collect();
     values.extend([

@@ -95,47 +95,11 @@ fn ready() -> Option<&'static GoPrograms> {
     programs
 }
 
-fn path(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
 /// `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>`: its output (the
 /// traced program's own, since the report goes to the file) and the report.
 fn stat(args: &[&str]) -> (Output, Value) {
-    let out = std::env::temp_dir().join(format!(
-        "topdown-go-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(args)
-            .env("GOMAXPROCS", "2"),
-    )
-    .unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let _ = std::fs::remove_file(out);
+    let (report, output) = stat_json(args).unwrap();
     (output, report)
-}
-
-fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| {
-            functions
-                .iter()
-                .find(|f| f["symbol"].as_str() == Some(symbol))
-        })
-        .unwrap_or_else(|| panic!("{symbol} not in {}", report["functions"]))
 }
 
 fn edge_calls(report: &Value, caller: Option<&str>, callee: &str) -> u64 {
@@ -244,14 +208,14 @@ fn goroutine_counts_are_exact(program: &Path) {
     );
     let specs: Vec<String> = PROBED
         .iter()
-        .map(|name| format!("{}:main.{name}", path(program)))
+        .map(|name| format!("{}:main.{name}", path_str(program)))
         .collect();
     let mut args: Vec<&str> = Vec::new();
     for spec in &specs {
         args.extend(["-u", spec]);
     }
     let count = GOROUTINES.to_string();
-    args.extend(["--", path(program), &count]);
+    args.extend(["--", path_str(program), &count]);
     let (output, report) = stat(&args);
     assert_eq!(
         output.stdout, untraced.stdout,
@@ -331,7 +295,7 @@ fn two_go_processes_keep_their_goroutines_apart() {
     let Some(programs) = ready() else {
         return;
     };
-    let program = path(&programs.goroutines);
+    let program = path_str(&programs.goroutines);
     let goroutines = 300;
     let specs: Vec<String> = PROBED
         .iter()
@@ -398,7 +362,7 @@ fn go_names_generics_and_inlined_functions() {
         return;
     };
     let rounds = 7;
-    let funcs = path(&programs.funcs);
+    let funcs = path_str(&programs.funcs);
     let (output, report) = stat(&[
         "-u",
         &format!("{funcs}:main.Sum"),
@@ -439,7 +403,7 @@ fn go_names_generics_and_inlined_functions() {
     );
 
     // Stripped: the function table names both instantiations `main.Sum[...]`.
-    let stripped = path(&programs.funcs_stripped);
+    let stripped = path_str(&programs.funcs_stripped);
     let (_, report) = stat(&[
         "-u",
         &format!("{stripped}:main.Sum"),
@@ -511,7 +475,7 @@ fn go_binaries_never_get_uretprobes() {
     let Some(programs) = ready() else {
         return;
     };
-    let program = path(&programs.goroutines);
+    let program = path_str(&programs.goroutines);
     let (output, report) = stat(&[
         "--returns",
         "uretprobe",
@@ -549,7 +513,7 @@ fn cgo_functions_are_native_code_inside_go_calls() {
     let Some(programs) = ready() else {
         return;
     };
-    let cgo = path(&programs.cgo);
+    let cgo = path_str(&programs.cgo);
     let (output, report) = stat(&[
         "-u",
         &format!("{cgo}:c_work"),
@@ -597,7 +561,7 @@ fn an_untraced_go_process_never_traps() {
     let Some(programs) = ready() else {
         return;
     };
-    let program = path(&programs.bench);
+    let program = path_str(&programs.bench);
     let spawn_switching = || {
         let child = Command::new(program)
             .args(["switches", "1000000000"])

@@ -14,18 +14,6 @@ use std::{
 use serde_json::Value;
 use topdown_tests::*;
 
-fn build(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// `tests/workloads/exits.c` built with -O2, once per test binary.
 fn exits_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
@@ -33,7 +21,7 @@ fn exits_binary() -> &'static Path {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-programs");
         std::fs::create_dir_all(&dir).unwrap();
         let binary = dir.join("exits");
-        build(
+        compile(
             Command::new("cc")
                 .args(["-O2", "-o"])
                 .arg(&binary)
@@ -45,7 +33,7 @@ fn exits_binary() -> &'static Path {
 
 /// The disassembly of one function of `binary`.
 fn disassembly(binary: &Path, symbol: &str) -> String {
-    let all = build(
+    let all = compile(
         Command::new("objdump")
             .args(["-d", "--no-show-raw-insn"])
             .arg(binary),
@@ -59,51 +47,8 @@ fn disassembly(binary: &Path, symbol: &str) -> String {
 
 /// `topdown stat --pmu synthetic:intel-icl --format json <args>`: the report and stderr.
 fn stat(args: &[&str]) -> (Value, String) {
-    let out = std::env::temp_dir().join(format!(
-        "topdown-real-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(args),
-    )
-    .unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let _ = std::fs::remove_file(out);
+    let (report, output) = stat_json(args).unwrap();
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
-}
-
-fn function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
-    report["functions"]
-        .as_array()
-        .and_then(|functions| {
-            functions
-                .iter()
-                .find(|f| f["symbol"].as_str() == Some(symbol))
-        })
-        .unwrap_or_else(|| panic!("{symbol} not in {}", report["functions"]))
-}
-
-/// `(calls, inclusive slots, inclusive retiring, exclusive slots, exclusive retiring)`: slots
-/// count getppid, retiring getpgid.
-fn figures(function: &Value) -> (u64, u64, u64, u64, u64) {
-    (
-        function["calls"].as_u64().unwrap_or(0),
-        counter(&function["inclusive"], "slots"),
-        counter(&function["inclusive"], "topdown-retiring"),
-        counter(&function["exclusive"], "slots"),
-        counter(&function["exclusive"], "topdown-retiring"),
-    )
 }
 
 fn diagnostic(report: &Value, name: &str) -> u64 {
@@ -119,7 +64,7 @@ fn cold_fragments_belong_to_their_function() {
         return;
     }
     let binary = exits_binary();
-    let symbols = build(Command::new("nm").arg(binary));
+    let symbols = compile(Command::new("nm").arg(binary));
     assert!(
         symbols.lines().any(|line| line.ends_with(" h.cold")),
         "gcc -O2 made no h.cold fragment: the test would prove nothing\n{symbols}"
