@@ -12,6 +12,7 @@ pub mod process_links;
 mod records;
 mod usdt;
 
+use kernel_types::KernelTypes;
 pub use kernel_types::switch_offsets;
 pub use live_tasks::LiveTasks;
 pub use process_links::ProcessLinks;
@@ -172,6 +173,8 @@ pub struct Session {
     read_errors: HashMap<u32, u64>,
     /// Span key texts read so far, by hash (`usdt::span_snapshot`).
     span_texts: std::sync::Arc<HashMap<u64, String>>,
+    /// `THREAD_EXIT_FIELDS`' offsets when start-up parsed the kernel's BTF anyway.
+    thread_exit_offsets: Option<[u32; thread_exit_field::COUNT as usize]>,
 }
 
 impl Session {
@@ -208,7 +211,17 @@ impl Session {
         // them.
         let comm_at_every_reading = u32::from(by_task != 0 && !renames_seen);
         let filter_cgroups = u32::from(config.cgroup_filter.is_some());
-        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config, &kernel_btf);
+        // Parsed once (most of the ~25 ms the kernel's BTF costs here), where the switch
+        // program reads task fields; the thread-exit program's offsets come from the same
+        // parse, so attaching it later reads nothing again.
+        let kernel_types = reads_task_fields_at_switches(config)
+            .then(|| KernelTypes::parse(&kernel_btf).context("parsing /sys/kernel/btf/vmlinux"));
+        let (skip_untraced, kernel_offsets) = skip_untraced_switches(config, kernel_types.as_ref());
+        let thread_exit_offsets = match &kernel_types {
+            Some(Ok(types)) => thread_exit_offsets(types).ok(),
+            _ => None,
+        };
+        drop(kernel_types);
 
         let mut loader = EbpfLoader::new();
         loader
@@ -356,6 +369,7 @@ impl Session {
             online: crate::counters::online_cpus()?,
             read_errors: HashMap::new(),
             span_texts: Default::default(),
+            thread_exit_offsets,
         };
         // Baseline: from here on every count belongs to someone.
         session.flush(false)?;
@@ -656,18 +670,15 @@ impl Session {
         if program_mut::<TracePoint>(ebpf, name)?.fd().is_ok() {
             return Ok(());
         }
-        let types = kernel_types::KernelTypes::from_sys_fs()?;
+        let offsets = match self.thread_exit_offsets {
+            Some(offsets) => offsets,
+            None => thread_exit_offsets(&KernelTypes::from_sys_fs()?)?,
+        };
         let mut fields: Array<&mut MapData, u32> = map_mut(ebpf, names::THREAD_EXIT_FIELDS)?;
-        for (index, structure, field) in [
-            (thread_exit_field::TASK_SIGNAL, "task_struct", "signal"),
-            (thread_exit_field::SIGNAL_FLAGS, "signal_struct", "flags"),
-        ] {
-            let offset = types
-                .offset_of(structure, field)
-                .with_context(|| format!("no {structure}.{field} in the kernel's BTF"))?;
+        for (index, offset) in (0u32..).zip(offsets) {
             fields
                 .set(index, &offset, 0)
-                .with_context(|| format!("storing the offset of {structure}.{field}"))?;
+                .context("storing the thread-exit program's field offsets")?;
         }
         let program: &mut TracePoint = program_mut(ebpf, name)?;
         program.load().map_err(load_error(name))?;
@@ -1442,17 +1453,18 @@ fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
 /// switch-out.
 fn skip_untraced_switches(
     config: &SessionConfig,
-    kernel_btf: &[u8],
+    kernel_types: Option<&Result<KernelTypes>>,
 ) -> (u32, [u32; kernel_offset::COUNT]) {
     let absent = [topdown_common::FIELD_ABSENT; kernel_offset::COUNT];
-    let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
-    if !config.skip_untraced_switches || !filtered || config.trigger != Trigger::SchedSwitch {
+    if !reads_task_fields_at_switches(config) {
         return (0, absent);
     }
-    match kernel_types::KernelTypes::parse(kernel_btf)
-        .context("parsing /sys/kernel/btf/vmlinux")
-        .and_then(|types| types.switch_offsets())
-    {
+    let offsets = match kernel_types {
+        Some(Ok(types)) => types.switch_offsets(),
+        Some(Err(err)) => Err(anyhow!("{err:#}")),
+        None => Err(anyhow!("the kernel's BTF was not parsed")),
+    };
+    match offsets {
         Ok(offsets) => {
             log::info!("counters are read only at context switches of traced tasks");
             (1, offsets)
@@ -1464,6 +1476,27 @@ fn skip_untraced_switches(
             (0, absent)
         }
     }
+}
+
+/// Whether the switch program skips untraced tasks, reading their ids (and cgroups) from
+/// `struct task_struct` at offsets from the kernel's BTF (`skip_untraced_switches`).
+fn reads_task_fields_at_switches(config: &SessionConfig) -> bool {
+    let filtered = config.tracked_tgids.is_some() || config.cgroup_filter.is_some();
+    config.skip_untraced_switches && filtered && config.trigger == Trigger::SchedSwitch
+}
+
+/// `THREAD_EXIT_FIELDS`' offsets (`topdown_common::thread_exit_field`), from the kernel's BTF.
+fn thread_exit_offsets(types: &KernelTypes) -> Result<[u32; thread_exit_field::COUNT as usize]> {
+    let mut offsets = [0; thread_exit_field::COUNT as usize];
+    for (index, structure, field) in [
+        (thread_exit_field::TASK_SIGNAL, "task_struct", "signal"),
+        (thread_exit_field::SIGNAL_FLAGS, "signal_struct", "flags"),
+    ] {
+        offsets[index as usize] = types
+            .offset_of(structure, field)
+            .with_context(|| format!("no {structure}.{field} in the kernel's BTF"))?;
+    }
+    Ok(offsets)
 }
 
 /// The kernel's BTF, which tp_btf programs need.
