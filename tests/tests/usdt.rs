@@ -45,7 +45,7 @@ fn programs() -> &'static Programs {
             let output = dir.join(name);
             compile(
                 Command::new("cc")
-                    .args(["-O2", "-g"])
+                    .args(["-O2", "-g", "-pthread"])
                     .args(flags)
                     .arg("-o")
                     .arg(&output)
@@ -178,6 +178,51 @@ fn spans_count_exactly_what_ran_between_start_and_end() {
         assert_eq!(slots(process), 19 * N, "{build}");
         assert_eq!(report["usdt"][0]["probe"], "test:request_start");
         assert_eq!(report["usdt"][0]["hits"], 6, "{build}");
+        no_span_anomalies(&report);
+    }
+}
+
+/// A span whose thread is switched out in its middle while another thread of the process runs
+/// a span of its own on the same CPU, and, with `migrate`, ends on another CPU: each span holds
+/// exactly its own thread's calls (the thread's virtual counters), never the other's.
+#[test]
+fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    const N: u64 = 700;
+    const M: u64 = 300;
+    for migrate in [false, true] {
+        let target = programs().pie.display().to_string();
+        let mut args = vec![
+            "--span".to_owned(),
+            format!("request={target}:test:request_start..test:request_done,key=arg0"),
+            "--".to_owned(),
+            target,
+            "block".to_owned(),
+            N.to_string(),
+            M.to_string(),
+        ];
+        if migrate {
+            args.push("migrate".to_owned());
+        }
+        let (report, _) = stat_json(args).unwrap();
+        let figures = |key: &str| {
+            let span = span(&report, "request", key)
+                .unwrap_or_else(|| panic!("no request {key:?} in {}", report["spans"]));
+            (span["calls"].as_u64().unwrap(), slots(span))
+        };
+        assert_eq!(
+            figures("7"),
+            (1, 2 * N),
+            "migrate {migrate}: the blocked span"
+        );
+        assert_eq!(
+            figures("8"),
+            (1, M),
+            "migrate {migrate}: the other thread's span"
+        );
         no_span_anomalies(&report);
     }
 }

@@ -10,7 +10,14 @@
 // usdt forms R       every argument form R times (test:form, one site per form), each
 //                    followed by test:form_end
 // usdt guarded N     the guarded probe N times; prints how many fired
+// usdt block N M [migrate]
+//                    two threads on CPU 0: A opens request 7, makes N calls and blocks;
+//                    meanwhile B makes request 8 of M calls and wakes A, which makes N more
+//                    (after moving to CPU 1 with `migrate`) and closes request 7
 // usdt watch         prints the guarded probe's semaphore for each line read on stdin
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,9 +118,49 @@ __attribute__((noinline)) static void forms(void) {
     STAP_PROBE(test, form_end);
 }
 
+static int a_blocked[2], b_done[2];
+static int other_calls;
+
+static void pin(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) exit(4);
+}
+
+// Thread B: waits until A is inside its span, then makes a span of its own on the same CPU.
+static void *other(void *unused) {
+    char byte;
+    (void)unused;
+    pin(0);
+    if (read(a_blocked[0], &byte, 1) != 1) exit(3);
+    STAP_PROBE1(test, request_start, 8);
+    work(other_calls);
+    STAP_PROBE1(test, request_done, 8);
+    if (write(b_done[1], "x", 1) != 1) exit(3);
+    return NULL;
+}
+
+// Thread A: a span that is switched out (and, with `migrate`, moved to CPU 1) in its middle.
+static void blocked_span(int n, int migrate) {
+    pthread_t thread;
+    char byte;
+    if (pipe(a_blocked) != 0 || pipe(b_done) != 0) exit(3);
+    pin(0);
+    if (pthread_create(&thread, NULL, other, NULL) != 0) exit(3);
+    STAP_PROBE1(test, request_start, 7);
+    work(n);
+    if (write(a_blocked[1], "x", 1) != 1) exit(3);
+    if (read(b_done[0], &byte, 1) != 1) exit(3);
+    if (migrate) pin(1);
+    work(n);
+    STAP_PROBE1(test, request_done, 7);
+    pthread_join(thread, NULL);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: usdt spans N | forms R | guarded N | watch\n");
+        fprintf(stderr, "usage: usdt spans N | forms R | block N M [migrate] | guarded N | watch\n");
         return 2;
     }
     int n = argc > 2 ? atoi(argv[2]) : 0;
@@ -121,6 +168,9 @@ int main(int argc, char **argv) {
         spans(n);
     } else if (strcmp(argv[1], "forms") == 0) {
         for (int i = 0; i < n; i++) forms();
+    } else if (strcmp(argv[1], "block") == 0 && argc >= 4) {
+        other_calls = atoi(argv[3]);
+        blocked_span(n, argc > 4 && strcmp(argv[4], "migrate") == 0);
     } else if (strcmp(argv[1], "guarded") == 0) {
         printf("fired %d\n", guarded(n));
     } else if (strcmp(argv[1], "watch") == 0) {

@@ -504,6 +504,23 @@ pub mod entry_cookie {
     }
 }
 
+/// A thread's virtual counters as `base + now` (the CPU's counters), valid while its CPU has
+/// taken no reading since (`CpuState::seq` and the counters' generation unchanged, the same
+/// CPU): the thread's accumulated counters (its task entry) less the CPU's last reading
+/// (`CpuState::last`) change only at a reading. A probe whose thread was not switched out
+/// since its last one skips the task entry's lookup (`virtual_counters_cached`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct VirtualBase {
+    /// Nonzero once filled.
+    pub valid: u32,
+    pub cpu: u32,
+    pub seq: u64,
+    pub generation: u32,
+    pub _pad: u32,
+    pub base: [u64; MAX_COUNTERS],
+}
+
 /// A thread's shadow stack (value of `STACKS`, keyed by tid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -514,6 +531,8 @@ pub struct ShadowStack {
     /// overwritten by another thread's probe on the same CPU.
     pub now: [u64; MAX_COUNTERS],
     pub virtual_now: [u64; MAX_COUNTERS],
+    /// What the thread's virtual counters are made of while its CPU takes no reading.
+    pub base: VirtualBase,
     pub frames: [Frame; MAX_DEPTH],
 }
 
@@ -906,6 +925,8 @@ pub mod usdt {
         /// Scratch for the probe in progress (per thread, as in `ShadowStack`).
         pub now: [u64; super::MAX_COUNTERS],
         pub virtual_now: [u64; super::MAX_COUNTERS],
+        /// What the thread's virtual counters are made of while its CPU takes no reading.
+        pub base: super::VirtualBase,
         pub frames: [SpanFrame; MAX_SPAN_DEPTH],
     }
 

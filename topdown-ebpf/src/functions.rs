@@ -7,16 +7,16 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_NOEXIST, pt_regs},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::bpf_loop,
+        bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id,
+        bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_loop,
     },
     macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use topdown_common::{
     CallKey, FileAddress, MAX_COUNTERS, MAX_DEPTH, MAX_FUNCTION_RANGES, ProbeStats, ROOT_FUNCTION,
-    ShadowStack, entry_cookie, exit_point, frame_flags, histogram as histogram_kind, pt_regs_word,
-    reading_owner, thread_exit_field,
+    ShadowStack, VirtualBase, entry_cookie, exit_point, frame_flags, histogram as histogram_kind,
+    pt_regs_word, reading_owner, thread_exit_field,
 };
 
 use crate::{
@@ -121,6 +121,75 @@ pub(crate) fn virtual_counters(
     false
 }
 
+/// `virtual_counters`, through the thread's `VirtualBase`: while its CPU has taken no reading
+/// since the base was made, `virtual_now` is `base + now` and the task entry is not looked up
+/// (the same values: the entry and `CpuState::last` change only at a reading). Otherwise the
+/// entry is read and the base made again.
+#[inline(always)]
+pub(crate) fn virtual_counters_cached(
+    now: &mut [u64; MAX_COUNTERS],
+    virtual_now: &mut [u64; MAX_COUNTERS],
+    base: &mut VirtualBase,
+    tid: u32,
+) -> bool {
+    let Some(state) = CPU_STATE.get_ptr(0) else {
+        return false;
+    };
+    let used = global(&NUM_COUNTERS) as usize;
+    // SAFETY: a helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let mut attempt = 0;
+    while attempt < 3 {
+        attempt += 1;
+        // SAFETY: a per-CPU map value; read volatile because a switch may change it under us.
+        let seq = unsafe { core::ptr::read_volatile(&(*state).seq) };
+        // SAFETY: as above.
+        if unsafe { (*state).initialized == 0 || (*state).frozen != 0 } {
+            return false;
+        }
+        let counters_generation = generation();
+        // SAFETY: as above.
+        if counters_generation != unsafe { (*state).generation } {
+            return false;
+        }
+        if read_slots(now).is_none() || generation() != counters_generation {
+            return false;
+        }
+        let cached = base.valid != 0
+            && base.cpu == cpu
+            && base.seq == seq
+            && base.generation == counters_generation;
+        if !cached {
+            // SAFETY: map value pointers.
+            let task = unsafe { TASKS.get(&tid) };
+            let mut slot = 0;
+            while slot < MAX_COUNTERS && slot < used {
+                let accumulated = task.map_or(0, |task| task.counters[slot]);
+                // SAFETY: as above.
+                let last = unsafe { (*state).last[slot] };
+                base.base[slot] = accumulated.wrapping_sub(last);
+                slot += 1;
+            }
+        }
+        // SAFETY: as above.
+        if unsafe { core::ptr::read_volatile(&(*state).seq) } != seq {
+            base.valid = 0;
+            continue;
+        }
+        base.valid = 1;
+        base.cpu = cpu;
+        base.seq = seq;
+        base.generation = counters_generation;
+        let mut slot = 0;
+        while slot < MAX_COUNTERS && slot < used {
+            virtual_now[slot] = base.base[slot].wrapping_add(now[slot]);
+            slot += 1;
+        }
+        return true;
+    }
+    false
+}
+
 /// How `enter` and `leave` put the counters of what runs the frames (a thread, a goroutine)
 /// into `stack.virtual_now`. A trait whose method is always inlined, not a closure: the
 /// closure became a BPF subprogram of its own, and verifying `func_entry_multi` with it took
@@ -135,7 +204,12 @@ pub(crate) struct ThreadCounters(pub u32);
 impl ReadCounters for ThreadCounters {
     #[inline(always)]
     fn read(self, stack: &mut ShadowStack) -> bool {
-        virtual_counters(&mut stack.now, &mut stack.virtual_now, self.0)
+        virtual_counters_cached(
+            &mut stack.now,
+            &mut stack.virtual_now,
+            &mut stack.base,
+            self.0,
+        )
     }
 }
 
