@@ -42,11 +42,13 @@ use aya::maps::MapData;
 use ratatui::{buffer::Buffer, layout::Rect};
 
 use topdown::{
-    aggregate::{Aggregate, Naming, ReportContext, report_of},
-    bpf::{LiveTasks, Snapshot, batch},
     model::base_model,
     report::{By, Format, Weight, render},
     serve::exporter::{Exporter, Limits},
+    session::{
+        aggregate::{Aggregate, Naming, ReportContext, report_of},
+        bpf::{LiveTasks, Snapshot, batch},
+    },
     top::{
         Counted,
         view::{self, Header, Ui},

@@ -10,9 +10,11 @@ use std::{fmt, fs, path::Path};
 use anyhow::Result;
 
 use crate::{
-    counters::{CounterGroups, Privilege, resolve},
     model::Model,
-    tracefs::Tracefs,
+    session::{
+        counters::{CounterGroups, Privilege, resolve},
+        tracefs::Tracefs,
+    },
 };
 
 /// How one requirement stands.
@@ -214,7 +216,7 @@ pub fn run(
         privileged,
     ));
     items.push(btf(root));
-    items.push(switch_filter(crate::bpf::switch_offsets()));
+    items.push(switch_filter(crate::session::bpf::switch_offsets()));
 
     let tracefs = if privileged {
         Tracefs::locate_or_mount()
@@ -235,7 +237,7 @@ pub fn run(
     }
 
     if privileged {
-        match crate::bpf::verify_programs() {
+        match crate::session::bpf::verify_programs() {
             Ok(programs) => items.push(item(
                 Status::Ok,
                 "BPF programs",
@@ -271,7 +273,7 @@ pub fn run(
     });
     items.push(if !privileged {
         item(Status::Skip, "uprobe.multi", "needs privileges to probe")
-    } else if crate::bpf::uprobe_multi_supported() {
+    } else if crate::session::bpf::uprobe_multi_supported() {
         item(
             Status::Ok,
             "uprobe.multi",
@@ -324,7 +326,7 @@ pub fn run(
 
 fn pmu_items(root: &Path, model: &dyn Model, announcement: Option<&str>) -> Vec<Item> {
     let mut items = Vec::new();
-    match crate::pmu::detect(root) {
+    match crate::session::pmu::detect(root) {
         Ok(detection) => {
             let vm_without_pmu = detection.hypervisor && !detection.core_pmu;
             let needs_pmu = !model.is_synthetic() && model.max_level() > 0;
@@ -377,13 +379,13 @@ fn counters_free(model: &dyn Model, tracefs: Option<&Tracefs>, privileged: bool)
     let attempt = || -> Result<String> {
         let plan = crate::schedule::plan(model, 1, &|_| None)?;
         let counters = resolve(&plan.counters, tracefs)?;
-        let cpus = crate::counters::online_cpus()?;
+        let cpus = crate::session::counters::online_cpus()?;
         let first = cpus.first().copied().unwrap_or(0);
         let groups = CounterGroups::open(
             &plan,
             &counters,
             &[first],
-            &crate::counters::pmu_cpus,
+            &crate::session::counters::pmu_cpus,
             Privilege::All,
         )?;
         let opened = groups.fds().count();

@@ -10,10 +10,10 @@ use clap::{
 };
 
 use crate::{
-    bpf::Trigger,
     diff::{input::Kind, render::DiffFormat},
     report::{By, Format, Weight},
     serve::duty_cycle::DutyCycle,
+    session::bpf::Trigger,
 };
 
 /// The command-line names of a domain enum. The enums themselves stay free of clap: the names
@@ -56,10 +56,10 @@ impl Named for Weight {
         &[("slots", Weight::Slots), ("calls", Weight::Calls)];
 }
 
-impl Named for crate::bpf::UsdtLinking {
+impl Named for crate::session::bpf::UsdtLinking {
     const NAMES: &'static [(&'static str, Self)] = &[
-        ("auto", crate::bpf::UsdtLinking::Auto),
-        ("per-site", crate::bpf::UsdtLinking::PerSite),
+        ("auto", crate::session::bpf::UsdtLinking::Auto),
+        ("per-site", crate::session::bpf::UsdtLinking::PerSite),
     ];
 }
 
@@ -439,8 +439,8 @@ pub struct CountingArgs {
 
     /// How USDT sites are linked: `auto` (uprobe.multi where the kernel has it) or `per-site`
     /// (one perf uprobe event per site, as before Linux 6.6; for tests).
-    #[arg(long = "usdt-links", hide = true, value_parser = named::<crate::bpf::UsdtLinking>(), default_value = "auto")]
-    pub usdt_links: crate::bpf::UsdtLinking,
+    #[arg(long = "usdt-links", hide = true, value_parser = named::<crate::session::bpf::UsdtLinking>(), default_value = "auto")]
+    pub usdt_links: crate::session::bpf::UsdtLinking,
 
     /// How function returns are probed: `auto` gives each target uretprobes (cheap) when
     /// nothing in the traced program can unwind through its functions (C++ exceptions, Rust
@@ -547,7 +547,7 @@ pub struct CountingArgs {
 
 impl CountingArgs {
     /// Whether any probe goes into traced processes (`-u`, `-U`, `--span`, `--postgres`): with
-    /// `-- CMD` they are scoped to the command's processes (`crate::follow`).
+    /// `-- CMD` they are scoped to the command's processes (`crate::session::follow`).
     pub fn probes_processes(&self) -> bool {
         !self.uprobes.is_empty()
             || !self.usdt.is_empty()

@@ -33,7 +33,7 @@
 use serde::{Deserialize, Serialize};
 use topdown_common::histogram;
 
-use crate::{report::entity::Entity, slot_counts::SlotCounts};
+use crate::{report::entity::Entity, session::slot_counts::SlotCounts};
 
 /// The calls of one owner, by bucket of their weight.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -1,39 +1,29 @@
 //! topdown: exact TopDown (Intel TMA and its AMD/Arm equivalents) per thread, per function and
 //! per container, counted with per-CPU perf counter groups read by eBPF at context switches.
 //!
-//! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`] (the
-//! `topdown-model` crate), open its counters, attribute deltas in BPF, aggregate, and render a
+//! The module tree follows the pipeline: detect the CPU ([`pmu`](session::pmu)), pick a [`model`]
+//! (the `topdown-model` crate), open its counters, attribute deltas in BPF, aggregate, and render a
 //! [`report`].
 
-pub mod aggregate;
-pub mod bpf;
 pub mod calibration;
 pub mod cgroup;
 pub mod check;
 pub mod cli;
-pub mod counters;
-pub mod counting;
 pub mod diff;
 pub mod distribution;
 pub mod error;
 pub mod exit_plan;
-pub mod follow;
-pub mod interrupt;
 pub mod list;
 pub mod output;
-pub mod pmu;
 pub mod probes;
 pub mod progress;
 pub mod report;
 pub mod serve;
-pub mod slot_counts;
+pub mod session;
 pub mod spans;
 pub mod stat;
 pub mod symbols;
-pub mod target;
 pub mod top;
-pub mod tracefs;
-pub mod unprivileged;
 pub mod unwinding;
 pub mod usdt;
 

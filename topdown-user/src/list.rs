@@ -133,7 +133,7 @@ pub fn run(args: &crate::cli::ListArgs, out: &mut dyn Write) -> Result<()> {
 fn model_name(pmu: Option<&str>) -> Option<String> {
     match pmu {
         Some(name) => Some(name.to_owned()),
-        None => crate::counting::select_model_by("auto", None)
+        None => crate::session::counting::select_model_by("auto", None)
             .ok()
             .map(|(model, _)| model.name()),
     }
@@ -290,12 +290,13 @@ pub fn run_model(
         return Ok(());
     }
     let root = Path::new("/");
-    let detection = crate::pmu::detect(root);
+    let detection = crate::session::pmu::detect(root);
     match &detection {
         Ok(detection) => write!(out, "{detection}")?,
         Err(err) => writeln!(out, "CPU:        unknown ({err:#})")?,
     }
-    let (model, announcement) = crate::counting::select_model_by(pmu.unwrap_or("auto"), None)?;
+    let (model, announcement) =
+        crate::session::counting::select_model_by(pmu.unwrap_or("auto"), None)?;
     if let Some(line) = announcement {
         writeln!(out, "Auto:       {line}")?;
     }
@@ -304,7 +305,7 @@ pub fn run_model(
         if model.is_synthetic() {
             None
         } else {
-            crate::pmu::free_general_counters(root, None)
+            crate::session::pmu::free_general_counters(root, None)
         }
     });
     write_model(model.as_ref(), budget, out)

@@ -97,7 +97,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             topdown::diff::command(&request)
         }
         Command::Check(args) => {
-            let (model, announcement) = topdown::counting::select_model_by(&args.pmu, None)?;
+            let (model, announcement) =
+                topdown::session::counting::select_model_by(&args.pmu, None)?;
             let mut out = std::io::stdout().lock();
             topdown::check::run(model.as_ref(), announcement.as_deref(), &mut out)
         }

@@ -15,11 +15,11 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    bpf::{AttachMode, Session},
     calibration::ReturnMechanism,
     error::{Failure, fail},
     exit_plan::{Plan, Probed, plan},
     progress::Progress,
+    session::bpf::{AttachMode, Session},
     symbols::{
         ProbeSpec, Resolution, ResolvedFunction, elf::FileFunctions, resolve as resolve_functions,
         x86::ProbeCheck,

@@ -15,14 +15,16 @@ use tokio::{
 };
 
 use crate::{
-    bpf::Snapshot,
     cli::StatArgs,
-    counting::{self, CalibrateAt, CountingSession, Targets},
     error::{Failure, fail},
     output::Output,
     progress::Progress,
     report::{By, Format, IntervalInfo, render},
-    target::{PendingCommand, ProcessWatch, Scope, resolve_pids, wait_command},
+    session::{
+        bpf::Snapshot,
+        counting::{self, CalibrateAt, CountingSession, Targets},
+        target::{PendingCommand, ProcessWatch, Scope, resolve_pids, wait_command},
+    },
 };
 
 /// Why the counting stopped.
@@ -36,8 +38,8 @@ enum Stop {
 pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // Without privileges (or with --no-bpf) a command is counted with inherited per-task
     // counters instead of the BPF session.
-    if let Some(why) = crate::unprivileged::applies(&args)? {
-        return crate::unprivileged::run(args, why).await;
+    if let Some(why) = crate::session::unprivileged::applies(&args)? {
+        return crate::session::unprivileged::run(args, why).await;
     }
     // Before anything is loaded: a Ctrl-C from here on ends the run cleanly with a report,
     // never kills topdown half-way.
@@ -46,8 +48,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
     };
     // Until counting starts, reading symbols and attaching can take many seconds: a signal ends
-    // topdown at once there (`crate::interrupt`), with nothing attached.
-    crate::interrupt::guard_setup().context("installing the set-up signal handler")?;
+    // topdown at once there (`crate::session::interrupt`), with nothing attached.
+    crate::session::interrupt::guard_setup().context("installing the set-up signal handler")?;
     let scope = scope_of(&args);
     // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
     // a report is complete: a run that fails before counting leaves the last result in place.
@@ -97,7 +99,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // ptrace.
     let follower = match &pending {
         Some(pending) if args.counting.probes_processes() => {
-            crate::follow::follow_command(pending.pid())
+            crate::session::follow::follow_command(pending.pid())
         }
         _ => None,
     };
@@ -126,7 +128,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     };
     let mut session = prepared.start(&args.counting, targets, verbose, calibrate_at)?;
     // From here a signal ends the counting with a report (the event loop takes it).
-    crate::interrupt::set(crate::interrupt::Phase::Counting);
+    crate::session::interrupt::set(crate::session::interrupt::Phase::Counting);
     let command_pid = match pending {
         Some(pending) => {
             session.mark_command_start()?;
@@ -182,7 +184,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     if let (Some(pid), Stop::Signal(signo)) = (command_pid, &stop) {
         // The command may not have seen the signal (kill to topdown alone): pass it on and let
         // it finish, so its last counts are in the report.
-        crate::target::signal(pid, *signo);
+        crate::session::target::signal(pid, *signo);
         for watch in &watches {
             if watch.pid() == pid {
                 let _ = tokio::time::timeout(Duration::from_secs(5), watch.exited()).await;

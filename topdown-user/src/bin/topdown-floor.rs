@@ -26,10 +26,12 @@ use aya::{
 };
 use clap::{Parser, ValueEnum};
 use topdown::{
-    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
     error::{Failure, fail, failure_of},
+    session::{
+        counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+        tracefs::Tracefs,
+    },
     symbols::{self, ProbeSpec},
-    tracefs::Tracefs,
 };
 use topdown_common::MAX_COUNTERS;
 
@@ -183,12 +185,12 @@ fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
 /// Opens `model`'s counters as topdown does (`counting::open_counters`, without hybrid
 /// overrides or extra events): returns the slots the programs read and the groups.
 fn open_counters(model: &str) -> Result<(u32, [u32; MAX_COUNTERS], CounterGroups)> {
-    let (model, announcement) = topdown::counting::select_model_by(model, None)?;
+    let (model, announcement) = topdown::session::counting::select_model_by(model, None)?;
     if let Some(line) = announcement {
         eprintln!("topdown-floor: {line}");
     }
     let level = if model.max_level() == 0 { 0 } else { 1 };
-    let plan = topdown::counting::plan_counters(model.as_ref(), level, None)?;
+    let plan = topdown::session::counting::plan_counters(model.as_ref(), level, None)?;
     let tracefs = Tracefs::locate_or_mount()?;
     let counters = resolve(&plan.counters, Some(&tracefs))?;
     let cpus = online_cpus()?;
@@ -264,7 +266,7 @@ fn attach(
     let started = Instant::now();
     // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
     // perf link per point otherwise, each of which waits for an RCU grace period when closed).
-    let multi = topdown::bpf::uprobe_multi_supported();
+    let multi = topdown::session::bpf::uprobe_multi_supported();
     let (entry, ret) = if multi {
         ("floor_entry_multi", "floor_return_multi")
     } else {

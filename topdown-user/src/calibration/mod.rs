@@ -93,12 +93,14 @@ pub use record::{
 };
 
 use crate::{
-    aggregate::{Aggregate, CallCounts},
-    bpf::{Session, SessionConfig, Trigger},
-    counters::CounterGroups,
     exit_plan::{FunctionProbes, UprobeAt},
     schedule::Plan,
-    tracefs::Tracefs,
+    session::{
+        aggregate::{Aggregate, CallCounts},
+        bpf::{Session, SessionConfig, Trigger},
+        counters::CounterGroups,
+        tracefs::Tracefs,
+    },
 };
 
 /// Calls per run: 32 pieces of 500 (`trimmed_mean`), each a few ms on the 2-vCPU test VM whose
@@ -253,7 +255,7 @@ impl Calibration {
     /// Returns how many figures were clamped at zero.
     fn compensate_histograms(
         &self,
-        histograms: &mut [crate::aggregate::HistogramCounts],
+        histograms: &mut [crate::session::aggregate::HistogramCounts],
         calls: &[CallCounts],
         mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
     ) -> u64 {
@@ -888,7 +890,7 @@ fn pin_to(cpu: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::SlotCounts;
+    use crate::session::aggregate::SlotCounts;
     use topdown_common::MAX_COUNTERS;
 
     fn cost(mechanism: ReturnMechanism, per_call: f64, per_callee: f64) -> ProbeCost {
@@ -958,7 +960,7 @@ mod tests {
     /// callee_calls x T`, so the buckets still add up to the compensated inclusive figures.
     #[test]
     fn histogram_buckets_lose_what_their_calls_carry() {
-        use crate::aggregate::HistogramCounts;
+        use crate::session::aggregate::HistogramCounts;
         use topdown_common::{HistogramKey, histogram};
         let calibration = Calibration::new(
             vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],

@@ -855,8 +855,8 @@ pub(crate) mod tests {
     /// recording gives every bucket its level-2 split), never taken from the file.
     #[test]
     fn distributions_round_trip_and_are_recomputed() {
-        use crate::aggregate::SlotCounts;
         use crate::distribution::{BucketCounts, Distribution};
+        use crate::session::aggregate::SlotCounts;
         let model = crate::model::base_model("intel-spr").unwrap();
         let names: Vec<String> = model.counters().into_iter().map(|spec| spec.name).collect();
         let evaluator = crate::model::Evaluator::new(model.as_ref(), &names);

@@ -272,12 +272,12 @@ mod tests {
                 BucketCounts {
                     bucket: histogram::bucket(10),
                     calls: 1000,
-                    counts: crate::aggregate::SlotCounts::ZERO,
+                    counts: crate::session::aggregate::SlotCounts::ZERO,
                 },
                 BucketCounts {
                     bucket: histogram::bucket(1000),
                     calls: 30,
-                    counts: crate::aggregate::SlotCounts::ZERO,
+                    counts: crate::session::aggregate::SlotCounts::ZERO,
                 },
             ],
             &|_| Entity::default(),

@@ -23,7 +23,7 @@ use prometheus::proto::MetricType;
 use topdown_common::histogram;
 
 use super::families::{Families, Spec, spec};
-use crate::aggregate::{Aggregate, Naming};
+use crate::session::aggregate::{Aggregate, Naming};
 
 /// Labels of a function's histogram: `function`, `target`.
 pub type FunctionLabels = (String, String);
@@ -73,7 +73,7 @@ impl CallHistograms {
         &mut self,
         counts: &Aggregate,
         naming: &Naming<'_>,
-        valuation: &dyn Fn(&crate::aggregate::SlotCounts) -> Vec<(String, f64)>,
+        valuation: &dyn Fn(&crate::session::aggregate::SlotCounts) -> Vec<(String, f64)>,
         exported: &dyn Fn(&FunctionLabels) -> bool,
     ) {
         for ((id, _), buckets) in counts.function_histograms() {

@@ -23,7 +23,7 @@ use std::{
 
 use topdown_common::CallKey;
 
-use crate::aggregate::CallCounts;
+use crate::session::aggregate::CallCounts;
 
 /// The shortest ON span: attaching alone takes milliseconds, and the exporter refreshes at
 /// most every 100 ms (`--refresh-ms`).
@@ -236,7 +236,7 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::SlotCounts;
+    use crate::session::aggregate::SlotCounts;
 
     fn cycle(on_ms: u64, period_ms: u64) -> DutyCycle {
         DutyCycle {

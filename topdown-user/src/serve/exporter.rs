@@ -20,9 +20,9 @@ use super::{
     families::{Families, Spec, spec},
 };
 use crate::{
-    aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
     cgroup::container::describe,
     model::{L1_METRICS, L2_METRICS},
+    session::aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
 };
 
 /// A series' identifying labels: `(name, value)` in `FamilyKind::labels` order.
@@ -1047,9 +1047,9 @@ mod tests {
     use super::*;
 
     use crate::{
-        aggregate::{CallCounts, Naming, ProcessCounts, SlotCounts},
         model::{CounterSpec, Metrics, Model, ratio},
         report::Diagnostics,
+        session::aggregate::{CallCounts, Naming, ProcessCounts, SlotCounts},
     };
     use topdown_common::{CallKey, ROOT_FUNCTION};
 

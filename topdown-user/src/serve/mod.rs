@@ -22,12 +22,14 @@ use tokio::{
 
 use self::duty_cycle::{Sampler, Switch};
 use crate::{
-    aggregate::Aggregate,
-    bpf::Snapshot,
     cli::ServeArgs,
-    counting::{self, CountingSession, Targets, parse_probe_specs},
     error::{Failure, fail},
     probes::Probes,
+    session::{
+        aggregate::Aggregate,
+        bpf::Snapshot,
+        counting::{self, CountingSession, Targets, parse_probe_specs},
+    },
 };
 
 /// Runs the exporter until SIGINT or SIGTERM; returns the exit status.
@@ -64,7 +66,7 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         &args.counting,
         targets,
         verbose,
-        crate::counting::CalibrateAt::Start,
+        crate::session::counting::CalibrateAt::Start,
     )?;
     let attached = Instant::now();
     let mut guard = Guard {
@@ -233,7 +235,7 @@ impl Guard {
     }
 
     /// topdown's BPF run time since the last measurement, in percent of all CPUs.
-    fn measure(&mut self, session: &crate::bpf::Session) -> Option<f64> {
+    fn measure(&mut self, session: &crate::session::bpf::Session) -> Option<f64> {
         self.budget?;
         let (run_time, _) = session.program_run_time().ok()?;
         let now = Instant::now();
@@ -249,7 +251,7 @@ impl Guard {
 /// Re-attaches probes whose binary was replaced, and applies the overhead budget: above it,
 /// the function with the most calls this refresh is detached.
 fn keep_probes(
-    session: &mut crate::bpf::Session,
+    session: &mut crate::session::bpf::Session,
     probes: &mut Probes,
     guard: &mut Guard,
     counted: &Aggregate,

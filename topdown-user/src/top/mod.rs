@@ -26,13 +26,15 @@ use tokio::{
 };
 
 use crate::{
-    aggregate::{Aggregate, Naming},
-    bpf::Snapshot,
     cli::TopArgs,
-    counting::{self, CountingSession, Targets},
     error::{Failure, fail},
     report::{By, Report},
-    target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
+    session::{
+        aggregate::{Aggregate, Naming},
+        bpf::Snapshot,
+        counting::{self, CountingSession, Targets},
+        target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
+    },
 };
 
 use view::{Header, Sort, Ui, View};
@@ -70,7 +72,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     // Function probes and USDT sites of a command go to its processes only, as in `stat`.
     let follower = match &pending {
         Some(pending) if args.counting.probes_processes() => {
-            crate::follow::follow_command(pending.pid())
+            crate::session::follow::follow_command(pending.pid())
         }
         _ => None,
     };
@@ -92,7 +94,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
         &args.counting,
         targets,
         verbose,
-        crate::counting::CalibrateAt::Start,
+        crate::session::counting::CalibrateAt::Start,
     )?;
     // The baseline before the command runs, so its first refresh holds all it did.
     let baseline = session.snapshot(false)?;
@@ -229,7 +231,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     drop(stats);
     if let Some(pid) = command_pid {
         // Quitting the view ends the traced command too (as Ctrl-C in a shell would).
-        crate::target::signal(pid, libc::SIGTERM);
+        crate::session::target::signal(pid, libc::SIGTERM);
         for watch in &watches {
             if watch.pid() == pid {
                 let _ = tokio::time::timeout(Duration::from_secs(5), watch.exited()).await;

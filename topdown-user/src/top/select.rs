@@ -6,7 +6,7 @@
 
 use std::cmp::Ordering;
 
-use crate::aggregate::{Aggregate, Naming, SlotCounts};
+use crate::session::aggregate::{Aggregate, Naming, SlotCounts};
 
 use super::view::{Sort, Ui, View};
 
@@ -206,9 +206,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        aggregate::{ProcessCounts, ReportContext, TaskCounts, processes_of, report_of},
         model::base_model,
         report::Report,
+        session::aggregate::{ProcessCounts, ReportContext, TaskCounts, processes_of, report_of},
         top::view::{categories, rows},
     };
 

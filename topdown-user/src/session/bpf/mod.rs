@@ -40,10 +40,9 @@ use topdown_common::{
 };
 
 use crate::{
-    counters::CounterGroups,
     error::{Failure, fail},
     exit_plan::{FunctionProbes, Plan},
-    tracefs::Tracefs,
+    session::{counters::CounterGroups, tracefs::Tracefs},
 };
 
 /// The eBPF object, built by build.rs with the pinned nightly and bpf-linker.
@@ -161,7 +160,7 @@ pub struct Session {
     /// The function probes' links, so they can be detached and re-attached (`serve`).
     function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
     /// `-- CMD`: function probes are attached per traced process here instead of machine-wide
-    /// (the tracer of `crate::follow` adds each child's).
+    /// (the tracer of `crate::session::follow` adds each child's).
     followed: Option<ProcessLinks>,
     /// Time spent loading (verifying) function-probe programs since last taken: the part of
     /// an attach that does not grow with the number of functions.
@@ -366,7 +365,7 @@ impl Session {
             function_links: Vec::new(),
             followed: None,
             program_load_time: std::time::Duration::ZERO,
-            online: crate::counters::online_cpus()?,
+            online: crate::session::counters::online_cpus()?,
             read_errors: HashMap::new(),
             span_texts: Default::default(),
             thread_exit_offsets,
@@ -819,7 +818,7 @@ impl Session {
     /// is back gets its counters re-opened. Callers poll this (every second, and at each
     /// flush); counts on a returning CPU before the next poll are not counted.
     pub fn check_cpus(&mut self) -> Result<()> {
-        let online = crate::counters::online_cpus()?;
+        let online = crate::session::counters::online_cpus()?;
         let cpu_state: PerCpuArray<&MapData, CpuState> =
             map(loaded_ref(&self.ebpf)?, names::CPU_STATE)?;
         let states = cpu_state.get(&0, 0).context("reading per-CPU state")?;

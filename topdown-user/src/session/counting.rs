@@ -12,8 +12,6 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    aggregate::{Aggregate, Naming, ReportContext, SlotCounts, report_of},
-    bpf::{Session, SessionConfig, Snapshot, Trigger},
     calibration::{
         CALIBRATION_CALLS, CalibratedAt, Calibration, CalibrationRun, CompensationReport,
         ReturnMechanism, SHORTENED_CALIBRATION_CALLS, SHORTENED_CALIBRATION_SHARE,
@@ -21,15 +19,19 @@ use crate::{
     },
     cgroup::CgroupTree,
     cli::CountingArgs,
-    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
     distribution::ProbeCost,
     error::{Failure, fail},
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
     probes::Probes,
     report::{By, IntervalInfo, Report},
     schedule::Plan,
+    session::{
+        aggregate::{Aggregate, Naming, ReportContext, SlotCounts, report_of},
+        bpf::{Session, SessionConfig, Snapshot, Trigger},
+        counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+        tracefs::Tracefs,
+    },
     symbols::ProbeSpec,
-    tracefs::Tracefs,
 };
 
 /// What the BPF side attributes to: the command's scope, resolved.
@@ -49,8 +51,8 @@ pub struct Targets {
     pub functions_per_process: bool,
     /// `-- CMD`: the program, whose libraries can unwind through probed functions.
     pub command: Option<std::path::PathBuf>,
-    /// `-- CMD` followed by `crate::follow`: function probes go to its processes only.
-    pub followed: Option<crate::bpf::ProcessLinks>,
+    /// `-- CMD` followed by `crate::session::follow`: function probes go to its processes only.
+    pub followed: Option<crate::session::bpf::ProcessLinks>,
 }
 
 impl Targets {
@@ -148,7 +150,7 @@ impl SpanRequest {
 /// The USDT program's links and what its kinds and probes are.
 pub struct ActiveSpans {
     pub naming: crate::spans::report::SpanNaming,
-    _links: crate::bpf::UsdtLinks,
+    _links: crate::session::bpf::UsdtLinks,
 }
 
 /// Checks the counting options, selects the model (announcing fallbacks) and opens its counters
@@ -241,7 +243,7 @@ impl Prepared {
         };
         let usdt = span_plan
             .as_ref()
-            .map(|plan| crate::bpf::UsdtSizes {
+            .map(|plan| crate::session::bpf::UsdtSizes {
                 sites: plan.sites.sites.len() as u32,
                 hit_probes: plan.sites.hit_probes.len() as u32,
                 max_spans: args.max_spans,
@@ -600,8 +602,8 @@ impl CountingSession {
             return;
         };
         let started = std::time::Instant::now();
-        // A signal while calibrating ends topdown at once (`crate::interrupt`).
-        let phase = crate::interrupt::set(crate::interrupt::Phase::Calibrating);
+        // A signal while calibrating ends topdown at once (`crate::session::interrupt`).
+        let phase = crate::session::interrupt::set(crate::session::interrupt::Phase::Calibrating);
         let calibrated = calibrate_probes(Setup {
             groups: pending.groups,
             plan: &self.plan,
@@ -612,7 +614,7 @@ impl CountingSession {
             weight_slot: pending.weight_slot,
             after_counting: at == CalibratedAt::End,
         });
-        crate::interrupt::set(phase);
+        crate::session::interrupt::set(phase);
         if let Some(calibration) = calibrated {
             let run = CalibrationRun {
                 at,
@@ -715,7 +717,7 @@ fn attach_spans(
     bpf: &mut Session,
     plan: crate::spans::SpanPlan,
     processes: &[u32],
-    linking: crate::bpf::UsdtLinking,
+    linking: crate::session::bpf::UsdtLinking,
 ) -> Result<ActiveSpans> {
     let started = std::time::Instant::now();
     let links = bpf.attach_usdt(&plan.sites, processes, linking)?;
@@ -731,8 +733,8 @@ fn attach_spans(
         files.len(),
         if files.len() == 1 { "" } else { "s" },
         match links.mode {
-            crate::bpf::AttachMode::Multi => "uprobe.multi",
-            crate::bpf::AttachMode::PerPoint => "one perf uprobe per site",
+            crate::session::bpf::AttachMode::Multi => "uprobe.multi",
+            crate::session::bpf::AttachMode::PerPoint => "one perf uprobe per site",
         },
         semaphores,
         started.elapsed().as_secs_f64() * 1e3
@@ -950,7 +952,7 @@ fn parse_hybrid_cpus(text: &str) -> Result<HybridCpus> {
         match part.split_once('=') {
             Some((pmu, list)) => {
                 if let Some(done) = current.take() {
-                    let cpus = crate::counters::parse_cpu_list(&done.1)
+                    let cpus = crate::session::counters::parse_cpu_list(&done.1)
                         .map_err(|err| usage(format!("{err:#}")))?;
                     split.push((done.0, cpus));
                 }
@@ -969,8 +971,8 @@ fn parse_hybrid_cpus(text: &str) -> Result<HybridCpus> {
         }
     }
     if let Some(done) = current {
-        let cpus =
-            crate::counters::parse_cpu_list(&done.1).map_err(|err| usage(format!("{err:#}")))?;
+        let cpus = crate::session::counters::parse_cpu_list(&done.1)
+            .map_err(|err| usage(format!("{err:#}")))?;
         split.push((done.0, cpus));
     }
     for pmu in [CORE_PMU, ATOM_PMU] {
@@ -986,7 +988,7 @@ fn parse_hybrid_cpus(text: &str) -> Result<HybridCpus> {
 
 /// Free general-purpose counters of this machine's core PMU (or hybrid `pmu`), from detection.
 fn detected_free_counters(pmu: Option<&str>) -> Option<u32> {
-    crate::pmu::free_general_counters(std::path::Path::new("/"), pmu)
+    crate::session::pmu::free_general_counters(std::path::Path::new("/"), pmu)
 }
 
 fn effective_level(model: &dyn Model, requested: u8) -> u8 {
@@ -1056,7 +1058,7 @@ pub fn select_model_by(
                 "--synthetic needs an explicit synthetic model: --pmu synthetic:<model>",
             ));
         }
-        let choice = crate::pmu::auto_model(std::path::Path::new("/"))?;
+        let choice = crate::session::pmu::auto_model(std::path::Path::new("/"))?;
         let model = model_by_name(&choice.model, &[])?;
         return Ok((model, choice.announcement));
     }
@@ -1071,7 +1073,7 @@ fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
     if crate::error::failure_of(&err) != Some(Failure::PmuUnavailable) || model.is_synthetic() {
         return err;
     }
-    match crate::pmu::detect(std::path::Path::new("/")) {
+    match crate::session::pmu::detect(std::path::Path::new("/")) {
         Ok(detection) if detection.hypervisor && !detection.core_pmu => fail(
             Failure::PmuUnavailable,
             crate::model::with_events::missing_pmu_message(model),

@@ -1,5 +1,5 @@
 //! Following `-- CMD` into every process it creates, so function probes can be scoped to the
-//! traced processes (`crate::bpf::ProcessLinks`) and no other process pays for them.
+//! traced processes (`crate::session::bpf::ProcessLinks`) and no other process pays for them.
 //!
 //! A forked child starts with a copy of its parent's memory, breakpoints included, but the
 //! kernel runs a pid-scoped program only for the process it was attached to: the child needs
@@ -22,11 +22,11 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow};
 
-use crate::bpf::ProcessLinks;
+use crate::session::bpf::ProcessLinks;
 
 /// Exit statuses (as a shell reports them) of processes the tracer thread reaped: its
-/// `waitpid(-1)` also collects the command's own exit, which `crate::target::reap` looks up
-/// here.
+/// `waitpid(-1)` also collects the command's own exit, which `crate::session::target::reap` looks
+/// up here.
 static REAPED: Mutex<BTreeMap<u32, i32>> = Mutex::new(BTreeMap::new());
 
 /// The exit status of `pid` if the tracer reaped it.
@@ -72,7 +72,7 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Seizes `pid` (held before its exec by `crate::target::PendingCommand`) and follows
+    /// Seizes `pid` (held before its exec by `crate::session::target::PendingCommand`) and follows
     /// it and its descendants, keeping `links` on each of their processes.
     pub fn start(pid: u32, links: ProcessLinks) -> Result<Self> {
         let stats = Arc::new(FollowStats::default());

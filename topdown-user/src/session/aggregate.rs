@@ -18,15 +18,15 @@ use topdown_common::{
     TaskCounters, histogram,
 };
 
-pub use crate::slot_counts::{SlotCounts, SlotNamer};
+pub use crate::session::slot_counts::{SlotCounts, SlotNamer};
 use crate::{
-    bpf::Snapshot,
     distribution::{BucketCounts, Distribution},
     model::{Evaluator, Model},
     report::{
         CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
         ProcessEntry, Report, TaskEntry,
     },
+    session::bpf::Snapshot,
 };
 
 impl Sub for Diagnostics {

@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt, fs, path::Path};
 
 use anyhow::{Context as _, Result};
 
-use crate::counters::parse_cpu_list;
+use crate::session::counters::parse_cpu_list;
 
 /// What `--pmu auto` picked, and the line announcing a fallback.
 #[derive(Clone, Debug, PartialEq, Eq)]

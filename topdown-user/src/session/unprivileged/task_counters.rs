@@ -35,9 +35,9 @@ use perf_event_open_sys::bindings;
 
 use super::records::{self, CounterValue, Record};
 use crate::{
-    counters::{Privilege, ResolvedCounter},
     error::{Failure, fail},
     schedule::Plan,
+    session::counters::{Privilege, ResolvedCounter},
 };
 
 /// Data pages per buffer, tried first; halved while the locked-memory limit refuses (for a

@@ -239,15 +239,15 @@ pub async fn wait_command(pid: u32) -> u8 {
 }
 
 pub fn reap(pid: u32) -> Option<i32> {
-    // The tracer thread following the command (`crate::follow`) reaps with waitpid(-1).
-    if let Some(status) = crate::follow::reaped(pid) {
+    // The tracer thread following the command (`crate::session::follow`) reaps with waitpid(-1).
+    if let Some(status) = crate::session::follow::reaped(pid) {
         return Some(status);
     }
     let mut status = 0;
     // SAFETY: reaping our own child without blocking.
     let got = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
     if got != pid as libc::pid_t {
-        return crate::follow::reaped(pid);
+        return crate::session::follow::reaped(pid);
     }
     if libc::WIFEXITED(status) {
         Some(libc::WEXITSTATUS(status))

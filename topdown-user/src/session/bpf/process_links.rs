@@ -1,8 +1,8 @@
 //! Function probes scoped to processes: one uprobe.multi link per probed binary, program and
-//! traced process, created straight with `BPF_LINK_CREATE` so a tracer thread (`crate::follow`)
-//! can add the links of a new child while the child is held, before it runs a probed
-//! instruction. A link with a pid puts breakpoints only into that process's memory, and its
-//! program runs only for that process's threads (`uprobe_multi_link_filter` and
+//! traced process, created straight with `BPF_LINK_CREATE` so a tracer thread
+//! (`crate::session::follow`) can add the links of a new child while the child is held, before it
+//! runs a probed instruction. A link with a pid puts breakpoints only into that process's memory,
+//! and its program runs only for that process's threads (`uprobe_multi_link_filter` and
 //! `uprobe_prog_run` in kernel/trace/bpf_trace.c, Linux 6.18): an untraced process, even one
 //! of the same binary, pays nothing.
 //!

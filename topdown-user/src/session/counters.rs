@@ -18,7 +18,7 @@ use crate::{
     error::{Failure, fail},
     model::{CounterSource, CounterSpec},
     schedule::Plan,
-    tracefs::Tracefs,
+    session::tracefs::Tracefs,
 };
 
 /// Which privilege levels to count (perf's `--all-user` / `--all-kernel`).

@@ -47,15 +47,17 @@ use self::{
     task_counters::{Exclusions, TaskCounters},
 };
 use crate::{
-    aggregate::{Aggregate, ReportContext, SlotCounts, TaskCounts, processes_of, report_of},
     cli::StatArgs,
-    counters::{Privilege, online_cpus, pmu_cpus, resolve},
     error::{Failure, fail},
     model::{CounterSource, Model},
     output::Output,
     report::{By, Format, render},
     schedule::Plan,
-    target::{PendingCommand, ProcessWatch},
+    session::{
+        aggregate::{Aggregate, ReportContext, SlotCounts, TaskCounts, processes_of, report_of},
+        counters::{Privilege, online_cpus, pmu_cpus, resolve},
+        target::{PendingCommand, ProcessWatch},
+    },
 };
 
 /// Why the run counts without BPF.
@@ -158,7 +160,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     )?;
     let pid = pending.release()?;
     let watch = ProcessWatch::new(pid)?;
-    let scope = crate::target::Scope::Command(args.command.clone()).describe();
+    let scope = crate::session::target::Scope::Command(args.command.clone()).describe();
     eprintln!(
         "topdown: counting {scope} with model {} ({} counters x {} CPUs, per task){}",
         setup.model.name(),
@@ -196,7 +198,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     if let (Some(signo), Some(watch)) = (signalled, &watch) {
         // The command may not have seen the signal (kill to topdown alone): pass it on and let
         // it finish, so its last counts are in the report.
-        crate::target::signal(pid, signo);
+        crate::session::target::signal(pid, signo);
         command_exited = tokio::time::timeout(Duration::from_secs(5), watch.exited())
             .await
             .is_ok();
@@ -257,7 +259,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     render(&report, args.format, &args.by, args.weight, output.as_mut())?;
     output.commit()?;
     drop(counters);
-    Ok(crate::target::wait_command(pid).await)
+    Ok(crate::session::target::wait_command(pid).await)
 }
 
 /// The model, its plan and how to open it, checked before the command is started.
@@ -265,7 +267,7 @@ struct Setup {
     model: Box<dyn Model>,
     level: u8,
     plan: Plan,
-    counters: Vec<crate::counters::ResolvedCounter>,
+    counters: Vec<crate::session::counters::ResolvedCounter>,
     cpus: Vec<u32>,
     exclusions: Exclusions,
 }
@@ -273,12 +275,14 @@ struct Setup {
 impl Setup {
     fn new(args: &StatArgs) -> Result<Self> {
         let counting = &args.counting;
-        let (model, announcement) =
-            crate::counting::select_model_by(&counting.pmu, counting.synthetic.as_deref())?;
+        let (model, announcement) = crate::session::counting::select_model_by(
+            &counting.pmu,
+            counting.synthetic.as_deref(),
+        )?;
         if let Some(line) = announcement {
             eprintln!("topdown: {line}");
         }
-        let model = crate::counting::with_extra_events(model, &counting.events)?;
+        let model = crate::session::counting::with_extra_events(model, &counting.events)?;
         if counting.level > model.max_level() && model.max_level() > 0 {
             eprintln!(
                 "topdown: model {} computes TopDown level {} only; level-{} metrics are null",
@@ -299,7 +303,8 @@ impl Setup {
         } else {
             counting.level
         };
-        let plan = crate::counting::plan_counters(model.as_ref(), level, counting.max_counters)?;
+        let plan =
+            crate::session::counting::plan_counters(model.as_ref(), level, counting.max_counters)?;
         for note in &plan.notes {
             eprintln!("{note}");
         }
@@ -328,7 +333,7 @@ impl Setup {
             ));
         }
         let tracefs = if tracepoints {
-            Some(crate::tracefs::Tracefs::locate_or_mount()?)
+            Some(crate::session::tracefs::Tracefs::locate_or_mount()?)
         } else {
             None
         };
