@@ -452,7 +452,7 @@ pub struct CountingArgs {
         default_value = "auto",
         value_name = "MODE"
     )]
-    pub returns: crate::unwinding::ReturnMode,
+    pub returns: crate::functions::unwinding::ReturnMode,
 
     /// Former name of `--returns uretprobe`.
     #[arg(long = "uretprobes", hide = true, conflicts_with = "returns")]
@@ -556,9 +556,9 @@ impl CountingArgs {
     }
 
     /// `--returns`, with the hidden `--uretprobes` meaning `--returns uretprobe`.
-    pub fn return_mode(&self) -> crate::unwinding::ReturnMode {
+    pub fn return_mode(&self) -> crate::functions::unwinding::ReturnMode {
         if self.uretprobes {
-            crate::unwinding::ReturnMode::Uretprobe
+            crate::functions::unwinding::ReturnMode::Uretprobe
         } else {
             self.returns
         }

@@ -5,26 +5,21 @@
 //! (the `topdown-model` crate), open its counters, attribute deltas in BPF, aggregate, and render a
 //! [`report`].
 
-pub mod calibration;
 pub mod cgroup;
 pub mod check;
 pub mod cli;
 pub mod diff;
-pub mod distribution;
 pub mod error;
-pub mod exit_plan;
+pub mod functions;
 pub mod list;
 pub mod output;
-pub mod probes;
 pub mod progress;
 pub mod report;
 pub mod serve;
 pub mod session;
 pub mod spans;
 pub mod stat;
-pub mod symbols;
 pub mod top;
-pub mod unwinding;
 pub mod usdt;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these

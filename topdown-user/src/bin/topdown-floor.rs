@@ -10,8 +10,8 @@
 //! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
 //! floor: the same two sites, the same counters, nothing else); `--go-switches BINARY`
 //! attaches uprobes where topdown hooks that Go binary's goroutine switches
-//! (`topdown::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty ones
-//! without.
+//! (`topdown::functions::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty
+//! ones without.
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -27,11 +27,11 @@ use aya::{
 use clap::{Parser, ValueEnum};
 use topdown::{
     error::{Failure, fail, failure_of},
+    functions::symbols::{self, ProbeSpec},
     session::{
         counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
         tracefs::Tracefs,
     },
-    symbols::{self, ProbeSpec},
 };
 use topdown_common::MAX_COUNTERS;
 

@@ -1,5 +1,5 @@
 //! The exporter's per-call histograms: for each probed function with a series of its own, a
-//! Prometheus histogram of its calls' inclusive weight per call (`crate::distribution`:
+//! Prometheus histogram of its calls' inclusive weight per call (`crate::functions::distribution`:
 //! bpftrace's `hist(n, 2)` buckets), accumulated over the refreshes, and the TopDown split of
 //! the calls in the bucket that holds its 99th percentile.
 //!
@@ -13,9 +13,9 @@
 //!   (`category="total"`: all of it); `topdown_function_p99_band_le`: that bucket's `le`.
 //!
 //! The buckets are picked by the raw per-call count (probe cost included) and the sums are
-//! compensated as the function series are (`crate::distribution`, "Raw bounds, compensated
-//! counters"). Under `--duty-cycle` the histograms hold the calls counted while the probes were
-//! attached, not scaled: a histogram's shape is what a sample shows.
+//! compensated as the function series are (`crate::functions::distribution`, "Raw bounds,
+//! compensated counters"). Under `--duty-cycle` the histograms hold the calls counted while the
+//! probes were attached, not scaled: a histogram's shape is what a sample shows.
 
 use std::collections::BTreeMap;
 

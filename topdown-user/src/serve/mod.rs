@@ -24,7 +24,7 @@ use self::duty_cycle::{Sampler, Switch};
 use crate::{
     cli::ServeArgs,
     error::{Failure, fail},
-    probes::Probes,
+    functions::probes::Probes,
     session::{
         aggregate::Aggregate,
         bpf::Snapshot,
@@ -469,7 +469,7 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_>) 
                     specs,
                     Vec::new(),
                     running.counting.return_mode(),
-                    crate::unwinding::Image::Everything,
+                    crate::functions::unwinding::Image::Everything,
                     false,
                 )?)
             }

@@ -20,7 +20,7 @@ use topdown_common::{
 
 pub use crate::session::slot_counts::{SlotCounts, SlotNamer};
 use crate::{
-    distribution::{BucketCounts, Distribution},
+    functions::distribution::{BucketCounts, Distribution},
     model::{Evaluator, Model},
     report::{
         CallEdge, CgroupEntry, CpuEntry, Diagnostics, Entity, FunctionEntry, IntervalInfo,
@@ -488,13 +488,14 @@ pub struct ReportContext<'a> {
     /// Probed functions by id (the attach cookie): `(target, demangled symbol)`.
     pub functions: &'a [(String, String)],
     /// Each probed target's return mechanism and why.
-    pub target_returns: &'a [crate::unwinding::TargetReturns],
+    pub target_returns: &'a [crate::functions::unwinding::TargetReturns],
     /// Whether the report lists the caller -> callee edges (`call_tree`): `top` never shows
     /// them, and evaluating 10000 edges costs more than its whole screen.
     pub call_tree: bool,
     /// The probes' cost per call and per probed callee in the weight counter, by function id,
-    /// where it was taken out of the per-call histograms (`crate::distribution`).
-    pub distribution_probe_costs: &'a dyn Fn(u32) -> Option<crate::distribution::ProbeCost>,
+    /// where it was taken out of the per-call histograms (`crate::functions::distribution`).
+    pub distribution_probe_costs:
+        &'a dyn Fn(u32) -> Option<crate::functions::distribution::ProbeCost>,
     /// `-- CMD`: the report describes the command's run (its `command` entity).
     pub command_scope: bool,
     /// `-- CMD` with BPF: everything counted on all CPUs before the command started (topdown's

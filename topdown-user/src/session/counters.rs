@@ -269,8 +269,8 @@ impl CounterGroups {
     }
 
     /// The same counters through duplicated fds: a second BPF session (the probe-cost
-    /// calibration, `crate::calibration`) reads the events the first one reads, instead of
-    /// opening a second set that a real PMU might not have the counters for.
+    /// calibration, `crate::functions::calibration`) reads the events the first one reads, instead
+    /// of opening a second set that a real PMU might not have the counters for.
     pub fn try_clone(&self) -> Result<Self> {
         let groups = self
             .groups

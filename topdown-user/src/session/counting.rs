@@ -12,17 +12,20 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::{
-    calibration::{
-        CALIBRATION_CALLS, CalibratedAt, Calibration, CalibrationRun, CompensationReport,
-        ReturnMechanism, SHORTENED_CALIBRATION_CALLS, SHORTENED_CALIBRATION_SHARE,
-        SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
-    },
     cgroup::CgroupTree,
     cli::CountingArgs,
-    distribution::ProbeCost,
     error::{Failure, fail},
+    functions::{
+        calibration::{
+            CALIBRATION_CALLS, CalibratedAt, Calibration, CalibrationRun, CompensationReport,
+            ReturnMechanism, SHORTENED_CALIBRATION_CALLS, SHORTENED_CALIBRATION_SHARE,
+            SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
+        },
+        distribution::ProbeCost,
+        probes::Probes,
+        symbols::ProbeSpec,
+    },
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
-    probes::Probes,
     report::{By, IntervalInfo, Report},
     schedule::Plan,
     session::{
@@ -31,7 +34,6 @@ use crate::{
         counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
         tracefs::Tracefs,
     },
-    symbols::ProbeSpec,
 };
 
 /// What the BPF side attributes to: the command's scope, resolved.
@@ -57,8 +59,8 @@ pub struct Targets {
 
 impl Targets {
     /// What runs the probed functions, for `--returns auto`.
-    pub fn image(&self) -> crate::unwinding::Image {
-        use crate::unwinding::Image;
+    pub fn image(&self) -> crate::functions::unwinding::Image {
+        use crate::functions::unwinding::Image;
         match &self.command {
             Some(program) => Image::Command(program.clone()),
             None if !self.probe_processes.is_empty() => {
@@ -69,8 +71,8 @@ impl Targets {
     }
 }
 
-/// When the function probes' cost is calibrated (`crate::calibration`), with `-u` and the
-/// default compensation.
+/// When the function probes' cost is calibrated (`crate::functions::calibration`), with `-u` and
+/// the default compensation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CalibrateAt {
     /// Before [`Prepared::start`] returns: every report from the first on is compensated
@@ -282,8 +284,10 @@ impl Prepared {
             let resolving = (!self.probe_specs.is_empty()).then(|| {
                 scope.spawn(|| {
                     let started = std::time::Instant::now();
-                    let resolution =
-                        crate::symbols::resolve(&self.probe_specs, &targets.probe_processes);
+                    let resolution = crate::functions::symbols::resolve(
+                        &self.probe_specs,
+                        &targets.probe_processes,
+                    );
                     log::info!(
                         "reading the probed functions' symbols took {:.1} ms",
                         started.elapsed().as_secs_f64() * 1e3

@@ -546,8 +546,8 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     }
 }
 
-/// The selected function's per-call distribution (`crate::distribution`) between `top` and
-/// `bottom`: a title with its percentiles, then a line per bucket, slowest at the bottom, with
+/// The selected function's per-call distribution (`crate::functions::distribution`) between `top`
+/// and `bottom`: a title with its percentiles, then a line per bucket, slowest at the bottom, with
 /// its bounds, calls, a bar of its calls (log scale) in its categories' colours and why its
 /// calls take that long. Keeps to the last buckets when they do not all fit.
 fn distribution_panel(
@@ -657,7 +657,8 @@ fn distribution_panel(
                 x = put(buf, x, y, BAR, Style::default().fg(colour));
             }
         }
-        let why = crate::distribution::dominant_categories(&bucket.entity).unwrap_or_default();
+        let why =
+            crate::functions::distribution::dominant_categories(&bucket.entity).unwrap_or_default();
         put(buf, bar_end.max(x) + 1, y, &why, Style::default());
         y += 1;
     }

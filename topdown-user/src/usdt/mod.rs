@@ -96,7 +96,7 @@ impl Files {
 
 /// The file `target` names (a path or a library name, resolved as `-u` does).
 pub fn find_file(target: &str, pids: &[u32]) -> Result<PathBuf> {
-    crate::symbols::target::find_target(target, pids)
+    crate::functions::symbols::target::find_target(target, pids)
 }
 
 /// A probe's `(provider, name)` and its sites.
@@ -105,7 +105,7 @@ pub type ProbeSites<'a> = ((String, String), Vec<&'a notes::SdtNote>);
 /// The sites of `provider:name` (globs allowed) in `file`, grouped by probe, in note order.
 pub fn sites<'a>(file: &'a notes::SdtFile, provider: &str, name: &str) -> Vec<ProbeSites<'a>> {
     let matches = |pattern: &str, text: &str| {
-        crate::symbols::matching::glob(pattern.as_bytes(), text.as_bytes())
+        crate::functions::symbols::matching::glob(pattern.as_bytes(), text.as_bytes())
     };
     let mut probes: Vec<ProbeSites<'a>> = Vec::new();
     for note in &file.notes {

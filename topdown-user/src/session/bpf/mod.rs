@@ -41,7 +41,7 @@ use topdown_common::{
 
 use crate::{
     error::{Failure, fail},
-    exit_plan::{FunctionProbes, Plan},
+    functions::exit_plan::{FunctionProbes, Plan},
     session::{counters::CounterGroups, tracefs::Tracefs},
 };
 
@@ -387,7 +387,7 @@ impl Session {
     }
 
     /// Hands the exit program its indirect-jump descriptors and the functions whose returns
-    /// are probed (`crate::exit_plan`), replacing what a previous attachment left.
+    /// are probed (`crate::functions::exit_plan`), replacing what a previous attachment left.
     pub fn set_exit_maps(&mut self, plan: &Plan) -> Result<()> {
         let mut jumps: BpfHashMap<&mut MapData, u32, IndirectJump> =
             map_mut(loaded(&mut self.ebpf)?, names::INDIRECT_JUMPS)?;
@@ -563,8 +563,8 @@ impl Session {
         std::mem::take(&mut self.program_load_time)
     }
 
-    /// Probes the points where unwinding ends (`crate::unwinding::catch_points`): each closes
-    /// the frames the unwinding left as unwound calls. Detached with the function probes.
+    /// Probes the points where unwinding ends (`crate::functions::unwinding::catch_points`): each
+    /// closes the frames the unwinding left as unwound calls. Detached with the function probes.
     /// Returns the points that could not be attached (a mapping process that exited since its
     /// objects were read): calls unwound there are counted as missed returns instead.
     pub fn attach_catch_points(
@@ -621,8 +621,8 @@ impl Session {
     }
 
     /// Hooks the Go runtime of `target` at `hooks` (`(file offset, go_hook kind)`, see
-    /// `crate::symbols::go`): goroutine switches, morestack and goroutine exits, which the Go
-    /// function probes need. Attached before the functions' probes, detached with them.
+    /// `crate::functions::symbols::go`): goroutine switches, morestack and goroutine exits, which
+    /// the Go function probes need. Attached before the functions' probes, detached with them.
     pub fn attach_go_runtime(
         &mut self,
         target: &std::path::Path,

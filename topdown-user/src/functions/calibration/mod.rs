@@ -93,7 +93,7 @@ pub use record::{
 };
 
 use crate::{
-    exit_plan::{FunctionProbes, UprobeAt},
+    functions::exit_plan::{FunctionProbes, UprobeAt},
     schedule::Plan,
     session::{
         aggregate::{Aggregate, CallCounts},
@@ -241,9 +241,9 @@ impl Calibration {
         &self,
         mechanism: ReturnMechanism,
         slot: usize,
-    ) -> Option<crate::distribution::ProbeCost> {
+    ) -> Option<crate::functions::distribution::ProbeCost> {
         let costs = self.by_mechanism.get(&mechanism)?;
-        Some(crate::distribution::ProbeCost {
+        Some(crate::functions::distribution::ProbeCost {
             per_call: costs.per_call.get(slot).copied().unwrap_or(0.0),
             per_callee: costs.per_callee.get(slot).copied().unwrap_or(0.0),
         })
@@ -996,7 +996,7 @@ mod tests {
         assert_eq!(histogram::bounds(buckets[0].key.bucket), (256, 320));
         assert_eq!(
             calibration.weight_costs(ReturnMechanism::Exit, 0),
-            Some(crate::distribution::ProbeCost {
+            Some(crate::functions::distribution::ProbeCost {
                 per_call: 10.0,
                 per_callee: 30.0
             })

@@ -319,7 +319,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::symbols::{elf, x86};
+    use crate::functions::symbols::{elf, x86};
 
     fn workload(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

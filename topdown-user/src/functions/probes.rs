@@ -15,16 +15,18 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    calibration::ReturnMechanism,
     error::{Failure, fail},
-    exit_plan::{Plan, Probed, plan},
+    functions::{
+        calibration::ReturnMechanism,
+        exit_plan::{Plan, Probed, plan},
+        symbols::{
+            ProbeSpec, Resolution, ResolvedFunction, elf::FileFunctions,
+            resolve as resolve_functions, x86::ProbeCheck,
+        },
+        unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
+    },
     progress::Progress,
     session::bpf::{AttachMode, Session},
-    symbols::{
-        ProbeSpec, Resolution, ResolvedFunction, elf::FileFunctions, resolve as resolve_functions,
-        x86::ProbeCheck,
-    },
-    unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
 };
 
 /// Functions from which attaching shows progress on a terminal.
@@ -85,8 +87,8 @@ impl Probes {
         Self::attach_resolution(session, specs, processes, returns, image, verbose, resolved)
     }
 
-    /// Attaches `specs` as `resolved` (by [`crate::symbols::resolve`] over the same specs and
-    /// processes), which start-up reads beside the BPF programs' loading.
+    /// Attaches `specs` as `resolved` (by [`crate::functions::symbols::resolve`] over the same
+    /// specs and processes), which start-up reads beside the BPF programs' loading.
     pub fn attach_resolution(
         session: &mut Session,
         specs: Vec<ProbeSpec>,
@@ -606,7 +608,8 @@ fn plan_of(
     plan(&probed, files)
 }
 
-/// Why the kernel would refuse a probe of `function` (x86-64 rules, `crate::symbols::x86`).
+/// Why the kernel would refuse a probe of `function` (x86-64 rules,
+/// `crate::functions::symbols::x86`).
 fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
     if let Some(ProbeCheck::Refused(why)) = &function.entry_probe {
         return Some((*why).to_owned());

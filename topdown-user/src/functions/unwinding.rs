@@ -26,7 +26,7 @@ use object::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::symbols::target::{MapsLine, STANDARD_DIRS, ld_so_cache};
+use crate::functions::symbols::target::{MapsLine, STANDARD_DIRS, ld_so_cache};
 
 /// `--returns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

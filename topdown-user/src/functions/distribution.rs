@@ -21,14 +21,14 @@
 //! included: the probe cost is measured at start, after the programs are loaded, and it is a
 //! figure of the machine's speed then, not a constant to bake into the kernel side. So bucket
 //! bounds and percentiles are of *raw* per-call counts. The counters of each bucket are then
-//! compensated like the function totals (`crate::calibration`): `calls x P + callee_calls x T`
-//! is taken out of the bucket's sums, so the buckets add up to the function's inclusive
-//! figures and each bucket's TopDown split is free of the probes' cost. For one call the
-//! compensation is a constant: `P` for a call without probed callees (a leaf), `P + n T` for one
-//! with `n`. A leaf's bucket `[low, high)` therefore holds calls whose compensated count lies in
-//! `[low - P, high - P)`, and its compensated percentiles are the raw ones minus `P`;
-//! [`Distribution::probe_cost`] gives `P` and `T` in the weight counter. On synthetic
-//! counters `P = T = 0` exactly: raw and compensated are the same.
+//! compensated like the function totals (`crate::functions::calibration`):
+//! `calls x P + callee_calls x T` is taken out of the bucket's sums, so the buckets add up to the
+//! function's inclusive figures and each bucket's TopDown split is free of the probes' cost. For
+//! one call the compensation is a constant: `P` for a call without probed callees (a leaf),
+//! `P + n T` for one with `n`. A leaf's bucket `[low, high)` therefore holds calls whose
+//! compensated count lies in `[low - P, high - P)`, and its compensated percentiles are the raw
+//! ones minus `P`; [`Distribution::probe_cost`] gives `P` and `T` in the weight counter. On
+//! synthetic counters `P = T = 0` exactly: raw and compensated are the same.
 
 use serde::{Deserialize, Serialize};
 use topdown_common::histogram;
@@ -70,7 +70,7 @@ pub struct Percentiles {
     pub p99: f64,
 }
 
-/// `P` and `T` of `crate::calibration`, in the weight counter.
+/// `P` and `T` of `crate::functions::calibration`, in the weight counter.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ProbeCost {
     /// Counted in every call.

@@ -18,7 +18,7 @@ use topdown_common::{
     FileAddress, IndirectJump, MAX_FUNCTION_RANGES, ROOT_FUNCTION, entry_cookie, exit_point,
 };
 
-use crate::symbols::{
+use crate::functions::symbols::{
     ResolvedFunction,
     elf::{FileFunctions, FunctionSymbol},
     x86::{Exit, ExitKind, IndirectOperand, ProbeCheck},
