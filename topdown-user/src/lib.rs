@@ -20,7 +20,6 @@ pub mod session;
 pub mod spans;
 pub mod stat;
 pub mod top;
-pub mod usdt;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.

@@ -161,13 +161,17 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
 fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
     let mut points = Vec::new();
     for text in probes {
-        let probe = topdown::usdt::ProbeName::parse(text, "-U")?;
+        let probe = topdown::spans::usdt::ProbeName::parse(text, "-U")?;
         let path = PathBuf::from(&probe.target);
-        let file = topdown::usdt::notes::read(&path)?;
+        let file = topdown::spans::usdt::notes::read(&path)?;
         let option = format!("-U {text}");
-        for (_, notes) in
-            topdown::usdt::required_sites(&file, &path, &probe.provider, &probe.name, &option)?
-        {
+        for (_, notes) in topdown::spans::usdt::required_sites(
+            &file,
+            &path,
+            &probe.provider,
+            &probe.name,
+            &option,
+        )? {
             for note in notes {
                 if note.semaphore.is_some() {
                     return Err(fail(

@@ -103,7 +103,7 @@ pub struct Prepared {
 /// `-U`, `--span` and `--postgres`, parsed (resolved to sites once the targets are known).
 #[derive(Clone, Debug, Default)]
 struct SpanRequest {
-    hits: Vec<crate::usdt::ProbeName>,
+    hits: Vec<crate::spans::usdt::ProbeName>,
     specs: Vec<crate::spans::SpanSpec>,
     /// `--postgres`: `Some(empty)` for the default binary.
     postgres: Option<String>,
@@ -115,7 +115,7 @@ impl SpanRequest {
             hits: args
                 .usdt
                 .iter()
-                .map(|text| crate::usdt::ProbeName::parse(text, "-U"))
+                .map(|text| crate::spans::usdt::ProbeName::parse(text, "-U"))
                 .collect::<Result<_>>()?,
             specs: args
                 .spans
@@ -142,7 +142,7 @@ impl SpanRequest {
                 &pids,
                 targets.command.as_deref(),
             )?),
-            Some(binary) => Some(crate::usdt::find_file(binary, &pids)?),
+            Some(binary) => Some(crate::spans::usdt::find_file(binary, &pids)?),
             None => None,
         };
         crate::spans::SpanPlan::build(&self.hits, &self.specs, postgres.as_deref(), &pids)

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     error::{Failure, fail},
-    usdt::Files,
+    spans::usdt::Files,
 };
 
 /// `BackendState::STATE_RUNNING` (src/include/utils/backend_status.h: UNDEFINED, IDLE,

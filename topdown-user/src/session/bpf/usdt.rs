@@ -1,5 +1,5 @@
 //! The USDT program's side of the session: its sites and span kinds into the maps, its links
-//! (`crate::usdt::attach`, which enables semaphores), and reading hits and span totals back.
+//! (`crate::spans::usdt::attach`, which enables semaphores), and reading hits and span totals back.
 //!
 //! The attach takes the same scope as [`Session::attach_functions`]: a list of processes, or
 //! every process that maps the file (empty).
@@ -19,7 +19,7 @@ use topdown_common::{
 use super::{
     AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, read_whole,
 };
-use crate::usdt::{PlannedSite, SitePlan, attach};
+use crate::spans::usdt::{PlannedSite, SitePlan, attach};
 
 /// How the USDT program is linked to its sites.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -500,7 +500,7 @@ mod tests {
     /// Specs made of the grammar's characters never panic: they parse or say why.
     #[test]
     fn arbitrary_specs_never_panic() {
-        for text in crate::usdt::arbitrary_strings(
+        for text in crate::spans::usdt::arbitrary_strings(
             "-@%$(),+x0189abcdeilpqrsw_",
             50_000,
             20,
