@@ -12,14 +12,13 @@ pub mod diff;
 pub mod error;
 pub mod functions;
 pub mod list;
-pub mod output;
-pub mod progress;
 pub mod report;
 pub mod serve;
 pub mod session;
 pub mod spans;
 pub mod stat;
 pub mod top;
+pub mod ui;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.

@@ -17,14 +17,13 @@ use tokio::{
 use crate::{
     cli::StatArgs,
     error::{Failure, fail},
-    output::Output,
-    progress::Progress,
     report::{By, Format, IntervalInfo, render},
     session::{
         bpf::Snapshot,
         counting::{self, CalibrateAt, CountingSession, Targets},
         target::{PendingCommand, ProcessWatch, Scope, resolve_pids, wait_command},
     },
+    ui::{output::Output, progress::Progress},
 };
 
 /// Why the counting stopped.

@@ -70,7 +70,7 @@ fn run(request: &DiffRequest) -> anyhow::Result<u8> {
         request.threshold_pct,
         &request.kinds,
     );
-    let mut output = crate::output::Output::open(request.output.as_deref())?;
+    let mut output = crate::ui::output::Output::open(request.output.as_deref())?;
     match request.format {
         DiffFormat::Table => render::write_table(&comparison, output.as_mut())?,
         DiffFormat::Json => render::write_json(&comparison, output.as_mut())?,

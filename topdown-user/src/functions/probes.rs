@@ -25,8 +25,8 @@ use crate::{
         },
         unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
     },
-    progress::Progress,
     session::bpf::{AttachMode, Session},
+    ui::progress::Progress,
 };
 
 /// Functions from which attaching shows progress on a terminal.

@@ -15,7 +15,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use super::x86;
 use crate::{
     error::{Failure, fail},
-    progress::Progress,
+    ui::progress::Progress,
 };
 
 /// A function defined in a file.

@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use crate::{
     error::{Failure, fail},
-    progress::Progress,
+    ui::progress::Progress,
 };
 
 /// Functions in a file from which reading it shows progress on a terminal: a large binary

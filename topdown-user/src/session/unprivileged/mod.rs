@@ -50,7 +50,6 @@ use crate::{
     cli::StatArgs,
     error::{Failure, fail},
     model::{CounterSource, Model},
-    output::Output,
     report::{By, Format, render},
     schedule::Plan,
     session::{
@@ -58,6 +57,7 @@ use crate::{
         counters::{Privilege, online_cpus, pmu_cpus, resolve},
         target::{PendingCommand, ProcessWatch},
     },
+    ui::output::Output,
 };
 
 /// Why the run counts without BPF.
