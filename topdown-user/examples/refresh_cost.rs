@@ -42,16 +42,18 @@ use aya::maps::MapData;
 use ratatui::{buffer::Buffer, layout::Rect};
 
 use topdown::{
+    commands::{
+        serve::exporter::{Exporter, Limits},
+        top::{
+            Counted,
+            view::{self, Header, Ui},
+        },
+    },
     model::base_model,
     report::{By, Format, Weight, render},
-    serve::exporter::{Exporter, Limits},
     session::{
         aggregate::{Aggregate, Naming, ReportContext, report_of},
         bpf::{LiveTasks, Snapshot, batch},
-    },
-    top::{
-        Counted,
-        view::{self, Header, Ui},
     },
 };
 use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};

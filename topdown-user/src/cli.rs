@@ -10,9 +10,11 @@ use clap::{
 };
 
 use crate::{
-    diff::{input::Kind, render::DiffFormat},
+    commands::{
+        diff::{input::Kind, render::DiffFormat},
+        serve::duty_cycle::DutyCycle,
+    },
     report::{By, Format, Weight},
-    serve::duty_cycle::DutyCycle,
     session::bpf::Trigger,
 };
 
@@ -197,7 +199,7 @@ pub struct DiffArgs {
 
 impl DiffArgs {
     /// The typed request: `BASE NEW`, or `BASE... -- NEW...`.
-    pub fn request(&self) -> Result<crate::diff::DiffRequest, String> {
+    pub fn request(&self) -> Result<crate::commands::diff::DiffRequest, String> {
         let (base, new) = if self.new.is_empty() {
             match self.files.as_slice() {
                 [base, new] => (vec![base.clone()], vec![new.clone()]),
@@ -211,7 +213,7 @@ impl DiffArgs {
         } else {
             (self.files.clone(), self.new.clone())
         };
-        Ok(crate::diff::DiffRequest {
+        Ok(crate::commands::diff::DiffRequest {
             base,
             new,
             threshold_pct: self.threshold,

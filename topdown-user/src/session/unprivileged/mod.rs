@@ -74,8 +74,8 @@ pub fn applies(args: &StatArgs) -> Result<Option<Why>> {
     if args.no_bpf {
         return Ok(Some(Why::Asked));
     }
-    let capabilities = crate::check::effective_capabilities()?;
-    Ok((!crate::check::capabilities_suffice(capabilities)).then_some(Why::Unprivileged))
+    let capabilities = crate::commands::check::effective_capabilities()?;
+    Ok((!crate::commands::check::capabilities_suffice(capabilities)).then_some(Why::Unprivileged))
 }
 
 /// The line every run without BPF prints: what it cannot do.
@@ -309,7 +309,7 @@ impl Setup {
             eprintln!("{note}");
         }
         let paranoid = read_paranoid()?;
-        let perfmon = perfmon_capable(crate::check::effective_capabilities()?);
+        let perfmon = perfmon_capable(crate::commands::check::effective_capabilities()?);
         let user_only = kernel_counting_refused(paranoid, perfmon);
         if user_only && counting.all_kernel {
             return Err(fail(

@@ -205,7 +205,7 @@ mod tests {
         let exporter = Exporter::new(
             "intel-icl".into(),
             true,
-            crate::serve::exporter::Limits {
+            crate::commands::serve::exporter::Limits {
                 max_series: 10,
                 ttl: Duration::from_secs(60),
             },

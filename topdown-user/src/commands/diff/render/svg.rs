@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 
 use crate::{
-    diff::{
+    commands::diff::{
         compare::{Change, Comparison, Verdict},
         input::{Key, Kind, Run, edge_name},
     },

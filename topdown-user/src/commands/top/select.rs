@@ -206,10 +206,10 @@ mod tests {
 
     use super::*;
     use crate::{
+        commands::top::view::{categories, rows},
         model::base_model,
         report::Report,
         session::aggregate::{ProcessCounts, ReportContext, TaskCounts, processes_of, report_of},
-        top::view::{categories, rows},
     };
 
     /// A reproducible pseudo-random sequence (SplitMix64).

@@ -203,7 +203,7 @@ mod tests {
         let args = parse("-u /bin/app:a\n--duty-cycle 500ms/1m\n").unwrap();
         assert_eq!(
             args.duty_cycle,
-            Some(crate::serve::duty_cycle::DutyCycle {
+            Some(crate::commands::serve::duty_cycle::DutyCycle {
                 on: std::time::Duration::from_millis(500),
                 period: std::time::Duration::from_secs(60),
             })
@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn the_shipped_example_parses() {
-        let args = parse(include_str!("../../../deploy/topdown.conf")).unwrap();
+        let args = parse(include_str!("../../../../deploy/topdown.conf")).unwrap();
         assert_eq!(args.listen.to_string(), "127.0.0.1:9943");
         assert_eq!(args.by, vec![By::Cgroup, By::Process]);
         assert!(args.counting.uprobes.is_empty());
