@@ -1,9 +1,9 @@
 //! The source tree's layering (issue 27): no file imports, through `crate::` or `super::`
 //! paths, a file that imports it back, in any crate. Types shared by several steps sit in leaf
-//! files below their users (`slot_counts.rs`, `report/entity.rs`, `calibration/record.rs`,
-//! `events/attr.rs`), so that, for example, the report format never depends on the code that
-//! builds it. Test modules (`#[cfg(test)] mod ...`) and comments are left out: a test may use
-//! anything.
+//! files below their users (`session/slot_counts.rs`, `report/entity.rs`,
+//! `functions/calibration/record.rs` in topdown-user, `events/attr.rs` in topdown-model), so
+//! that, for example, the report format never depends on the code that builds it. Test modules
+//! (`#[cfg(test)] mod ...`) and comments are left out: a test may use anything.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -475,7 +475,7 @@ pub struct Frame {
     /// Inclusive counts of probed callees that returned, for the exclusive figure.
     pub callees: [u64; MAX_COUNTERS],
     /// Probed callees that returned: each put its probes' whole cost into this frame, which
-    /// user space subtracts (`topdown-user`'s `calibration` module).
+    /// user space subtracts (`topdown-user`'s `functions::calibration` module).
     pub callee_calls: u64,
 }
 

@@ -42,14 +42,18 @@ use aya::maps::MapData;
 use ratatui::{buffer::Buffer, layout::Rect};
 
 use topdown::{
-    aggregate::{Aggregate, Naming, ReportContext, report_of},
-    bpf::{LiveTasks, Snapshot, batch},
+    commands::{
+        serve::exporter::{Exporter, Limits},
+        top::{
+            Counted,
+            view::{self, Header, Ui},
+        },
+    },
     model::base_model,
     report::{By, Format, Weight, render},
-    serve::exporter::{Exporter, Limits},
-    top::{
-        Counted,
-        view::{self, Header, Ui},
+    session::{
+        aggregate::{Aggregate, Naming, ReportContext, report_of},
+        bpf::{LiveTasks, Snapshot, batch},
     },
 };
 use topdown_common::{CallKey, CallStats, CpuState, MAX_COUNTERS, ROOT_FUNCTION, TaskCounters};

@@ -10,10 +10,12 @@ use clap::{
 };
 
 use crate::{
-    bpf::Trigger,
-    diff::{input::Kind, render::DiffFormat},
+    commands::{
+        diff::{input::Kind, render::DiffFormat},
+        serve::duty_cycle::DutyCycle,
+    },
     report::{By, Format, Weight},
-    serve::duty_cycle::DutyCycle,
+    session::bpf::Trigger,
 };
 
 /// The command-line names of a domain enum. The enums themselves stay free of clap: the names
@@ -56,10 +58,10 @@ impl Named for Weight {
         &[("slots", Weight::Slots), ("calls", Weight::Calls)];
 }
 
-impl Named for crate::bpf::UsdtLinking {
+impl Named for crate::session::bpf::UsdtLinking {
     const NAMES: &'static [(&'static str, Self)] = &[
-        ("auto", crate::bpf::UsdtLinking::Auto),
-        ("per-site", crate::bpf::UsdtLinking::PerSite),
+        ("auto", crate::session::bpf::UsdtLinking::Auto),
+        ("per-site", crate::session::bpf::UsdtLinking::PerSite),
     ];
 }
 
@@ -197,7 +199,7 @@ pub struct DiffArgs {
 
 impl DiffArgs {
     /// The typed request: `BASE NEW`, or `BASE... -- NEW...`.
-    pub fn request(&self) -> Result<crate::diff::DiffRequest, String> {
+    pub fn request(&self) -> Result<crate::commands::diff::DiffRequest, String> {
         let (base, new) = if self.new.is_empty() {
             match self.files.as_slice() {
                 [base, new] => (vec![base.clone()], vec![new.clone()]),
@@ -211,7 +213,7 @@ impl DiffArgs {
         } else {
             (self.files.clone(), self.new.clone())
         };
-        Ok(crate::diff::DiffRequest {
+        Ok(crate::commands::diff::DiffRequest {
             base,
             new,
             threshold_pct: self.threshold,
@@ -439,8 +441,8 @@ pub struct CountingArgs {
 
     /// How USDT sites are linked: `auto` (uprobe.multi where the kernel has it) or `per-site`
     /// (one perf uprobe event per site, as before Linux 6.6; for tests).
-    #[arg(long = "usdt-links", hide = true, value_parser = named::<crate::bpf::UsdtLinking>(), default_value = "auto")]
-    pub usdt_links: crate::bpf::UsdtLinking,
+    #[arg(long = "usdt-links", hide = true, value_parser = named::<crate::session::bpf::UsdtLinking>(), default_value = "auto")]
+    pub usdt_links: crate::session::bpf::UsdtLinking,
 
     /// How function returns are probed: `auto` gives each target uretprobes (cheap) when
     /// nothing in the traced program can unwind through its functions (C++ exceptions, Rust
@@ -452,7 +454,7 @@ pub struct CountingArgs {
         default_value = "auto",
         value_name = "MODE"
     )]
-    pub returns: crate::unwinding::ReturnMode,
+    pub returns: crate::functions::unwinding::ReturnMode,
 
     /// Former name of `--returns uretprobe`.
     #[arg(long = "uretprobes", hide = true, conflicts_with = "returns")]
@@ -547,7 +549,7 @@ pub struct CountingArgs {
 
 impl CountingArgs {
     /// Whether any probe goes into traced processes (`-u`, `-U`, `--span`, `--postgres`): with
-    /// `-- CMD` they are scoped to the command's processes (`crate::follow`).
+    /// `-- CMD` they are scoped to the command's processes (`crate::session::follow`).
     pub fn probes_processes(&self) -> bool {
         !self.uprobes.is_empty()
             || !self.usdt.is_empty()
@@ -556,9 +558,9 @@ impl CountingArgs {
     }
 
     /// `--returns`, with the hidden `--uretprobes` meaning `--returns uretprobe`.
-    pub fn return_mode(&self) -> crate::unwinding::ReturnMode {
+    pub fn return_mode(&self) -> crate::functions::unwinding::ReturnMode {
         if self.uretprobes {
-            crate::unwinding::ReturnMode::Uretprobe
+            crate::functions::unwinding::ReturnMode::Uretprobe
         } else {
             self.returns
         }

@@ -1,41 +1,31 @@
 //! topdown: exact TopDown (Intel TMA and its AMD/Arm equivalents) per thread, per function and
 //! per container, counted with per-CPU perf counter groups read by eBPF at context switches.
 //!
-//! The module tree follows the pipeline: detect the CPU ([`pmu`]), pick a [`model`] (the
-//! `topdown-model` crate), open its counters, attribute deltas in BPF, aggregate, and render a
-//! [`report`].
+//! The tree groups the code by capability, so each is found from the file tree alone:
+//!
+//! - [`commands`]: one driver per subcommand (`stat`, `top`, `serve`, `diff`, `list`,
+//!   `check`): what it parses, runs and writes.
+//! - [`session`]: the counting session every counting command runs: detect the CPU ([`pmu`](
+//!   session::pmu)), pick a [`model`] (the `topdown-model` crate), open its counters,
+//!   attribute deltas in BPF, aggregate; and the same without BPF (`unprivileged`).
+//! - [`functions`]: function probes (`-u`): symbols, exit points, return mechanisms, attaching,
+//!   the probes' own cost, per-call distributions.
+//! - [`spans`]: units of work a program marks itself: spans between USDT sites (`usdt`), the
+//!   PostgreSQL preset.
+//! - [`cgroup`]: cgroup v2 paths, ids and container names.
+//! - [`report`]: the result of a run as data, and its renderers.
+//! - [`ui`]: `-o` files and terminal progress.
+//! - [`cli`], [`error`]: the command line and the failures that map to exit codes.
 
-pub mod aggregate;
-pub mod bpf;
-pub mod calibration;
 pub mod cgroup;
-pub mod check;
 pub mod cli;
-pub mod counters;
-pub mod counting;
-pub mod diff;
-pub mod distribution;
+pub mod commands;
 pub mod error;
-pub mod exit_plan;
-pub mod follow;
-pub mod interrupt;
-pub mod list;
-pub mod output;
-pub mod pmu;
-pub mod probes;
-pub mod progress;
+pub mod functions;
 pub mod report;
-pub mod serve;
-pub mod slot_counts;
+pub mod session;
 pub mod spans;
-pub mod stat;
-pub mod symbols;
-pub mod target;
-pub mod top;
-pub mod tracefs;
-pub mod unprivileged;
-pub mod unwinding;
-pub mod usdt;
+pub mod ui;
 
 // The models, their counter groups and `-e` specs live in the `topdown-model` crate; these
 // re-exports keep `crate::model`, `crate::schedule` and `crate::events` paths working here.

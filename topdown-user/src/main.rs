@@ -4,8 +4,9 @@ use std::{io::Write as _, process::ExitCode};
 
 use topdown::{
     cli::{Cli, Command, Invocation},
+    commands::stat,
     error::{EXIT_RUNTIME, failure_of},
-    report, stat,
+    report,
 };
 
 fn main() -> ExitCode {
@@ -61,11 +62,11 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 .enable_all()
                 .build()
                 .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
-            runtime.block_on(topdown::top::run(*args, cli.verbose > 0))
+            runtime.block_on(topdown::commands::top::run(*args, cli.verbose > 0))
         }
         Command::Report(args) => {
             // FILE is replaced only once the report is complete: a bad input keeps it.
-            let mut output = topdown::output::Output::open(args.output.as_deref())?;
+            let mut output = topdown::ui::output::Output::open(args.output.as_deref())?;
             report::report_command(
                 &args.input,
                 args.level,
@@ -79,7 +80,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::List(args) => {
             let mut out = std::io::stdout().lock();
-            topdown::list::run(&args, &mut out)?;
+            topdown::commands::list::run(&args, &mut out)?;
             Ok(0)
         }
         Command::Serve(args) => {
@@ -88,18 +89,19 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 .enable_all()
                 .build()
                 .map_err(|err| anyhow::anyhow!("starting the event loop: {err}"))?;
-            runtime.block_on(topdown::serve::run(*args, cli.verbose > 0))
+            runtime.block_on(topdown::commands::serve::run(*args, cli.verbose > 0))
         }
         Command::Diff(args) => {
             let request = args
                 .request()
                 .map_err(|line| topdown::error::fail(topdown::error::Failure::Usage, line))?;
-            topdown::diff::command(&request)
+            topdown::commands::diff::command(&request)
         }
         Command::Check(args) => {
-            let (model, announcement) = topdown::counting::select_model_by(&args.pmu, None)?;
+            let (model, announcement) =
+                topdown::session::counting::select_model_by(&args.pmu, None)?;
             let mut out = std::io::stdout().lock();
-            topdown::check::run(model.as_ref(), announcement.as_deref(), &mut out)
+            topdown::commands::check::run(model.as_ref(), announcement.as_deref(), &mut out)
         }
     }
 }

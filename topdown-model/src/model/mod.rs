@@ -1,9 +1,9 @@
 //! TopDown models: which counters a microarchitecture needs and how raw counter deltas become
 //! level-1/level-2 fractions.
 //!
-//! A model is pure: it never touches the kernel. The counter layer (topdown's `counters`) opens
-//! what [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and the
-//! report layer evaluates [`Model::metrics`] on whatever sums it has (a task, a process, a
+//! A model is pure: it never touches the kernel. The counter layer (topdown's `session::counters`)
+//! opens what [`Model::counters`] lists, the BPF side attributes the deltas per counter slot, and
+//! the report layer evaluates [`Model::metrics`] on whatever sums it has (a task, a process, a
 //! function, the totals) through an [`Evaluator`], which resolves the model's counters to those
 //! slots once per report. Formulas read their inputs by position in [`Model::counters`], never
 //! by name. `topdown report -i` rebuilds the model from its name alone, so a recording made on

@@ -10,8 +10,8 @@
 //! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
 //! floor: the same two sites, the same counters, nothing else); `--go-switches BINARY`
 //! attaches uprobes where topdown hooks that Go binary's goroutine switches
-//! (`topdown::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty ones
-//! without.
+//! (`topdown::functions::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty
+//! ones without.
 
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
@@ -26,10 +26,12 @@ use aya::{
 };
 use clap::{Parser, ValueEnum};
 use topdown::{
-    counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
     error::{Failure, fail, failure_of},
-    symbols::{self, ProbeSpec},
-    tracefs::Tracefs,
+    functions::symbols::{self, ProbeSpec},
+    session::{
+        counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+        tracefs::Tracefs,
+    },
 };
 use topdown_common::MAX_COUNTERS;
 
@@ -159,13 +161,17 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
 fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
     let mut points = Vec::new();
     for text in probes {
-        let probe = topdown::usdt::ProbeName::parse(text, "-U")?;
+        let probe = topdown::spans::usdt::ProbeName::parse(text, "-U")?;
         let path = PathBuf::from(&probe.target);
-        let file = topdown::usdt::notes::read(&path)?;
+        let file = topdown::spans::usdt::notes::read(&path)?;
         let option = format!("-U {text}");
-        for (_, notes) in
-            topdown::usdt::required_sites(&file, &path, &probe.provider, &probe.name, &option)?
-        {
+        for (_, notes) in topdown::spans::usdt::required_sites(
+            &file,
+            &path,
+            &probe.provider,
+            &probe.name,
+            &option,
+        )? {
             for note in notes {
                 if note.semaphore.is_some() {
                     return Err(fail(
@@ -183,12 +189,12 @@ fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
 /// Opens `model`'s counters as topdown does (`counting::open_counters`, without hybrid
 /// overrides or extra events): returns the slots the programs read and the groups.
 fn open_counters(model: &str) -> Result<(u32, [u32; MAX_COUNTERS], CounterGroups)> {
-    let (model, announcement) = topdown::counting::select_model_by(model, None)?;
+    let (model, announcement) = topdown::session::counting::select_model_by(model, None)?;
     if let Some(line) = announcement {
         eprintln!("topdown-floor: {line}");
     }
     let level = if model.max_level() == 0 { 0 } else { 1 };
-    let plan = topdown::counting::plan_counters(model.as_ref(), level, None)?;
+    let plan = topdown::session::counting::plan_counters(model.as_ref(), level, None)?;
     let tracefs = Tracefs::locate_or_mount()?;
     let counters = resolve(&plan.counters, Some(&tracefs))?;
     let cpus = online_cpus()?;
@@ -264,7 +270,7 @@ fn attach(
     let started = Instant::now();
     // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
     // perf link per point otherwise, each of which waits for an RCU grace period when closed).
-    let multi = topdown::bpf::uprobe_multi_supported();
+    let multi = topdown::session::bpf::uprobe_multi_supported();
     let (entry, ret) = if multi {
         ("floor_entry_multi", "floor_return_multi")
     } else {

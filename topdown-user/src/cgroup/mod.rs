@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     error::{Failure, fail},
-    tracefs::unescape_mount_path,
+    session::tracefs::unescape_mount_path,
 };
 
 pub mod container;

@@ -60,7 +60,7 @@ impl Generate {
                 Ok(())
             }
             Reference::Completions { shell, output } => {
-                let mut out = crate::output::Output::open(output.as_deref())?;
+                let mut out = crate::ui::output::Output::open(output.as_deref())?;
                 out.write_all(&completion(*shell))
                     .context("writing the completion script")?;
                 out.commit()

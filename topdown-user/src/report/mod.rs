@@ -106,9 +106,9 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missed_returns: Option<u64>,
     /// With `-u`: the function probes' own cost, measured at start and subtracted from the
-    /// function figures (`crate::calibration`); absent with `--no-compensation`.
+    /// function figures (`crate::functions::calibration`); absent with `--no-compensation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_compensation: Option<crate::calibration::record::CompensationReport>,
+    pub probe_compensation: Option<crate::functions::calibration::record::CompensationReport>,
     /// Per span kind and key (`--span`, `--postgres`; `crate::spans::report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spans: Vec<crate::spans::report::SpanEntry>,
@@ -263,7 +263,7 @@ pub struct FunctionEntry {
     pub unwound: u64,
     /// How its returns were probed (`uretprobe` or `exit`), and why (`--returns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub return_probe: Option<crate::unwinding::ReturnProbe>,
+    pub return_probe: Option<crate::functions::unwinding::ReturnProbe>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_probe_reason: Option<String>,
     /// The kernel single-steps its first instruction (not one of the emulated nop, push, jmp,
@@ -275,9 +275,9 @@ pub struct FunctionEntry {
     /// Inclusive minus the inclusive counts of probed callees.
     pub exclusive: Entity,
     /// Its calls by inclusive weight per call, each bucket with its own TopDown split
-    /// (`crate::distribution`); absent where no call was recorded in a histogram.
+    /// (`crate::functions::distribution`); absent where no call was recorded in a histogram.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub distribution: Option<crate::distribution::Distribution>,
+    pub distribution: Option<crate::functions::distribution::Distribution>,
 }
 
 /// A caller -> callee edge of the probed call tree.
@@ -855,8 +855,8 @@ pub(crate) mod tests {
     /// recording gives every bucket its level-2 split), never taken from the file.
     #[test]
     fn distributions_round_trip_and_are_recomputed() {
-        use crate::aggregate::SlotCounts;
-        use crate::distribution::{BucketCounts, Distribution};
+        use crate::functions::distribution::{BucketCounts, Distribution};
+        use crate::session::aggregate::SlotCounts;
         let model = crate::model::base_model("intel-spr").unwrap();
         let names: Vec<String> = model.counters().into_iter().map(|spec| spec.name).collect();
         let evaluator = crate::model::Evaluator::new(model.as_ref(), &names);

@@ -1,8 +1,8 @@
 //! The SVG's per-call histograms: one panel per probed function with a distribution
-//! (`crate::distribution`), heaviest first, a bar per bucket from the fastest to the slowest
-//! bucket with calls (empty ones between them drawn as gaps), each bar's height the bucket's
-//! calls on a log scale and its colours the bucket's level-1 TopDown split, with the p50 and
-//! p99 marked.
+//! (`crate::functions::distribution`), heaviest first, a bar per bucket from the fastest to the
+//! slowest bucket with calls (empty ones between them drawn as gaps), each bar's height the
+//! bucket's calls on a log scale and its colours the bucket's level-1 TopDown split, with the p50
+//! and p99 marked.
 
 use std::fmt::Write as _;
 
@@ -12,7 +12,7 @@ use super::{
     Report,
     svg_parts::{CATEGORIES, Category, MARGIN, NEUTRAL, WIDTH, escape},
 };
-use crate::distribution::{Bucket, Distribution};
+use crate::functions::distribution::{Bucket, Distribution};
 
 const COLUMNS: usize = 4;
 const PANEL_HEIGHT: f64 = 130.0;
@@ -242,7 +242,7 @@ fn fit(text: &str, width: f64) -> String {
 mod tests {
     use super::*;
     use crate::{
-        distribution::BucketCounts,
+        functions::distribution::BucketCounts,
         report::{Entity, tests::report_of},
     };
 
@@ -272,12 +272,12 @@ mod tests {
                 BucketCounts {
                     bucket: histogram::bucket(10),
                     calls: 1000,
-                    counts: crate::aggregate::SlotCounts::ZERO,
+                    counts: crate::session::aggregate::SlotCounts::ZERO,
                 },
                 BucketCounts {
                     bucket: histogram::bucket(1000),
                     calls: 30,
-                    counts: crate::aggregate::SlotCounts::ZERO,
+                    counts: crate::session::aggregate::SlotCounts::ZERO,
                 },
             ],
             &|_| Entity::default(),

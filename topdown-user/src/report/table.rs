@@ -613,7 +613,7 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
                 ),
                 bucket.calls.to_string(),
                 show(bucket.entity.counters.get(weight).copied().unwrap_or(0)),
-                crate::distribution::dominant_categories(&bucket.entity)
+                crate::functions::distribution::dominant_categories(&bucket.entity)
                     .unwrap_or_else(|| "-".to_owned()),
             ]);
             rows.push(row);

@@ -2,14 +2,25 @@
 //! same thread (`--span NAME=TARGET:PROVIDER:START..PROVIDER:END[,key=...][,abort=...]`), and
 //! the PostgreSQL preset built on them (`--postgres`, [`postgres`]).
 //!
-//! This module turns specs into the sites the USDT program runs ([`crate::usdt::SitePlan`]) and
+//! This module turns specs into the sites the USDT program runs ([`usdt::SitePlan`]) and
 //! says what each span kind's totals mean ([`KindInfo`]): its name, how its keys read, whether
 //! its string keys are normalised (query texts) and which kind a helper's spans fold into
 //! (parallel workers into their queries). The counting is the BPF side's (`spans.rs`).
+//!
+//! The folder holds everything about units of work a program marks itself:
+//!
+//! - [`usdt`]: the marks: USDT probe sites (SDT notes, argument specs, semaphore-enabling
+//!   links). They sit here because a span is two of them; `-U` counts a site's hits with no
+//!   span, the same sites without an end. [`usdt`] uses nothing of the spans, so it is the
+//!   layer below them, as [`crate::functions::symbols`] is below the function probes.
+//! - [`postgres`]: the `--postgres` preset, spans over PostgreSQL's own probes.
+//! - [`normalize`]: query texts as one key per statement shape.
+//! - [`report`]: span totals and USDT hits into the report.
 
 pub mod normalize;
 pub mod postgres;
 pub mod report;
+pub mod usdt;
 
 use std::path::Path;
 
@@ -20,7 +31,9 @@ use topdown_common::usdt::{
 
 use crate::{
     error::{Failure, fail},
-    usdt::{Files, PlannedSite, ProbeName, SitePlan, args, find_file, notes, required_sites},
+    spans::usdt::{
+        Files, PlannedSite, ProbeName, SitePlan, args, find_file, notes, required_sites,
+    },
 };
 
 /// What a span is keyed by (`key=`).

@@ -288,7 +288,7 @@ mod tests {
     /// normalise to something stable (normalising twice changes nothing more).
     #[test]
     fn arbitrary_texts_never_panic() {
-        for text in crate::usdt::arbitrary_strings(
+        for text in crate::spans::usdt::arbitrary_strings(
             "'\"$-/*;eEbBxXuU&_9 0.a\\\né",
             20_000,
             24,

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     error::{Failure, fail},
-    usdt::Files,
+    spans::usdt::Files,
 };
 
 /// `BackendState::STATE_RUNNING` (src/include/utils/backend_status.h: UNDEFINED, IDLE,
@@ -169,7 +169,7 @@ pub fn default_binary(pids: &[u32], command: Option<&Path>) -> Result<PathBuf> {
     if let Some(command) = command
         && is_server(command)
     {
-        return crate::symbols::target::find_target(&command.display().to_string(), &[]);
+        return crate::functions::symbols::target::find_target(&command.display().to_string(), &[]);
     }
     let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut found: Vec<PathBuf> = Vec::new();

@@ -13,10 +13,12 @@ use topdown_common::usdt::{SpanKey, SpanStats, key_type, span_flags};
 
 use super::{KindInfo, normalize::normalize};
 use crate::{
-    bpf::SpanSnapshot,
     model::{Counts, Evaluator, Model},
     report::entity::Entity,
-    slot_counts::{SlotCounts, SlotNamer},
+    session::{
+        bpf::SpanSnapshot,
+        slot_counts::{SlotCounts, SlotNamer},
+    },
 };
 
 /// One span kind and key's spans, as counted by the BPF side (abandoned and helpers' spans
