@@ -12,6 +12,7 @@ use anyhow::Result;
 use crate::{
     model::Model,
     session::{
+        capabilities::{capabilities_suffice, effective_capabilities},
         counters::{CounterGroups, Privilege, resolve},
         tracefs::Tracefs,
     },
@@ -65,30 +66,6 @@ fn item(status: Status, requirement: &'static str, detail: impl Into<String>) ->
         requirement,
         detail: detail.into(),
     }
-}
-
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
-/// The effective capability set of this process (`CapEff` of /proc/self/status).
-pub fn effective_capabilities() -> Result<u64> {
-    let status = fs::read_to_string("/proc/self/status")
-        .map_err(|err| anyhow::anyhow!("reading /proc/self/status: {err}"))?;
-    Ok(parse_cap_eff(&status).unwrap_or(0))
-}
-
-fn parse_cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-}
-
-/// Root (CAP_SYS_ADMIN), or CAP_BPF together with CAP_PERFMON.
-pub fn capabilities_suffice(effective: u64) -> bool {
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
 fn privileges(effective: u64) -> Item {
@@ -406,12 +383,6 @@ mod tests {
 
     #[test]
     fn capabilities() {
-        let status = "Name:\ttopdown\nCapEff:\t000001ffffffffff\n";
-        let effective = parse_cap_eff(status).unwrap();
-        assert!(capabilities_suffice(effective));
-        assert!(capabilities_suffice(1 << CAP_BPF | 1 << CAP_PERFMON));
-        assert!(!capabilities_suffice(1 << CAP_BPF));
-        assert!(!capabilities_suffice(0));
         assert_eq!(privileges(0).status, Status::Fail);
         assert!(privileges(0).detail.contains("sudo"));
     }

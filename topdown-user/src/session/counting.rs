@@ -1088,8 +1088,8 @@ fn explain_missing_pmu(err: anyhow::Error, model: &dyn Model) -> anyhow::Error {
 
 /// Loading BPF and opening system-wide counters needs root, or CAP_BPF + CAP_PERFMON.
 fn check_privileges() -> Result<()> {
-    if crate::commands::check::capabilities_suffice(
-        crate::commands::check::effective_capabilities()?
+    if crate::session::capabilities::capabilities_suffice(
+        crate::session::capabilities::effective_capabilities()?,
     ) {
         Ok(())
     } else {

@@ -13,11 +13,13 @@
 //! - [`interrupt`]: SIGINT/SIGTERM outside the event loop (symbol reading, calibration).
 //! - [`slot_counts`]: per-slot counts, the numbers every step carries before they are named.
 //! - [`aggregate`]: what the BPF side attributed, as typed deltas, then as a report.
+//! - [`capabilities`]: whether this process may run the BPF session, or count kernel code.
 //! - [`unprivileged`]: the same counting without BPF (`stat -- CMD` as a user, `--no-bpf`),
 //!   with inherited per-task counters.
 
 pub mod aggregate;
 pub mod bpf;
+pub mod capabilities;
 pub mod counters;
 pub mod counting;
 pub mod follow;

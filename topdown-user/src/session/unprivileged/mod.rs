@@ -74,8 +74,11 @@ pub fn applies(args: &StatArgs) -> Result<Option<Why>> {
     if args.no_bpf {
         return Ok(Some(Why::Asked));
     }
-    let capabilities = crate::commands::check::effective_capabilities()?;
-    Ok((!crate::commands::check::capabilities_suffice(capabilities)).then_some(Why::Unprivileged))
+    let capabilities = crate::session::capabilities::effective_capabilities()?;
+    Ok(
+        (!crate::session::capabilities::capabilities_suffice(capabilities))
+            .then_some(Why::Unprivileged),
+    )
 }
 
 /// The line every run without BPF prints: what it cannot do.
@@ -309,7 +312,9 @@ impl Setup {
             eprintln!("{note}");
         }
         let paranoid = read_paranoid()?;
-        let perfmon = perfmon_capable(crate::commands::check::effective_capabilities()?);
+        let perfmon = crate::session::capabilities::perfmon_capable(
+            crate::session::capabilities::effective_capabilities()?,
+        );
         let user_only = kernel_counting_refused(paranoid, perfmon);
         if user_only && counting.all_kernel {
             return Err(fail(
@@ -355,15 +360,6 @@ impl Setup {
             },
         })
     }
-}
-
-/// `CAP_SYS_ADMIN` and `CAP_PERFMON` (include/uapi/linux/capability.h).
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-
-/// The kernel's `perfmon_capable()` (include/linux/capability.h): CAP_PERFMON or CAP_SYS_ADMIN.
-fn perfmon_capable(effective: u64) -> bool {
-    effective & (1u64 << CAP_PERFMON | 1u64 << CAP_SYS_ADMIN) != 0
 }
 
 /// The kernel refuses to count kernel code for a user without CAP_PERFMON when
@@ -576,9 +572,6 @@ mod tests {
         assert!(!kernel_counting_refused(1, false));
         assert!(!kernel_counting_refused(-1, false));
         assert!(!kernel_counting_refused(2, true));
-        assert!(perfmon_capable(1 << 38));
-        assert!(perfmon_capable(1 << 21));
-        assert!(!perfmon_capable(1 << 39));
     }
 
     /// One exited task's tally entry with `readings` of the plan's exit readings.
