@@ -81,10 +81,37 @@ pub(crate) fn virtual_counters(
     virtual_now: &mut [u64; MAX_COUNTERS],
     tid: u32,
 ) -> bool {
+    read_virtual(now, virtual_now, tid, None)
+}
+
+/// `virtual_counters`, through the thread's `VirtualBase`: while its CPU has taken no reading
+/// since the base was made, `virtual_now` is `base + now` and the task entry is not looked up
+/// (the same values: the entry and `CpuState::last` change only at a reading). Otherwise the
+/// entry is read and the base made again.
+#[inline(always)]
+pub(crate) fn virtual_counters_cached(
+    now: &mut [u64; MAX_COUNTERS],
+    virtual_now: &mut [u64; MAX_COUNTERS],
+    base: &mut VirtualBase,
+    tid: u32,
+) -> bool {
+    read_virtual(now, virtual_now, tid, Some(base))
+}
+
+/// Both: `accumulated - last` per slot (into `base`, or `virtual_now` itself), then `+ now`.
+#[inline(always)]
+fn read_virtual(
+    now: &mut [u64; MAX_COUNTERS],
+    virtual_now: &mut [u64; MAX_COUNTERS],
+    tid: u32,
+    mut base: Option<&mut VirtualBase>,
+) -> bool {
     let Some(state) = CPU_STATE.get_ptr(0) else {
         return false;
     };
     let used = global(&NUM_COUNTERS) as usize;
+    // SAFETY: a helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
     let mut attempt = 0;
     while attempt < 3 {
         attempt += 1;
@@ -103,62 +130,12 @@ pub(crate) fn virtual_counters(
         if read_slots(now).is_none() || generation() != counters_generation {
             return false;
         }
-        // SAFETY: map value pointers.
-        let task = unsafe { TASKS.get(&tid) };
-        let mut slot = 0;
-        while slot < MAX_COUNTERS && slot < used {
-            let accumulated = task.map_or(0, |task| task.counters[slot]);
-            // SAFETY: as above.
-            let last = unsafe { (*state).last[slot] };
-            virtual_now[slot] = accumulated.wrapping_add(now[slot].wrapping_sub(last));
-            slot += 1;
-        }
-        // SAFETY: as above.
-        if unsafe { core::ptr::read_volatile(&(*state).seq) } == seq {
-            return true;
-        }
-    }
-    false
-}
-
-/// `virtual_counters`, through the thread's `VirtualBase`: while its CPU has taken no reading
-/// since the base was made, `virtual_now` is `base + now` and the task entry is not looked up
-/// (the same values: the entry and `CpuState::last` change only at a reading). Otherwise the
-/// entry is read and the base made again.
-#[inline(always)]
-pub(crate) fn virtual_counters_cached(
-    now: &mut [u64; MAX_COUNTERS],
-    virtual_now: &mut [u64; MAX_COUNTERS],
-    base: &mut VirtualBase,
-    tid: u32,
-) -> bool {
-    let Some(state) = CPU_STATE.get_ptr(0) else {
-        return false;
-    };
-    let used = global(&NUM_COUNTERS) as usize;
-    // SAFETY: a helper without preconditions.
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    let mut attempt = 0;
-    while attempt < 3 {
-        attempt += 1;
-        // SAFETY: a per-CPU map value; read volatile because a switch may change it under us.
-        let seq = unsafe { core::ptr::read_volatile(&(*state).seq) };
-        // SAFETY: as above.
-        if unsafe { (*state).initialized == 0 || (*state).frozen != 0 } {
-            return false;
-        }
-        let counters_generation = generation();
-        // SAFETY: as above.
-        if counters_generation != unsafe { (*state).generation } {
-            return false;
-        }
-        if read_slots(now).is_none() || generation() != counters_generation {
-            return false;
-        }
-        let cached = base.valid != 0
-            && base.cpu == cpu
-            && base.seq == seq
-            && base.generation == counters_generation;
+        let cached = base.as_ref().is_some_and(|base| {
+            base.valid != 0
+                && base.cpu == cpu
+                && base.seq == seq
+                && base.generation == counters_generation
+        });
         if !cached {
             // SAFETY: map value pointers.
             let task = unsafe { TASKS.get(&tid) };
@@ -167,22 +144,34 @@ pub(crate) fn virtual_counters_cached(
                 let accumulated = task.map_or(0, |task| task.counters[slot]);
                 // SAFETY: as above.
                 let last = unsafe { (*state).last[slot] };
-                base.base[slot] = accumulated.wrapping_sub(last);
+                let slot_base = accumulated.wrapping_sub(last);
+                match base.as_mut() {
+                    Some(base) => base.base[slot] = slot_base,
+                    None => virtual_now[slot] = slot_base,
+                }
                 slot += 1;
             }
         }
         // SAFETY: as above.
         if unsafe { core::ptr::read_volatile(&(*state).seq) } != seq {
-            base.valid = 0;
+            if let Some(base) = base.as_mut() {
+                base.valid = 0;
+            }
             continue;
         }
-        base.valid = 1;
-        base.cpu = cpu;
-        base.seq = seq;
-        base.generation = counters_generation;
+        if let Some(base) = base.as_mut() {
+            base.valid = 1;
+            base.cpu = cpu;
+            base.seq = seq;
+            base.generation = counters_generation;
+        }
         let mut slot = 0;
         while slot < MAX_COUNTERS && slot < used {
-            virtual_now[slot] = base.base[slot].wrapping_add(now[slot]);
+            let slot_base = match base.as_ref() {
+                Some(base) => base.base[slot],
+                None => virtual_now[slot],
+            };
+            virtual_now[slot] = slot_base.wrapping_add(now[slot]);
             slot += 1;
         }
         return true;
