@@ -20,8 +20,8 @@ use crate::{
     report::{By, Format, IntervalInfo, render},
     session::{
         bpf::Snapshot,
-        counting::{self, CalibrateAt, CountingSession, Targets},
-        target::{PendingCommand, ProcessWatch, Scope, resolve_pids, wait_command},
+        counting::{self, CalibrateAt, CountingSession, Traced, trace_scope},
+        target::{ProcessWatch, Scope, wait_command},
     },
     ui::{output::Output, progress::Progress},
 };
@@ -79,43 +79,16 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     let mut output = Output::open(args.output.as_deref())?;
     let prepared = counting::prepare(&args.counting, &args.by)?;
 
-    let (tracked_tgids, watched_pids, pending) = match &scope {
-        Scope::SystemWide => (None, Vec::new(), None),
-        Scope::Pids(pids) => {
-            let tgids = resolve_pids(pids)?;
-            (Some(tgids.clone()), tgids, None)
-        }
-        Scope::Command(argv) => {
-            let pending = PendingCommand::spawn(argv)?;
-            (
-                Some(vec![pending.pid()]),
-                vec![pending.pid()],
-                Some(pending),
-            )
-        }
-    };
-    // Function probes and USDT sites of a command go to its processes only, followed with
-    // ptrace.
-    let follower = match &pending {
-        Some(pending) if args.counting.probes_processes() => {
-            crate::session::follow::follow_command(pending.pid())
-        }
-        _ => None,
-    };
-    let targets = Targets {
-        scope: scope.describe(),
-        // Library names resolve through the traced processes' own mappings (-p).
-        probe_processes: match &scope {
-            Scope::Pids(_) => tracked_tgids.clone().unwrap_or_default(),
-            _ => Vec::new(),
-        },
-        follow_forks: matches!(scope, Scope::Command(_)),
-        tracked_tgids,
-        functions_per_process: prepared.by().contains(&By::Function)
-            && prepared.by().contains(&By::Task),
-        command: pending.as_ref().map(|pending| pending.program().to_owned()),
-        followed: follower.as_ref().map(|(_, links)| links.clone()),
-    };
+    let Traced {
+        targets,
+        watched_pids,
+        pending,
+        follower,
+    } = trace_scope(
+        &scope,
+        args.counting.probes_processes(),
+        prepared.by().contains(&By::Function) && prepared.by().contains(&By::Task),
+    )?;
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
     // Interval reports are compensated from the first one on; the one report at the end is

@@ -30,8 +30,10 @@ use crate::{
     schedule::Plan,
     session::{
         aggregate::{Aggregate, Naming, ReportContext, SlotCounts, report_of},
-        bpf::{Session, SessionConfig, Snapshot, Trigger},
+        bpf::{ProcessLinks, Session, SessionConfig, Snapshot, Trigger},
         counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
+        follow::{Follower, follow_command},
+        target::{PendingCommand, Scope, resolve_pids},
         tracefs::Tracefs,
     },
 };
@@ -69,6 +71,67 @@ impl Targets {
             None => Image::Everything,
         }
     }
+}
+
+/// A scope made ready to trace: what the BPF side attributes to, the processes whose end ends
+/// the run, the command held before its `execve` (`-- CMD`) and the tracer following it.
+pub struct Traced {
+    pub targets: Targets,
+    /// `-p` and `-- CMD`: the run ends when all of these have exited.
+    pub watched_pids: Vec<u32>,
+    /// Dropped before its release (the session failed to start), the command exits without
+    /// ever running untraced.
+    pub pending: Option<PendingCommand>,
+    /// Function probes and USDT sites of a command go to its processes only, followed with
+    /// ptrace.
+    pub follower: Option<(Follower, ProcessLinks)>,
+}
+
+/// Resolves `scope` for a session: `-p`'s pids checked, `-- CMD` spawned and held, its follower
+/// started when `probes_processes` (function probes or USDT sites).
+pub fn trace_scope(
+    scope: &Scope,
+    probes_processes: bool,
+    functions_per_process: bool,
+) -> Result<Traced> {
+    let (tracked_tgids, watched_pids, pending) = match scope {
+        Scope::SystemWide => (None, Vec::new(), None),
+        Scope::Pids(pids) => {
+            let tgids = resolve_pids(pids)?;
+            (Some(tgids.clone()), tgids, None)
+        }
+        Scope::Command(argv) => {
+            let pending = PendingCommand::spawn(argv)?;
+            (
+                Some(vec![pending.pid()]),
+                vec![pending.pid()],
+                Some(pending),
+            )
+        }
+    };
+    let follower = match &pending {
+        Some(pending) if probes_processes => follow_command(pending.pid()),
+        _ => None,
+    };
+    let targets = Targets {
+        scope: scope.describe(),
+        // Library names resolve through the traced processes' own mappings (-p).
+        probe_processes: match scope {
+            Scope::Pids(_) => tracked_tgids.clone().unwrap_or_default(),
+            _ => Vec::new(),
+        },
+        follow_forks: matches!(scope, Scope::Command(_)),
+        tracked_tgids,
+        functions_per_process,
+        command: pending.as_ref().map(|pending| pending.program().to_owned()),
+        followed: follower.as_ref().map(|(_, links)| links.clone()),
+    };
+    Ok(Traced {
+        targets,
+        watched_pids,
+        pending,
+        follower,
+    })
 }
 
 /// When the function probes' cost is calibrated (`crate::functions::calibration`), with `-u` and

@@ -32,8 +32,8 @@ use crate::{
     session::{
         aggregate::{Aggregate, Naming},
         bpf::Snapshot,
-        counting::{self, CountingSession, Targets},
-        target::{PendingCommand, ProcessWatch, Scope, reap, resolve_pids},
+        counting::{self, CountingSession, Traced, trace_scope},
+        target::{ProcessWatch, Scope, reap},
     },
 };
 
@@ -54,40 +54,13 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     let scope = scope_of(&args);
     let prepared = counting::prepare(&args.counting, &args.by)?;
 
-    let (tracked_tgids, watched_pids, pending) = match &scope {
-        Scope::SystemWide => (None, Vec::new(), None),
-        Scope::Pids(pids) => {
-            let tgids = resolve_pids(pids)?;
-            (Some(tgids.clone()), tgids, None)
-        }
-        Scope::Command(argv) => {
-            let pending = PendingCommand::spawn(argv)?;
-            (
-                Some(vec![pending.pid()]),
-                vec![pending.pid()],
-                Some(pending),
-            )
-        }
-    };
     // Function probes and USDT sites of a command go to its processes only, as in `stat`.
-    let follower = match &pending {
-        Some(pending) if args.counting.probes_processes() => {
-            crate::session::follow::follow_command(pending.pid())
-        }
-        _ => None,
-    };
-    let targets = Targets {
-        scope: scope.describe(),
-        probe_processes: match &scope {
-            Scope::Pids(_) => tracked_tgids.clone().unwrap_or_default(),
-            _ => Vec::new(),
-        },
-        follow_forks: matches!(scope, Scope::Command(_)),
-        tracked_tgids,
-        functions_per_process: false,
-        command: pending.as_ref().map(|pending| pending.program().to_owned()),
-        followed: follower.as_ref().map(|(_, links)| links.clone()),
-    };
+    let Traced {
+        targets,
+        watched_pids,
+        pending,
+        follower,
+    } = trace_scope(&scope, args.counting.probes_processes(), false)?;
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
     let mut session = prepared.start(
