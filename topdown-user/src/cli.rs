@@ -15,7 +15,7 @@ use crate::{
         serve::duty_cycle::DutyCycle,
     },
     report::{By, Format, Weight},
-    session::bpf::Trigger,
+    session::{bpf::Trigger, target::Scope},
 };
 
 /// The command-line names of a domain enum. The enums themselves stay free of clap: the names
@@ -283,24 +283,10 @@ pub struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("scope").args(["all_cpus", "pids", "command"])))]
 pub struct StatArgs {
-    /// System-wide: every task on every CPU (the default when no scope is given).
-    #[arg(short = 'a', long = "all-cpus")]
-    pub all_cpus: bool,
-
-    /// Trace these already running processes (comma-separated pids; a thread id means its process).
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_delimiter = ',',
-        value_name = "PID,..."
-    )]
-    pub pids: Vec<u32>,
-
-    /// Stop after this many seconds.
-    #[arg(short = 'd', long = "duration", value_name = "SECS", value_parser = parse_seconds)]
-    pub duration: Option<f64>,
+    /// What to trace, and for how long.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
 
     /// Print a report every MS milliseconds (JSON: one object per line).
     #[arg(short = 'I', long = "interval", value_name = "MS", value_parser = clap::value_parser!(u64).range(10..))]
@@ -337,10 +323,46 @@ pub struct StatArgs {
     /// Counting options shared with `topdown serve`.
     #[command(flatten)]
     pub counting: CountingArgs,
+}
+
+/// What `stat` and `top` trace (one of `-a`, `-p`, `-- CMD`; system-wide when none is given),
+/// and for how long.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("scope").args(["all_cpus", "pids", "command"])))]
+pub struct ScopeArgs {
+    /// System-wide: every task on every CPU (the default when no scope is given).
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+
+    /// Trace these already running processes (comma-separated pids; a thread id means its process).
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_delimiter = ',',
+        value_name = "PID,..."
+    )]
+    pub pids: Vec<u32>,
+
+    /// Stop after this many seconds.
+    #[arg(short = 'd', long = "duration", value_name = "SECS", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
 
     /// The command to run and trace, with its children.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+impl ScopeArgs {
+    /// The scope asked for: a command if given, else the pids, else every task.
+    pub fn scope(&self) -> Scope {
+        if !self.command.is_empty() {
+            Scope::Command(self.command.clone())
+        } else if !self.pids.is_empty() {
+            Scope::Pids(self.pids.clone())
+        } else {
+            Scope::SystemWide
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -578,24 +600,10 @@ impl std::ops::Deref for StatArgs {
 
 /// `topdown top`: the live terminal view.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("scope").args(["all_cpus", "pids", "command"])))]
 pub struct TopArgs {
-    /// System-wide: every task on every CPU (the default when no scope is given).
-    #[arg(short = 'a', long = "all-cpus")]
-    pub all_cpus: bool,
-
-    /// Trace these already running processes (comma-separated pids; a thread id means its process).
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_delimiter = ',',
-        value_name = "PID,..."
-    )]
-    pub pids: Vec<u32>,
-
-    /// Stop after this many seconds.
-    #[arg(short = 'd', long = "duration", value_name = "SECS", value_parser = parse_seconds)]
-    pub duration: Option<f64>,
+    /// What to trace, and for how long.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
 
     /// How often to redraw with the counts of the last refresh (milliseconds).
     #[arg(long = "refresh-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
@@ -613,10 +621,6 @@ pub struct TopArgs {
     /// Counting options shared with `topdown stat` and `topdown serve`.
     #[command(flatten)]
     pub counting: CountingArgs,
-
-    /// The command to run and trace, with its children.
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
 }
 
 /// `topdown serve`: the always-on exporter.

@@ -21,7 +21,7 @@ use crate::{
     session::{
         bpf::Snapshot,
         counting::{self, CalibrateAt, CountingSession, Traced, trace_scope},
-        target::{ProcessWatch, Scope, wait_command},
+        target::{ProcessWatch, wait_command},
     },
     ui::{output::Output, progress::Progress},
 };
@@ -49,7 +49,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     // Until counting starts, reading symbols and attaching can take many seconds: a signal ends
     // topdown at once there (`crate::session::interrupt`), with nothing attached.
     crate::session::interrupt::guard_setup().context("installing the set-up signal handler")?;
-    let scope = scope_of(&args);
+    let scope = args.scope.scope();
     // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
     // a report is complete: a run that fails before counting leaves the last result in place.
     if args.format == Format::Svg {
@@ -123,7 +123,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
         session.model().name(),
         session.plan().counters.len(),
         session.cpus().len(),
-        if args.duration.is_none() && command_pid.is_none() {
+        if args.scope.duration.is_none() && command_pid.is_none() {
             "; Ctrl-C to stop"
         } else {
             ""
@@ -242,6 +242,7 @@ async fn event_loop(
     output: &mut Output,
 ) -> Result<Stop> {
     let deadline = args
+        .scope
         .duration
         .map(|seconds| tokio::time::Instant::from_std(started) + Duration::from_secs_f64(seconds));
     let exits = register(session.bpf.exits_fd()).context("polling the exit ring buffer")?;
@@ -260,6 +261,7 @@ async fn event_loop(
     // `-d`: elapsed over total on a terminal's stderr, redrawn each second; cleared when the
     // loop ends, before the report is written.
     let waiting = args
+        .scope
         .duration
         .map(|seconds| Progress::waiting("counting", Duration::from_secs_f64(seconds)))
         .filter(Progress::is_visible);
@@ -407,15 +409,5 @@ struct FdRef(RawFd);
 impl std::os::fd::AsRawFd for FdRef {
     fn as_raw_fd(&self) -> RawFd {
         self.0
-    }
-}
-
-fn scope_of(args: &StatArgs) -> Scope {
-    if !args.command.is_empty() {
-        Scope::Command(args.command.clone())
-    } else if !args.pids.is_empty() {
-        Scope::Pids(args.pids.clone())
-    } else {
-        Scope::SystemWide
     }
 }

@@ -51,7 +51,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let scope = scope_of(&args);
+    let scope = args.scope.scope();
     let prepared = counting::prepare(&args.counting, &args.by)?;
 
     // Function probes and USDT sites of a command go to its processes only, as in `stat`.
@@ -117,6 +117,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     let mut keys_rx = keys.events;
     let started = Instant::now();
     let deadline = args
+        .scope
         .duration
         .map(|seconds| tokio::time::Instant::from_std(started) + Duration::from_secs_f64(seconds));
     let mut ticker = tokio::time::interval_at(
@@ -554,16 +555,6 @@ struct FdRef(RawFd);
 impl std::os::fd::AsRawFd for FdRef {
     fn as_raw_fd(&self) -> RawFd {
         self.0
-    }
-}
-
-fn scope_of(args: &TopArgs) -> Scope {
-    if !args.command.is_empty() {
-        Scope::Command(args.command.clone())
-    } else if !args.pids.is_empty() {
-        Scope::Pids(args.pids.clone())
-    } else {
-        Scope::SystemWide
     }
 }
 

@@ -114,10 +114,10 @@ fn refusal(args: &StatArgs, why: Why) -> Option<String> {
             "per-cgroup counting (--by cgroup, -G, --cgroup-depth) {needs}; {only}"
         ));
     }
-    if !args.pids.is_empty() {
+    if !args.scope.pids.is_empty() {
         return Some(format!("-p (processes already running) {needs}; {only}"));
     }
-    if args.command.is_empty() {
+    if args.scope.command.is_empty() {
         return Some(format!(
             "-a (every task, the default without -- CMD) {needs}; {only}"
         ));
@@ -151,7 +151,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     let mut output = Output::open(args.output.as_deref())?;
 
     let setup = Setup::new(&args)?;
-    let pending = PendingCommand::spawn(&args.command)?;
+    let pending = PendingCommand::spawn(&args.scope.command)?;
     // If opening fails, dropping `pending` ends the held command before it ever runs.
     let mut counters = TaskCounters::open(
         pending.pid(),
@@ -163,7 +163,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     )?;
     let pid = pending.release()?;
     let watch = ProcessWatch::new(pid)?;
-    let scope = crate::session::target::Scope::Command(args.command.clone()).describe();
+    let scope = crate::session::target::Scope::Command(args.scope.command.clone()).describe();
     eprintln!(
         "topdown: counting {scope} with model {} ({} counters x {} CPUs, per task){}",
         setup.model.name(),
@@ -178,6 +178,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
 
     let started = Instant::now();
     let deadline = args
+        .scope
         .duration
         .map(|secs| tokio::time::Instant::now() + Duration::from_secs_f64(secs));
     // Records are drained often enough that the buffers never fill in ordinary runs; a full
@@ -212,7 +213,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     // remainder (main thread and running tasks) only shrinks.
     let per_cpu = counters.read_cpus()?;
     counters.drain();
-    let command_name = program_name(&args.command);
+    let command_name = program_name(&args.scope.command);
     let tally = &counters.tally;
     let built = build_aggregate(
         &setup.plan,
