@@ -155,7 +155,7 @@ pub(super) fn bench_beside(topdown: &Path) -> Result<()> {
          | alone (no topdown) | {alone:.1} | 1.00 |\n\
          | beside `stat -u ... -- CMD` tracing another process of the same binary | {scoped:.1} | {:.2} |\n\
          | beside `stat -a -u ...` (machine-wide, what `-- CMD` attached before issue 21) | {wide:.1} | {:.0} |\n\n\
-         With `-- CMD` the probes are links of the traced processes only (`crate::follow`): the \
+         With `-- CMD` the probes are links of the traced processes only (`crate::session::follow`): the \
          process beside has no breakpoint. With `-a` every process that maps the copy traps at \
          each call; the mean includes the rounds before topdown attached.\n",
         load.load_min,
