@@ -503,6 +503,36 @@ pub struct ReportContext<'a> {
     pub before_command: Option<SlotCounts>,
 }
 
+impl<'a> ReportContext<'a> {
+    /// A system-wide one-second run with nothing probed and no cgroup names: what unit tests of
+    /// the report steps start from.
+    #[cfg(test)]
+    pub(crate) fn system_wide_for_tests(
+        model: &'a dyn Model,
+        slot_names: Vec<String>,
+        level: u8,
+    ) -> Self {
+        static NO_PATHS: std::sync::LazyLock<HashMap<u64, String>> =
+            std::sync::LazyLock::new(HashMap::new);
+        ReportContext {
+            model,
+            slot_names,
+            level,
+            scope: "system-wide".to_owned(),
+            duration_s: 1.0,
+            interval: None,
+            cgroup_paths: &NO_PATHS,
+            cgroup_depth: None,
+            functions: &[],
+            target_returns: &[],
+            call_tree: true,
+            distribution_probe_costs: &|_| None,
+            command_scope: false,
+            before_command: None,
+        }
+    }
+}
+
 /// Builds a report of everything in `current`, or (interval mode) of what happened since
 /// `previous`.
 pub fn build_report(
@@ -932,26 +962,9 @@ mod tests {
         state
     }
 
-    static NO_PATHS: std::sync::LazyLock<HashMap<u64, String>> =
-        std::sync::LazyLock::new(HashMap::new);
-
     fn context(model: &dyn Model) -> ReportContext<'_> {
-        ReportContext {
-            model,
-            slot_names: model.counters().into_iter().map(|spec| spec.name).collect(),
-            level: 0,
-            scope: "system-wide".to_owned(),
-            duration_s: 1.0,
-            interval: None,
-            cgroup_paths: &NO_PATHS,
-            cgroup_depth: None,
-            functions: &[],
-            target_returns: &[],
-            call_tree: true,
-            distribution_probe_costs: &|_| None,
-            command_scope: false,
-            before_command: None,
-        }
+        let slot_names = model.counters().into_iter().map(|spec| spec.name).collect();
+        ReportContext::system_wide_for_tests(model, slot_names, 0)
     }
 
     #[test]

@@ -336,13 +336,10 @@ impl CounterGroups {
     }
 }
 
-fn open_counter(
-    counter: &ResolvedCounter,
-    cpu: u32,
-    leader: Option<BorrowedFd<'_>>,
-    pinned: bool,
-    privilege: Privilege,
-) -> Result<OwnedFd> {
+/// The `perf_event_attr` that names `counter` (type and config words), all else zero: the
+/// per-CPU groups here and the per-task counters without BPF (`unprivileged`) add their own
+/// read format and flags.
+pub fn counter_attr(counter: &ResolvedCounter) -> bindings::perf_event_attr {
     // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
     let mut attr: bindings::perf_event_attr = unsafe { std::mem::zeroed() };
     attr.size = std::mem::size_of::<bindings::perf_event_attr>() as u32;
@@ -350,6 +347,17 @@ fn open_counter(
     attr.config = counter.config;
     attr.__bindgen_anon_3.config1 = counter.config1;
     attr.__bindgen_anon_4.config2 = counter.config2;
+    attr
+}
+
+fn open_counter(
+    counter: &ResolvedCounter,
+    cpu: u32,
+    leader: Option<BorrowedFd<'_>>,
+    pinned: bool,
+    privilege: Privilege,
+) -> Result<OwnedFd> {
+    let mut attr = counter_attr(counter);
     attr.read_format = u64::from(
         bindings::PERF_FORMAT_TOTAL_TIME_ENABLED | bindings::PERF_FORMAT_TOTAL_TIME_RUNNING,
     );

@@ -264,24 +264,7 @@ mod tests {
         slot_names: &[String],
         model: &dyn crate::model::Model,
     ) -> Report {
-        static NO_PATHS: std::sync::LazyLock<HashMap<u64, String>> =
-            std::sync::LazyLock::new(HashMap::new);
-        let ctx = ReportContext {
-            model,
-            slot_names: slot_names.to_vec(),
-            level: 2,
-            scope: "system-wide".to_owned(),
-            duration_s: 1.0,
-            interval: None,
-            cgroup_paths: &NO_PATHS,
-            cgroup_depth: None,
-            functions: &[],
-            target_returns: &[],
-            call_tree: true,
-            distribution_probe_costs: &|_| None,
-            command_scope: false,
-            before_command: None,
-        };
+        let ctx = ReportContext::system_wide_for_tests(model, slot_names.to_vec(), 2);
         report_of(&ctx, aggregate)
     }
 

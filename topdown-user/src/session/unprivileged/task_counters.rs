@@ -314,13 +314,7 @@ fn open_event(
     role: Role,
     exclusions: Exclusions,
 ) -> Result<OwnedFd> {
-    // SAFETY: perf_event_attr is plain data; all-zero is its documented default.
-    let mut attr: bindings::perf_event_attr = unsafe { std::mem::zeroed() };
-    attr.size = std::mem::size_of::<bindings::perf_event_attr>() as u32;
-    attr.type_ = counter.perf_type;
-    attr.config = counter.config;
-    attr.__bindgen_anon_3.config1 = counter.config1;
-    attr.__bindgen_anon_4.config2 = counter.config2;
+    let mut attr = crate::session::counters::counter_attr(counter);
     // No PERF_FORMAT_GROUP: an exiting task's group is taken apart event by event, and a
     // group-format PERF_RECORD_READ written then lists only the members still attached
     // (seen on 6.18: nr = 1 for a two-event group). One record per event, named by its id.
