@@ -292,28 +292,9 @@ pub struct StatArgs {
     #[arg(short = 'I', long = "interval", value_name = "MS", value_parser = clap::value_parser!(u64).range(10..))]
     pub interval_ms: Option<u64>,
 
-    /// Breakdowns to show.
-    #[arg(
-        long = "by",
-        value_parser = named::<By>(),
-        value_delimiter = ',',
-        default_value = "task,process"
-    )]
-    pub by: Vec<By>,
-
-    /// Output format.
-    #[arg(long = "format", value_parser = named::<Format>(), default_value = "table")]
-    pub format: Format,
-
-    /// Write the report to FILE instead of stdout.
-    #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
-
-    /// With --format svg: what a frame's width measures, the inclusive weight counter (slots,
-    /// or cycles / cpu-clock where the model has no slots) or the probed calls; with --format
-    /// folded, what each line's number is (exclusive).
-    #[arg(long = "weight", value_parser = named::<Weight>(), default_value = "slots")]
-    pub weight: Weight,
+    /// What the report shows, in which format, and where it goes.
+    #[command(flatten)]
+    pub report: ReportShape,
 
     /// Count `-- CMD` without BPF, with inherited per-task counters (what a run without root
     /// or CAP_BPF+CAP_PERFMON does): per process and thread, no -u, --by cgroup, -p, -a or -I.
@@ -375,6 +356,15 @@ pub struct ReportArgs {
     #[arg(short = 'l', long = "level", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub level: Option<u8>,
 
+    /// What the report shows, in which format, and where it goes.
+    #[command(flatten)]
+    pub report: ReportShape,
+}
+
+/// A report's breakdowns, format, file and flame-graph weight: how `stat` writes its report
+/// and `report -i` writes a recorded one again.
+#[derive(Debug, Args)]
+pub struct ReportShape {
     /// Breakdowns to show.
     #[arg(
         long = "by",
@@ -388,7 +378,7 @@ pub struct ReportArgs {
     #[arg(long = "format", value_parser = named::<Format>(), default_value = "table")]
     pub format: Format,
 
-    /// Write to FILE instead of stdout.
+    /// Write the report to FILE instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -757,15 +747,15 @@ mod tests {
         let Command::Stat(args) = cli.command else {
             panic!("not stat");
         };
-        assert_eq!(args.by, vec![By::Cgroup, By::Function]);
-        assert_eq!(args.format, Format::Csv);
+        assert_eq!(args.report.by, vec![By::Cgroup, By::Function]);
+        assert_eq!(args.report.format, Format::Csv);
         assert_eq!(args.counting.trigger, Some(Trigger::CgroupSwitch));
         let defaults = Cli::try_parse_from(["topdown", "stat", "-a"]).unwrap();
         let Command::Stat(args) = defaults.command else {
             panic!("not stat");
         };
-        assert_eq!(args.by, vec![By::Task, By::Process]);
-        assert_eq!(args.format, Format::Table);
+        assert_eq!(args.report.by, vec![By::Task, By::Process]);
+        assert_eq!(args.report.format, Format::Table);
         let wrong = Cli::try_parse_from(["topdown", "stat", "--by", "thread"])
             .unwrap_err()
             .to_string();

@@ -66,13 +66,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Report(args) => {
             // FILE is replaced only once the report is complete: a bad input keeps it.
-            let mut output = topdown::ui::output::Output::open(args.output.as_deref())?;
+            let mut output = topdown::ui::output::Output::open(args.report.output.as_deref())?;
             report::report_command(
                 &args.input,
                 args.level,
-                args.format,
-                &args.by,
-                args.weight,
+                args.report.format,
+                &args.report.by,
+                args.report.weight,
                 output.as_mut(),
             )?;
             output.commit()?;

@@ -52,7 +52,7 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
     let scope = args.scope.scope();
     // Fail on bad output paths before touching the kernel. FILE itself is replaced only once
     // a report is complete: a run that fails before counting leaves the last result in place.
-    if args.format == Format::Svg {
+    if args.report.format == Format::Svg {
         // Found before the command runs, not after: the picture needs a probed call tree.
         if args.counting.uprobes.is_empty()
             && args.counting.spans.is_empty()
@@ -70,14 +70,14 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             ));
         }
     }
-    if matches!(args.format, Format::Pprof | Format::Folded) && args.interval_ms.is_some() {
+    if matches!(args.report.format, Format::Pprof | Format::Folded) && args.interval_ms.is_some() {
         return Err(fail(
             Failure::Usage,
             "--format pprof and folded write one whole run: leave out -I",
         ));
     }
-    let mut output = Output::open(args.output.as_deref())?;
-    let prepared = counting::prepare(&args.counting, &args.by)?;
+    let mut output = Output::open(args.report.output.as_deref())?;
+    let prepared = counting::prepare(&args.counting, &args.report.by)?;
 
     let Traced {
         targets,
@@ -180,8 +180,8 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
                 &snapshot,
                 elapsed,
                 &mut session,
-                args.format,
-                args.weight,
+                args.report.format,
+                args.report.weight,
                 output.as_mut(),
             )?;
         }
@@ -189,9 +189,9 @@ pub async fn run(args: StatArgs, verbose: bool) -> Result<u8> {
             let report = session.report(&snapshot, None, elapsed.as_secs_f64(), None);
             render(
                 &report,
-                args.format,
+                args.report.format,
                 session.by(),
-                args.weight,
+                args.report.weight,
                 output.as_mut(),
             )?;
         }
@@ -305,7 +305,7 @@ async fn event_loop(
             _ = tick(ticker.as_mut()) => {
                 if let Some(state) = interval_state.as_mut() {
                     let snapshot = session.snapshot(false)?;
-                    write_interval(state, &snapshot, started.elapsed(), session, args.format, args.weight, output)?;
+                    write_interval(state, &snapshot, started.elapsed(), session, args.report.format, args.report.weight, output)?;
                     // Each complete interval goes out at once (`tail -f FILE` follows it).
                     output.commit()?;
                 }

@@ -94,7 +94,7 @@ fn refusal(args: &StatArgs, why: Why) -> Option<String> {
     };
     let only = "without it topdown counts only a command it starts, per process and thread: \
                 topdown stat -- CMD";
-    if !args.uprobes.is_empty() || args.by.contains(&By::Function) {
+    if !args.uprobes.is_empty() || args.report.by.contains(&By::Function) {
         return Some(format!(
             "per-function counting (-u, --by function) {needs}; leave it out, or use the \
              topdown-region library in the program itself"
@@ -103,13 +103,16 @@ fn refusal(args: &StatArgs, why: Why) -> Option<String> {
     if !args.usdt.is_empty()
         || !args.spans.is_empty()
         || args.postgres.is_some()
-        || args.by.contains(&By::Span)
+        || args.report.by.contains(&By::Span)
     {
         return Some(format!(
             "counting USDT probes and spans (-U, --span, --postgres, --by span) {needs}; leave it out"
         ));
     }
-    if args.by.contains(&By::Cgroup) || !args.cgroups.is_empty() || args.cgroup_depth.is_some() {
+    if args.report.by.contains(&By::Cgroup)
+        || !args.cgroups.is_empty()
+        || args.cgroup_depth.is_some()
+    {
         return Some(format!(
             "per-cgroup counting (--by cgroup, -G, --cgroup-depth) {needs}; {only}"
         ));
@@ -131,7 +134,7 @@ fn refusal(args: &StatArgs, why: Why) -> Option<String> {
     if args.trigger.is_some() {
         return Some(format!("--trigger {needs}; leave it out"));
     }
-    if args.format == Format::Svg {
+    if args.report.format == Format::Svg {
         return Some(format!(
             "--format svg draws probed functions, which {needs}"
         ));
@@ -148,7 +151,7 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut output = Output::open(args.output.as_deref())?;
+    let mut output = Output::open(args.report.output.as_deref())?;
 
     let setup = Setup::new(&args)?;
     let pending = PendingCommand::spawn(&args.scope.command)?;
@@ -260,7 +263,13 @@ pub async fn run(args: StatArgs, why: Why) -> Result<u8> {
         before_command: None,
     };
     let report = report_of(&ctx, &built.aggregate);
-    render(&report, args.format, &args.by, args.weight, output.as_mut())?;
+    render(
+        &report,
+        args.report.format,
+        &args.report.by,
+        args.report.weight,
+        output.as_mut(),
+    )?;
     output.commit()?;
     drop(counters);
     Ok(crate::session::target::wait_command(pid).await)
