@@ -4,15 +4,11 @@
 
 use std::{
     io::Write,
-    os::fd::RawFd,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
-};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     cli::StatArgs,
@@ -21,6 +17,7 @@ use crate::{
     session::{
         bpf::Snapshot,
         counting::{self, CalibrateAt, CountingSession, Traced, trace_scope},
+        event_loop::{first_exit, readable, register, sleep_until},
         target::{ProcessWatch, wait_command},
     },
     ui::{output::Output, progress::Progress},
@@ -341,73 +338,11 @@ fn write_interval(
     Ok(())
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn tick(ticker: Option<&mut tokio::time::Interval>) {
     match ticker {
         Some(ticker) => {
             ticker.tick().await;
         }
         None => std::future::pending().await,
-    }
-}
-
-async fn readable(
-    fd: Option<&AsyncFd<FdRef>>,
-) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, FdRef>> {
-    match fd {
-        Some(fd) => fd.readable().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Index of the first watched process to exit.
-async fn first_exit(watches: &[ProcessWatch]) -> Result<usize> {
-    let waits = watches.iter().enumerate().map(|(index, watch)| {
-        Box::pin(async move {
-            watch.exited().await?;
-            Ok::<usize, anyhow::Error>(index)
-        })
-    });
-    let (result, _, _) = futures_select_all(waits).await;
-    result
-}
-
-/// A minimal `select_all` (avoids a dependency for one call).
-async fn futures_select_all<F>(
-    futures: impl IntoIterator<Item = std::pin::Pin<Box<F>>>,
-) -> (F::Output, usize, ())
-where
-    F: std::future::Future,
-{
-    let mut futures: Vec<_> = futures.into_iter().collect();
-    std::future::poll_fn(move |cx| {
-        for (index, future) in futures.iter_mut().enumerate() {
-            if let std::task::Poll::Ready(output) = future.as_mut().poll(cx) {
-                return std::task::Poll::Ready((output, index, ()));
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-/// Registers a session-owned fd with the event loop.
-fn register(fd: RawFd) -> Result<AsyncFd<FdRef>> {
-    // SAFETY: the session owns the fd and outlives the event loop that polls it.
-    unsafe { AsyncFd::register(FdRef(fd)) }.map_err(|err| anyhow::anyhow!("{err}"))
-}
-
-/// A borrowed fd for `AsyncFd` (the session owns the real one and outlives the loop).
-struct FdRef(RawFd);
-
-impl std::os::fd::AsRawFd for FdRef {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
     }
 }

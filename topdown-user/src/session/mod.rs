@@ -10,6 +10,7 @@
 //! - [`bpf`]: the BPF session: loading, attaching, reading the maps and ring buffer back.
 //! - [`target`]: what is traced (`-a`, `-p`, `-- CMD`) and how its end is noticed.
 //! - [`follow`]: following `-- CMD` into its children so pid-scoped probes reach them.
+//! - [`event_loop`]: what the commands' event loops wait on (session fds, process ends).
 //! - [`interrupt`]: SIGINT/SIGTERM outside the event loop (symbol reading, calibration).
 //! - [`slot_counts`]: per-slot counts, the numbers every step carries before they are named.
 //! - [`aggregate`]: what the BPF side attributed, as typed deltas, then as a report.
@@ -22,6 +23,7 @@ pub mod bpf;
 pub mod capabilities;
 pub mod counters;
 pub mod counting;
+pub mod event_loop;
 pub mod follow;
 pub mod interrupt;
 pub mod pmu;

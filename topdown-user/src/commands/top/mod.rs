@@ -8,7 +8,6 @@ pub mod view;
 use std::{
     collections::HashMap,
     io::IsTerminal as _,
-    os::fd::RawFd,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -20,7 +19,6 @@ use anyhow::{Context as _, Result};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::{Terminal, backend::CrosstermBackend};
 use tokio::{
-    io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
     sync::mpsc,
 };
@@ -33,6 +31,7 @@ use crate::{
         aggregate::{Aggregate, Naming},
         bpf::Snapshot,
         counting::{self, CountingSession, Traced, trace_scope},
+        event_loop::{first_exit, register, sleep_until},
         target::{ProcessWatch, Scope, reap},
     },
 };
@@ -511,51 +510,6 @@ async fn wait_command(pid: u32) -> Option<i32> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     None
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Index of the first watched process to exit.
-async fn first_exit(watches: &[ProcessWatch]) -> Result<usize> {
-    let mut waits: Vec<_> = watches
-        .iter()
-        .enumerate()
-        .map(|(index, watch)| {
-            Box::pin(async move {
-                watch.exited().await?;
-                Ok::<usize, anyhow::Error>(index)
-            })
-        })
-        .collect();
-    std::future::poll_fn(move |cx| {
-        for future in &mut waits {
-            if let std::task::Poll::Ready(output) = future.as_mut().poll(cx) {
-                return std::task::Poll::Ready(output);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-/// Registers a session-owned fd with the event loop.
-fn register(fd: RawFd) -> Result<AsyncFd<FdRef>> {
-    // SAFETY: the session owns the fd and outlives the event loop that polls it.
-    unsafe { AsyncFd::register(FdRef(fd)) }.map_err(|err| anyhow::anyhow!("{err}"))
-}
-
-/// A borrowed fd for `AsyncFd` (the session owns the real one and outlives the loop).
-struct FdRef(RawFd);
-
-impl std::os::fd::AsRawFd for FdRef {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,7 @@ use crate::{
     session::{
         aggregate::{Aggregate, ReportContext, SlotCounts, TaskCounts, processes_of, report_of},
         counters::{Privilege, online_cpus, pmu_cpus, resolve},
+        event_loop::sleep_until,
         target::{PendingCommand, ProcessWatch},
     },
     ui::output::Output,
@@ -554,13 +555,6 @@ fn slot_counts(plan: &Plan, values: &[CounterValue]) -> SlotCounts {
         }
     }
     slots
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 async fn exited(watch: Option<&ProcessWatch>) -> Result<()> {
