@@ -6,7 +6,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_probe_read_kernel, generated::bpf_get_current_comm,
+        bpf_probe_read_kernel, generated::bpf_get_current_comm,
     },
     macros::{btf_tracepoint, perf_event, raw_tracepoint, tracepoint},
     programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext, TracePointContext},
@@ -14,7 +14,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use topdown_common::{
     CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode, flush_result, kernel_offset, reading_owner, slot_source, unseen_leavers,
+    flush_mode, flush_result, kernel_offset, reading_owner, unseen_leavers,
 };
 
 use crate::maps::{
@@ -25,48 +25,18 @@ use crate::maps::{
     untrack,
 };
 
-/// `-ENOENT`: no fd at that index. Hybrid CPUs only have the fds of their own core type's PMU;
-/// the other type's slots read as zero there, always, so their deltas are zero too.
-const ENOENT: i32 = -2;
-
 /// Reads every counter slot of this CPU into `out`; returns the enabled and running times of the
-/// first counter present on this CPU, or `None` if any read failed.
+/// first counter present on this CPU, or `None` if any read failed. A slot with no fd on this
+/// CPU reads as zero (hybrid CPUs only have the fds of their own core type's PMU, so the other
+/// type's deltas are zero there).
 #[inline(always)]
 pub(crate) fn read_slots(out: &mut [u64; MAX_COUNTERS]) -> Option<(u64, u64)> {
-    let used = global(&NUM_COUNTERS) as usize;
-    // SAFETY: a helper without preconditions.
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    let base = cpu.wrapping_mul(MAX_COUNTERS as u32);
-    let mut times: Option<(u64, u64)> = None;
-    let mut value = (0u64, 0u64, 0u64);
-    let mut last_fd = u32::MAX;
-    let mut slot = 0;
-    while slot < MAX_COUNTERS && slot < used {
-        // SAFETY: `slot < MAX_COUNTERS`; volatile so the loader's values are read, not the default.
-        let source = unsafe { core::ptr::read_volatile(SLOT_SOURCES.as_ptr().add(slot)) };
-        let fd_slot = slot_source::fd_slot(source) % MAX_COUNTERS as u32;
-        // Timing slots follow their counter's slot: one helper call serves all three.
-        if fd_slot != last_fd {
-            value = match COUNTERS.read_value(base + fd_slot) {
-                Ok(read) => {
-                    if times.is_none() {
-                        times = Some((read.enabled_nanos, read.running_nanos));
-                    }
-                    (read.counter, read.enabled_nanos, read.running_nanos)
-                }
-                Err(ENOENT) => (0, 0, 0),
-                Err(_) => return None,
-            };
-            last_fd = fd_slot;
-        }
-        out[slot] = match slot_source::field(source) {
-            slot_source::FIELD_ENABLED => value.1,
-            slot_source::FIELD_RUNNING => value.2,
-            _ => value.0,
-        };
-        slot += 1;
-    }
-    Some(times.unwrap_or((0, 0)))
+    topdown_ebpf::read_counter_slots(
+        &COUNTERS,
+        global(&NUM_COUNTERS) as usize,
+        &SLOT_SOURCES,
+        out,
+    )
 }
 
 /// Reads every counter slot of this CPU into `state.now`. False if any read failed.

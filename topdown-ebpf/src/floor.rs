@@ -18,7 +18,7 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray},
     programs::{
@@ -166,8 +166,8 @@ pub fn floor_return_multi(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// The loop of topdown's `counters::read_slots`: one `bpf_perf_event_read_value` per fd,
-/// timing slots taken from their counter's reading.
+/// topdown's `counters::read_slots` (the same function, `topdown_ebpf::read_counter_slots`):
+/// one `bpf_perf_event_read_value` per fd, timing slots taken from their counter's reading.
 #[inline(always)]
 fn read_all() {
     let Some(out) = SCRATCH.get_ptr_mut(0) else {
@@ -177,30 +177,7 @@ fn read_all() {
     let out = unsafe { &mut *out };
     // SAFETY: reading a static the loader patched; volatile keeps the load.
     let used = unsafe { core::ptr::read_volatile(&NUM_COUNTERS) } as usize;
-    // SAFETY: a helper without preconditions.
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    let base = cpu.wrapping_mul(MAX_COUNTERS as u32);
-    let mut value = (0u64, 0u64, 0u64);
-    let mut last_fd = u32::MAX;
-    let mut slot = 0;
-    while slot < MAX_COUNTERS && slot < used {
-        // SAFETY: `slot < MAX_COUNTERS`; volatile so the loader's values are read.
-        let source = unsafe { core::ptr::read_volatile(SLOT_SOURCES.as_ptr().add(slot)) };
-        let fd_slot = slot_source::fd_slot(source) % MAX_COUNTERS as u32;
-        if fd_slot != last_fd {
-            value = match COUNTERS.read_value(base + fd_slot) {
-                Ok(read) => (read.counter, read.enabled_nanos, read.running_nanos),
-                Err(_) => (0, 0, 0),
-            };
-            last_fd = fd_slot;
-        }
-        out[slot] = match slot_source::field(source) {
-            slot_source::FIELD_ENABLED => value.1,
-            slot_source::FIELD_RUNNING => value.2,
-            _ => value.0,
-        };
-        slot += 1;
-    }
+    let _ = topdown_ebpf::read_counter_slots(&COUNTERS, used, &SLOT_SOURCES, out);
 }
 
 /// The delta between this reading (`SCRATCH`) and the last (`LAST`), which it replaces.
