@@ -287,6 +287,21 @@ pub fn workload_threads(stdout: &str) -> Vec<(usize, u64, u64)> {
 /// 14) a start took over 20 s, and 30 s once (issue 22).
 pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Starts `command` (a topdown invocation) with its stderr piped and waits, up to `timeout`,
+/// until it says it is counting: the block every test that runs a workload beside topdown
+/// begins with. The tracer is killed if the test ends without waiting for it.
+pub fn spawn_counting(command: &mut Command, timeout: Duration) -> KilledOnDrop {
+    let child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    let mut tracer = KilledOnDrop::new(child);
+    if let Err(err) = wait_until_counting(tracer.child(), timeout) {
+        panic!("{command:?}: {err:#}");
+    }
+    tracer
+}
+
 /// Waits until topdown says it is counting (its stderr line), returning what it printed.
 pub fn wait_until_counting(child: &mut Child, timeout: Duration) -> Result<String> {
     use std::io::Read as _;

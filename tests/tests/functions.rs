@@ -546,7 +546,7 @@ fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
         return;
     }
     let cpp = path_str(&binaries().cpp);
-    let mut traced = KilledOnDrop::new(
+    let mut traced = spawn_counting(
         topdown()
             .args([
                 "stat",
@@ -561,12 +561,9 @@ fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
                 "throw",
                 "2000000000",
             ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .stdout(Stdio::null()),
+        START_TIMEOUT,
     );
-    wait_until_counting(traced.child(), START_TIMEOUT).unwrap();
     let pid = traced.child().id();
     let tracepoints = held_tracepoints(pid);
     let programs: Vec<String> = held_programs(pid)

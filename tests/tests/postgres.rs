@@ -229,19 +229,17 @@ struct Counting {
 impl Counting {
     fn start(bin: &Path) -> Self {
         let out = std::env::temp_dir().join(format!("topdown-pg-{}.json", std::process::id()));
-        let tracer = topdown()
-            .args(["stat", "-a", "--pmu", "synthetic:intel-icl"])
-            .args(["--synthetic", "slots=raw_syscalls:sys_enter"])
-            .arg("--postgres")
-            .arg(bin.join("postgres"))
-            .args(["--by", "query", "--format", "json", "-o"])
-            .arg(&out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut tracer = KilledOnDrop::new(tracer);
-        wait_until_counting(tracer.child(), Duration::from_secs(120)).unwrap();
+        let tracer = spawn_counting(
+            topdown()
+                .args(["stat", "-a", "--pmu", "synthetic:intel-icl"])
+                .args(["--synthetic", "slots=raw_syscalls:sys_enter"])
+                .arg("--postgres")
+                .arg(bin.join("postgres"))
+                .args(["--by", "query", "--format", "json", "-o"])
+                .arg(&out)
+                .stdout(Stdio::null()),
+            Duration::from_secs(120),
+        );
         Self { tracer, out }
     }
 

@@ -180,7 +180,7 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
         return;
     }
     let out = report_path("system-wide");
-    let mut tracer = KilledOnDrop::new(
+    let mut tracer = spawn_counting(
         topdown()
             .args([
                 "stat",
@@ -193,12 +193,9 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
                 "json",
                 "-o",
             ])
-            .arg(&out)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .arg(&out),
+        Duration::from_secs(30),
     );
-    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     let workload = std::process::Command::new(WORKLOAD)
         .args(["getppid=5000,getpgid=321"])
         .output()
@@ -292,7 +289,7 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let mut tracer = KilledOnDrop::new(
+    let mut tracer = spawn_counting(
         topdown()
             .args([
                 "stat",
@@ -306,12 +303,9 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
                 "json",
                 "-o",
             ])
-            .arg(&out)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .arg(&out),
+        Duration::from_secs(30),
     );
-    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     // topdown stops at 3 s while the thread still spins: its calls are only in the CPU's
     // running delta until the final flush.
@@ -392,7 +386,7 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let mut tracer = KilledOnDrop::new(
+    let mut tracer = spawn_counting(
         topdown()
             .args([
                 "stat",
@@ -404,12 +398,9 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
                 "json",
                 "-o",
             ])
-            .arg(&out)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .arg(&out),
+        Duration::from_secs(30),
     );
-    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let stdout = workload.wait_with_output().unwrap().stdout;
     // No -d: topdown ends by itself once the traced process is gone.
@@ -432,15 +423,12 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
     if !privileged() {
         return;
     }
-    let mut tracer = KilledOnDrop::new(
+    let mut tracer = spawn_counting(
         topdown()
             .args(["stat", "-a", "--pmu", "software", "--format", "json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .stdout(Stdio::piped()),
+        Duration::from_secs(30),
     );
-    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     // Checked by id, so other tracers running at the same time do not count.
     let held = held_programs(tracer.child().id());
     for name in ["sched_switch", "flush"] {
@@ -844,16 +832,13 @@ fn switches_between_untraced_tasks_take_no_reading() {
     // the ping-pong's switches holds.
     let idle_before = idle_entries();
     let agent_before = pid1_switches();
-    let mut tracer = KilledOnDrop::new(
+    let mut tracer = spawn_counting(
         topdown()
             .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
             .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
-            .arg(&out)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+            .arg(&out),
+        Duration::from_secs(30),
     );
-    wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
     let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
     assert!(pingpong.status.success());
     assert!(tracer.child().wait().unwrap().success());
@@ -1002,7 +987,7 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
         .collect();
     for run in 0..2 {
         let out = report_path("unseen-leaver");
-        let mut tracer = KilledOnDrop::new(
+        let mut tracer = spawn_counting(
             topdown()
                 .args([
                     "stat",
@@ -1020,12 +1005,9 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
                     "cpu=0,getppid=2000000,getpgid=200000",
                 ])
                 .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
+                .stdout(Stdio::piped()),
+            Duration::from_secs(30),
         );
-        wait_until_counting(tracer.child(), Duration::from_secs(30)).unwrap();
         std::thread::sleep(Duration::from_secs(1));
         let child = tracer.child();
         child.stdin.take().unwrap().write_all(b"go\n").unwrap();

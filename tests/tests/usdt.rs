@@ -379,22 +379,20 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
         ("per-site", libc::SIGINT),
         ("per-site", libc::SIGKILL),
     ] {
-        let tracer = topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--usdt-links",
-                links,
-            ])
-            .args(["-p", &pid.to_string(), "-U"])
-            .arg(format!("{}:test:guarded", program.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut tracer = KilledOnDrop::new(tracer);
-        wait_until_counting(tracer.child(), Duration::from_secs(60)).unwrap();
+        let mut tracer = spawn_counting(
+            topdown()
+                .args([
+                    "stat",
+                    "--pmu",
+                    "synthetic:intel-icl",
+                    "--usdt-links",
+                    links,
+                ])
+                .args(["-p", &pid.to_string(), "-U"])
+                .arg(format!("{}:test:guarded", program.display()))
+                .stdout(Stdio::null()),
+            Duration::from_secs(60),
+        );
         assert_eq!(semaphore(), "semaphore 1", "{links}, counting");
         // SAFETY: signalling the child this test started.
         unsafe { libc::kill(tracer.child().id() as i32, signal) };
@@ -434,25 +432,23 @@ fn an_untraced_process_keeps_its_semaphore_at_zero() {
     // The command fires its guarded probe 25 times, then stays a while so the watcher is
     // asked while topdown's probes are attached.
     let script = format!("{} guarded 25 && sleep 2", program.display());
-    let tracer = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
-        .arg("-U")
-        .arg(format!("{}:test:guarded", program.display()))
-        .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut tracer = KilledOnDrop::new(tracer);
-    wait_until_counting(tracer.child(), Duration::from_secs(60)).unwrap();
+    let mut tracer = spawn_counting(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out)
+            .arg("-U")
+            .arg(format!("{}:test:guarded", program.display()))
+            .args(["--", "sh", "-c", &script])
+            .stdout(Stdio::piped()),
+        Duration::from_secs(60),
+    );
     assert_eq!(
         semaphore(),
         "semaphore 0",
