@@ -8,7 +8,7 @@
 //! product with a level-1 bucket is an estimate.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, extras_at, metrics_by_name, ratio,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, extras_at, metrics_by_name, ratio,
     standard_metric_names, value,
 };
 use crate::groups::LEVEL_TWO_GROUP;
@@ -184,12 +184,13 @@ impl Model for AmdZen {
         let retiring = ratio(get(at::RETIRED), slots);
 
         // In L1_METRICS order, then the extra bucket (last at either level).
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         out[extras_at(level)] = smt_contention;
         if level < 2 {
             return;
@@ -232,8 +233,7 @@ impl Model for AmdZen {
             .zip(microcode_share)
             .map(|(ret, share)| ret * share);
 
-        // In L2_METRICS order.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+        LevelTwo {
             light_operations,
             heavy_operations,
             branch_mispredicts,
@@ -242,7 +242,8 @@ impl Model for AmdZen {
             fetch_bandwidth,
             memory_bound,
             core_bound,
-        ]);
+        }
+        .write(out);
     }
 
     fn weight_counter(&self) -> &'static str {

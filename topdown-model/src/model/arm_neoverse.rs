@@ -12,7 +12,7 @@
 //! Neoverse cores have no SMT.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, level_two_position,
+    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, Positions, level_two_position,
     metrics_by_name, ratio, standard_metric_names,
 };
 use crate::groups::LEVEL_TWO_GROUP;
@@ -340,12 +340,13 @@ impl Model for ArmNeoverse {
         };
 
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level >= 2 {
             out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
             if matches!(self.core, Core::V3 | Core::N3) {

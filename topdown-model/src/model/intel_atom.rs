@@ -9,7 +9,7 @@
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, level_two_position,
+    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, Positions, level_two_position,
     metrics_by_name, ratio, standard_metric_names,
 };
 use crate::groups::LEVEL_TWO_GROUP;
@@ -233,12 +233,13 @@ impl Model for IntelAtom {
             Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
         };
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level < 2 {
             return;
         }

@@ -18,7 +18,7 @@
 //! counter 1, where the kernel would otherwise put it.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, Positions, metrics_by_name, ratio,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, Positions, metrics_by_name, ratio,
     standard_metric_names,
 };
 use crate::groups::LEVEL_TWO_GROUP;
@@ -381,12 +381,13 @@ impl Model for IntelCore {
         };
 
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level < 2 {
             return;
         }
@@ -458,8 +459,7 @@ impl Model for IntelCore {
         };
         // Light_Operations = Retiring - Heavy_Operations
         let light_operations = minus(retiring, heavy_operations);
-        // In L2_METRICS order.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+        LevelTwo {
             light_operations,
             heavy_operations,
             branch_mispredicts,
@@ -468,7 +468,8 @@ impl Model for IntelCore {
             fetch_bandwidth,
             memory_bound,
             core_bound,
-        ]);
+        }
+        .write(out);
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -10,8 +10,8 @@
 //! BPF counter slots (topdown_common::MAX_COUNTERS).
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, metrics_by_name, ratio,
-    standard_metric_names, value,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, metrics_by_name, ratio, standard_metric_names,
+    value,
 };
 use crate::groups::LEVEL_TWO_GROUP;
 
@@ -153,12 +153,13 @@ impl Model for IntelIcl {
         };
 
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level < 2 {
             return;
         }
@@ -207,8 +208,7 @@ impl Model for IntelIcl {
             .map(|((ms, ret), few_uops)| ms + ret * few_uops);
         // tma_light_operations: max(0, tma_retiring - tma_heavy_operations)
         let light_operations = minus_floored(retiring, heavy_operations);
-        // In L2_METRICS order.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+        LevelTwo {
             light_operations,
             heavy_operations,
             branch_mispredicts,
@@ -217,7 +217,8 @@ impl Model for IntelIcl {
             fetch_bandwidth,
             memory_bound,
             core_bound,
-        ]);
+        }
+        .write(out);
     }
 
     fn weight_counter(&self) -> &'static str {

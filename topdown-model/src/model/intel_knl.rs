@@ -15,7 +15,7 @@
 //! NMI watchdog holds fixed counter 1. So every scheduling group holds two events.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, level_two_position, metrics_by_name,
+    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, level_two_position, metrics_by_name,
     ratio, standard_metric_names, value,
 };
 use crate::groups::LEVEL_TWO_GROUP;
@@ -128,12 +128,13 @@ impl Model for IntelKnl {
             .zip(retiring)
             .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret));
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level < 2 {
             return;
         }

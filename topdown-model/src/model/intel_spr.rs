@@ -8,8 +8,8 @@
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
 use super::{
-    CounterSpec, LEVEL_ONE_AT, LEVEL_TWO_AT, Metrics, Model, metrics_by_name, ratio,
-    standard_metric_names, value,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, metrics_by_name, ratio, standard_metric_names,
+    value,
 };
 
 /// Which P-core generation.
@@ -147,12 +147,13 @@ impl Model for IntelPerfMetricsL2 {
         };
 
         // In L1_METRICS order.
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+        LevelOne {
             retiring,
             bad_speculation,
-            frontend,
-            backend,
-        ]);
+            frontend_bound: frontend,
+            backend_bound: backend,
+        }
+        .write(out);
         if level < 2 {
             return;
         }
@@ -173,8 +174,7 @@ impl Model for IntelPerfMetricsL2 {
         // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
         let heavy_operations = of_sum(HEAVY_OPS);
         let light_operations = clamp_difference(retiring, heavy_operations);
-        // In L2_METRICS order.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].copy_from_slice(&[
+        LevelTwo {
             light_operations,
             heavy_operations,
             branch_mispredicts,
@@ -183,7 +183,8 @@ impl Model for IntelPerfMetricsL2 {
             fetch_bandwidth,
             memory_bound,
             core_bound,
-        ]);
+        }
+        .write(out);
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -309,6 +309,53 @@ pub fn standard_metric_names(level: u8, extra: &[&str]) -> Vec<String> {
 pub const LEVEL_ONE_AT: usize = 0;
 pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
 
+/// Level 1 of one evaluation, by name: [`LevelOne::write`] puts it in [`L1_METRICS`]' order, the
+/// one place that order is spelled out for the models' `evaluate_into`.
+pub struct LevelOne {
+    pub retiring: Option<f64>,
+    pub bad_speculation: Option<f64>,
+    pub frontend_bound: Option<f64>,
+    pub backend_bound: Option<f64>,
+}
+
+impl LevelOne {
+    pub fn write(self, out: &mut [Option<f64>]) {
+        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
+            self.retiring,
+            self.bad_speculation,
+            self.frontend_bound,
+            self.backend_bound,
+        ]);
+    }
+}
+
+/// Level 2 of one evaluation, by name: [`LevelTwo::write`] puts it in [`L2_METRICS`]' order.
+pub struct LevelTwo {
+    pub light_operations: Option<f64>,
+    pub heavy_operations: Option<f64>,
+    pub branch_mispredicts: Option<f64>,
+    pub machine_clears: Option<f64>,
+    pub fetch_latency: Option<f64>,
+    pub fetch_bandwidth: Option<f64>,
+    pub memory_bound: Option<f64>,
+    pub core_bound: Option<f64>,
+}
+
+impl LevelTwo {
+    pub fn write(self, out: &mut [Option<f64>]) {
+        out[LEVEL_TWO_AT..LEVEL_TWO_AT + L2_METRICS.len()].copy_from_slice(&[
+            self.light_operations,
+            self.heavy_operations,
+            self.branch_mispredicts,
+            self.machine_clears,
+            self.fetch_latency,
+            self.fetch_bandwidth,
+            self.memory_bound,
+            self.core_bound,
+        ]);
+    }
+}
+
 /// Where the level-2 metric `name` (one of [`L2_METRICS`]) is in [`standard_metric_names`]'
 /// order at level 2; a name that is not one of them is a bug in a model's formulas.
 pub fn level_two_position(name: &str) -> usize {
