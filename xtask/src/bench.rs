@@ -98,6 +98,47 @@ impl Config {
     }
 }
 
+/// Tracers whose BPF programs would run in every measured switch and call: a topdown (a test
+/// binary's, a forgotten `serve`), a floor, a bpftrace.
+const TRACER_NAMES: [&str; 3] = ["topdown", "topdown-floor", "bpftrace"];
+
+/// `(pid, name)` of every process on the machine named one of `TRACER_NAMES`.
+fn running_tracers() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut tracers: Vec<(u32, String)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            let comm = comm.trim();
+            TRACER_NAMES.contains(&comm).then(|| (pid, comm.to_owned()))
+        })
+        .collect();
+    tracers.sort();
+    tracers
+}
+
+/// Refuses to benchmark beside another tracer: its programs would be timed with ours (a test
+/// binary's topdown beside one spans run moved its ratios from 1.29x to 1.00x).
+/// `TOPDOWN_BENCH_ALLOW_TRACERS=1` measures anyway.
+fn ensure_no_other_tracer() -> Result<()> {
+    let tracers = running_tracers();
+    if tracers.is_empty() || std::env::var("TOPDOWN_BENCH_ALLOW_TRACERS").as_deref() == Ok("1") {
+        return Ok(());
+    }
+    let named: Vec<String> = tracers
+        .iter()
+        .map(|(pid, name)| format!("{name} (pid {pid})"))
+        .collect();
+    anyhow::bail!(
+        "another tracer is running: {}; its BPF programs would be measured with ours: stop it, \
+         or set TOPDOWN_BENCH_ALLOW_TRACERS=1 to measure anyway",
+        named.join(", ")
+    )
+}
+
 /// `TOPDOWN_BENCH_BASELINE=PATH`: an earlier build of topdown, measured in the same rounds as
 /// this one (`baseline:` rows), so a change is judged side by side on one noisy machine.
 fn baseline_build() -> Option<String> {
@@ -107,6 +148,7 @@ fn baseline_build() -> Option<String> {
 }
 
 pub fn bench() -> Result<()> {
+    ensure_no_other_tracer()?;
     ensure_bpftrace()?;
     let topdown = crate::build_topdown(true)?;
     cmd::run(cmd::cargo().args([
@@ -1884,6 +1926,31 @@ unsafe extern "C" {
 
 #[cfg(test)]
 mod tests {
+    /// A process named like a tracer is found, by pid; the test's own process is not.
+    #[test]
+    fn a_running_tracer_is_named() {
+        let dir = std::env::temp_dir().join(format!("xtask-tracers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("topdown-floor");
+        std::fs::copy("/bin/sleep", &fake).unwrap();
+        let mut child = std::process::Command::new(&fake).arg("30").spawn().unwrap();
+        let pid = child.id();
+        // The name is the exec'd file's: wait until the exec is done.
+        let named = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            running_tracers().contains(&(pid, "topdown-floor".to_owned()))
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(named, "pid {pid} not among {:?}", running_tracers());
+        assert!(
+            !running_tracers()
+                .iter()
+                .any(|(tracer, _)| *tracer == std::process::id())
+        );
+    }
+
     use super::*;
 
     #[test]
