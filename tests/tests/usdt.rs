@@ -227,6 +227,137 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
     }
 }
 
+/// `(low, high, calls, slots)` of each bucket of a span's distribution.
+fn buckets(span: &Value) -> Vec<(u64, u64, u64, u64)> {
+    span["distribution"]["buckets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no distribution in {span}"))
+        .iter()
+        .map(|bucket| {
+            (
+                bucket["low"].as_u64().unwrap(),
+                bucket["high"].as_u64().unwrap(),
+                bucket["calls"].as_u64().unwrap(),
+                slots(bucket),
+            )
+        })
+        .collect()
+}
+
+/// Issue 25's case for spans, exact on synthetic counters: 1000 requests of 10 slots (all
+/// retiring) and 30 of 1000 (all backend bound) give one bucket of exactly 1000 spans and
+/// 10000 slots and one of 30 spans and 30000, each with its own TopDown split, the p50 in the
+/// first and the p99 in the second; the buckets add up to the span's figures; `report -i`
+/// keeps the distribution and the table names the slow band and why.
+#[test]
+fn span_distributions_are_exact_and_survive_a_replay() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    for (build, program) in both() {
+        let target = program.display().to_string();
+        let (report, _) = stat_json([
+            "--span".to_owned(),
+            format!("request={target}:test:request_start..test:request_done,key=arg0"),
+            "--".to_owned(),
+            target,
+            "bands".to_owned(),
+            "1000".to_owned(),
+            "10".to_owned(),
+            "30".to_owned(),
+            "1000".to_owned(),
+        ])
+        .unwrap();
+        let request = span(&report, "request", "6")
+            .unwrap_or_else(|| panic!("{build}: no request 6 in {}", report["spans"]));
+        assert_eq!(request["calls"], 1030, "{build}");
+        assert_eq!(slots(request), 40_000, "{build}");
+        assert_eq!(
+            buckets(request),
+            [(10, 12, 1000, 10_000), (896, 1024, 30, 30_000)],
+            "{build}"
+        );
+        let distribution = &request["distribution"];
+        assert_eq!(distribution["weight"], "slots");
+        let (fast, slow) = (&distribution["buckets"][0], &distribution["buckets"][1]);
+        assert_eq!(counter(fast, "topdown-retiring"), 10_000, "{build}");
+        assert_eq!(counter(slow, "topdown-be-bound"), 30_000, "{build}");
+        assert_eq!(fast["metrics"]["retiring"].as_f64(), Some(1.0), "{build}");
+        assert_eq!(
+            slow["metrics"]["backend_bound"].as_f64(),
+            Some(1.0),
+            "{build}"
+        );
+        // Ranks 515 and 1019.7 of 1030, interpolated in their buckets.
+        let percentile = |name: &str| distribution["percentiles"][name].as_f64().unwrap();
+        assert!((percentile("p50") - 11.03).abs() < 1e-9, "{distribution}");
+        assert!((percentile("p99") - (896.0 + 128.0 * 19.7 / 30.0)).abs() < 1e-9);
+        for name in report["counter_names"].as_array().unwrap() {
+            let name = name.as_str().unwrap();
+            assert_eq!(
+                counter(fast, name) + counter(slow, name),
+                counter(request, name),
+                "{build} {name}"
+            );
+        }
+        no_span_anomalies(&report);
+
+        let recording = std::env::temp_dir().join(format!(
+            "topdown-usdt-bands-{build}-{}.json",
+            std::process::id()
+        ));
+        std::fs::write(&recording, report.to_string()).unwrap();
+        let render = |format: &str| -> String {
+            let output = run_ok(
+                topdown()
+                    .args(["report", "--by", "span", "--format", format, "-i"])
+                    .arg(&recording),
+            )
+            .unwrap();
+            String::from_utf8(output.stdout).unwrap()
+        };
+        let replayed = parse_json(render("json").as_bytes()).unwrap();
+        assert_eq!(
+            span(&replayed, "request", "6").unwrap()["distribution"],
+            request["distribution"],
+            "{build}"
+        );
+        let table = render("table");
+        let line = |band: &str| -> Vec<String> {
+            table
+                .lines()
+                .find(|line| line.starts_with("request ") && line.contains(&format!(" {band} ")))
+                .unwrap_or_else(|| panic!("no {band} line in {table}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(
+            line("p50"),
+            [
+                "request", "6", "p50", "11", "[10,", "12)", "1000", "10000", "retiring", "100%"
+            ]
+        );
+        assert_eq!(
+            line("p99"),
+            [
+                "request",
+                "6",
+                "p99",
+                "980",
+                "[896,",
+                "1024)",
+                "30",
+                "30000",
+                "backend_bound",
+                "100%"
+            ]
+        );
+        let _ = std::fs::remove_file(&recording);
+    }
+}
+
 /// `test:form` has one site per operand form, each with its own spec and a known value; the
 /// span keyed by arg0 has one entry per value, `R` calls each.
 #[test]

@@ -15,6 +15,9 @@
 //                    meanwhile B makes request 8 of M calls and wakes A, which makes N more
 //                    (after moving to CPU 1 with `migrate`) and closes request 7
 // usdt watch         prints the guarded probe's semaphore for each line read on stdin
+// usdt bands F NF S NS
+//                    F requests keyed 6 of NF getppid calls (plus NF getpgid: retiring),
+//                    then S keyed 6 of NS (plus NS getresuid: backend bound)
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -34,6 +37,20 @@ unsigned short guarded_semaphore(void);
 
 static void work(int n) {
     for (int i = 0; i < n; i++) syscall(SYS_getppid);
+}
+
+// One request of `n` slots, all of one TopDown category: retiring (kind 0) or backend bound.
+__attribute__((noinline)) static void band_request(int n, int kind) {
+    unsigned r, e, s;
+    STAP_PROBE1(test, request_start, 6);
+    work(n);
+    for (int i = 0; i < n; i++) {
+        if (kind == 0)
+            syscall(SYS_getpgid, 0);
+        else
+            syscall(SYS_getresuid, &r, &e, &s);
+    }
+    STAP_PROBE1(test, request_done, 6);
 }
 
 static jmp_buf env;
@@ -160,7 +177,7 @@ static void blocked_span(int n, int migrate) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: usdt spans N | forms R | block N M [migrate] | guarded N | watch\n");
+        fprintf(stderr, "usage: usdt spans N | forms R | block N M [migrate] | bands F NF S NS | guarded N | watch\n");
         return 2;
     }
     int n = argc > 2 ? atoi(argv[2]) : 0;
@@ -171,6 +188,9 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[1], "block") == 0 && argc >= 4) {
         other_calls = atoi(argv[3]);
         blocked_span(n, argc > 4 && strcmp(argv[4], "migrate") == 0);
+    } else if (strcmp(argv[1], "bands") == 0 && argc == 6) {
+        for (int i = 0; i < atoi(argv[2]); i++) band_request(atoi(argv[3]), 0);
+        for (int i = 0; i < atoi(argv[4]); i++) band_request(atoi(argv[5]), 1);
     } else if (strcmp(argv[1], "guarded") == 0) {
         printf("fired %d\n", guarded(n));
     } else if (strcmp(argv[1], "watch") == 0) {

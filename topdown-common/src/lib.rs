@@ -949,7 +949,12 @@ pub mod usdt {
         pub const NOTE: u32 = 4;
     }
 
-    /// Key of `SPAN_TOTALS`.
+    /// Key of `SPAN_TOTALS`: a span kind and key, and one bucket of its per-span histogram.
+    ///
+    /// The totals are kept per bucket (`super::histogram::bucket` of the span's count of the
+    /// weight counter, as a function's calls): a kind and key's totals are the sum of its
+    /// buckets, and its buckets are its distribution, for the one map lookup a span's end
+    /// needs anyway. The bucket takes what was padding: the key stays 24 bytes.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
     pub struct SpanKey {
@@ -958,11 +963,12 @@ pub mod usdt {
         pub flags: u32,
         /// `key_type`.
         pub key_type: u32,
-        pub _pad: u32,
+        /// `super::histogram::bucket` of the spans' weight.
+        pub bucket: u32,
         pub key: u64,
     }
 
-    /// Totals of one `SpanKey`.
+    /// Totals of one `SpanKey`: the spans of one kind, key and bucket.
     #[repr(C)]
     #[derive(Clone, Copy, Debug)]
     pub struct SpanTotals {

@@ -1,6 +1,7 @@
 //! Per-call histograms (`topdown_common::histogram`): one call's counter deltas into the
 //! bucket its weight picks. Written for any kind of call (`HistogramKey::kind`): function
-//! probes call it as each call closes.
+//! probes call it as each call closes. Spans keep their buckets in their totals' key
+//! (`topdown_common::usdt::SpanKey::bucket`), picked by the same `weight_bucket`.
 
 use aya_ebpf::maps::PerCpuArray;
 use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, bindings::BPF_NOEXIST, macros::map, maps::HashMap};
@@ -23,6 +24,12 @@ pub(crate) static HISTOGRAMS: HashMap<HistogramKey, HistogramBucket> =
 #[map]
 pub(crate) static ZERO_BUCKET: PerCpuArray<HistogramBucket> = PerCpuArray::with_max_entries(1, 0);
 
+/// The bucket of a call (or span) whose counter deltas are `deltas`: by its weight counter.
+#[inline(always)]
+pub(crate) fn weight_bucket(deltas: &[u64; MAX_COUNTERS]) -> u32 {
+    histogram::bucket(deltas[global(&WEIGHT_SLOT) as usize & (MAX_COUNTERS - 1)])
+}
+
 /// Adds one call of `kind`/`owner` (in process `tgid`, 0 when not split) with counter `deltas`
 /// (the first `used` slots) and `callee_calls` probed callees to its bucket. False when the
 /// bucket was new and the map full: the call is then in no bucket.
@@ -35,12 +42,11 @@ pub(crate) fn record(
     used: usize,
     callee_calls: u64,
 ) -> bool {
-    let weight = deltas[global(&WEIGHT_SLOT) as usize & (MAX_COUNTERS - 1)];
     let key = HistogramKey {
         kind,
         owner,
         tgid,
-        bucket: histogram::bucket(weight),
+        bucket: weight_bucket(deltas),
     };
     let bucket = match HISTOGRAMS.get_ptr_mut(&key) {
         Some(bucket) => bucket,

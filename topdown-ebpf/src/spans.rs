@@ -5,7 +5,8 @@
 //! Each thread keeps a stack of open spans. A span whose end never comes (an error that
 //! longjmps past it) is closed, as abandoned, at the next start found higher up the stack or at
 //! the same stack pointer with the same kind, at the end of an enclosing span, or at an abort
-//! site. Totals are kept per kind and key; string keys are hashed here and their text kept
+//! site. Totals are kept per kind, key and bucket of the span's weight (its distribution, in
+//! the lookup the totals need anyway); string keys are hashed here and their text kept
 //! once per hash. Everything else (names, normalising texts, folding workers) is user space's.
 
 use aya_ebpf::{
@@ -26,6 +27,7 @@ use topdown_common::{
 use crate::{
     counters::{current_ids, current_is_traced},
     functions::{probed_task, stack_pointer, virtual_counters_cached},
+    histogram::weight_bucket,
     maps::{NUM_COUNTERS, atomic_add, global},
     usdt::decode,
 };
@@ -40,7 +42,7 @@ pub(crate) static SPAN_STACKS: HashMap<u32, SpanStack> =
 #[map]
 static ZERO_SPAN_STACK: Array<SpanStack> = Array::with_max_entries(1, 0);
 
-/// Totals per span kind and key. Sized by user space (`--max-spans`).
+/// Totals per span kind, key and bucket. Sized by user space (`--max-spans`).
 #[map]
 pub(crate) static SPAN_TOTALS: HashMap<SpanKey, SpanTotals> =
     HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
@@ -437,7 +439,7 @@ fn close_top(stack: &mut SpanStack, flags: u32) {
         kind,
         flags,
         key_type,
-        _pad: 0,
+        bucket: weight_bucket(&stack.now),
         key,
     };
     let totals = match SPAN_TOTALS.get_ptr_mut(&span_key) {

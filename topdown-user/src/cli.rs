@@ -446,9 +446,10 @@ pub struct CountingArgs {
     )]
     pub postgres: Option<String>,
 
-    /// Capacity of the BPF map of span totals (one entry per span kind and key, and per kind
-    /// for abandoned spans); keys beyond it are counted in span_diagnostics.map_full.
-    #[arg(long = "max-spans", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    /// Capacity of the BPF map of span totals (one entry per span kind, key and bucket of the
+    /// per-span distribution in use, abandoned spans apart); spans beyond it are counted in
+    /// span_diagnostics.map_full.
+    #[arg(long = "max-spans", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_spans: u32,
 
     /// How USDT sites are linked: `auto` (uprobe.multi where the kernel has it) or `per-site`

@@ -191,10 +191,12 @@ fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) 
         .call_tree
         .iter_mut()
         .for_each(|edge| visit(&mut edge.inclusive));
-    report
-        .spans
-        .iter_mut()
-        .for_each(|span| visit(&mut span.entity));
+    for span in &mut report.spans {
+        visit(&mut span.entity);
+        if let Some(distribution) = &mut span.distribution {
+            distribution.entities_mut().for_each(&mut visit);
+        }
+    }
 }
 
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
@@ -407,10 +409,18 @@ pub fn recompute(report: &mut Report, model: &dyn crate::model::Model, level: u8
         entity.estimated = evaluation.estimated;
     });
     // Percentiles, like metrics, follow from what the file counted, not from what it says.
-    for function in &mut report.functions {
-        if let Some(distribution) = &mut function.distribution {
-            distribution.percentiles = distribution.estimate_percentiles();
-        }
+    let distributions = report
+        .functions
+        .iter_mut()
+        .filter_map(|function| function.distribution.as_mut())
+        .chain(
+            report
+                .spans
+                .iter_mut()
+                .filter_map(|span| span.distribution.as_mut()),
+        );
+    for distribution in distributions {
+        distribution.percentiles = distribution.estimate_percentiles();
     }
     fill_derived(report);
 }
@@ -959,13 +969,13 @@ pub(crate) mod tests {
                 .collect()
         };
         assert_eq!(
-            band("p50")[2..7],
-            ["100", "11", "[10,", "12)", "1000"],
+            band("p50")[1..7],
+            ["100", "p50", "11", "[10,", "12)", "1000"],
             "{table}"
         );
         assert_eq!(
-            band("p99")[2..7],
-            ["100", "980", "[896,", "1024)", "30"],
+            band("p99")[1..7],
+            ["100", "p99", "980", "[896,", "1024)", "30"],
             "{table}"
         );
     }

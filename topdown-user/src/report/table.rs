@@ -13,7 +13,10 @@ use super::{
     By, CallEdge, Entity, Report,
     layout::{Cells, layout, layout_twice, title},
 };
-use crate::model::{L1_METRICS, L2_METRICS, Name};
+use crate::{
+    functions::distribution::Distribution,
+    model::{L1_METRICS, L2_METRICS, Name},
+};
 
 pub fn write_table(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
     // Line by line into `out`: the table of every thread is not held whole.
@@ -557,6 +560,42 @@ fn functions_text(
 /// call) and one for its slow calls (the bucket of the 99th percentile): the per-call weight
 /// there, the bucket's calls and why they take that long.
 fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> String) -> String {
+    let split = report
+        .functions
+        .iter()
+        .any(|function| function.pid.is_some());
+    let mut names = vec!["FUNCTION"];
+    if split {
+        names.push("PID");
+    }
+    let entries = report.functions.iter().filter_map(|function| {
+        let mut name = vec![function.symbol.clone()];
+        if split {
+            name.push(function.pid.map(|pid| pid.to_string()).unwrap_or_default());
+        }
+        Some((name, function.distribution.as_ref()?))
+    });
+    bands_text(
+        "Per-call distribution (inclusive {unit} per call; p50: the median call's bucket, p99: \
+         the 99th percentile's)",
+        &names,
+        entries,
+        weight,
+        show,
+    )
+}
+
+/// A line for the fast calls (the bucket of the median call) and one for the slow calls (the
+/// bucket of the 99th percentile) of each entry (named by the `names` columns) with a
+/// distribution, under `title` (`{unit}` stands for the weight's unit): the per-call weight
+/// there, the bucket's calls and why they take that long. Empty without calls.
+pub(super) fn bands_text<'a>(
+    title: &str,
+    names: &[&str],
+    entries: impl Iterator<Item = (Vec<String>, &'a Distribution)>,
+    weight: &str,
+    show: &dyn Fn(u64) -> String,
+) -> String {
     let per_call = |value: f64| {
         if weight == "cpu-clock" {
             format!("{:.3}", value / 1e3)
@@ -569,15 +608,9 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
     } else {
         weight
     };
-    let split = report
-        .functions
-        .iter()
-        .any(|function| function.pid.is_some());
-    let mut header = vec!["FUNCTION".to_owned(), "BAND".to_owned()];
-    if split {
-        header.push("PID".to_owned());
-    }
+    let mut header: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
     header.extend([
+        "BAND".to_owned(),
         format!("{unit}/call"),
         "BUCKET".to_owned(),
         "IN BUCKET".to_owned(),
@@ -592,19 +625,14 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
         "WHY".to_owned(),
     ]);
     let mut rows = Vec::new();
-    for function in &report.functions {
-        let Some(distribution) = &function.distribution else {
-            continue;
-        };
+    for (name, distribution) in entries {
         for (label, quantile) in [("p50", 0.50), ("p99", 0.99)] {
             let Some((value, bucket)) = distribution.band(quantile) else {
                 continue;
             };
-            let mut row = vec![function.symbol.clone(), label.to_owned()];
-            if split {
-                row.push(function.pid.map(|pid| pid.to_string()).unwrap_or_default());
-            }
+            let mut row = name.clone();
             row.extend([
+                label.to_owned(),
                 per_call(value),
                 format!(
                     "[{}, {})",
@@ -622,10 +650,7 @@ fn distributions_text(report: &Report, weight: &str, show: &dyn Fn(u64) -> Strin
     if rows.is_empty() {
         return String::new();
     }
-    let mut text = format!(
-        "\nPer-call distribution (inclusive {unit} per call; p50: the median call's bucket, \
-         p99: the 99th percentile's)\n"
-    );
+    let mut text = format!("\n{}\n", title.replace("{unit}", unit));
     text += &layout(&header, &rows, 5);
     text
 }

@@ -5,10 +5,20 @@ use super::{
     Report,
     layout::{layout, title},
 };
-use crate::spans::report::SpanKeyType;
+use crate::spans::report::{SpanEntry, SpanKeyType};
 
 /// Characters of a key (a query text) shown in a cell; JSON has it whole.
 const KEY_WIDTH: usize = 72;
+
+/// A span's key as a cell: `-` for kinds without one, a query id with its text.
+fn shown_key(span: &SpanEntry) -> String {
+    let key = match (&span.key_type, &span.text) {
+        (SpanKeyType::None, _) => "-".to_owned(),
+        (SpanKeyType::QueryId, Some(text)) => format!("{} {text}", span.key),
+        _ => span.key.clone(),
+    };
+    shorten(&key)
+}
 
 pub(super) fn spans_text(
     report: &Report,
@@ -41,14 +51,9 @@ pub(super) fn spans_text(
             .iter()
             .map(|span| {
                 let amount = span.entity.counters.get(weight).copied().unwrap_or(0);
-                let key = match (&span.key_type, &span.text) {
-                    (SpanKeyType::None, _) => "-".to_owned(),
-                    (SpanKeyType::QueryId, Some(text)) => format!("{} {text}", span.key),
-                    _ => span.key.clone(),
-                };
                 let mut row = vec![
                     span.kind.clone(),
-                    shorten(&key),
+                    shown_key(span),
                     if span.folded > 0 {
                         format!("{} (+{} workers)", span.calls, span.folded)
                     } else {
@@ -76,6 +81,19 @@ pub(super) fn spans_text(
             .collect();
         text += "\nSpans (counts from start to end, nested spans included; abandoned spans not in them)\n";
         text += &layout(&header, &rows, 4);
+        text += &super::table::bands_text(
+            "Per-span distribution ({unit} per span from start to end; p50: the median span's \
+             bucket, p99: the 99th percentile's)",
+            &["SPAN", "KEY"],
+            report.spans.iter().filter_map(|span| {
+                Some((
+                    vec![span.kind.clone(), shown_key(span)],
+                    span.distribution.as_ref()?,
+                ))
+            }),
+            weight,
+            &show,
+        );
     }
     if !report.usdt.is_empty() {
         let header = ["PROBE".to_owned(), "TARGET".to_owned(), "HITS".to_owned()];

@@ -13,6 +13,7 @@ use topdown_common::usdt::{SpanKey, SpanStats, key_type, span_flags};
 
 use super::{KindInfo, normalize::normalize};
 use crate::{
+    functions::distribution::{BucketCounts, Distribution},
     model::{Counts, Evaluator, Model},
     report::entity::Entity,
     session::{
@@ -21,8 +22,8 @@ use crate::{
     },
 };
 
-/// One span kind and key's spans, as counted by the BPF side (abandoned and helpers' spans
-/// under keys of their own).
+/// One span kind, key and bucket's spans, as counted by the BPF side (abandoned and helpers'
+/// spans under keys of their own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpanCounts {
     pub key: SpanKey,
@@ -146,6 +147,11 @@ pub struct SpanEntry {
     /// The abandoned spans' counts, up to where each was closed (not in `counters`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abandoned_counters: Option<Counts>,
+    /// The spans that ended, by bucket of their count of the weight counter from start to end
+    /// (nested spans included; abandoned spans and folded helpers' are not calls and are in no
+    /// bucket). Absent when no span ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<Distribution>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -213,6 +219,8 @@ pub struct MergedSpan {
     pub folded: u64,
     pub counts: SlotCounts,
     pub abandoned_counts: SlotCounts,
+    /// The spans that ended, by bucket (several entries of one bucket when texts merged).
+    pub buckets: Vec<BucketCounts>,
 }
 
 /// The kind, key type and key string `span` reports under, and the text behind it.
@@ -253,7 +261,7 @@ fn key_of(
     (shown_kind, key_type, key, text)
 }
 
-/// Every kind and key of `aggregate`, heaviest first by `weight_slot` (then by kind and key).
+/// Every kind and key of `aggregate` (its buckets added up), heaviest first by `weight_slot` (then by kind and key).
 pub fn merge(
     naming: &SpanNaming,
     aggregate: &SpanAggregate,
@@ -282,6 +290,11 @@ pub fn merge(
         } else {
             entry.calls += span.spans;
             entry.counts += span.counts;
+            entry.buckets.push(BucketCounts {
+                bucket: span.key.bucket,
+                calls: span.spans,
+                counts: span.counts,
+            });
         }
     }
     let mut rows: Vec<MergedSpan> = merged.into_values().collect();
@@ -317,10 +330,20 @@ pub fn entries(
         .iter()
         .position(|name| name == model.weight_counter())
         .unwrap_or(0);
+    let entity = |counts: &SlotCounts| {
+        let evaluation = evaluator.evaluate(&counts.0, level);
+        Entity {
+            counters: namer.named(counts),
+            metrics: evaluation.metrics,
+            estimated: evaluation.estimated,
+            ..Entity::default()
+        }
+    };
     let spans = merge(naming, aggregate, weight_slot)
         .into_iter()
         .map(|merged| {
-            let evaluation = evaluator.evaluate(&merged.counts.0, level);
+            let distribution = (merged.calls > 0)
+                .then(|| Distribution::of(model.weight_counter(), merged.buckets, &entity));
             SpanEntry {
                 kind: naming.kind_name(merged.kind),
                 key: merged.key,
@@ -329,14 +352,10 @@ pub fn entries(
                 calls: merged.calls,
                 abandoned: merged.abandoned,
                 folded: merged.folded,
-                entity: Entity {
-                    counters: namer.named(&merged.counts),
-                    metrics: evaluation.metrics,
-                    estimated: evaluation.estimated,
-                    ..Entity::default()
-                },
+                entity: entity(&merged.counts),
                 abandoned_counters: (merged.abandoned > 0)
                     .then(|| namer.named(&merged.abandoned_counts)),
+                distribution,
             }
         })
         .collect();

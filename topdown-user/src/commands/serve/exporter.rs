@@ -1450,7 +1450,7 @@ topdown_series_overflow_total 1
                 kind: 0,
                 flags,
                 key_type: key_type::NOTE,
-                _pad: 0,
+                bucket: 0,
                 key: id,
             },
             spans,

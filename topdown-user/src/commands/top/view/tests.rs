@@ -394,6 +394,7 @@ fn the_spans_view_lists_queries_by_text() {
         folded: 0,
         entity: entity("slots", weight, &level_one(0.5, 0.1, 0.2, 0.2)),
         abandoned_counters: None,
+        distribution: None,
     };
     report.spans = vec![
         span("-42", Some("select $1"), 7, 300),
