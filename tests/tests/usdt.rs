@@ -354,6 +354,20 @@ fn span_distributions_are_exact_and_survive_a_replay() {
                 "100%"
             ]
         );
+        // The picture: a histogram for the span, a bar per bucket with its calls.
+        let svg = render("svg");
+        assert_eq!(
+            svg.matches(r#"<g class="histogram" data-symbol="request 6">"#)
+                .count(),
+            1,
+            "{svg}"
+        );
+        assert!(
+            svg.contains(r#"<g class="bucket" data-low="10" data-high="12" data-calls="1000">"#)
+        );
+        assert!(
+            svg.contains(r#"<g class="bucket" data-low="896" data-high="1024" data-calls="30">"#)
+        );
         let _ = std::fs::remove_file(&recording);
     }
 }

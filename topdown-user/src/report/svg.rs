@@ -14,7 +14,10 @@ pub use super::svg_parts::{
     BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
     NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
 };
-use super::{CallEdge, Entity, FunctionEntry, Report, Weight};
+use super::{
+    CallEdge, Entity, FunctionEntry, Report, Weight,
+    svg_distribution::{self as distribution, Of},
+};
 use crate::error::{Failure, fail};
 
 const FRAME_HEIGHT: f64 = 18.0;
@@ -414,7 +417,8 @@ pub fn write_svg(
         super::svg_spans::bars_height(report) + 24.0
     };
     let histograms_y = bars_y + 24.0 + rows * (BAR_HEIGHT + 4.0) + spans_height;
-    let height = histograms_y + super::svg_distribution::height(report) + MARGIN;
+    let span_histograms_y = histograms_y + distribution::height(report, Of::Functions);
+    let height = span_histograms_y + distribution::height(report, Of::Spans) + MARGIN;
 
     let mut svg = String::new();
     let _ = writeln!(
@@ -510,7 +514,8 @@ pub fn write_svg(
     if !report.spans.is_empty() {
         super::svg_spans::span_bars(report, bars_end + 24.0, &mut svg);
     }
-    super::svg_distribution::draw(report, histograms_y, show_pid, &mut svg);
+    distribution::draw(report, Of::Functions, histograms_y, show_pid, &mut svg);
+    distribution::draw(report, Of::Spans, span_histograms_y, show_pid, &mut svg);
     svg.push_str("</svg>\n");
     out.write_all(svg.as_bytes())?;
     Ok(())

@@ -1,5 +1,5 @@
-//! The SVG's per-call histograms: one panel per probed function with a distribution
-//! (`crate::functions::distribution`), heaviest first, a bar per bucket from the fastest to the
+//! The SVG's per-call histograms: one panel per probed function, or per span kind and key, with
+//! a distribution (`crate::functions::distribution`), heaviest first, a bar per bucket from the fastest to the
 //! slowest bucket with calls (empty ones between them drawn as gaps), each bar's height the
 //! bucket's calls on a log scale and its colours the bucket's level-1 TopDown split, with the p50
 //! and p99 marked.
@@ -24,24 +24,48 @@ const PANEL_GAP: f64 = 12.0;
 const MAX_PANELS: usize = 24;
 const CHAR_WIDTH: f64 = 6.7;
 
-fn panels(report: &Report) -> Vec<(&str, Option<u32>, &Distribution)> {
-    report
-        .functions
-        .iter()
-        .filter_map(|function| {
-            let distribution = function.distribution.as_ref()?;
-            (distribution.calls() > 0).then_some((
-                function.symbol.as_str(),
-                function.pid,
-                distribution,
-            ))
-        })
-        .collect()
+/// What the histograms are of: the functions' calls or the spans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Of {
+    Functions,
+    Spans,
 }
 
-/// The height the histograms take (0 without any).
-pub fn height(report: &Report) -> f64 {
-    let count = panels(report).len().min(MAX_PANELS);
+/// The distributions to draw, named, heaviest first (the report's order).
+fn panels(report: &Report, of: Of, show_pid: bool) -> Vec<(String, &Distribution)> {
+    fn drawn(distribution: &Option<Distribution>) -> Option<&Distribution> {
+        distribution
+            .as_ref()
+            .filter(|distribution| distribution.calls() > 0)
+    }
+    match of {
+        Of::Functions => report
+            .functions
+            .iter()
+            .filter_map(|function| {
+                let name = match function.pid {
+                    Some(pid) if show_pid => format!("{} [{pid}]", function.symbol),
+                    _ => function.symbol.clone(),
+                };
+                Some((name, drawn(&function.distribution)?))
+            })
+            .collect(),
+        Of::Spans => report
+            .spans
+            .iter()
+            .filter_map(|span| {
+                Some((
+                    super::svg_spans::span_name(span),
+                    drawn(&span.distribution)?,
+                ))
+            })
+            .collect(),
+    }
+}
+
+/// The height the histograms of `of` take (0 without any).
+pub fn height(report: &Report, of: Of) -> f64 {
+    let count = panels(report, of, false).len().min(MAX_PANELS);
     if count == 0 {
         return 0.0;
     }
@@ -50,36 +74,44 @@ pub fn height(report: &Report) -> f64 {
     24.0 + rows * (PANEL_HEIGHT + PANEL_GAP) + 16.0
 }
 
-/// Draws the histograms from `y` down; `show_pid`: label functions with their process.
-pub fn draw(report: &Report, y: f64, show_pid: bool, svg: &mut String) {
-    let panels = panels(report);
+/// Draws the histograms of `of` from `y` down; `show_pid`: label functions with their process.
+pub fn draw(report: &Report, of: Of, y: f64, show_pid: bool, svg: &mut String) {
+    let panels = panels(report, of, show_pid);
     if panels.is_empty() {
         return;
     }
     let weight = &report.weight_counter;
+    let (heading, rest) = match of {
+        Of::Functions => (
+            format!(
+                "Per-call distribution: calls per bucket of inclusive {weight} per call (log scale), coloured by each bucket's TopDown split; | p50, ¦ p99"
+            ),
+            "functions",
+        ),
+        Of::Spans => (
+            format!(
+                "Per-span distribution: spans per bucket of {weight} from start to end (log scale), coloured by each bucket's TopDown split; | p50, ¦ p99"
+            ),
+            "spans",
+        ),
+    };
     let _ = writeln!(
         svg,
         r#"<text class="heading" x="{MARGIN}" y="{}">{}</text>"#,
         y + 14.0,
-        escape(&format!(
-            "Per-call distribution: calls per bucket of inclusive {weight} per call (log scale), coloured by each bucket's TopDown split; | p50, ¦ p99"
-        ))
+        escape(&heading)
     );
     let panel_width = (WIDTH - 2.0 * MARGIN - PANEL_GAP * (COLUMNS - 1) as f64) / COLUMNS as f64;
-    for (index, (symbol, pid, distribution)) in panels.iter().take(MAX_PANELS).enumerate() {
+    for (index, (name, distribution)) in panels.iter().take(MAX_PANELS).enumerate() {
         let x = MARGIN + (index % COLUMNS) as f64 * (panel_width + PANEL_GAP);
         let top = y + 24.0 + (index / COLUMNS) as f64 * (PANEL_HEIGHT + PANEL_GAP);
-        let name = match pid {
-            Some(pid) if show_pid => format!("{symbol} [{pid}]"),
-            _ => (*symbol).to_owned(),
-        };
-        panel(distribution, &name, weight, x, top, panel_width, svg);
+        panel(distribution, name, weight, x, top, panel_width, svg);
     }
     if panels.len() > MAX_PANELS {
         let rows = MAX_PANELS.div_ceil(COLUMNS) as f64;
         let _ = writeln!(
             svg,
-            r#"<text x="{MARGIN}" y="{}">{} more functions with distributions (in the JSON report)</text>"#,
+            r#"<text x="{MARGIN}" y="{}">{} more {rest} with distributions (in the JSON report)</text>"#,
             y + 24.0 + rows * (PANEL_HEIGHT + PANEL_GAP) + 10.0,
             panels.len() - MAX_PANELS
         );
@@ -286,7 +318,7 @@ mod tests {
         distribution.buckets[0].entity = split(1.0, 0.0);
         distribution.buckets[1].entity = split(0.0, 1.0);
         let mut svg = String::new();
-        draw(&report, 0.0, false, &mut svg);
+        draw(&report, Of::Functions, 0.0, false, &mut svg);
         assert_eq!(svg.matches(r#"<g class="histogram""#).count(), 1, "{svg}");
         let bars: Vec<&str> = svg.split(r#"<g class="bucket""#).skip(1).collect();
         assert_eq!(bars.len(), 2);
@@ -309,6 +341,7 @@ mod tests {
         let bar_width = panel_width / 27.0;
         assert!(mark("p50") > MARGIN && mark("p50") < MARGIN + bar_width);
         assert!(mark("p99") > MARGIN + 26.0 * bar_width && mark("p99") < MARGIN + panel_width);
-        assert!(super::height(&report) > 0.0);
+        assert!(super::height(&report, Of::Functions) > 0.0);
+        assert_eq!(super::height(&report, Of::Spans), 0.0);
     }
 }

@@ -5,12 +5,23 @@ use std::fmt::Write as _;
 
 use super::{
     Report,
+    svg_distribution::{self as distribution, Of},
     svg_parts::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend},
 };
-use crate::spans::report::SpanKeyType;
+use crate::spans::report::{SpanEntry, SpanKeyType};
 
 /// Rows of span bars at most: a workload of thousands of distinct queries is a table's job.
 pub const MAX_BARS: usize = 200;
+
+/// How a picture names a span kind and key: the kind, then the key (a query id's text).
+pub fn span_name(span: &SpanEntry) -> String {
+    let key = match (&span.key_type, &span.text) {
+        (SpanKeyType::None, _) => String::new(),
+        (SpanKeyType::QueryId, Some(text)) => format!(" {text}"),
+        _ => format!(" {}", span.key),
+    };
+    format!("{}{key}", span.kind)
+}
 
 /// Height of `span_bars` for `report`.
 pub fn bars_height(report: &Report) -> f64 {
@@ -48,12 +59,7 @@ pub fn span_bars(report: &Report, y: f64, svg: &mut String) -> f64 {
         .max(1) as f64;
     let mut row_y = y + 24.0;
     for span in report.spans.iter().take(MAX_BARS) {
-        let key = match (&span.key_type, &span.text) {
-            (SpanKeyType::None, _) => String::new(),
-            (SpanKeyType::QueryId, Some(text)) => format!(" {text}"),
-            _ => format!(" {}", span.key),
-        };
-        let name = format!("{}{key}", span.kind);
+        let name = span_name(span);
         let amount = weight(&span.entity);
         let per_call = amount.checked_div(span.calls).unwrap_or(0);
         let figures = format!(
@@ -81,7 +87,8 @@ pub fn span_bars(report: &Report, y: f64, svg: &mut String) -> f64 {
 
 /// A picture of the spans alone (a report without probed functions).
 pub fn write_spans_svg(report: &Report, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let height = 72.0 + bars_height(report) + MARGIN;
+    let histograms_y = 64.0 + bars_height(report) + 8.0;
+    let height = histograms_y + distribution::height(report, Of::Spans) + MARGIN;
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -104,6 +111,7 @@ pub fn write_spans_svg(report: &Report, out: &mut dyn std::io::Write) -> anyhow:
     );
     legend(report, 44.0, &mut svg);
     span_bars(report, 64.0, &mut svg);
+    distribution::draw(report, Of::Spans, histograms_y, false, &mut svg);
     svg.push_str("</svg>\n");
     out.write_all(svg.as_bytes())?;
     Ok(())
