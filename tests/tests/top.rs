@@ -217,7 +217,9 @@ fn top_shows_the_selected_functions_distribution() {
     );
     pane.wait_for("the command exited (status 0)");
     pane.keys(&["d"]);
-    pane.wait_for("d shows the selected function's distribution: switch to functions with f");
+    pane.wait_for(
+        "d shows the selected function's or span's distribution: switch to functions with f or spans with r",
+    );
     pane.keys(&["f", "Down", "d"]);
     let screen = pane.wait_for("band: inclusive slots per call");
     assert!(

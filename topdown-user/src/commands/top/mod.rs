@@ -335,6 +335,10 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
     }
     ui.message = None;
     let show = |view: View, by: By, ui: &mut Ui| {
+        if ui.view != view {
+            // Rows of another view: the selection starts again from the top.
+            ui.selected = 0;
+        }
         ui.view = view;
         let counted = match by {
             By::Task => !report.tasks.is_empty() || report.processes.is_empty(),
@@ -382,14 +386,18 @@ fn handle_key(key: KeyEvent, ui: &mut Ui, report: &Report, header: &Header) -> A
         KeyCode::Char(' ') => ui.paused = !ui.paused,
         KeyCode::Up => ui.selected = ui.selected.saturating_sub(1),
         KeyCode::Down => {
-            ui.selected = (ui.selected + 1).min(report.functions.len().saturating_sub(1));
+            let rows = match ui.view {
+                View::Spans => report.spans.len(),
+                _ => report.functions.len(),
+            };
+            ui.selected = (ui.selected + 1).min(rows.saturating_sub(1));
         }
         KeyCode::Char('d') => {
-            if ui.view == View::Functions {
+            if ui.view.selects() {
                 ui.distribution = !ui.distribution;
             } else {
                 ui.message = Some(
-                    "d shows the selected function's distribution: switch to functions with f"
+                    "d shows the selected function's or span's distribution: switch to functions with f or spans with r"
                         .to_owned(),
                 );
             }

@@ -8,8 +8,10 @@ use ratatui::{
 };
 
 use crate::{
+    functions::distribution::Distribution,
     model::{L1_METRICS, L2_METRICS, Name},
     report::{Entity, Report},
+    spans::report::SpanEntry,
 };
 
 /// Which rows the table shows (a key switches between them).
@@ -43,6 +45,11 @@ impl View {
             View::Spans => ("CALLS", "SPAN"),
         }
     }
+
+    /// Whether up and down select a row, whose distribution `d` shows.
+    pub fn selects(self) -> bool {
+        matches!(self, View::Functions | View::Spans)
+    }
 }
 
 /// The row order (`s` cycles through them).
@@ -69,9 +76,9 @@ pub struct Ui {
     pub paused: bool,
     /// A one-line note for the user (a key that cannot apply, the command's exit).
     pub message: Option<String>,
-    /// The functions view's selected row (from the top; up and down move it).
+    /// The functions or spans view's selected row (from the top; up and down move it).
     pub selected: usize,
-    /// `d`: the functions view shows the selected function's per-call distribution.
+    /// `d`: the functions and spans views show the selected row's distribution.
     pub distribution: bool,
 }
 
@@ -122,8 +129,9 @@ pub struct Row {
     pub weight: u64,
     /// Fraction (0..1) of each shown category; `None` where the model has no value.
     pub fractions: Vec<Option<f64>>,
-    /// In the functions view: the row's index in the report's `functions`.
-    pub function: Option<usize>,
+    /// In the functions and spans views: the row's index in the report's `functions` or
+    /// `spans`.
+    pub entry: Option<usize>,
 }
 
 /// The categories shown at `level` for `report`, in fixed order (level-1 extras such as AMD's
@@ -211,7 +219,7 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
             .iter()
             .map(|category| entity.metrics.get(category).copied().flatten())
             .collect(),
-        function: None,
+        entry: None,
     };
     let mut rows: Vec<Row> = match ui.view {
         View::Processes => report
@@ -248,7 +256,7 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
                     |name| name.to_string_lossy().into_owned(),
                 );
                 Row {
-                    function: Some(index),
+                    entry: Some(index),
                     ..row(
                         f.calls.to_string(),
                         format!("{} ({target})", f.symbol),
@@ -260,15 +268,11 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
         View::Spans => report
             .spans
             .iter()
-            .filter(|span| span.calls > 0)
-            .map(|span| {
-                let key = span.text.as_ref().unwrap_or(&span.key);
-                let name = if key.is_empty() {
-                    span.kind.clone()
-                } else {
-                    format!("{} {key}", span.kind)
-                };
-                row(span.calls.to_string(), name, &span.entity)
+            .enumerate()
+            .filter(|(_, span)| span.calls > 0)
+            .map(|(index, span)| Row {
+                entry: Some(index),
+                ..row(span.calls.to_string(), span_name(span), &span.entity)
             })
             .collect(),
     };
@@ -457,14 +461,27 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     let help_y = bottom.saturating_sub(1);
     let mut rows_bottom = help_y;
     let rows = rows(report, ui, &categories);
-    let selected =
-        (ui.view == View::Functions && !rows.is_empty()).then(|| ui.selected.min(rows.len() - 1));
-    if ui.distribution && ui.view == View::Functions {
-        // The lower part of the screen, up to half of it, shows the selected function's calls.
+    let selected = (ui.view.selects() && !rows.is_empty()).then(|| ui.selected.min(rows.len() - 1));
+    if ui.distribution && ui.view.selects() {
+        // The lower part of the screen, up to half of it, shows the selected entry's calls.
         let room = (rows_bottom.saturating_sub(y)) / 2;
-        let function = selected
-            .and_then(|index| rows[index].function)
-            .and_then(|index| report.functions.get(index));
+        let entry = selected.and_then(|index| rows[index].entry);
+        let shown = match ui.view {
+            View::Functions => entry
+                .and_then(|index| report.functions.get(index))
+                .map(|f| Shown {
+                    name: f.symbol.clone(),
+                    distribution: f.distribution.as_ref(),
+                    per: "inclusive {weight} per call",
+                }),
+            _ => entry
+                .and_then(|index| report.spans.get(index))
+                .map(|span| Shown {
+                    name: span_name(span),
+                    distribution: span.distribution.as_ref(),
+                    per: "{weight} per span",
+                }),
+        };
         let panel_top = rows_bottom.saturating_sub(room);
         distribution_panel(
             buf,
@@ -472,7 +489,7 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
             panel_top,
             rows_bottom,
             report,
-            function,
+            shown,
             &categories,
         );
         rows_bottom = panel_top;
@@ -546,17 +563,35 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
     }
 }
 
-/// The selected function's per-call distribution (`crate::functions::distribution`) between `top`
-/// and `bottom`: a title with its percentiles, then a line per bucket, slowest at the bottom, with
-/// its bounds, calls, a bar of its calls (log scale) in its categories' colours and why its
-/// calls take that long. Keeps to the last buckets when they do not all fit.
+/// What the distribution panel shows: the selected function or span.
+struct Shown<'a> {
+    name: String,
+    distribution: Option<&'a Distribution>,
+    /// What a bucket's values are, `{weight}` standing for the weight counter.
+    per: &'static str,
+}
+
+/// How the spans view names a span kind and key: by its text where it has one (a query id's).
+fn span_name(span: &SpanEntry) -> String {
+    let key = span.text.as_ref().unwrap_or(&span.key);
+    if key.is_empty() {
+        span.kind.clone()
+    } else {
+        format!("{} {key}", span.kind)
+    }
+}
+
+/// The selected function's or span's distribution (`crate::functions::distribution`) between
+/// `top` and `bottom`: a title with its percentiles, then a line per bucket, slowest at the
+/// bottom, with its bounds, calls, a bar of its calls (log scale) in its categories' colours and
+/// why its calls take that long. Keeps to the last buckets when they do not all fit.
 fn distribution_panel(
     buf: &mut Buffer,
     area: Rect,
     top: u16,
     bottom: u16,
     report: &Report,
-    function: Option<&crate::report::FunctionEntry>,
+    shown: Option<Shown<'_>>,
     categories: &[String],
 ) {
     if top >= bottom {
@@ -569,22 +604,22 @@ fn distribution_panel(
             .0
     };
     let weight = &report.weight_counter;
-    let Some(function) = function else {
+    let Some(shown) = shown else {
         put(
             buf,
             area.x,
             y,
-            "no function selected (f, then up/down)",
+            "nothing selected (up/down select a row)",
             Style::default(),
         );
         return;
     };
-    let Some(distribution) = function.distribution.as_ref().filter(|d| d.calls() > 0) else {
+    let Some(distribution) = shown.distribution.filter(|d| d.calls() > 0) else {
         put(
             buf,
             area.x,
             y,
-            &format!("{}: no calls in a histogram this refresh", function.symbol),
+            &format!("{}: no calls in a histogram this refresh", shown.name),
             Style::default(),
         );
         return;
@@ -598,8 +633,9 @@ fn distribution_panel(
         area.x,
         y,
         &format!(
-            "{}: inclusive {weight} per call  {percentiles}",
-            function.symbol
+            "{}: {}  {percentiles}",
+            shown.name,
+            shown.per.replace("{weight}", weight)
         ),
         Style::default().add_modifier(Modifier::BOLD),
     );

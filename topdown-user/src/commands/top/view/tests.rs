@@ -419,3 +419,64 @@ fn the_spans_view_lists_queries_by_text() {
     let buf = screen(&report, &Ui::new(1), 140, 7);
     assert!(text(&buf, 6).contains("p/t/c/f/r processes/threads/cgroups/functions/spans"));
 }
+
+/// `d` in the spans view: the selected span's distribution, a line per bucket with its calls
+/// and why, as the functions view shows a function's.
+#[test]
+fn the_spans_view_shows_the_selected_spans_distribution() {
+    use crate::{
+        functions::distribution::{BucketCounts, Distribution},
+        session::slot_counts::SlotCounts,
+        spans::report::{SpanEntry, SpanKeyType},
+    };
+    let mut report = report();
+    let bucket = |weight: u64, calls: u64| BucketCounts {
+        bucket: topdown_common::histogram::bucket(weight),
+        calls,
+        counts: SlotCounts::ZERO,
+    };
+    let mut distribution = Distribution::of("slots", [bucket(10, 1000), bucket(1000, 30)], &|_| {
+        Entity::default()
+    });
+    distribution.buckets[0].entity = entity("slots", 10_000, &level_one(1.0, 0.0, 0.0, 0.0));
+    distribution.buckets[1].entity = entity("slots", 30_000, &level_one(0.0, 0.0, 0.0, 1.0));
+    report.spans = vec![SpanEntry {
+        kind: "request".to_owned(),
+        key: "6".to_owned(),
+        key_type: SpanKeyType::Integer,
+        text: None,
+        calls: 1030,
+        abandoned: 0,
+        folded: 0,
+        entity: entity("slots", 40_000, &level_one(0.25, 0.0, 0.0, 0.75)),
+        abandoned_counters: None,
+        distribution: Some(distribution),
+    }];
+    let ui = Ui {
+        view: View::Spans,
+        distribution: true,
+        ..Ui::new(1)
+    };
+    let buf = screen(&report, &ui, 120, 16);
+    let lines: Vec<String> = (0..16).map(|y| text(&buf, y)).collect();
+    let line = |needle: &str| -> Vec<String> {
+        lines
+            .iter()
+            .find(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {lines:#?}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        line("per span").join(" "),
+        "request 6: slots per span p50 11 p90 12 p99 980"
+    );
+    let fast = line("[10, 12)");
+    assert_eq!([&fast[2], &fast[4], &fast[5]], ["1000", "retiring", "100%"]);
+    let slow = line("[896, 1024)");
+    assert_eq!(
+        [&slow[2], &slow[4], &slow[5]],
+        ["30", "backend_bound", "100%"]
+    );
+}
