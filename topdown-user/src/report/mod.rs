@@ -23,6 +23,7 @@ pub mod svg_distribution;
 pub mod svg_parts;
 mod svg_spans;
 pub mod table;
+mod table_bands;
 mod table_spans;
 
 pub use entity::Entity;

@@ -10,7 +10,7 @@ use topdown_common::histogram;
 
 use super::{
     Report,
-    svg_parts::{CATEGORIES, Category, MARGIN, NEUTRAL, WIDTH, escape},
+    svg_parts::{CATEGORIES, Category, MARGIN, NEUTRAL, WIDTH, escape, span_name},
 };
 use crate::functions::distribution::{Bucket, Distribution};
 
@@ -53,12 +53,7 @@ fn panels(report: &Report, of: Of, show_pid: bool) -> Vec<(String, &Distribution
         Of::Spans => report
             .spans
             .iter()
-            .filter_map(|span| {
-                Some((
-                    super::svg_spans::span_name(span),
-                    drawn(&span.distribution)?,
-                ))
-            })
+            .filter_map(|span| Some((span_name(span), drawn(&span.distribution)?)))
             .collect(),
     }
 }

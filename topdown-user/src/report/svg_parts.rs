@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{Entity, Report};
+use crate::spans::report::{SpanEntry, SpanKeyType};
 
 /// Drawing width in pixels; frames share it minus the margins.
 pub const WIDTH: f64 = 1200.0;
@@ -224,4 +225,14 @@ pub fn bar_row(
         row_y + 12.0,
         escape(figures)
     );
+}
+
+/// How a picture names a span kind and key: the kind, then the key (a query id's text).
+pub fn span_name(span: &SpanEntry) -> String {
+    let key = match (&span.key_type, &span.text) {
+        (SpanKeyType::None, _) => String::new(),
+        (SpanKeyType::QueryId, Some(text)) => format!(" {text}"),
+        _ => format!(" {}", span.key),
+    };
+    format!("{}{key}", span.kind)
 }

@@ -6,22 +6,11 @@ use std::fmt::Write as _;
 use super::{
     Report,
     svg_distribution::{self as distribution, Of},
-    svg_parts::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend},
+    svg_parts::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend, span_name},
 };
-use crate::spans::report::{SpanEntry, SpanKeyType};
 
 /// Rows of span bars at most: a workload of thousands of distinct queries is a table's job.
 pub const MAX_BARS: usize = 200;
-
-/// How a picture names a span kind and key: the kind, then the key (a query id's text).
-pub fn span_name(span: &SpanEntry) -> String {
-    let key = match (&span.key_type, &span.text) {
-        (SpanKeyType::None, _) => String::new(),
-        (SpanKeyType::QueryId, Some(text)) => format!(" {text}"),
-        _ => format!(" {}", span.key),
-    };
-    format!("{}{key}", span.kind)
-}
 
 /// Height of `span_bars` for `report`.
 pub fn bars_height(report: &Report) -> f64 {

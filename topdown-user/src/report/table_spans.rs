@@ -81,7 +81,7 @@ pub(super) fn spans_text(
             .collect();
         text += "\nSpans (counts from start to end, nested spans included; abandoned spans not in them)\n";
         text += &layout(&header, &rows, 4);
-        text += &super::table::bands_text(
+        text += &super::table_bands::bands_text(
             "Per-span distribution ({unit} per span from start to end; p50: the median span's \
              bucket, p99: the 99th percentile's)",
             &["SPAN", "KEY"],

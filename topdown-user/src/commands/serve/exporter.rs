@@ -262,6 +262,8 @@ pub struct Exporter {
     sampling: Option<Sampling>,
     /// Per-call histograms of the functions with series of their own.
     histograms: CallHistograms,
+    /// Per-span histograms of the span kinds and keys with series of their own.
+    span_histograms: CallHistograms,
 }
 
 /// Configuration reloads by outcome.
@@ -289,7 +291,8 @@ impl Exporter {
             map_entries: [("tasks", 0), ("cgroups", 0)],
             config_reloads: Reloads::default(),
             sampling: None,
-            histograms: CallHistograms::default(),
+            histograms: CallHistograms::new(distributions::FUNCTIONS),
+            span_histograms: CallHistograms::new(distributions::SPANS),
         }
     }
 
@@ -594,9 +597,21 @@ impl Exporter {
                 now,
             );
             if span.abandoned > 0 {
-                let series = self.span_series(labels, now, !added);
+                let series = self.span_series(labels.clone(), now, !added);
                 series.abandoned += span.abandoned;
                 series.last_change = now;
+            }
+            // A histogram only for a key with a series of its own, as for functions: `other`
+            // would mix unrelated keys' spans.
+            let owner: Vec<String> = labels.into_iter().map(|(_, value)| value).collect();
+            if !span.buckets.is_empty() && self.series.contains_key(&span_key(&owner)) {
+                self.span_histograms.add(owner, &span.buckets, &|slots| {
+                    valuation
+                        .slots(slots)
+                        .into_iter()
+                        .map(|(name, value)| (name.to_owned(), value))
+                        .collect()
+                });
             }
         }
     }
@@ -618,8 +633,14 @@ impl Exporter {
         });
         self.expired += (before - self.series.len()) as u64;
         let series = &self.series;
-        self.histograms
-            .retain(&|labels| series.contains_key(&function_key(labels)));
+        self.histograms.retain(&|labels| match labels {
+            [function, target] => {
+                series.contains_key(&function_key(&(function.clone(), target.clone())))
+            }
+            _ => false,
+        });
+        self.span_histograms
+            .retain(&|labels| series.contains_key(&span_key(labels)));
     }
 
     /// The Prometheus text exposition of every series and of the exporter itself, encoded
@@ -627,6 +648,19 @@ impl Exporter {
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.collect())
     }
+}
+
+/// The key of a span kind and key's series (label values `span`, `key`, `text`), whose presence
+/// exports its histogram.
+fn span_key(values: &[String]) -> (FamilyKind, Labels) {
+    (
+        FamilyKind::Span,
+        ["span", "key", "text"]
+            .iter()
+            .zip(values)
+            .map(|(name, value)| ((*name).to_owned(), value.clone()))
+            .collect(),
+    )
 }
 
 /// The key of a function's inclusive series, whose presence exports its histogram.
@@ -924,6 +958,9 @@ fn specs() -> impl Iterator<Item = Spec> {
             distributions::CALL_SLOTS,
             distributions::P99_BAND_SLOTS,
             distributions::P99_BAND_LE,
+            distributions::SPAN_SLOTS,
+            distributions::SPAN_P99_BAND_SLOTS,
+            distributions::SPAN_P99_BAND_LE,
         ])
 }
 
@@ -1038,6 +1075,7 @@ impl Collector for Exporter {
             families.push(MAP_ENTRIES, &[map], count as f64);
         }
         self.histograms.collect(&mut families, &self.model);
+        self.span_histograms.collect(&mut families, &self.model);
         families.finish()
     }
 }
@@ -1450,7 +1488,7 @@ topdown_series_overflow_total 1
                 kind: 0,
                 flags,
                 key_type: key_type::NOTE,
-                bucket: 0,
+                bucket: topdown_common::histogram::bucket(weight / spans),
                 key: id,
             },
             spans,
@@ -1502,6 +1540,44 @@ topdown_series_overflow_total 1
             "{text}"
         );
         assert_eq!(value(&text, "topdown_series_overflow_total"), Some(2.0));
+        // A histogram per key with a series of its own (3 spans of 100 slots: [96, 112); 4 of
+        // 50: [48, 56)), none for `other`.
+        let histogram = |key: &str, le: &str| {
+            value(
+                &text,
+                &format!(
+                    r#"topdown_span_call_slots_bucket{{key="{key}",span="query",text="",le="{le}"}}"#
+                ),
+            )
+        };
+        assert_eq!(histogram("2", "111"), Some(3.0), "{text}");
+        assert_eq!(histogram("2", "+Inf"), Some(3.0), "{text}");
+        assert_eq!(histogram("4", "55"), Some(4.0), "{text}");
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_span_call_slots_sum{key="2",span="query",text=""}"#
+            ),
+            Some(300.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_span_p99_band_le{key="4",span="query",text=""}"#
+            ),
+            Some(55.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"topdown_span_p99_band_slots{category="total",key="2",model="intel-icl",span="query",text=""}"#
+            ),
+            Some(300.0)
+        );
+        assert!(
+            !text.contains(r#"topdown_span_call_slots_count{key="other""#),
+            "{text}"
+        );
     }
 
     #[test]
