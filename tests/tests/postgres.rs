@@ -332,6 +332,29 @@ fn calls_per_query_equal_pg_stat_statements() {
         assert_eq!(span["key_type"], "query_id");
         assert_eq!(span["calls"], *calls, "{query}: {span}");
         assert_eq!(span["abandoned"], 0, "{query}");
+        // Its distribution holds every execution once, and its buckets add up to its counts.
+        let buckets = span["distribution"]["buckets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{query}: no distribution in {span}"));
+        let in_buckets: u64 = buckets.iter().map(|b| b["calls"].as_u64().unwrap()).sum();
+        assert_eq!(in_buckets, *calls, "{query}: {span}");
+        for name in report["counter_names"].as_array().unwrap() {
+            let name = name.as_str().unwrap();
+            let summed: u64 = buckets.iter().map(|bucket| counter(bucket, name)).sum();
+            assert_eq!(summed, counter(span, name), "{query} {name}: {span}");
+        }
+        for bucket in buckets {
+            let (low, high) = (
+                bucket["low"].as_u64().unwrap(),
+                bucket["high"].as_u64().unwrap(),
+            );
+            let slots = counter(bucket, "slots");
+            let calls = bucket["calls"].as_u64().unwrap();
+            assert!(
+                low * calls <= slots && slots < high * calls,
+                "{query}: a bucket's slots lie within its bounds per execution: {bucket}"
+            );
+        }
     }
     // The workload itself, as pg_stat_statements saw it (texts with the same id summed: a
     // constant and a parameter give different ids).
