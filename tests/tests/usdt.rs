@@ -547,15 +547,22 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
     }
 }
 
-/// `-- CMD` puts its USDT sites into the command's processes only (issue 21's scope rule): an
-/// untraced process of the same binary keeps its semaphore at 0 and never traps, while the
-/// command's guarded probe fires at every call.
+/// `-- CMD` puts its USDT sites into the command's processes only (issue 21's scope rule), with
+/// uprobe.multi links and with one perf link per site alike: an untraced process of the same
+/// binary keeps its semaphore at 0 and never traps, while the command's guarded probe fires at
+/// every call.
 #[test]
 fn an_untraced_process_keeps_its_semaphore_at_zero() {
     if !privileged() {
         return;
     }
     let _serial = serial();
+    for links in ["auto", "per-site"] {
+        untraced_process_beside(links);
+    }
+}
+
+fn untraced_process_beside(links: &str) {
     let program = &programs().no_pie;
     let watcher = Command::new(program)
         .arg("watch")
@@ -572,8 +579,11 @@ fn an_untraced_process_keeps_its_semaphore_at_zero() {
         writeln!(input, "?").unwrap();
         lines.next().unwrap().unwrap()
     };
-    assert_eq!(semaphore(), "semaphore 0");
-    let out = std::env::temp_dir().join(format!("topdown-usdt-beside-{}.json", std::process::id()));
+    assert_eq!(semaphore(), "semaphore 0", "{links}");
+    let out = std::env::temp_dir().join(format!(
+        "topdown-usdt-beside-{links}-{}.json",
+        std::process::id()
+    ));
     // The command fires its guarded probe 25 times, then stays a while so the watcher is
     // asked while topdown's probes are attached.
     let script = format!("{} guarded 25 && sleep 2", program.display());
@@ -583,6 +593,8 @@ fn an_untraced_process_keeps_its_semaphore_at_zero() {
                 "stat",
                 "--pmu",
                 "synthetic:intel-icl",
+                "--usdt-links",
+                links,
                 "--format",
                 "json",
                 "-o",
@@ -597,22 +609,22 @@ fn an_untraced_process_keeps_its_semaphore_at_zero() {
     assert_eq!(
         semaphore(),
         "semaphore 0",
-        "while topdown traced the command"
+        "{links}: while topdown traced the command"
     );
     let status = tracer.child().wait().unwrap();
-    assert!(status.success(), "{status}");
+    assert!(status.success(), "{links}: {status}");
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut tracer.child().stdout.take().unwrap(), &mut stdout).unwrap();
-    assert_eq!(stdout, "fired 25\n");
+    assert_eq!(stdout, "fired 25\n", "{links}");
     let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let _ = std::fs::remove_file(&out);
-    assert_eq!(report["usdt"][0]["hits"], 25, "{}", report["usdt"]);
-    assert_eq!(semaphore(), "semaphore 0", "after topdown");
+    assert_eq!(report["usdt"][0]["hits"], 25, "{links}: {}", report["usdt"]);
+    assert_eq!(semaphore(), "semaphore 0", "{links}: after topdown");
     assert!(
         !std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .unwrap()
             .contains("[uprobes]"),
-        "the untraced process hit a probe"
+        "{links}: the untraced process hit a probe"
     );
 }
 

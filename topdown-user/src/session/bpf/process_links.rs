@@ -8,7 +8,10 @@
 //!
 //! The templates (program, file, offsets, cookies) are what `Session::attach_functions`
 //! would attach machine-wide; USDT and other per-process probes can register theirs the same
-//! way.
+//! way. USDT sites linked one by one (`--usdt-links per-site`, the mechanism of kernels before
+//! 6.6) are scoped the same way with a perf uprobe event per site opened for the process: the
+//! kernel puts its breakpoint (and raises its semaphore) only in the processes whose
+//! mm one of the event's targets has (`uprobe_perf_filter`, kernel/trace/trace_uprobe.c).
 
 use std::{
     collections::BTreeMap,
@@ -58,6 +61,8 @@ pub struct LinkTemplate {
     /// in the linked process only.
     ref_ctr_offsets: Vec<u64>,
     returns: bool,
+    /// One perf uprobe event and perf link per point instead of one uprobe.multi link.
+    per_site: bool,
 }
 
 impl LinkTemplate {
@@ -76,7 +81,15 @@ impl LinkTemplate {
             cookies: points.iter().map(|(_, cookie)| *cookie).collect(),
             ref_ctr_offsets: Vec::new(),
             returns,
+            per_site: false,
         })
+    }
+
+    /// The same probes, each point linked on its own (a perf uprobe event and a perf link):
+    /// the mechanism of kernels without uprobe.multi.
+    pub fn per_site(mut self) -> Self {
+        self.per_site = true;
+        self
     }
 
     /// The same probes with a semaphore file offset per point (0: none), in point order.
@@ -94,8 +107,35 @@ impl LinkTemplate {
         Ok(self)
     }
 
-    /// The link of these probes for process `pid`.
-    fn link(&self, pid: u32) -> std::io::Result<OwnedFd> {
+    /// The links of these probes for process `pid`: one uprobe.multi link, or per point a
+    /// perf link and its event.
+    fn links(&self, pid: u32) -> std::io::Result<Vec<OwnedFd>> {
+        if !self.per_site {
+            return Ok(vec![self.multi_link(pid)?]);
+        }
+        use std::os::{fd::AsFd as _, unix::ffi::OsStrExt as _};
+        let path = Path::new(std::ffi::OsStr::from_bytes(self.path.as_bytes()));
+        let mut links = Vec::with_capacity(2 * self.offsets.len());
+        for (index, (offset, cookie)) in self.offsets.iter().zip(&self.cookies).enumerate() {
+            let point = crate::spans::usdt::attach::Point {
+                offset: *offset,
+                ref_ctr_offset: self.ref_ctr_offsets.get(index).copied().unwrap_or(0),
+                cookie: *cookie,
+            };
+            let [link, event] = crate::spans::usdt::attach::perf(
+                self.program.as_fd(),
+                path,
+                &point,
+                pid,
+                self.returns,
+            )?;
+            links.extend([event, link]);
+        }
+        Ok(links)
+    }
+
+    /// The uprobe.multi link of these probes for process `pid`.
+    fn multi_link(&self, pid: u32) -> std::io::Result<OwnedFd> {
         let attr = LinkCreateAttr {
             prog_fd: self.program.as_raw_fd() as u32,
             attach_type: BPF_TRACE_UPROBE_MULTI,
@@ -147,7 +187,8 @@ impl LinkTemplate {
 struct State {
     /// In attach order (return side first, entries last): links are created in it.
     templates: Vec<LinkTemplate>,
-    /// Each followed process's links, one per template, in template order.
+    /// Each followed process's links, in template order (one per uprobe.multi template, two per
+    /// point of a per-site one).
     links: BTreeMap<u32, Vec<OwnedFd>>,
 }
 
@@ -176,9 +217,9 @@ impl ProcessLinks {
         }
         let mut links = Vec::with_capacity(state.templates.len());
         for template in &state.templates {
-            links.push(
+            links.extend(
                 template
-                    .link(pid)
+                    .links(pid)
                     .with_context(|| format!("attaching {} to pid {pid}", template.describe()))?,
             );
         }
@@ -212,9 +253,9 @@ impl ProcessLinks {
         for pid in pids {
             let mut links = Vec::with_capacity(templates.len());
             for template in &templates {
-                links.push(
+                links.extend(
                     template
-                        .link(pid)
+                        .links(pid)
                         .with_context(|| format!("attaching {}", template.describe()))?,
                 );
             }

@@ -127,10 +127,10 @@ impl Session {
                 None => groups.push((key, vec![point])),
             }
         }
-        if multi && let Some(followed) = self.followed.clone() {
+        if let Some(followed) = self.followed.clone() {
             // `-- CMD`: the sites go into the command's processes only, like its functions, so
             // an untraced process of the same binary neither traps nor has its semaphores
-            // raised.
+            // raised; linked one by one as well as through uprobe.multi.
             let mut templates = Vec::with_capacity(groups.len());
             for ((target, retprobe), points) in &groups {
                 let owned = program
@@ -152,11 +152,25 @@ impl Session {
                     )?,
                 );
             }
+            if !multi {
+                templates = templates
+                    .into_iter()
+                    .map(super::process_links::LinkTemplate::per_site)
+                    .collect();
+            }
             followed.add(templates)?;
             return Ok(UsdtLinks {
                 _fds: Vec::new(),
-                mode: AttachMode::Multi,
-                links: groups.len(),
+                mode: if multi {
+                    AttachMode::Multi
+                } else {
+                    AttachMode::PerPoint
+                },
+                links: if multi {
+                    groups.len()
+                } else {
+                    groups.iter().map(|(_, points)| points.len()).sum()
+                },
             });
         }
         for ((target, retprobe), points) in &groups {
