@@ -12,12 +12,15 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, SOFTWARE, SYNTHETIC, added_over, command_text, libc_kill,
-    machine_text, median, ratio, start_tracer, strings, write_section,
+    Config, LoadReport, MachineLoad, SOFTWARE, SYNTHETIC, added_over, command_text,
+    enable_bpf_stats, libc_kill, machine_text, median, ratio, start_tracer, strings,
+    uprobe_program_time, write_section,
 };
 use crate::cmd;
 
 const SPAN_ROUNDS: usize = 5;
+/// Rounds of the kernel's timing of the probe programs (statistics on), after the others.
+const PROGRAM_ROUNDS: usize = 3;
 const SPANS: &str = "100000";
 /// pgbench rounds, seconds per run and clients.
 const PGBENCH_ROUNDS: usize = 3;
@@ -61,10 +64,30 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         ]));
         argv
     };
+    // The same probes machine-wide beside spanbench, as the floors run, so the kernel's run
+    // time of its uprobe programs can be read before and after spanbench's run.
+    let topdown_beside = |pmu: &str, key: &str| {
+        strings(&[
+            &td,
+            "stat",
+            "-a",
+            "--pmu",
+            pmu,
+            "--format",
+            "json",
+            "-o",
+            "/dev/null",
+            "--span",
+            &format!("s={bench}:bench:start..bench:end{key}"),
+        ])
+    };
     let mut configs = vec![
         Config::new("no probes", None, None),
         Config::new(BPFTRACE_SPAN_NAME, None, None),
     ];
+    // Per configuration, the tracer whose programs the statistics rounds time (none for the
+    // unprobed run and bpftrace).
+    let mut timed: Vec<Option<Vec<String>>> = vec![None, None];
     let mut runs = vec![
         Run::Alone(vec![bench.clone(), SPANS.to_owned()]),
         Run::Alone(strings(&[
@@ -77,7 +100,7 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     ];
     for pmu in [SOFTWARE, SYNTHETIC] {
         configs.push(Config::new(span_floor_name(pmu), None, None));
-        runs.push(Run::Beside(strings(&[
+        let floor_argv = strings(&[
             &floor.display().to_string(),
             "--pmu",
             pmu,
@@ -85,7 +108,9 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
             &format!("{bench}:bench:start"),
             "-U",
             &format!("{bench}:bench:end"),
-        ])));
+        ]);
+        timed.push(Some(floor_argv.clone()));
+        runs.push(Run::Beside(floor_argv));
         for (what, key) in [("no key", ""), ("key=arg0", ",key=arg0")] {
             configs.push(Config::new(
                 format!("topdown --span ({what}) --pmu {pmu}"),
@@ -93,6 +118,7 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
                 Some(span_floor_name(pmu)),
             ));
             runs.push(Run::Alone(topdown_run(pmu, key)));
+            timed.push(Some(topdown_beside(pmu, key)));
         }
     }
     let mut load = MachineLoad::start();
@@ -110,7 +136,51 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         }
         load.sample();
     }
+    let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..PROGRAM_ROUNDS {
+        for (index, (config, tracer)) in configs.iter().zip(&timed).enumerate() {
+            let Some(tracer) = tracer else {
+                continue;
+            };
+            let value = program_time_per_span(tracer, &bench)
+                .with_context(|| format!("program round {round}: {}", config.name))?;
+            println!(
+                "spans, program round {}: {:<60} {value:>10.1} ns/span",
+                round + 1,
+                config.name
+            );
+            program_samples[index].push(value);
+        }
+        load.sample();
+    }
     let load = load.finish();
+    // Per round, each topdown row's added cost over its floor's, measured minutes apart at
+    // most: how far the ratio of the medians can be trusted.
+    let floor_index = |config: &Config| {
+        configs
+            .iter()
+            .position(|other| Some(&other.name) == config.floor.as_ref())
+    };
+    let round_ratios: Vec<Option<(f64, f64, f64)>> = configs
+        .iter()
+        .enumerate()
+        .map(|(index, config)| {
+            let floor = floor_index(config)?;
+            let mut ratios: Vec<f64> = (0..SPAN_ROUNDS)
+                .map(|round| {
+                    (samples[index][round] - samples[0][round])
+                        / (samples[floor][round] - samples[0][round])
+                })
+                .collect();
+            let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            Some((median(&mut ratios), low, high))
+        })
+        .collect();
+    let program_medians: Vec<Option<f64>> = program_samples
+        .iter_mut()
+        .map(|values| (!values.is_empty()).then(|| median(values)))
+        .collect();
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
     let added = added_over(&configs, &medians, BPFTRACE_SPAN_NAME);
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
@@ -122,18 +192,30 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
          uprobe at each of the two sites that reads the same counters (topdown's counter plan \
          for that `--pmu`) and does nothing else. Issue 23's bound: a span at most 1.2x its \
          floor. Uprobes trap into the kernel, and traps are slow in this VM: compare the \
-         ratios, not the absolute figures.\n\n",
+         ratios, not the absolute figures. `per round` is each round's own ratio (a row and \
+         its floor a few seconds apart): median and range. Then {PROGRAM_ROUNDS} rounds with \
+         the kernel's BPF statistics on time the tracers' uprobe programs over spanbench's \
+         run (topdown machine-wide, `stat -a --span`, beside spanbench as the floor runs): \
+         `BPF program ns per span` (median) is the probes' own cost without the traps, which \
+         other load does not move.\n\n",
         command_text(),
         load_text(&load)
     );
-    section += "| configuration | ns per span | added over no probes | added / its floor's | added / bpftrace's |\n|---|---:|---:|---:|---:|\n";
+    section += "| configuration | ns per span | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per span | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
+        let program_ratio = floor_index(config)
+            .and_then(|floor| Some(program_medians[index]? / program_medians[floor]?));
         section += &format!(
-            "| {} | {value:.1} | {:+.1} | {} | {} |\n",
+            "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
             config.name,
             added.added[index],
             ratio(added.per_floor[index]),
-            ratio(added.per_bpftrace[index])
+            round_ratios[index].map_or("-".to_owned(), |(middle, low, high)| format!(
+                "{middle:.2}x ({low:.2}-{high:.2})"
+            )),
+            ratio(added.per_bpftrace[index]),
+            program_medians[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+            ratio(program_ratio)
         );
     }
     write_section("## Per-span cost", &section)
@@ -149,6 +231,25 @@ fn load_text(load: &LoadReport) -> String {
             .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
             .unwrap_or_default()
     )
+}
+
+/// The kernel's run time of `tracer`'s uprobe programs over one spanbench run, per span
+/// (BPF statistics on while it runs).
+fn program_time_per_span(tracer: &[String], bench: &str) -> Result<f64> {
+    let _stats = enable_bpf_stats()?;
+    let mut child = start_tracer(tracer)?;
+    let before = uprobe_program_time(child.id());
+    let out = cmd::output(Command::new(bench).arg(SPANS));
+    let after = uprobe_program_time(child.id());
+    // SAFETY: signalling our own child.
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let _ = child.wait();
+    out?;
+    let spans: f64 = SPANS.parse()?;
+    match (before, after) {
+        (Some(before), Some(after)) if after > before => Ok((after - before) as f64 / spans),
+        _ => bail!("no uprobe program time read from the tracer's descriptors"),
+    }
 }
 
 fn measure_spans(run: &Run, bench: &str) -> Result<f64> {
