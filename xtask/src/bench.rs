@@ -45,6 +45,8 @@ const ISSUE_11_BOUND: f64 = 1.2;
 const ISSUE_28_BOUND: f64 = 1.2;
 /// Rounds and calls per round of the per-call section.
 const CALL_ROUNDS: usize = 3;
+/// Rounds of the kernel's timing of the probe programs (statistics on), after the others.
+const PROGRAM_ROUNDS: usize = 3;
 const CALLS: &str = "100000";
 /// Function counts whose attach time is measured, and rounds per count.
 const ATTACH_COUNTS: [usize; 4] = [1, 100, 1000, 10000];
@@ -658,6 +660,79 @@ fn ratio(value: Option<f64>) -> String {
     value.map_or("-".to_owned(), |ratio| format!("{ratio:.2}x"))
 }
 
+/// Per configuration with a floor, its added cost over its floor's in each round (`samples`
+/// per configuration and round, `samples[0]` the unprobed run): median, lowest and highest. A
+/// row and its floor run seconds apart in a round, so the spread says how far the ratio of the
+/// medians can be trusted on a machine whose trap time drifts.
+fn round_ratios(configs: &[Config], samples: &[Vec<f64>]) -> Vec<Option<(f64, f64, f64)>> {
+    configs
+        .iter()
+        .enumerate()
+        .map(|(index, config)| {
+            let floor = configs
+                .iter()
+                .position(|other| Some(&other.name) == config.floor.as_ref())?;
+            let mut ratios: Vec<f64> = (0..samples[index].len().min(samples[floor].len()))
+                .map(|round| {
+                    (samples[index][round] - samples[0][round])
+                        / (samples[floor][round] - samples[0][round])
+                })
+                .collect();
+            let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            Some((median(&mut ratios), low, high))
+        })
+        .collect()
+}
+
+fn round_ratio_text(value: Option<(f64, f64, f64)>) -> String {
+    value.map_or("-".to_owned(), |(middle, low, high)| {
+        format!("{middle:.2}x ({low:.2}-{high:.2})")
+    })
+}
+
+/// The kernel's run time of `tracer`'s uprobe programs over one run of `workload`, per
+/// `count` of its units (calls, spans), with BPF statistics on for the run: the probes' own
+/// cost without the traps, which other load on the machine does not move.
+fn program_time_per_run(tracer: &[String], workload: &[String], count: f64) -> Result<f64> {
+    let _stats = enable_bpf_stats()?;
+    let mut child = start_tracer(tracer)?;
+    let before = uprobe_program_time(child.id());
+    let out = cmd::output(Command::new(&workload[0]).args(&workload[1..]));
+    let after = uprobe_program_time(child.id());
+    // SAFETY: signalling our own child.
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let _ = child.wait();
+    out?;
+    match (before, after) {
+        (Some(before), Some(after)) if after > before => Ok((after - before) as f64 / count),
+        _ => anyhow::bail!("no uprobe program time read from the tracer's descriptors"),
+    }
+}
+
+/// Medians of the program-time rounds (`None` for configurations without a timed tracer), and
+/// each one's ratio to its floor's.
+fn program_medians(
+    configs: &[Config],
+    samples: &mut [Vec<f64>],
+) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
+    let medians: Vec<Option<f64>> = samples
+        .iter_mut()
+        .map(|values| (!values.is_empty()).then(|| median(values)))
+        .collect();
+    let ratios = configs
+        .iter()
+        .enumerate()
+        .map(|(index, config)| {
+            let floor = configs
+                .iter()
+                .position(|other| Some(&other.name) == config.floor.as_ref())?;
+            Some(medians[index]? / medians[floor]?)
+        })
+        .collect();
+    (medians, ratios)
+}
+
 /// `BPF_ENABLE_STATS` (include/uapi/linux/bpf.h: command 32, `BPF_STATS_RUN_TIME` = 0): the
 /// kernel times every BPF program run for as long as the returned fd is open.
 fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
@@ -712,6 +787,19 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         argv.extend(strings(&["--", &bench, CALLS]));
         argv
     };
+    // The same probes machine-wide beside callbench, as the floors run, so the kernel's run
+    // time of its uprobe programs can be read before and after callbench's run.
+    let topdown_beside = |td: &str, pmu: &str, returns: Option<&str>| {
+        let mut argv = strings(&[td, "stat", "-a", "--pmu", pmu, "--no-compensation"]);
+        argv.extend(strings(&["--format", "json", "-o", "/dev/null"]));
+        argv.extend(strings(&["-u", &format!("{bench}:tiny")]));
+        if let Some(returns) = returns {
+            argv.extend(strings(&["--returns", returns]));
+        }
+        argv
+    };
+    // Per configuration, the tracer whose programs the statistics rounds time.
+    let mut timed: Vec<Option<Vec<String>>> = vec![None, None];
     let mut configs = vec![
         Config::new("no probes", None, None),
         Config::new(BPFTRACE_CALL_NAME, None, None),
@@ -729,7 +817,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     for pmu in [SOFTWARE, SYNTHETIC] {
         for returns in ["uretprobe", "exit"] {
             configs.push(Config::new(call_floor_name(pmu, returns), None, None));
-            runs.push(CallRun::Beside(strings(&[
+            let floor_argv = strings(&[
                 &fl,
                 "--pmu",
                 pmu,
@@ -737,13 +825,16 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 &format!("{bench}:tiny"),
                 "--returns",
                 returns,
-            ])));
+            ]);
+            timed.push(Some(floor_argv.clone()));
+            runs.push(CallRun::Beside(floor_argv));
             configs.push(Config::new(
                 format!("topdown -u --returns {returns} --pmu {pmu}"),
                 None,
                 Some(call_floor_name(pmu, returns)),
             ));
             runs.push(CallRun::Alone(topdown_run(&td, pmu, Some(returns))));
+            timed.push(Some(topdown_beside(&td, pmu, Some(returns))));
             if let Some(old) = &baseline {
                 configs.push(Config::new(
                     format!("baseline: topdown -u --returns {returns} --pmu {pmu}"),
@@ -751,6 +842,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                     Some(call_floor_name(pmu, returns)),
                 ));
                 runs.push(CallRun::Alone(topdown_run(old, pmu, Some(returns))));
+                timed.push(Some(topdown_beside(old, pmu, Some(returns))));
             }
         }
     }
@@ -761,6 +853,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         Some(call_floor_name(SYNTHETIC, "uretprobe")),
     ));
     runs.push(CallRun::Alone(topdown_run(&td, SYNTHETIC, None)));
+    timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..CALL_ROUNDS {
@@ -775,6 +868,26 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
             samples[index].push(value);
         }
     }
+    let workload = [bench.clone(), CALLS.to_owned()];
+    let calls: f64 = CALLS.parse()?;
+    let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..PROGRAM_ROUNDS {
+        for (index, (config, tracer)) in configs.iter().zip(&timed).enumerate() {
+            let Some(tracer) = tracer else {
+                continue;
+            };
+            let value = program_time_per_run(tracer, &workload, calls)
+                .with_context(|| format!("program round {round}: {}", config.name))?;
+            println!(
+                "functions, program round {}: {:<70} {value:>10.1} ns/call",
+                round + 1,
+                config.name
+            );
+            program_samples[index].push(value);
+        }
+    }
+    let per_round = round_ratios(&configs, &samples);
+    let (program, program_ratio) = program_medians(&configs, &mut program_samples);
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
     let added = added_over(&configs, &medians, BPFTRACE_CALL_NAME);
 
@@ -786,21 +899,29 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
          entry, and a uretprobe or a uprobe on each exit instruction) that read the same \
          counters (topdown's counter plan for that `--pmu`) and do nothing else. Uprobes trap \
          into the kernel, and traps are slow in this VM, so compare the ratios, not the absolute \
-         figures.\n\n",
+         figures. `per round` is each round's own ratio (a row and its floor seconds apart): \
+         median and range. Then {PROGRAM_ROUNDS} rounds with the kernel's BPF statistics on \
+         time the tracers' uprobe programs over callbench's run (topdown machine-wide, `stat -a \
+         -u --no-compensation`, beside callbench as the floors run): `BPF program ns per call` \
+         (median) is the probes' own cost without the traps, which other load does not \
+         move.\n\n",
         command_text()
     );
     if baseline.is_some() {
         section += "`baseline:` rows are an earlier build of topdown (`TOPDOWN_BENCH_BASELINE`) \
                     measured in the same rounds, against the same floors.\n\n";
     }
-    section += "| configuration | ns per call | added over no probes | added / its floor's | added / bpftrace's |\n|---|---:|---:|---:|---:|\n";
+    section += "| configuration | ns per call | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per call | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
         section += &format!(
-            "| {} | {value:.1} | {:+.1} | {} | {} |\n",
+            "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
             config.name,
             added.added[index],
             ratio(added.per_floor[index]),
-            ratio(added.per_bpftrace[index])
+            round_ratio_text(per_round[index]),
+            ratio(added.per_bpftrace[index]),
+            program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+            ratio(program_ratio[index])
         );
     }
     section += "\nExit-instruction probes (`--returns exit`) put a plain uprobe on each `ret` and \

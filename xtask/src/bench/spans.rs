@@ -12,15 +12,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, SOFTWARE, SYNTHETIC, added_over, command_text,
-    enable_bpf_stats, libc_kill, machine_text, median, ratio, start_tracer, strings,
-    uprobe_program_time, write_section,
+    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, SOFTWARE, SYNTHETIC, added_over, command_text,
+    libc_kill, machine_text, median, program_medians, program_time_per_run, ratio,
+    round_ratio_text, round_ratios, start_tracer, strings, write_section,
 };
 use crate::cmd;
 
 const SPAN_ROUNDS: usize = 5;
-/// Rounds of the kernel's timing of the probe programs (statistics on), after the others.
-const PROGRAM_ROUNDS: usize = 3;
 const SPANS: &str = "100000";
 /// pgbench rounds, seconds per run and clients.
 const PGBENCH_ROUNDS: usize = 3;
@@ -136,13 +134,15 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         }
         load.sample();
     }
+    let workload = [bench.clone(), SPANS.to_owned()];
+    let spans: f64 = SPANS.parse()?;
     let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..PROGRAM_ROUNDS {
         for (index, (config, tracer)) in configs.iter().zip(&timed).enumerate() {
             let Some(tracer) = tracer else {
                 continue;
             };
-            let value = program_time_per_span(tracer, &bench)
+            let value = program_time_per_run(tracer, &workload, spans)
                 .with_context(|| format!("program round {round}: {}", config.name))?;
             println!(
                 "spans, program round {}: {:<60} {value:>10.1} ns/span",
@@ -154,33 +154,8 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         load.sample();
     }
     let load = load.finish();
-    // Per round, each topdown row's added cost over its floor's, measured minutes apart at
-    // most: how far the ratio of the medians can be trusted.
-    let floor_index = |config: &Config| {
-        configs
-            .iter()
-            .position(|other| Some(&other.name) == config.floor.as_ref())
-    };
-    let round_ratios: Vec<Option<(f64, f64, f64)>> = configs
-        .iter()
-        .enumerate()
-        .map(|(index, config)| {
-            let floor = floor_index(config)?;
-            let mut ratios: Vec<f64> = (0..SPAN_ROUNDS)
-                .map(|round| {
-                    (samples[index][round] - samples[0][round])
-                        / (samples[floor][round] - samples[0][round])
-                })
-                .collect();
-            let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            Some((median(&mut ratios), low, high))
-        })
-        .collect();
-    let program_medians: Vec<Option<f64>> = program_samples
-        .iter_mut()
-        .map(|values| (!values.is_empty()).then(|| median(values)))
-        .collect();
+    let per_round = round_ratios(&configs, &samples);
+    let (program, program_ratio) = program_medians(&configs, &mut program_samples);
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
     let added = added_over(&configs, &medians, BPFTRACE_SPAN_NAME);
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
@@ -203,19 +178,15 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     );
     section += "| configuration | ns per span | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per span | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
-        let program_ratio = floor_index(config)
-            .and_then(|floor| Some(program_medians[index]? / program_medians[floor]?));
         section += &format!(
             "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
             config.name,
             added.added[index],
             ratio(added.per_floor[index]),
-            round_ratios[index].map_or("-".to_owned(), |(middle, low, high)| format!(
-                "{middle:.2}x ({low:.2}-{high:.2})"
-            )),
+            round_ratio_text(per_round[index]),
             ratio(added.per_bpftrace[index]),
-            program_medians[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
-            ratio(program_ratio)
+            program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+            ratio(program_ratio[index])
         );
     }
     write_section("## Per-span cost", &section)
@@ -231,25 +202,6 @@ fn load_text(load: &LoadReport) -> String {
             .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
             .unwrap_or_default()
     )
-}
-
-/// The kernel's run time of `tracer`'s uprobe programs over one spanbench run, per span
-/// (BPF statistics on while it runs).
-fn program_time_per_span(tracer: &[String], bench: &str) -> Result<f64> {
-    let _stats = enable_bpf_stats()?;
-    let mut child = start_tracer(tracer)?;
-    let before = uprobe_program_time(child.id());
-    let out = cmd::output(Command::new(bench).arg(SPANS));
-    let after = uprobe_program_time(child.id());
-    // SAFETY: signalling our own child.
-    unsafe { libc_kill(child.id() as i32, 2) };
-    let _ = child.wait();
-    out?;
-    let spans: f64 = SPANS.parse()?;
-    match (before, after) {
-        (Some(before), Some(after)) if after > before => Ok((after - before) as f64 / spans),
-        _ => bail!("no uprobe program time read from the tracer's descriptors"),
-    }
 }
 
 fn measure_spans(run: &Run, bench: &str) -> Result<f64> {
