@@ -241,6 +241,23 @@ pub fn span<'a>(report: &'a Value, kind: &str, key: &str) -> Option<&'a Value> {
         .find(|span| span["kind"].as_str() == Some(kind) && span["key"].as_str() == Some(key))
 }
 
+/// `(low, high, calls, slots)` of each bucket of a function's or span's distribution.
+pub fn distribution_buckets(entry: &Value) -> Vec<(u64, u64, u64, u64)> {
+    entry["distribution"]["buckets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no distribution in {entry}"))
+        .iter()
+        .map(|bucket| {
+            (
+                bucket["low"].as_u64().unwrap(),
+                bucket["high"].as_u64().unwrap(),
+                bucket["calls"].as_u64().unwrap(),
+                counter(bucket, "slots"),
+            )
+        })
+        .collect()
+}
+
 /// `counters[name]` of a JSON entity, or 0 when absent.
 pub fn counter(entity: &Value, name: &str) -> u64 {
     entity["counters"][name].as_u64().unwrap_or(0)

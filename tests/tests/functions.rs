@@ -1144,23 +1144,6 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
     }
 }
 
-/// `(low, high, calls, slots)` of each bucket of a function's distribution.
-fn buckets(function: &Value) -> Vec<(u64, u64, u64, u64)> {
-    function["distribution"]["buckets"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no distribution in {function}"))
-        .iter()
-        .map(|bucket| {
-            (
-                bucket["low"].as_u64().unwrap(),
-                bucket["high"].as_u64().unwrap(),
-                bucket["calls"].as_u64().unwrap(),
-                counter(bucket, "slots"),
-            )
-        })
-        .collect()
-}
-
 /// The case, exact on synthetic counters: 1000 calls of band(10, retiring) and 30 of
 /// band(1000, backend bound) give one bucket of exactly 1000 calls and 10000 slots and one of
 /// 30 calls and 30000, each with its own TopDown split, the p50 in the first and the p99 in
@@ -1196,7 +1179,7 @@ fn per_call_distributions_are_exact_and_survive_a_replay() {
         let band = function(&report, "band");
         assert_eq!(band["calls"], 1030, "{returns}");
         assert_eq!(
-            buckets(band),
+            distribution_buckets(band),
             [(10, 12, 1000, 10_000), (896, 1024, 30, 30_000)],
             "{returns}"
         );
@@ -1350,7 +1333,7 @@ fn histogram_buckets_match_bpftraces() {
     args.extend(arguments);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let report = stat(&args);
-    let ours: Vec<(u64, u64, u64)> = buckets(function(&report, "band"))
+    let ours: Vec<(u64, u64, u64)> = distribution_buckets(function(&report, "band"))
         .into_iter()
         .map(|(low, high, calls, slots)| {
             let expected: u64 = values.iter().filter(|v| (low..high).contains(*v)).sum();

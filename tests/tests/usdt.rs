@@ -227,23 +227,6 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
     }
 }
 
-/// `(low, high, calls, slots)` of each bucket of a span's distribution.
-fn buckets(span: &Value) -> Vec<(u64, u64, u64, u64)> {
-    span["distribution"]["buckets"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no distribution in {span}"))
-        .iter()
-        .map(|bucket| {
-            (
-                bucket["low"].as_u64().unwrap(),
-                bucket["high"].as_u64().unwrap(),
-                bucket["calls"].as_u64().unwrap(),
-                slots(bucket),
-            )
-        })
-        .collect()
-}
-
 /// Issue 25's case for spans, exact on synthetic counters: 1000 requests of 10 slots (all
 /// retiring) and 30 of 1000 (all backend bound) give one bucket of exactly 1000 spans and
 /// 10000 slots and one of 30 spans and 30000, each with its own TopDown split, the p50 in the
@@ -274,7 +257,7 @@ fn span_distributions_are_exact_and_survive_a_replay() {
         assert_eq!(request["calls"], 1030, "{build}");
         assert_eq!(slots(request), 40_000, "{build}");
         assert_eq!(
-            buckets(request),
+            distribution_buckets(request),
             [(10, 12, 1000, 10_000), (896, 1024, 30, 30_000)],
             "{build}"
         );

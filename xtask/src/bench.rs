@@ -660,6 +660,13 @@ fn ratio(value: Option<f64>) -> String {
     value.map_or("-".to_owned(), |ratio| format!("{ratio:.2}x"))
 }
 
+/// The index of `config`'s floor among `configs`.
+fn floor_of(configs: &[Config], config: &Config) -> Option<usize> {
+    configs
+        .iter()
+        .position(|other| Some(&other.name) == config.floor.as_ref())
+}
+
 /// Per configuration with a floor, its added cost over its floor's in each round (`samples`
 /// per configuration and round, `samples[0]` the unprobed run): median, lowest and highest. A
 /// row and its floor run seconds apart in a round, so the spread says how far the ratio of the
@@ -669,9 +676,7 @@ fn round_ratios(configs: &[Config], samples: &[Vec<f64>]) -> Vec<Option<(f64, f6
         .iter()
         .enumerate()
         .map(|(index, config)| {
-            let floor = configs
-                .iter()
-                .position(|other| Some(&other.name) == config.floor.as_ref())?;
+            let floor = floor_of(configs, config)?;
             let mut ratios: Vec<f64> = (0..samples[index].len().min(samples[floor].len()))
                 .map(|round| {
                     (samples[index][round] - samples[0][round])
@@ -710,6 +715,38 @@ fn program_time_per_run(tracer: &[String], workload: &[String], count: f64) -> R
     }
 }
 
+/// Runs `rounds` rounds of `measure` over every configuration whose `runs` entry is some,
+/// printing each figure (`{label} N: {configuration} {value} {unit}`) and calling
+/// `after_round` after each round; the figures per configuration (empty where `runs` has none).
+fn measure_rounds<T>(
+    configs: &[Config],
+    runs: &[Option<T>],
+    rounds: usize,
+    label: &str,
+    unit: &str,
+    measure: &mut dyn FnMut(&T) -> Result<f64>,
+    after_round: &mut dyn FnMut(),
+) -> Result<Vec<Vec<f64>>> {
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..rounds {
+        for (index, (config, run)) in configs.iter().zip(runs).enumerate() {
+            let Some(run) = run else {
+                continue;
+            };
+            let value =
+                measure(run).with_context(|| format!("{label} {round}: {}", config.name))?;
+            println!(
+                "{label} {}: {:<70} {value:>10.1} {unit}",
+                round + 1,
+                config.name
+            );
+            samples[index].push(value);
+        }
+        after_round();
+    }
+    Ok(samples)
+}
+
 /// Medians of the program-time rounds (`None` for configurations without a timed tracer), and
 /// each one's ratio to its floor's.
 fn program_medians(
@@ -724,9 +761,7 @@ fn program_medians(
         .iter()
         .enumerate()
         .map(|(index, config)| {
-            let floor = configs
-                .iter()
-                .position(|other| Some(&other.name) == config.floor.as_ref())?;
+            let floor = floor_of(configs, config)?;
             Some(medians[index]? / medians[floor]?)
         })
         .collect();
@@ -855,37 +890,27 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     runs.push(CallRun::Alone(topdown_run(&td, SYNTHETIC, None)));
     timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..CALL_ROUNDS {
-        for (index, (config, run)) in configs.iter().zip(&runs).enumerate() {
-            let value = measure_calls(run, &bench)
-                .with_context(|| format!("round {round}: {}", config.name))?;
-            println!(
-                "functions, round {}: {:<70} {value:>10.1} ns/call",
-                round + 1,
-                config.name
-            );
-            samples[index].push(value);
-        }
-    }
+    let all: Vec<Option<&CallRun>> = runs.iter().map(Some).collect();
+    let mut samples = measure_rounds(
+        &configs,
+        &all,
+        CALL_ROUNDS,
+        "functions, round",
+        "ns/call",
+        &mut |run| measure_calls(run, &bench),
+        &mut || {},
+    )?;
     let workload = [bench.clone(), CALLS.to_owned()];
     let calls: f64 = CALLS.parse()?;
-    let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..PROGRAM_ROUNDS {
-        for (index, (config, tracer)) in configs.iter().zip(&timed).enumerate() {
-            let Some(tracer) = tracer else {
-                continue;
-            };
-            let value = program_time_per_run(tracer, &workload, calls)
-                .with_context(|| format!("program round {round}: {}", config.name))?;
-            println!(
-                "functions, program round {}: {:<70} {value:>10.1} ns/call",
-                round + 1,
-                config.name
-            );
-            program_samples[index].push(value);
-        }
-    }
+    let mut program_samples = measure_rounds(
+        &configs,
+        &timed,
+        PROGRAM_ROUNDS,
+        "functions, program round",
+        "ns/call",
+        &mut |tracer| program_time_per_run(tracer, &workload, calls),
+        &mut || {},
+    )?;
     let per_round = round_ratios(&configs, &samples);
     let (program, program_ratio) = program_medians(&configs, &mut program_samples);
     let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();

@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, SOFTWARE, SYNTHETIC, added_over, command_text,
-    libc_kill, machine_text, median, program_medians, program_time_per_run, ratio,
+    libc_kill, machine_text, measure_rounds, median, program_medians, program_time_per_run, ratio,
     round_ratio_text, round_ratios, start_tracer, strings, write_section,
 };
 use crate::cmd;
@@ -120,39 +120,27 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         }
     }
     let mut load = MachineLoad::start();
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..SPAN_ROUNDS {
-        for (index, (config, run)) in configs.iter().zip(&runs).enumerate() {
-            let value = measure_spans(run, &bench)
-                .with_context(|| format!("round {round}: {}", config.name))?;
-            println!(
-                "spans, round {}: {:<60} {value:>10.1} ns/span",
-                round + 1,
-                config.name
-            );
-            samples[index].push(value);
-        }
-        load.sample();
-    }
+    let all: Vec<Option<&Run>> = runs.iter().map(Some).collect();
+    let mut samples = measure_rounds(
+        &configs,
+        &all,
+        SPAN_ROUNDS,
+        "spans, round",
+        "ns/span",
+        &mut |run| measure_spans(run, &bench),
+        &mut || load.sample(),
+    )?;
     let workload = [bench.clone(), SPANS.to_owned()];
     let spans: f64 = SPANS.parse()?;
-    let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..PROGRAM_ROUNDS {
-        for (index, (config, tracer)) in configs.iter().zip(&timed).enumerate() {
-            let Some(tracer) = tracer else {
-                continue;
-            };
-            let value = program_time_per_run(tracer, &workload, spans)
-                .with_context(|| format!("program round {round}: {}", config.name))?;
-            println!(
-                "spans, program round {}: {:<60} {value:>10.1} ns/span",
-                round + 1,
-                config.name
-            );
-            program_samples[index].push(value);
-        }
-        load.sample();
-    }
+    let mut program_samples = measure_rounds(
+        &configs,
+        &timed,
+        PROGRAM_ROUNDS,
+        "spans, program round",
+        "ns/span",
+        &mut |tracer| program_time_per_run(tracer, &workload, spans),
+        &mut || load.sample(),
+    )?;
     let load = load.finish();
     let per_round = round_ratios(&configs, &samples);
     let (program, program_ratio) = program_medians(&configs, &mut program_samples);
