@@ -6,7 +6,8 @@
 //! `uprobe_prog_run` in kernel/trace/bpf_trace.c, Linux 6.18): an untraced process, even one
 //! of the same binary, pays nothing.
 //!
-//! The templates (program, file, offsets, cookies) are what `Session::attach_functions`
+//! The links are made by `crate::spans::usdt::attach` (raw `BPF_LINK_CREATE`). The templates
+//! (program, file, offsets, cookies) are what `Session::attach_functions`
 //! would attach machine-wide; USDT and other per-process probes can register theirs the same
 //! way. USDT sites linked one by one (`--usdt-links per-site`, the mechanism of kernels before
 //! 6.6) are scoped the same way with a perf uprobe event per site opened for the process: the
@@ -15,51 +16,24 @@
 
 use std::{
     collections::BTreeMap,
-    ffi::CString,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::Path,
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
 };
 
 use anyhow::{Context as _, Result, anyhow};
 
-/// `BPF_LINK_CREATE` of `enum bpf_cmd` (include/uapi/linux/bpf.h).
-const BPF_LINK_CREATE: libc::c_long = 28;
-/// `BPF_TRACE_UPROBE_MULTI` of `enum bpf_attach_type`.
-const BPF_TRACE_UPROBE_MULTI: u32 = 48;
-/// `BPF_F_UPROBE_MULTI_RETURN`: the link's program runs at returns (a uretprobe).
-const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
-
-/// `union bpf_attr` as `BPF_LINK_CREATE` reads it for uprobe.multi (`link_create` with its
-/// `uprobe_multi` member; the union starts at byte 16).
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    path: u64,
-    offsets: u64,
-    ref_ctr_offsets: u64,
-    cookies: u64,
-    cnt: u32,
-    multi_flags: u32,
-    pid: u32,
-    padding: u32,
-}
+use crate::spans::usdt::attach::{self, Point};
 
 /// One program's probes on one file.
 #[derive(Debug)]
 pub struct LinkTemplate {
     /// A duplicate of the loaded program's fd.
     program: Arc<OwnedFd>,
-    path: CString,
-    offsets: Vec<u64>,
-    cookies: Vec<u64>,
-    /// USDT semaphores (`ref_ctr_offsets`, one per offset), or empty: the kernel raises each
-    /// in the linked process only.
-    ref_ctr_offsets: Vec<u64>,
+    path: PathBuf,
+    /// Offsets, cookies and USDT semaphores' offsets (0: none; the kernel raises each in the
+    /// linked process only).
+    points: Vec<Point>,
     returns: bool,
     /// One perf uprobe event and perf link per point instead of one uprobe.multi link.
     per_site: bool,
@@ -73,13 +47,20 @@ impl LinkTemplate {
         returns: bool,
     ) -> Result<Self> {
         use std::os::unix::ffi::OsStrExt as _;
+        if path.as_os_str().as_bytes().contains(&0) {
+            return Err(anyhow!("{} has a NUL byte", path.display()));
+        }
         Ok(Self {
             program,
-            path: CString::new(path.as_os_str().as_bytes())
-                .map_err(|_| anyhow!("{} has a NUL byte", path.display()))?,
-            offsets: points.iter().map(|(offset, _)| *offset).collect(),
-            cookies: points.iter().map(|(_, cookie)| *cookie).collect(),
-            ref_ctr_offsets: Vec::new(),
+            path: path.to_path_buf(),
+            points: points
+                .iter()
+                .map(|(offset, cookie)| Point {
+                    offset: *offset,
+                    ref_ctr_offset: 0,
+                    cookie: *cookie,
+                })
+                .collect(),
             returns,
             per_site: false,
         })
@@ -94,15 +75,15 @@ impl LinkTemplate {
 
     /// The same probes with a semaphore file offset per point (0: none), in point order.
     pub fn with_ref_ctr_offsets(mut self, offsets: Vec<u64>) -> Result<Self> {
-        if offsets.len() != self.offsets.len() {
+        if offsets.len() != self.points.len() {
             return Err(anyhow!(
                 "{} semaphore offsets for {} probes",
                 offsets.len(),
-                self.offsets.len()
+                self.points.len()
             ));
         }
-        if offsets.iter().any(|offset| *offset != 0) {
-            self.ref_ctr_offsets = offsets;
+        for (point, offset) in self.points.iter_mut().zip(offsets) {
+            point.ref_ctr_offset = offset;
         }
         Ok(self)
     }
@@ -110,75 +91,30 @@ impl LinkTemplate {
     /// The links of these probes for process `pid`: one uprobe.multi link, or per point a
     /// perf link and its event.
     fn links(&self, pid: u32) -> std::io::Result<Vec<OwnedFd>> {
+        let program = self.program.as_fd();
         if !self.per_site {
-            return Ok(vec![self.multi_link(pid)?]);
-        }
-        use std::os::{fd::AsFd as _, unix::ffi::OsStrExt as _};
-        let path = Path::new(std::ffi::OsStr::from_bytes(self.path.as_bytes()));
-        let mut links = Vec::with_capacity(2 * self.offsets.len());
-        for (index, (offset, cookie)) in self.offsets.iter().zip(&self.cookies).enumerate() {
-            let point = crate::spans::usdt::attach::Point {
-                offset: *offset,
-                ref_ctr_offset: self.ref_ctr_offsets.get(index).copied().unwrap_or(0),
-                cookie: *cookie,
-            };
-            let [link, event] = crate::spans::usdt::attach::perf(
-                self.program.as_fd(),
-                path,
-                &point,
+            return Ok(vec![attach::multi(
+                program,
+                &self.path,
+                &self.points,
                 pid,
                 self.returns,
-            )?;
+            )?]);
+        }
+        let mut links = Vec::with_capacity(2 * self.points.len());
+        for point in &self.points {
+            let [link, event] = attach::perf(program, &self.path, point, pid, self.returns)?;
             links.extend([event, link]);
         }
         Ok(links)
     }
 
-    /// The uprobe.multi link of these probes for process `pid`.
-    fn multi_link(&self, pid: u32) -> std::io::Result<OwnedFd> {
-        let attr = LinkCreateAttr {
-            prog_fd: self.program.as_raw_fd() as u32,
-            attach_type: BPF_TRACE_UPROBE_MULTI,
-            path: self.path.as_ptr() as u64,
-            offsets: self.offsets.as_ptr() as u64,
-            cookies: self.cookies.as_ptr() as u64,
-            ref_ctr_offsets: if self.ref_ctr_offsets.is_empty() {
-                0
-            } else {
-                self.ref_ctr_offsets.as_ptr() as u64
-            },
-            cnt: self.offsets.len() as u32,
-            multi_flags: if self.returns {
-                BPF_F_UPROBE_MULTI_RETURN
-            } else {
-                0
-            },
-            pid,
-            ..LinkCreateAttr::default()
-        };
-        // SAFETY: `attr` and the arrays and string it points to outlive the call, and its size
-        // is passed with it.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_LINK_CREATE,
-                &raw const attr,
-                std::mem::size_of::<LinkCreateAttr>() as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd the kernel gave us.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-    }
-
     fn describe(&self) -> String {
         format!(
             "{} {} probes in {}",
-            self.offsets.len(),
+            self.points.len(),
             if self.returns { "return" } else { "entry/exit" },
-            self.path.to_string_lossy()
+            self.path.display()
         )
     }
 }

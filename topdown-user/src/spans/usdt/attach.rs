@@ -12,6 +12,8 @@
 //!
 //! Layouts: `union bpf_attr`'s `link_create` member (include/uapi/linux/bpf.h). Every link is a
 //! file descriptor owned here: closing it detaches, so nothing outlives topdown (no pinning).
+//! The per-process links of function probes (`crate::session::bpf::process_links`) are made
+//! here too.
 
 use std::{
     ffi::CString,
