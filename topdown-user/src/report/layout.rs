@@ -187,6 +187,28 @@ fn push_cell(line: &mut String, column: usize, cell: &str, width: usize, left: b
     }
 }
 
+/// `part` as a share of `total` (`-` when the total is 0), as the tables print shares.
+pub(crate) fn share_cell(part: u64, total: u64) -> String {
+    if total == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.1}%", 100.0 * part as f64 / total as f64)
+    }
+}
+
+/// `entity`'s value of each of `metrics` as a percentage cell (`-` where it has none).
+pub(crate) fn metric_cells<'a>(
+    entity: &'a super::Entity,
+    metrics: &'a [&str],
+) -> impl Iterator<Item = String> + 'a {
+    metrics
+        .iter()
+        .map(|name| match entity.metrics.get(name).copied().flatten() {
+            Some(fraction) => format!("{:.1}%", 100.0 * fraction),
+            None => "-".to_owned(),
+        })
+}
+
 /// Left-aligns the text columns (`text_columns`: 1 = column 1, 2 = column 2, 3 = columns 1
 /// and 2, 4 = columns 0 and 1, 5 = columns 0 and 1 and the last), right-aligns the numbers.
 pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usize) -> String {

@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     By, CallEdge, Entity, Report,
-    layout::{Cells, layout, layout_twice, title},
+    layout::{Cells, layout, layout_twice, metric_cells, share_cell, title},
 };
 use crate::model::{L1_METRICS, L2_METRICS, Name};
 
@@ -444,18 +444,9 @@ fn functions_text(
                 },
                 show(inclusive),
                 show(amount(&function.exclusive)),
-                if total_weight == 0 {
-                    "-".to_owned()
-                } else {
-                    format!("{:.1}%", 100.0 * inclusive as f64 / total_weight as f64)
-                },
+                share_cell(inclusive, total_weight),
             ]);
-            row.extend(metrics.iter().map(|name| {
-                match function.exclusive.metrics.get(name).copied().flatten() {
-                    Some(fraction) => format!("{:.1}%", 100.0 * fraction),
-                    None => "-".to_owned(),
-                }
-            }));
+            row.extend(metric_cells(&function.exclusive, metrics));
             row
         })
         .collect();

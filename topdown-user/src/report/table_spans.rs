@@ -3,7 +3,7 @@
 
 use super::{
     Report,
-    layout::{layout, title},
+    layout::{layout, metric_cells, share_cell, title},
 };
 use crate::spans::report::{SpanEntry, SpanKeyType};
 
@@ -61,21 +61,12 @@ pub(super) fn spans_text(
                     },
                     span.abandoned.to_string(),
                     show(amount),
-                    if total_weight == 0 {
-                        "-".to_owned()
-                    } else {
-                        format!("{:.1}%", 100.0 * amount as f64 / total_weight as f64)
-                    },
+                    share_cell(amount, total_weight),
                     amount
                         .checked_div(span.calls)
                         .map_or_else(|| "-".to_owned(), show),
                 ];
-                row.extend(metrics.iter().map(|name| {
-                    match span.entity.metrics.get(name).copied().flatten() {
-                        Some(fraction) => format!("{:.1}%", 100.0 * fraction),
-                        None => "-".to_owned(),
-                    }
-                }));
+                row.extend(metric_cells(&span.entity, metrics));
                 row
             })
             .collect();
