@@ -62,24 +62,9 @@ fn two_threads_get_exactly_their_own_syscalls() {
     if !privileged() {
         return;
     }
-    let out = report_path("two-threads");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(["--", WORKLOAD, "getppid=1234", "getpgid=777"]),
-    )
-    .unwrap();
+    let (report, output) = stat_json(["--", WORKLOAD, "getppid=1234", "getpgid=777"]).unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
     assert_eq!(threads.len(), 2, "workload output: {:?}", output);
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(report["synthetic"], Value::Bool(true));
     assert_eq!(report["model"], "intel-icl");
 
@@ -101,7 +86,6 @@ fn two_threads_get_exactly_their_own_syscalls() {
         assert_eq!(task["tgid"].as_u64(), Some(threads[0].1));
     }
     assert_conserved(&report);
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -332,24 +316,10 @@ fn a_command_is_followed_into_its_children() {
     if !privileged() {
         return;
     }
-    let out = report_path("children");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(["--", WORKLOAD, "--children", "3", "getppid=100,getpgid=10"]),
-    )
-    .unwrap();
+    let (report, output) =
+        stat_json(["--", WORKLOAD, "--children", "3", "getppid=100,getpgid=10"]).unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
     assert_eq!(threads.len(), 4, "parent + 3 children");
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     for (_, pid, tid) in &threads {
         let worker = task(&report, *tid).unwrap_or_else(|| panic!("thread {tid} of process {pid}"));
         assert_eq!(
@@ -369,7 +339,6 @@ fn a_command_is_followed_into_its_children() {
         .sum();
     assert_eq!(tracked, 400);
     assert_conserved(&report);
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
