@@ -57,6 +57,57 @@ impl Drop for Reaped {
     }
 }
 
+/// A Prometheus server of the test's own (Debian's package) scraping topdown's exporter at
+/// `target` every second, its storage in a fresh temporary directory: stopped and its storage
+/// removed when dropped, however the test ends.
+struct Prometheus {
+    port: u16,
+    storage: std::path::PathBuf,
+    server: Reaped,
+}
+
+impl Prometheus {
+    fn start(name: &str, target: u16) -> Self {
+        let port = free_port();
+        let storage = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&storage);
+        std::fs::create_dir_all(&storage).unwrap();
+        let config = storage.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: topdown\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+            ),
+        )
+        .unwrap();
+        let server = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                storage.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian's package)");
+        Self {
+            port,
+            storage,
+            server: Reaped(server),
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        // Stopped before its storage goes.
+        let _ = self.server.0.kill();
+        let _ = self.server.0.wait();
+        let _ = std::fs::remove_dir_all(&self.storage);
+    }
+}
+
 #[test]
 fn prometheus_scrapes_exact_counts_from_the_exporter() {
     let _serial = serial();
@@ -150,30 +201,8 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     );
 
     // A real Prometheus scrapes it every second; the stored series comes back through its API.
-    let prometheus_port = free_port();
-    let storage = std::env::temp_dir().join(format!("topdown-prometheus-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&storage);
-    std::fs::create_dir_all(&storage).unwrap();
-    let config = storage.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: topdown\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-        ),
-    )
-    .unwrap();
-    let prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            storage.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (Debian's package)");
-    let _prometheus = Reaped(prometheus);
+    let prometheus = Prometheus::start("topdown-prometheus", port);
+    let prometheus_port = prometheus.port;
     let query = format!(
         "/api/v1/query?query=topdown_process_slots_total%7Bcomm%3D%22{comm}%22%2Ccategory%3D%22total%22%7D"
     );
@@ -224,7 +253,6 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     };
     let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
     assert!(gone.is_some(), "programs left loaded: {:?}", left());
-    let _ = std::fs::remove_dir_all(&storage);
 }
 
 /// `GET /metrics` on the first connection the exporter's socket accepts: it binds before
@@ -859,30 +887,8 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
         ],
     );
 
-    let prometheus_port = free_port();
-    let storage = std::env::temp_dir().join(format!("topdown-dashboard-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&storage);
-    std::fs::create_dir_all(&storage).unwrap();
-    let config = storage.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: topdown\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-        ),
-    )
-    .unwrap();
-    let prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            storage.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus (Debian's package)");
-    let _prometheus = Reaped(prometheus);
+    let prometheus = Prometheus::start("topdown-dashboard", port);
+    let prometheus_port = prometheus.port;
 
     // Work that never stops while the queries run, so every rate() has increases to divide:
     // mid calls leaf 20 x 50 getppid (slots) and makes 10 getpgid; td-workload adds a process.
@@ -942,7 +948,6 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
         (mid.iter().sum::<f64>() - 1.0).abs() < 1e-9,
         "{per_function:#?}"
     );
-    let _ = std::fs::remove_dir_all(&storage);
 }
 
 #[test]
