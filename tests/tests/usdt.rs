@@ -475,16 +475,9 @@ fn a_guarded_probe_fires_only_while_topdown_enables_it() {
     }
 }
 
-/// A process that prints its guarded probe's semaphore on demand: 0 before topdown, 1 while
-/// topdown counts it (`-p`), 0 again once topdown has detached, whether it stopped on SIGINT
-/// or was killed.
-#[test]
-fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
-    let program = &programs().no_pie;
+/// `program watch`, killed when the first value is dropped: its pid, and a function that asks it
+/// for its guarded probe's semaphore (`semaphore N`).
+fn semaphore_watcher(program: &Path) -> (KilledOnDrop, u32, impl FnMut() -> String) {
     let watcher = Command::new(program)
         .arg("watch")
         .stdin(Stdio::piped())
@@ -496,10 +489,24 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
     let mut input = watcher.child().stdin.take().unwrap();
     let mut lines = BufReader::new(watcher.child().stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    let mut semaphore = move || -> String {
+    let semaphore = move || -> String {
         writeln!(input, "?").unwrap();
         lines.next().unwrap().unwrap()
     };
+    (watcher, pid, semaphore)
+}
+
+/// A process that prints its guarded probe's semaphore on demand: 0 before topdown, 1 while
+/// topdown counts it (`-p`), 0 again once topdown has detached, whether it stopped on SIGINT
+/// or was killed.
+#[test]
+fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let program = &programs().no_pie;
+    let (_watcher, pid, mut semaphore) = semaphore_watcher(program);
     assert_eq!(semaphore(), "semaphore 0");
     for (links, signal) in [
         ("auto", libc::SIGINT),
@@ -547,21 +554,7 @@ fn an_untraced_process_keeps_its_semaphore_at_zero() {
 
 fn untraced_process_beside(links: &str) {
     let program = &programs().no_pie;
-    let watcher = Command::new(program)
-        .arg("watch")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut watcher = KilledOnDrop::new(watcher);
-    let pid = watcher.child().id();
-    let mut input = watcher.child().stdin.take().unwrap();
-    let mut lines = BufReader::new(watcher.child().stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    let mut semaphore = move || -> String {
-        writeln!(input, "?").unwrap();
-        lines.next().unwrap().unwrap()
-    };
+    let (_watcher, pid, mut semaphore) = semaphore_watcher(program);
     assert_eq!(semaphore(), "semaphore 0", "{links}");
     let out = std::env::temp_dir().join(format!(
         "topdown-usdt-beside-{links}-{}.json",

@@ -31,9 +31,6 @@ use crate::{
     session::aggregate::{Aggregate, Naming, SlotCounts},
 };
 
-/// Labels of a function's histogram: `function`, `target`.
-pub type FunctionLabels = (String, String);
-
 pub(super) const CALL_SLOTS: Spec = spec(
     "topdown_function_call_slots",
     "Calls of probed functions by their inclusive slots per call (cpu-clock ns with the software model), in bpftrace hist(n, 2) buckets",
@@ -126,13 +123,13 @@ impl CallHistograms {
         counts: &Aggregate,
         naming: &Naming<'_>,
         valuation: &dyn Fn(&SlotCounts) -> Vec<(String, f64)>,
-        exported: &dyn Fn(&FunctionLabels) -> bool,
+        exported: &dyn Fn(&[String]) -> bool,
     ) {
         for ((id, _), buckets) in counts.function_histograms() {
             let (target, symbol) = naming.function(id);
-            let labels = (symbol, target);
+            let labels = vec![symbol, target];
             if exported(&labels) {
-                self.add(vec![labels.0, labels.1], &buckets, valuation);
+                self.add(labels, &buckets, valuation);
             }
         }
     }

@@ -633,12 +633,8 @@ impl Exporter {
         });
         self.expired += (before - self.series.len()) as u64;
         let series = &self.series;
-        self.histograms.retain(&|labels| match labels {
-            [function, target] => {
-                series.contains_key(&function_key(&(function.clone(), target.clone())))
-            }
-            _ => false,
-        });
+        self.histograms
+            .retain(&|labels| series.contains_key(&function_key(labels)));
         self.span_histograms
             .retain(&|labels| series.contains_key(&span_key(labels)));
     }
@@ -650,12 +646,12 @@ impl Exporter {
     }
 }
 
-/// The key of a span kind and key's series (label values `span`, `key`, `text`), whose presence
-/// exports its histogram.
-fn span_key(values: &[String]) -> (FamilyKind, Labels) {
+/// The key of the series of kind `kind` whose labels `names` have `values`: for a histogram's
+/// owner (its label values), the series whose presence exports it.
+fn series_key(kind: FamilyKind, names: &[&str], values: &[String]) -> (FamilyKind, Labels) {
     (
-        FamilyKind::Span,
-        ["span", "key", "text"]
+        kind,
+        names
             .iter()
             .zip(values)
             .map(|(name, value)| ((*name).to_owned(), value.clone()))
@@ -663,14 +659,17 @@ fn span_key(values: &[String]) -> (FamilyKind, Labels) {
     )
 }
 
-/// The key of a function's inclusive series, whose presence exports its histogram.
-fn function_key((function, target): &distributions::FunctionLabels) -> (FamilyKind, Labels) {
-    (
+/// A span kind and key's series (label values `span`, `key`, `text`).
+fn span_key(values: &[String]) -> (FamilyKind, Labels) {
+    series_key(FamilyKind::Span, &["span", "key", "text"], values)
+}
+
+/// A function's inclusive series (label values `function`, `target`).
+fn function_key(values: &[String]) -> (FamilyKind, Labels) {
+    series_key(
         FamilyKind::FunctionInclusive,
-        vec![
-            ("function".to_owned(), function.clone()),
-            ("target".to_owned(), target.clone()),
-        ],
+        &["function", "target"],
+        values,
     )
 }
 
