@@ -928,12 +928,16 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
 /// Unseen switches), and they wake several times a second on the busy CPUs: one that preempts
 /// the spinner (a switch between untraced tasks, not read) and then hands the CPU to the command
 /// unseen leaves the command running with the delta since the last reading spanning several
-/// tasks. Processes
-/// whose switch-outs go unseen are found at the first one and read at every switch into them
-/// from then on (the second of warm-up before the command starts lets that happen), so the
-/// command keeps every call. Before that, 8 runs of this test out of 8 failed here, losing 33
-/// to 24751 of the 2000000 getppid calls (once 1154 getpgid calls too) to `untracked`. Where
-/// no task leaves unseen, it checks exactness beside busy untraced tasks.
+/// tasks. Processes whose switch-outs go unseen are found at the first one and read at every
+/// switch into them from then on; before that, the traced task found running is credited the
+/// whole delta (`unseen_arrivals`), which holds the spinner's stretch too but no getppid or
+/// getpgid call of anyone else. So the command keeps every call both when it starts at once
+/// (the first unseen switch-out of PID 1's threads in the run may hand the CPU to it) and after
+/// a second of warm-up (they are known by then). Before either, 8 runs of this test out of 8
+/// failed here, losing 33 to 24751 of the 2000000 getppid calls (once 1154 getpgid calls too)
+/// to `untracked`; with the warm-up alone, the models test still lost up to 898 of 1600 calls
+/// in 1 CI run of about 10. Where no task leaves unseen, it checks exactness beside busy
+/// untraced tasks.
 #[test]
 fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
     let _serial = serial();
@@ -954,7 +958,15 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
             )
         })
         .collect();
-    for run in 0..2 {
+    // The first unseen switch-out in a run hands the CPU to the command in about 3 runs of
+    // 10 that start at once: such runs go on until one has (`unseen_arrivals`), at most 8.
+    const COLD_RUNS: usize = 8;
+    let mut arrivals_seen = 0;
+    for run in 0..=COLD_RUNS {
+        let warm_up = run == 0;
+        if run > 2 && arrivals_seen > 0 {
+            break;
+        }
         let out = report_path("unseen-leaver");
         let mut tracer = spawn_counting(
             topdown()
@@ -977,7 +989,9 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
                 .stdout(Stdio::piped()),
             Duration::from_secs(30),
         );
-        std::thread::sleep(Duration::from_secs(1));
+        if warm_up {
+            std::thread::sleep(Duration::from_secs(1));
+        }
         let child = tracer.child();
         child.stdin.take().unwrap().write_all(b"go\n").unwrap();
         let mut stdout = Vec::new();
@@ -992,10 +1006,20 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
                 counter(process, "topdown-retiring")
             ),
             (2_000_000, 200_000),
-            "run {run}, {} unseen switches",
-            report["diagnostics"]["unseen_switches"]
+            "run {run} (warm-up {warm_up}), {} unseen switches, {} unseen arrivals",
+            report["diagnostics"]["unseen_switches"],
+            report["diagnostics"]["unseen_arrivals"]
         );
         assert_conserved(&report);
+        if !warm_up {
+            arrivals_seen += report["diagnostics"]["unseen_arrivals"].as_u64().unwrap();
+        }
         let _ = std::fs::remove_file(out);
+    }
+    if arrivals_seen == 0 {
+        eprintln!(
+            "skipped: a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call, \
+             the unseen arrival part: none in {COLD_RUNS} runs (this kernel may report every switch)"
+        );
     }
 }

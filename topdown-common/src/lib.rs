@@ -245,6 +245,11 @@ pub struct CpuState {
     /// With `SKIP_UNTRACED`: the task the last sched_switch on this CPU saw arrive,
     /// `unseen_leavers::arrival`; 0 before the first.
     pub arrived: u64,
+    /// With `SKIP_UNTRACED`: readings credited to a traced task found running while no reading
+    /// covered its arrival (`reading_owner::NONE`: it came in through a switch sched_switch did
+    /// not report, after switches between untraced tasks that took none). What ran on the CPU
+    /// since its last reading, untraced tasks included, is in that task's counts.
+    pub unseen_arrivals: u64,
 }
 
 impl CpuState {
@@ -274,6 +279,7 @@ impl CpuState {
         unseen_switches: 0,
         busy: 0,
         arrived: 0,
+        unseen_arrivals: 0,
     };
 }
 
@@ -327,8 +333,14 @@ impl TaskCounters {
 /// is marked (`unseen_leavers`, shared by all CPUs); from then on every switch into a marked
 /// process is read, so the next unseen switch out of it finds `UNTRACED` with it as the owner,
 /// as `--read-every-switch` would (after several unseen switches in a row the traced task gets
-/// the tails of all the tasks in between, as it would there too). What stays unrecoverable: an
-/// unseen switch out of a process not marked yet, its first in the run.
+/// the tails of all the tasks in between, as it would there too).
+///
+/// An unseen switch out of a process not marked yet, its first in the run, leaves `NONE`: no
+/// reading was taken as it arrived. A traced task found running then (it arrived unseen, or
+/// the reading at its arrival failed) is credited with the whole delta since the CPU's last
+/// reading, the untraced tasks' stretches in it included, rather than losing its own stretch
+/// to `untracked`; each such reading is counted in `CpuState::unseen_arrivals`, so a report
+/// says how often a traced task's counts may hold other tasks' too.
 pub mod reading_owner {
     /// Nothing known: the delta since the last reading spans several tasks (zeroed state).
     pub const NONE: u32 = 0;

@@ -365,18 +365,21 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
     let (next_tid, next_tgid, next_traced) = arriving(next);
     let prev: u64 = ctx.arg(1);
-    let next_marked = note_switch(state, task_tid(prev), next_tid, next_tgid);
+    let (next_marked, prev_arrived_unseen) =
+        note_switch(state, task_tid(prev), next_tid, next_tgid);
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
     if reading_owner::kind(owner) == reading_owner::NONE
         && !next_traced
         && !next_marked
+        && !prev_arrived_unseen
         && next_tid != 0
         && !dying
     {
         // The common case, kept to the fewest helper calls and no map lookup beyond
         // `arriving`'s: nobody traced, no reading, and the delta since the last one already
-        // spans several tasks.
+        // spans several tasks. A task that arrived unseen may be traced: it goes on
+        // (`delta_belongs_to`).
         return 0;
     }
     if interrupted_probe(state) {
@@ -384,6 +387,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     }
     let (tid, tgid) = current_ids();
     let credit = delta_belongs_to(owner, tid, tgid);
+    count_unseen_arrival(state, owner, credit);
     // A CPU going idle is read (costing nothing anyone waits for): half of the switches away
     // from idle do not fire sched_switch here (`reading_owner`), and a traced task woken on an
     // idle CPU is then credited from this reading on. So is a process whose switch-outs go
@@ -419,10 +423,10 @@ pub(crate) fn interrupted_probe(state: *mut CpuState) -> bool {
     true
 }
 
-/// From a function probe of `tid`, a traced task running although the CPU's delta since its
-/// last reading is not known to be its own (`reading_owner::NONE`: it arrived unseen): reads
-/// the counters, gives that delta to `untracked` and makes `tid` the owner, so the task's
-/// calls and counts from here on are its own. False if no reading was taken.
+/// From a function probe of `tid`, a traced task running although the CPU's last reading saw
+/// another traced task arrive (that one left unseen, and the delta spans both): reads the
+/// counters, gives that delta to `untracked` and makes `tid` the owner, so the task's calls
+/// and counts from here on are its own. False if no reading was taken.
 #[inline(always)]
 pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
     // SAFETY: an aligned u64 of a live per-CPU map value; atomic against a preempted probe
@@ -451,34 +455,48 @@ pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
     read
 }
 
-/// Whether the delta since the last reading is all `tid`'s (`current`), given the CPU's
-/// `owner`: it is when `tid` is the traced task the last reading saw arrive, or when that
+/// Whether the delta since the last reading goes to `tid` (`current`), given the CPU's
+/// `owner`: it does when `tid` is the traced task the last reading saw arrive; when that
 /// reading saw an untraced task (or idle) arrive and `tid`, traced, is running instead, an
-/// arrival sched_switch did not report (`reading_owner`).
+/// arrival sched_switch did not report; and when no reading saw anyone arrive (`NONE`) and
+/// `tid` is traced, the same unseen arrival after switches that took no reading, counted by
+/// `count_unseen_arrival` (`reading_owner`).
 #[inline(always)]
 pub(crate) fn delta_belongs_to(owner: u64, tid: u32, tgid: u32) -> bool {
-    let arrived = reading_owner::tid(owner);
     let kind = reading_owner::kind(owner);
-    if kind == reading_owner::NONE || arrived == tid {
-        return kind == reading_owner::TRACED;
+    if kind == reading_owner::TRACED {
+        return reading_owner::tid(owner) == tid;
     }
-    // A traced task that left unseen: its last stretch and whatever ran since are one delta.
-    kind == reading_owner::UNTRACED && current_is_traced(tid, tgid)
+    if kind == reading_owner::UNTRACED && reading_owner::tid(owner) == tid {
+        return false;
+    }
+    // A traced task that arrived unseen: the stretches before it and its own are one delta.
+    current_is_traced(tid, tgid)
+}
+
+/// Counts a reading credited (`credit`) although no reading saw its task arrive (`owner` is
+/// `NONE`): `CpuState::unseen_arrivals`.
+#[inline(always)]
+pub(crate) fn count_unseen_arrival(state: *mut CpuState, owner: u64, credit: bool) {
+    if credit && reading_owner::kind(owner) == reading_owner::NONE {
+        // SAFETY: as in `attribute`; a probe adds to it atomically (`probed_task`).
+        unsafe { (*state).unseen_arrivals += 1 };
+    }
 }
 
 /// Keeps `CpuState::arrived` at a switch from `prev_tid` to `next_tid`: when the task that
 /// arrived last is not `prev_tid`, it left through a switch sched_switch did not report,
 /// counted in `unseen_switches`, and its process is marked in `UNSEEN_LEAVERS` (idle needs no
 /// mark: a switch to it is always read). True if `next_tgid` is marked: the switch is read
-/// (`topdown_common::reading_owner`). Loads and stores only, no map lookup: it runs at every
+/// (`topdown_common::reading_owner`), and true as second if `prev_tid` arrived through a
+/// switch sched_switch did not report. Loads and stores only, no map lookup: it runs at every
 /// switch, skipped ones included.
 #[inline(always)]
-fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> bool {
+fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> (bool, bool) {
     // SAFETY: as in `attribute`.
     let state = unsafe { &mut *state };
-    if let Some((tid, tgid)) =
-        unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid)
-    {
+    let unseen = unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid);
+    if let Some((tid, tgid)) = unseen {
         state.unseen_switches += 1;
         if tid != 0 {
             mark_unseen_leaver(tgid);
@@ -493,7 +511,7 @@ fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u3
                 .add(unseen_leavers::word(next_tgid)),
         )
     };
-    word & unseen_leavers::bit(next_tgid) != 0
+    (word & unseen_leavers::bit(next_tgid) != 0, unseen.is_some())
 }
 
 /// Sets `tgid`'s bit in `UNSEEN_LEAVERS`, unless set: a store to the shared word only the
@@ -572,6 +590,7 @@ pub(crate) fn settle_current(state: *mut CpuState, tid: u32, tgid: u32, cgroup: 
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
     let credit = delta_belongs_to(owner, tid, tgid);
+    count_unseen_arrival(state, owner, credit);
     let traced = current_is_traced(tid, tgid);
     settle(state, tid, tgid, false, cgroup, credit, tid, traced);
 }

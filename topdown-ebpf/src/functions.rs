@@ -222,19 +222,25 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
             return None;
         }
         if claimable(owner, tid) {
-            // The last reading saw an untraced task (or idle) arrive, and this traced one runs
-            // instead: a switch sched_switch did not report. What ran since that reading is
-            // that task's tail and this one's own stretch: claim it (`delta_belongs_to`).
+            // The last reading saw an untraced task (or idle) arrive, or saw nobody arrive,
+            // and this traced one runs instead: a switch sched_switch did not report. What ran
+            // since that reading is the stretches before this task and its own: claim it
+            // (`delta_belongs_to`).
             // SAFETY: an aligned u64 of a live per-CPU map value. Atomic, and checked again:
             // on preemptible kernels a switch may run between the load above and this.
             let before = unsafe { atomic_swap(&raw mut (*state).owner, owned) };
             if before == owner || before == owned || claimable(before, tid) {
+                if before != owned && reading_owner::kind(before) == reading_owner::NONE {
+                    // SAFETY: as above; a switch on this CPU adds to it non-atomically, but
+                    // cannot run inside this one instruction.
+                    unsafe { atomic_add(&raw mut (*state).unseen_arrivals, 1) };
+                }
                 return Some((tid, tgid));
             }
             // SAFETY: as above. Put back what the switch left.
             unsafe { core::ptr::write_volatile(&raw mut (*state).owner, before) };
         } else if recover_reading(state, tid) {
-            // Arrived unseen with the delta spanning other tasks: it went to `untracked`.
+            // Another traced task left unseen: the delta spanning both went to `untracked`.
             return Some((tid, tgid));
         }
         if let Some(stats) = probe_stats() {
@@ -248,10 +254,15 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
     Some((tid, tgid))
 }
 
-/// An owner `tid` may claim: the last reading saw another, untraced task arrive.
+/// An owner `tid` may claim: the last reading saw another, untraced task arrive, or saw
+/// nobody arrive (`counters::delta_belongs_to`).
 #[inline(always)]
 fn claimable(owner: u64, tid: u32) -> bool {
-    reading_owner::kind(owner) == reading_owner::UNTRACED && reading_owner::tid(owner) != tid
+    match reading_owner::kind(owner) {
+        reading_owner::UNTRACED => reading_owner::tid(owner) != tid,
+        reading_owner::NONE => true,
+        _ => false,
+    }
 }
 
 /// Per-point attach (one perf link per function): kernels without uprobe.multi.

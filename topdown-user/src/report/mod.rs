@@ -358,6 +358,12 @@ pub struct Diagnostics {
     /// untraced task's reading are credited from it (docs/accuracy.md, Unseen switches).
     #[serde(default)]
     pub unseen_switches: u64,
+    /// Readings credited to a traced task found running while no reading covered its arrival
+    /// (an unseen switch out of a process not known yet to leave unseen, after switches
+    /// between untraced tasks that took none): what ran on its CPU since the last reading,
+    /// untraced tasks included, is in its counts (docs/accuracy.md, Unseen switches).
+    #[serde(default)]
+    pub unseen_arrivals: u64,
     /// Without BPF (`--no-bpf`): tasks of the command whose own counts could not be told apart
     /// (still running at the end, or exit readings lost): their counts are in the command's
     /// main thread.

@@ -350,6 +350,13 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
             d.unsplit_migrations
         );
     }
+    if d.unseen_arrivals > 0 {
+        text += &format!(
+            "note: {} readings credited a traced task that arrived through a switch the kernel did not report, after switches no reading covered: \
+             what ran on its CPU since the last reading, untraced tasks included, is in its counts (docs/accuracy.md)\n",
+            d.unseen_arrivals
+        );
+    }
     if d.not_running_readings > 0 {
         text += &format!(
             "\nnote: {} of {} readings found the counter group not running the whole time (multiplexed): those deltas cover less time\n",

@@ -62,6 +62,7 @@ impl Sub for Diagnostics {
                 .unsplit_migrations
                 .saturating_sub(earlier.unsplit_migrations),
             unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
+            unseen_arrivals: self.unseen_arrivals.saturating_sub(earlier.unseen_arrivals),
             unsplit_tasks: self.unsplit_tasks.saturating_sub(earlier.unsplit_tasks),
         }
     }
@@ -810,6 +811,7 @@ fn diagnostics_of(snapshot: &Snapshot) -> Diagnostics {
         sum.cgroup_map_full += state.cgroup_map_full;
         sum.unsplit_migrations += state.unsplit_migrations;
         sum.unseen_switches += state.unseen_switches;
+        sum.unseen_arrivals += state.unseen_arrivals;
         sum
     })
 }

@@ -1447,9 +1447,9 @@ fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
 /// themselves (`topdown_common::reading_owner`). A process found leaving unseen (a switch's
 /// `prev` is not the task the CPU last saw arrive) is marked, and every switch into it is read
 /// from then on (`unseen_leavers`; `unseen_switches` in the diagnostics counts such switches).
-/// What still goes to `untracked`: a traced task arriving unseen at a process's first unseen
-/// switch-out of the run, before that process is known, until the task's first probe, flush or
-/// switch-out.
+/// A traced task arriving unseen at a process's first unseen switch-out of the run, before that
+/// process is known, gets the whole delta since the CPU's last reading, other tasks' stretches
+/// included, at its first probe, flush or switch-out (`unseen_arrivals` counts those).
 fn skip_untraced_switches(
     config: &SessionConfig,
     kernel_types: Option<&Result<KernelTypes>>,
