@@ -665,31 +665,19 @@ fn a_short_single_threaded_command_is_its_own_process() {
         return;
     }
     let _serial = serial();
-    let output = run_ok(topdown().args([
-        "stat",
-        "--pmu",
-        "synthetic:intel-icl",
-        "--format",
-        "json",
-        "--",
-        WORKLOAD,
-        "--main-thread",
-        "getppid=321,getpgid=123",
-    ]))
-    .unwrap();
-    let report = parse_json(&output.stdout).unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (report, _) =
+        stat_json(["--", WORKLOAD, "--main-thread", "getppid=321,getpgid=123"]).unwrap();
     let pid = report["processes"]
         .as_array()
         .unwrap()
         .iter()
         .find(|process| process["comm"] == "td-workload")
         .map(|process| process["pid"].as_u64().unwrap())
-        .unwrap_or_else(|| panic!("no td-workload process: {stdout}"));
+        .unwrap_or_else(|| panic!("no td-workload process: {report}"));
     let process = process(&report, pid).unwrap();
     assert_eq!(counter(process, "slots"), 321);
     assert_eq!(counter(process, "topdown-retiring"), 123);
-    assert_eq!(counter(&report["untracked"], "slots"), 0, "{stdout}");
+    assert_eq!(counter(&report["untracked"], "slots"), 0, "{report}");
     assert_conserved(&report);
 }
 
@@ -703,20 +691,14 @@ fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
         return;
     }
     let _serial = serial();
-    let output = run_ok(topdown().args([
-        "stat",
-        "--pmu",
-        "synthetic:intel-icl",
-        "--format",
-        "json",
+    let (report, _) = stat_json([
         "--",
         WORKLOAD,
         "--main-thread",
         // The sleeps switch the thread out: the first one makes its entry, named td-workload.
         "getppid=3,sleep=50,rename=7,getppid=5,sleep=20",
-    ]))
+    ])
     .unwrap();
-    let report = parse_json(&output.stdout).unwrap();
     let tasks = report["tasks"].as_array().unwrap();
     let renamed: Vec<&Value> = tasks
         .iter()
@@ -732,21 +714,7 @@ fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
 
     // The shell sleeps (its entry is made, named sh), then execs the workload in place. The
     // shell makes calls of its own first (dash reads `$PPID` with getppid): measured alone.
-    let shell_run = |script: &str| {
-        let output = run_ok(topdown().args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]))
-        .unwrap();
-        parse_json(&output.stdout).unwrap()
-    };
+    let shell_run = |script: &str| stat_json(["--", "sh", "-c", script]).unwrap().0;
     let alone = shell_run("sleep 0.1");
     let shell_tasks = alone["tasks"].as_array().unwrap();
     let shell: Vec<&Value> = shell_tasks
