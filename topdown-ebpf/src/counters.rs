@@ -365,21 +365,18 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
     let (next_tid, next_tgid, next_traced) = arriving(next);
     let prev: u64 = ctx.arg(1);
-    let (next_marked, prev_arrived_unseen) =
-        note_switch(state, task_tid(prev), next_tid, next_tgid);
+    let read_switch = note_switch(state, task_tid(prev), next_tid, next_tgid);
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
     if reading_owner::kind(owner) == reading_owner::NONE
         && !next_traced
-        && !next_marked
-        && !prev_arrived_unseen
+        && !read_switch
         && next_tid != 0
         && !dying
     {
         // The common case, kept to the fewest helper calls and no map lookup beyond
         // `arriving`'s: nobody traced, no reading, and the delta since the last one already
-        // spans several tasks. A task that arrived unseen may be traced: it goes on
-        // (`delta_belongs_to`).
+        // spans several tasks.
         return 0;
     }
     if interrupted_probe(state) {
@@ -391,8 +388,9 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // A CPU going idle is read (costing nothing anyone waits for): half of the switches away
     // from idle do not fire sched_switch here (`reading_owner`), and a traced task woken on an
     // idle CPU is then credited from this reading on. So is a process whose switch-outs go
-    // unseen (`unseen_leavers`), for a traced task that follows it unseen.
-    if !credit && !next_traced && !next_marked && next_tid != 0 {
+    // unseen (`unseen_leavers`), for a traced task that follows it unseen, and a switch that
+    // found an unseen one (the reading then knows who arrives).
+    if !credit && !next_traced && !read_switch && next_tid != 0 {
         // Nobody traced: no reading. The delta since the last one now spans `next` too.
         // SAFETY: as in `attribute`.
         let state = unsafe { &mut *state };
@@ -487,12 +485,12 @@ pub(crate) fn count_unseen_arrival(state: *mut CpuState, owner: u64, credit: boo
 /// Keeps `CpuState::arrived` at a switch from `prev_tid` to `next_tid`: when the task that
 /// arrived last is not `prev_tid`, it left through a switch sched_switch did not report,
 /// counted in `unseen_switches`, and its process is marked in `UNSEEN_LEAVERS` (idle needs no
-/// mark: a switch to it is always read). True if `next_tgid` is marked: the switch is read
-/// (`topdown_common::reading_owner`), and true as second if `prev_tid` arrived through a
-/// switch sched_switch did not report. Loads and stores only, no map lookup: it runs at every
-/// switch, skipped ones included.
+/// mark: a switch to it is always read). True if the switch is to be read
+/// (`topdown_common::reading_owner`): `next_tgid` is marked, or `prev_tid` arrived unseen (it
+/// may be traced, with no reading at its arrival: `delta_belongs_to`). Loads and stores only,
+/// no map lookup: it runs at every switch, skipped ones included.
 #[inline(always)]
-fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> (bool, bool) {
+fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> bool {
     // SAFETY: as in `attribute`.
     let state = unsafe { &mut *state };
     let unseen = unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid);
@@ -511,7 +509,7 @@ fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u3
                 .add(unseen_leavers::word(next_tgid)),
         )
     };
-    (word & unseen_leavers::bit(next_tgid) != 0, unseen.is_some())
+    word & unseen_leavers::bit(next_tgid) != 0 || unseen.is_some()
 }
 
 /// Sets `tgid`'s bit in `UNSEEN_LEAVERS`, unless set: a store to the shared word only the
