@@ -1144,6 +1144,78 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
     }
 }
 
+/// `stat.rs`'s unseen-leaver test with function probes: a traced thread that came in through
+/// a switch sched_switch did not report, with no reading at its arrival, is claimed by the
+/// first of its probes to run (`reading_owner::claimable_by`), and a probed function keeps
+/// every call and count in runs where that happened. Untraced spinners share every CPU with
+/// it, so PID 1's threads (whose switch-outs this kernel does not report) wake where one runs
+/// and hand the CPU on; runs go on until one had an unseen arrival, at most 6 (without the
+/// calibration, so that the command runs as soon as counting starts, as in `stat.rs`).
+#[test]
+fn a_probed_function_following_a_task_that_leaves_unseen_keeps_every_count() {
+    let _serial = serial();
+    if !privileged() {
+        return;
+    }
+    let c = path_str(&binaries().c);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let _spinners: Vec<KilledOnDrop> = (0..cpus)
+        .map(|cpu| {
+            KilledOnDrop::new(
+                Command::new(env!("CARGO_BIN_EXE_td-workload"))
+                    .arg(format!("cpu={cpu},spin=600000"))
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    const RUNS: usize = 6;
+    let mut arrivals_seen = 0;
+    for run in 0..RUNS {
+        if arrivals_seen > 0 {
+            break;
+        }
+        // 10000 calls of band(100, 0): 100 getppid and 100 getpgid each, on CPU 0.
+        let report = stat(&[
+            "--no-compensation",
+            "-u",
+            &format!("{c}:band"),
+            "--",
+            "taskset",
+            "-c",
+            "0",
+            c,
+            "bands",
+            "10000",
+            "100",
+            "0",
+            "0",
+        ]);
+        let diagnostics = &report["diagnostics"];
+        assert_eq!(
+            figures(function(&report, "band")),
+            (10_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000),
+            "run {run}: {diagnostics}"
+        );
+        let task_slots: u64 = report["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|task| counter(task, "slots"))
+            .sum();
+        assert_eq!(task_slots, 1_000_000, "run {run}: {diagnostics}");
+        assert_eq!(diagnostics["probe_read_failures"], 0, "run {run}");
+        arrivals_seen += diagnostics["unseen_arrivals"].as_u64().unwrap();
+    }
+    if arrivals_seen == 0 {
+        skipped(&format!(
+            "its unseen-arrival part: no unseen arrival in {RUNS} runs \
+             (this kernel may report every switch)"
+        ));
+    }
+}
+
 /// The issue's case, exact on synthetic counters: 1000 calls of band(10, retiring) and 30 of
 /// band(1000, backend bound) give one bucket of exactly 1000 calls and 10000 slots and one of
 /// 30 calls and 30000, each with its own TopDown split, the p50 in the first and the p99 in

@@ -362,6 +362,19 @@ pub mod reading_owner {
     pub const fn tid(owner: u64) -> u32 {
         owner as u32
     }
+
+    /// Whether the traced task `tid`, found running, takes the delta since the CPU's last
+    /// reading although that reading did not see it arrive: the reading saw another, untraced
+    /// task (or idle) arrive, or saw nobody arrive (`NONE`: switches that took no reading came
+    /// between). Either way it came in through a switch sched_switch did not report. An owner
+    /// that is `tid` itself, untraced, is not: that task was untraced when it arrived.
+    pub const fn claimable_by(owner: u64, tid: u32) -> bool {
+        match kind(owner) {
+            UNTRACED => self::tid(owner) != tid,
+            NONE => true,
+            _ => false,
+        }
+    }
 }
 
 /// Processes whose switch-outs sched_switch did not report (`reading_owner`), as a filter of
@@ -1230,5 +1243,26 @@ mod tests {
         filter[word(1)] |= bit(1);
         assert!(marked(&filter, 1 + 64 * WORDS as u32));
         assert!(!marked(&filter, 2) && !marked(&filter, 65));
+    }
+
+    /// Who may take a delta whose reading did not see them arrive: any traced task after
+    /// `NONE`, any but the arrival after `UNTRACED`, nobody after `TRACED` (only its owner,
+    /// which the callers test first).
+    #[test]
+    fn an_unseen_arrival_claims_only_what_no_reading_gave_another() {
+        use super::reading_owner::{NONE, TRACED, UNTRACED, claimable_by, pack};
+        let tid = 4242;
+        assert!(claimable_by(pack(NONE, 0), tid));
+        assert!(claimable_by(pack(UNTRACED, 0), tid), "idle arrived");
+        assert!(claimable_by(pack(UNTRACED, 7), tid));
+        assert!(
+            !claimable_by(pack(UNTRACED, tid), tid),
+            "it arrived untraced"
+        );
+        assert!(!claimable_by(pack(TRACED, 7), tid), "another traced task's");
+        assert!(
+            !claimable_by(pack(TRACED, tid), tid),
+            "its own, not a claim"
+        );
     }
 }

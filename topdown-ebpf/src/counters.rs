@@ -461,15 +461,11 @@ pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
 /// `count_unseen_arrival` (`reading_owner`).
 #[inline(always)]
 pub(crate) fn delta_belongs_to(owner: u64, tid: u32, tgid: u32) -> bool {
-    let kind = reading_owner::kind(owner);
-    if kind == reading_owner::TRACED {
+    if reading_owner::kind(owner) == reading_owner::TRACED {
         return reading_owner::tid(owner) == tid;
     }
-    if kind == reading_owner::UNTRACED && reading_owner::tid(owner) == tid {
-        return false;
-    }
     // A traced task that arrived unseen: the stretches before it and its own are one delta.
-    current_is_traced(tid, tgid)
+    reading_owner::claimable_by(owner, tid) && current_is_traced(tid, tgid)
 }
 
 /// Counts a reading credited (`credit`) although no reading saw its task arrive (`owner` is

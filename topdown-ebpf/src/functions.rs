@@ -221,7 +221,7 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
         if !current_is_traced(tid, tgid) {
             return None;
         }
-        if claimable(owner, tid) {
+        if reading_owner::claimable_by(owner, tid) {
             // The last reading saw an untraced task (or idle) arrive, or saw nobody arrive,
             // and this traced one runs instead: a switch sched_switch did not report. What ran
             // since that reading is the stretches before this task and its own: claim it
@@ -229,8 +229,8 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
             // SAFETY: an aligned u64 of a live per-CPU map value. Atomic, and checked again:
             // on preemptible kernels a switch may run between the load above and this.
             let before = unsafe { atomic_swap(&raw mut (*state).owner, owned) };
-            if before == owner || before == owned || claimable(before, tid) {
-                if before != owned && reading_owner::kind(before) == reading_owner::NONE {
+            if before == owner || before == owned || reading_owner::claimable_by(before, tid) {
+                if reading_owner::kind(before) == reading_owner::NONE {
                     // SAFETY: as above; a switch on this CPU adds to it non-atomically, but
                     // cannot run inside this one instruction.
                     unsafe { atomic_add(&raw mut (*state).unseen_arrivals, 1) };
@@ -252,17 +252,6 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
         return None;
     }
     Some((tid, tgid))
-}
-
-/// An owner `tid` may claim: the last reading saw another, untraced task arrive, or saw
-/// nobody arrive (`counters::delta_belongs_to`).
-#[inline(always)]
-fn claimable(owner: u64, tid: u32) -> bool {
-    match reading_owner::kind(owner) {
-        reading_owner::UNTRACED => reading_owner::tid(owner) != tid,
-        reading_owner::NONE => true,
-        _ => false,
-    }
 }
 
 /// Per-point attach (one perf link per function): kernels without uprobe.multi.
