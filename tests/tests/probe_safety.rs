@@ -519,3 +519,74 @@ fn a_signal_while_counting_ends_the_run_with_its_report() {
         String::from_utf8_lossy(&probe.stderr)
     );
 }
+
+/// `-a` is machine-wide by its meaning: every process that maps a probed file traps at its
+/// probed functions. topdown's own process never does, even when it maps that file itself
+/// (here a libc copy it was started with through `LD_LIBRARY_PATH`, whose `malloc` and `free`
+/// are probed): it starts itself again on a copy of its own before anything is attached. It
+/// allocates all through attaching, so without that it would have trapped (the kernel maps
+/// its `[uprobes]` page) before it says it is counting; a program of the probed copy traps,
+/// and its calls are counted.
+#[test]
+fn machine_wide_probes_never_trap_in_topdown_itself() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("topdown-self-probed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let libc = dir.join("libc.so.6");
+    std::fs::copy(system_library("libc.so.6"), &libc).unwrap();
+    let out = dir.join("report.json");
+    let mut command = topdown();
+    command.env("LD_LIBRARY_PATH", &dir).args([
+        "stat",
+        "-a",
+        "-d",
+        "4",
+        "--pmu",
+        "synthetic:intel-icl",
+        "--format",
+        "json",
+        "-o",
+    ]);
+    command.arg(&out);
+    for function in ["malloc", "free"] {
+        command
+            .arg("-u")
+            .arg(format!("{}:{function}", libc.display()));
+    }
+    let mut tracer = KilledOnDrop::new(command.stderr(Stdio::piped()).spawn().unwrap());
+    let pid = tracer.child().id();
+    let said = wait_until_counting(tracer.child(), START_TIMEOUT).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("[uprobes]"), "topdown trapped:\n{maps}");
+    assert!(
+        !maps.contains(&format!("{} ", libc.display()))
+            && !maps.ends_with(&*libc.to_string_lossy()),
+        "topdown maps the probed file:\n{maps}"
+    );
+    assert!(!said.contains("itself maps"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap(),
+        "topdown\n",
+        "the restarted process keeps its name"
+    );
+    let probed = Command::new("python3")
+        .args([
+            "-c",
+            "print(open('/proc/self/maps').read().count('[uprobes]'))",
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&probed.stdout), "1\n");
+    assert!(tracer.child().wait().unwrap().success());
+    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    for symbol in ["malloc", "free"] {
+        let calls = function(&report, symbol)["calls"].as_u64().unwrap();
+        assert!(calls > 0, "{symbol}: {}", report["functions"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

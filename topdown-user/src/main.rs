@@ -6,7 +6,9 @@ use topdown::{
     cli::{Cli, Command, Invocation},
     commands::stat,
     error::{EXIT_RUNTIME, failure_of},
+    functions::{own_process, symbols::ProbeSpec},
     report,
+    session::target::Scope,
 };
 
 fn main() -> ExitCode {
@@ -49,6 +51,34 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
+    // Machine-wide probes trap in every process that maps a probed file: topdown restarts
+    // itself on private copies of those it maps, before it has a thread or a probe.
+    let machine_wide = match &cli.command {
+        Command::Stat(args) if matches!(args.scope.scope(), Scope::SystemWide) => {
+            Some(&args.counting)
+        }
+        Command::Top(args) if matches!(args.scope.scope(), Scope::SystemWide) => {
+            Some(&args.counting)
+        }
+        Command::Serve(args) => Some(&args.counting),
+        _ => None,
+    };
+    let probe_targets: Vec<String> = machine_wide
+        .map(|counting| {
+            let functions = counting
+                .uprobes
+                .iter()
+                .filter_map(|spec| ProbeSpec::parse(spec).ok())
+                .map(|spec| spec.target);
+            // `-U TARGET:PROVIDER:NAME`: USDT sites are uprobes too.
+            let usdt = counting
+                .usdt
+                .iter()
+                .filter_map(|spec| spec.split_once(':').map(|(target, _)| target.to_owned()));
+            functions.chain(usdt).collect()
+        })
+        .unwrap_or_default();
+    own_process::leave_probed_files(&probe_targets);
     match cli.command {
         Command::Stat(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()

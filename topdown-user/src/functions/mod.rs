@@ -6,6 +6,7 @@
 //! - [`unwinding`]: which return mechanism a target gets (`--returns`), where unwinding ends.
 //! - [`exit_plan`]: where each probed function's calls end, as uprobes and their cookies.
 //! - [`probes`]: attaching them with stable function ids, re-attaching, detaching.
+//! - [`own_process`]: keeping topdown's own process out of machine-wide probes.
 //! - [`calibration`]: the probes' own cost, measured each run and subtracted (`record`: what
 //!   the report says of it).
 //! - [`distribution`]: per-call distributions, which calls are slow and why.
@@ -13,6 +14,7 @@
 pub mod calibration;
 pub mod distribution;
 pub mod exit_plan;
+pub mod own_process;
 pub mod probes;
 pub mod symbols;
 pub mod unwinding;

@@ -510,7 +510,7 @@ fn locate() -> Result<Located> {
         topdown_calibration_lone_empty as *const () as usize,
     )?;
     let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
-    let offset_of = |address: usize| -> Result<u64> {
+    let mapping_of = |address: usize| -> Result<(u64, &str)> {
         for line in maps.lines() {
             let mut fields = line.split_whitespace();
             let (Some(range), Some(_perms), Some(offset)) =
@@ -529,20 +529,28 @@ fn locate() -> Result<Located> {
                 continue;
             };
             if (start..end).contains(&address) {
-                return Ok(offset + (address - start) as u64);
+                return Ok((offset + (address - start) as u64, range));
             }
         }
         Err(anyhow!(
             "address {address:#x} is in no mapping of /proc/self/maps"
         ))
     };
+    let offset_of =
+        |address: usize| -> Result<u64> { mapping_of(address).map(|(offset, _)| offset) };
     let empty = offset_of(empty_address)?;
     let caller = offset_of(caller_address)?;
     let lone_caller = offset_of(lone_caller_address)?;
+    // The kernel resolves the path in topdown's own process: the running file, even if it
+    // was replaced on disk since. Started through the loader on private copies,
+    // `/proc/self/exe` is the loader: the mapping of the code itself names the file then.
+    let target = if crate::functions::own_process::restarted() {
+        format!("/proc/self/map_files/{}", mapping_of(empty_address)?.1).into()
+    } else {
+        "/proc/self/exe".into()
+    };
     Ok(Located {
-        // The kernel resolves the path in topdown's own process: the running file, even if it
-        // was replaced on disk since.
-        target: "/proc/self/exe".into(),
+        target,
         empty,
         empty_ret: empty + EMPTY_RET,
         caller,
