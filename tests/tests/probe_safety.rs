@@ -590,3 +590,66 @@ fn machine_wide_probes_never_trap_in_topdown_itself() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where the private copies cannot be loaded (`TMPDIR` on a `noexec` mount), topdown does not
+/// start itself again into a loader that would fail: it says why, says that its own calls
+/// trap, and counts as before.
+#[test]
+fn machine_wide_probes_on_a_noexec_tmpdir_say_why_topdown_stays_probed() {
+    if !privileged() {
+        return;
+    }
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("topdown-noexec-{}", std::process::id()));
+    let mount = dir.join("tmp");
+    std::fs::create_dir_all(&mount).unwrap();
+    let libc = dir.join("libc.so.6");
+    std::fs::copy(system_library("libc.so.6"), &libc).unwrap();
+    check(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "noexec,size=16m", "tmpfs"])
+            .arg(&mount),
+    );
+    // Unmounted however the test ends.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let unmount = Unmount(&mount);
+    let output = topdown()
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("TMPDIR", &mount)
+        .args([
+            "stat",
+            "-a",
+            "-d",
+            "1",
+            "--pmu",
+            "synthetic:intel-icl",
+            "-o",
+            "/dev/null",
+        ])
+        .arg("-u")
+        .arg(format!("{}:malloc", libc.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("does not allow executable mappings (noexec): set TMPDIR"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("topdown itself maps {}", libc.display())),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&mount).unwrap().count(),
+        0,
+        "the copies are removed"
+    );
+    drop(unmount);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -143,7 +143,18 @@ fn restart_on_copies(mapped: &[PathBuf]) -> anyhow::Result<std::convert::Infalli
         .mode(0o700)
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
-    let copied = copy_into(&dir, mapped, &executable, &loader);
+    let copied = copy_into(&dir, mapped, &executable, &loader).and_then(|copies| {
+        // A directory on a `noexec` mount would let the copies be written but not loaded,
+        // and the loader would fail after the exec, with nothing to fall back to.
+        if copies.files.iter().all(|copy| can_map_executable(copy)) {
+            Ok((copies.program, copies.loader))
+        } else {
+            Err(anyhow::anyhow!(
+                "{} does not allow executable mappings (noexec): set TMPDIR to a directory that does",
+                dir.display()
+            ))
+        }
+    });
     let (program, loader_to_run) = match copied {
         Ok(paths) => paths,
         Err(err) => {
@@ -172,18 +183,30 @@ fn restart_on_copies(mapped: &[PathBuf]) -> anyhow::Result<std::convert::Infalli
     Err(err).with_context(|| format!("running {}", loader_to_run.display()))
 }
 
-/// Copies each of `mapped` into `dir` under the name the loader looks for; returns the
-/// program and loader to run (the copies where topdown's executable or loader is probed).
+/// What `copy_into` made.
+struct Copies {
+    /// Every copy.
+    files: Vec<PathBuf>,
+    /// The program and the loader to run: the copies where topdown's executable or loader
+    /// is probed.
+    program: PathBuf,
+    loader: PathBuf,
+}
+
+/// Copies each of `mapped` into `dir` under the name the loader looks for.
 fn copy_into(
     dir: &Path,
     mapped: &[PathBuf],
     executable: &Path,
     loader: &Path,
-) -> anyhow::Result<(PathBuf, PathBuf)> {
+) -> anyhow::Result<Copies> {
     use anyhow::Context as _;
     let same = |a: &Path, b: &Path| identity(a).is_some() && identity(a) == identity(b);
-    let mut program = executable.to_owned();
-    let mut loader_to_run = loader.to_owned();
+    let mut copies = Copies {
+        files: Vec::new(),
+        program: executable.to_owned(),
+        loader: loader.to_owned(),
+    };
     for file in mapped {
         // The loader looks a library up by its DT_NEEDED name, which is its soname.
         let name = soname(file)
@@ -194,12 +217,38 @@ fn copy_into(
         std::fs::copy(file, &copy)
             .with_context(|| format!("copying {} to {}", file.display(), copy.display()))?;
         if same(file, executable) {
-            program = copy;
+            copies.program = copy.clone();
         } else if same(file, loader) {
-            loader_to_run = copy;
+            copies.loader = copy.clone();
         }
+        copies.files.push(copy);
     }
-    Ok((program, loader_to_run))
+    Ok(copies)
+}
+
+/// Whether `path` can be mapped executable (its mount is not `noexec`).
+fn can_map_executable(path: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a private read-only mapping of one page of an open file, unmapped at once; the
+    // pointer is not read.
+    unsafe {
+        let address = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        );
+        if address == libc::MAP_FAILED {
+            return false;
+        }
+        libc::munmap(address, 4096);
+    }
+    true
 }
 
 /// The program interpreter (PT_INTERP) of an ELF executable.
