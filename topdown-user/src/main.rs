@@ -7,7 +7,6 @@ use topdown::{
     commands::stat,
     error::{EXIT_RUNTIME, failure_of},
     functions::{own_process, symbols::ProbeSpec},
-    report,
     session::target::Scope,
 };
 
@@ -97,7 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Report(args) => {
             // FILE is replaced only once the report is complete: a bad input keeps it.
             let mut output = topdown::ui::output::Output::open(args.report.output.as_deref())?;
-            report::report_command(
+            topdown::commands::report::run(
                 &args.input,
                 args.level,
                 args.report.format,

@@ -11,13 +11,14 @@
 //!   Welch's test, renderers).
 //! - [`list`]: `topdown list`, the machine, the model `--pmu auto` picks and every counter.
 //! - [`check`]: `topdown check`, whether tracing can work here and what to do if not.
+//! - [`report`]: `topdown report -i`, a recording rendered again.
 //!
-//! `topdown report -i` is [`crate::report::report_command`], beside the format it reads back;
-//! the hidden `topdown generate` is [`crate::cli::usage`], beside the CLI it documents.
+//! The hidden `topdown generate` is [`crate::cli::usage`], beside the CLI it documents.
 
 pub mod check;
 pub mod diff;
 pub mod list;
+pub mod report;
 pub mod serve;
 pub mod stat;
 pub mod top;

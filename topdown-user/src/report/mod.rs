@@ -499,41 +499,6 @@ pub fn render(
     }
 }
 
-/// `topdown report -i FILE`: reload, recompute with the recorded model, re-render.
-pub fn report_command(
-    input: &std::path::Path,
-    level: Option<u8>,
-    format: Format,
-    by: &[By],
-    weight: Weight,
-    out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
-    for mut report in load_reports(input)? {
-        let model = crate::model::base_model(&report.model).map_err(|err| {
-            crate::error::fail(
-                crate::error::Failure::Usage,
-                format!("{}: {err:#}", input.display()),
-            )
-        })?;
-        let level = match level {
-            None => report.level,
-            Some(level) if model.max_level() == 0 => {
-                return Err(crate::error::fail(
-                    crate::error::Failure::Usage,
-                    format!(
-                        "-l {level}: the recording's model {} has no TopDown levels",
-                        report.model
-                    ),
-                ));
-            }
-            Some(level) => level,
-        };
-        recompute(&mut report, model.as_ref(), level);
-        render(&report, format, by, weight, out)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
