@@ -80,6 +80,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    time::Duration,
     time::Instant,
 };
 
@@ -646,6 +647,10 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
     };
     let mut session = Session::start(&config, setup.groups, setup.tracefs)
         .context("starting the calibration session")?;
+    log::debug!(
+        "calibration: session started after {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
     // One CPU per core type; one core type: wherever the scheduler runs it.
     let core_types: Vec<(Option<String>, Option<u32>)> = if setup.hybrid_cpus.is_empty() {
         vec![(None, None)]
@@ -690,6 +695,10 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         // A, C and B take turns piece by piece, so a drift of the machine's speed during the
         // calibration lands in all three and cancels out of T = A - B. The loop calling the
         // empty function directly (C) records it as called from outside any probed function.
+        log::debug!(
+            "calibration ({mechanism:?}): attaching after {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
         let samples = (setup.calls / PIECES).max(1) * PIECES;
         let runs = measure(
             &mut session,
@@ -699,6 +708,10 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
             setup.calls,
             pid,
         )?;
+        log::debug!(
+            "calibration ({mechanism:?}): measured after {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
         for ((core_type, cpu), loops) in core_types.iter().zip(&runs) {
             let [a, c, b] = loops.as_slice() else {
                 bail!("the calibration measured {} runs, not 3", loops.len());
@@ -835,50 +848,63 @@ fn measure(
     calls: u64,
     pid: u32,
 ) -> Result<Vec<Vec<Vec<Piece>>>> {
+    let attaching = Instant::now();
     session
         .attach_functions(points, &[pid])
         .context("attaching the calibration probes")?;
+    log::debug!(
+        "calibration: attached in {:.0} ms",
+        attaching.elapsed().as_secs_f64() * 1e3
+    );
     let mut results = Vec::new();
     for (_, cpu) in core_types {
-        for &loop_calls in called {
-            run_on(*cpu, loop_calls, WARM_UP_CALLS)?;
-        }
-        let mut before = session.snapshot()?;
-        let mut pieces = vec![Vec::new(); called.len()];
-        for _ in 0..PIECES {
-            for (&loop_calls, pieces) in called.iter().zip(&mut pieces) {
-                run_on(*cpu, loop_calls, (calls / PIECES).max(1))?;
-                let after = session.snapshot()?;
-                let delta = Aggregate::since(&after, Some(&before));
-                pieces.push(
-                    delta
-                        .calls
-                        .into_iter()
-                        .map(|call| (call.key, call))
-                        .collect(),
-                );
-                before = after;
-            }
-        }
+        // One thread (pinned to `cpu` if given) runs every piece and takes the snapshots
+        // between them: a thread per piece waited for the scheduler at each start, which on
+        // a busy machine took longer than the calls themselves.
+        let pieces = std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> Result<Vec<Vec<Piece>>> {
+                    if let Some(cpu) = cpu {
+                        pin_to(*cpu)?;
+                    }
+                    for &loop_calls in called {
+                        call(loop_calls, WARM_UP_CALLS);
+                    }
+                    let mut before = session.snapshot()?;
+                    let mut pieces = vec![Vec::new(); called.len()];
+                    let (mut calling, mut reading) = (Duration::ZERO, Duration::ZERO);
+                    for _ in 0..PIECES {
+                        for (&loop_calls, pieces) in called.iter().zip(&mut pieces) {
+                            let started = Instant::now();
+                            call(loop_calls, (calls / PIECES).max(1));
+                            calling += started.elapsed();
+                            let started = Instant::now();
+                            let after = session.snapshot()?;
+                            reading += started.elapsed();
+                            let delta = Aggregate::since(&after, Some(&before));
+                            pieces.push(
+                                delta
+                                    .calls
+                                    .into_iter()
+                                    .map(|call| (call.key, call))
+                                    .collect(),
+                            );
+                            before = after;
+                        }
+                    }
+                    log::debug!(
+                        "calibration: {:.0} ms calling, {:.0} ms reading the maps",
+                        calling.as_secs_f64() * 1e3,
+                        reading.as_secs_f64() * 1e3
+                    );
+                    Ok(pieces)
+                })
+                .join()
+                .map_err(|_| anyhow!("the calibration thread panicked"))?
+        })?;
         results.push(pieces);
     }
     Ok(results)
-}
-
-/// Calls the calibration caller `times` times on a thread of its own, pinned to `cpu` if given.
-fn run_on(cpu: Option<u32>, called: Calls, times: u64) -> Result<()> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || -> Result<()> {
-                if let Some(cpu) = cpu {
-                    pin_to(cpu)?;
-                }
-                call(called, times);
-                Ok(())
-            })
-            .join()
-            .map_err(|_| anyhow!("the calibration thread panicked"))?
-    })
 }
 
 fn pin_to(cpu: u32) -> Result<()> {
