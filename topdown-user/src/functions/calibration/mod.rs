@@ -768,8 +768,12 @@ pub fn calibrate(setup: Setup<'_>) -> Result<Calibration> {
         }
     }
     if setup.after_counting {
-        // Not joined: at exit the kernel completes a close the thread has started.
-        std::thread::spawn(move || drop(session));
+        // Not joined: at exit the kernel completes a close the threads have started.
+        let closing = session.close_in_background();
+        std::thread::spawn(move || {
+            let _ = closing.join();
+            drop(session);
+        });
     } else {
         drop(session);
     }

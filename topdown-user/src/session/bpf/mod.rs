@@ -48,6 +48,38 @@ use crate::{
 /// The eBPF object, built by build.rs with the pinned nightly and bpf-linker.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topdown"));
 
+/// At most this many threads close a finished session's links and programs at once.
+const CLOSING_THREADS: usize = 32;
+
+/// One thing `Session::close_in_background` closes.
+enum Closing<'a> {
+    /// A per-process link (`ProcessLinks`).
+    Link(std::os::fd::OwnedFd),
+    /// A program, detached from everything it is attached to and unloaded.
+    Program(&'a mut aya::programs::Program),
+}
+
+impl Closing<'_> {
+    fn close(self) {
+        use aya::programs::Program;
+        match self {
+            Closing::Link(link) => drop(link),
+            // The kinds topdown loads; any other is unloaded with the object.
+            Closing::Program(program) => {
+                let _ = match program {
+                    Program::BtfTracePoint(program) => program.unload(),
+                    Program::TracePoint(program) => program.unload(),
+                    Program::RawTracePoint(program) => program.unload(),
+                    Program::UProbe(program) => program.unload(),
+                    Program::KProbe(program) => program.unload(),
+                    Program::PerfEvent(program) => program.unload(),
+                    _ => Ok(()),
+                };
+            }
+        }
+    }
+}
+
 /// What to attribute and how big the maps are.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -752,10 +784,31 @@ impl Session {
         // Ids into the programs going away with `ebpf`.
         self.function_links.clear();
         std::thread::spawn(move || {
-            // Two threads, so that their waits overlap.
-            let links = std::thread::spawn(move || drop(followed));
+            let mut ebpf = ebpf;
+            let mut closing: Vec<Closing<'_>> = followed.into_iter().map(Closing::Link).collect();
+            if let Some(ebpf) = ebpf.as_mut() {
+                closing.extend(
+                    ebpf.programs_mut()
+                        .map(|(_, program)| Closing::Program(program)),
+                );
+            }
+            // Each close waits for the kernel's grace periods on next to no CPU: closed all
+            // at once, the waits overlap (RCU serves concurrent waiters with one grace
+            // period) instead of adding up, which one after another outlasted the probes'
+            // calibration and the report and held up the process's exit (~0.5 s with a
+            // whole libc and libstdc++ probed). Counting is over: the order no longer matters.
+            let threads = closing.len().clamp(1, CLOSING_THREADS);
+            let mut shares: Vec<Vec<Closing<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+            for (index, item) in closing.into_iter().enumerate() {
+                shares[index % threads].push(item);
+            }
+            std::thread::scope(|scope| {
+                for share in shares {
+                    scope.spawn(move || share.into_iter().for_each(Closing::close));
+                }
+            });
+            // The maps: freed by the kernel after a grace period, without waiting for it.
             drop(ebpf);
-            let _ = links.join();
         })
     }
 
