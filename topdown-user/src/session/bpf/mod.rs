@@ -769,10 +769,10 @@ impl Session {
         Ok(())
     }
 
-    /// Detaches every program and frees the maps on a thread of its own, for when counting is
-    /// over (the last snapshot taken): the kernel's unregistration of tracepoint and uprobe
-    /// links waits for RCU grace periods, 250-440 ms for a run probing a whole libc here, on
-    /// ~3 ms of CPU, which the report need not wait for. Reading the session afterwards is an
+    /// Detaches every program and frees the maps on threads of their own, for when counting
+    /// is over (the last snapshot taken): the kernel's unregistration of tracepoint and uprobe
+    /// links waits for RCU grace periods, 250-440 ms for a run probing a whole libc here when
+    /// closed one after another, on ~3 ms of CPU, which the report need not wait for. Reading the session afterwards is an
     /// error; the counter fds stay open until it is dropped.
     pub fn close_in_background(&mut self) -> std::thread::JoinHandle<()> {
         let ebpf = self.ebpf.take();
