@@ -135,10 +135,13 @@ fn restart_on_copies(mapped: &[PathBuf]) -> anyhow::Result<std::convert::Infalli
     let executable = std::fs::read_link("/proc/self/exe").context("reading /proc/self/exe")?;
     let loader = interpreter(&executable)
         .with_context(|| format!("{} names no dynamic loader", executable.display()))?;
-    // Private: only root reads it, and a directory left by an earlier topdown of this pid
-    // (killed between its exec and its start) goes first.
-    let dir = std::env::temp_dir().join(format!("topdown-private-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // Private (mode 0700, made here: creating fails rather than reuse what is there) and not
+    // guessable in advance in a shared /tmp.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    let dir =
+        std::env::temp_dir().join(format!("topdown-private-{}-{nanos:09}", std::process::id()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
@@ -170,11 +173,12 @@ fn restart_on_copies(mapped: &[PathBuf]) -> anyhow::Result<std::convert::Infalli
     }
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_else(|| executable.clone().into());
-    let err = std::process::Command::new(&loader_to_run)
-        .arg("--library-path")
-        .arg(&library_path)
-        .arg("--argv0")
-        .arg(argv0)
+    let mut command = std::process::Command::new(&loader_to_run);
+    command.arg("--library-path").arg(&library_path);
+    if loader_takes_argv0() {
+        command.arg("--argv0").arg(argv0);
+    }
+    let err = command
         .arg(&program)
         .args(args)
         .env(COPIES_ENV, &dir)
@@ -224,6 +228,19 @@ fn copy_into(
         copies.files.push(copy);
     }
     Ok(copies)
+}
+
+/// Whether the dynamic loader knows `--argv0` (glibc 2.33 and later); an older one would
+/// refuse the whole start. Without it the program's path stands as its argv[0].
+fn loader_takes_argv0() -> bool {
+    // SAFETY: glibc returns a static NUL-terminated string.
+    let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let mut parts = version
+        .to_str()
+        .unwrap_or("")
+        .split('.')
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 33)
 }
 
 /// Whether `path` can be mapped executable (its mount is not `noexec`).
