@@ -263,6 +263,13 @@ pub fn counter(entity: &Value, name: &str) -> u64 {
     entity["counters"][name].as_u64().unwrap_or(0)
 }
 
+/// `counters[name]` summed over a report's tasks.
+pub fn tasks_total(report: &Value, name: &str) -> u64 {
+    report["tasks"].as_array().map_or(0, |tasks| {
+        tasks.iter().map(|task| counter(task, name)).sum()
+    })
+}
+
 /// The task entry with this tid.
 pub fn task(report: &Value, tid: u64) -> Option<&Value> {
     report["tasks"]

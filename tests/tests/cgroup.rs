@@ -543,12 +543,7 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     assert!(counter(&report["untracked"], "slots") >= 50_000);
     for name in report["counter_names"].as_array().unwrap() {
         let name = name.as_str().unwrap();
-        let tasks: u64 = report["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|task| counter(task, name))
-            .sum();
+        let tasks: u64 = tasks_total(&report, name);
         let parts = tasks
             + counter(&report["idle"], name)
             + counter(&report["untracked"], name)

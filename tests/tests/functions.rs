@@ -284,12 +284,7 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
             (1, 60, 0, 60, 0),
             "{mode}"
         );
-        let process_slots: u64 = report["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| counter(t, "slots"))
-            .sum();
+        let process_slots: u64 = tasks_total(&report, "slots");
         assert_eq!(
             process_slots, 1060,
             "{mode}: both threads' calls are counted, each in its own place"
@@ -1133,12 +1128,7 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
         // leaf(1) 2000 times a second for 1.5 s: one getppid (one slot) per call.
         let report = stat(&["-u", &format!("{c}:leaf"), "--", c, "steady", "2000", "1.5"]);
         assert_eq!(figures(function(&report, "leaf")), (3000, 3000, 0, 3000, 0));
-        let task_slots: u64 = report["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|task| counter(task, "slots"))
-            .sum();
+        let task_slots: u64 = tasks_total(&report, "slots");
         assert_eq!(task_slots, 3000, "{}", report["tasks"]);
         assert_eq!(report["diagnostics"]["probe_read_failures"], 0);
     }
@@ -1198,12 +1188,7 @@ fn a_probed_function_following_a_task_that_leaves_unseen_keeps_every_count() {
             (10_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000),
             "run {run}: {diagnostics}"
         );
-        let task_slots: u64 = report["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|task| counter(task, "slots"))
-            .sum();
+        let task_slots: u64 = tasks_total(&report, "slots");
         assert_eq!(task_slots, 1_000_000, "run {run}: {diagnostics}");
         assert_eq!(diagnostics["probe_read_failures"], 0, "run {run}");
         arrivals_seen += diagnostics["unseen_arrivals"].as_u64().unwrap();

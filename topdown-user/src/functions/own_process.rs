@@ -20,7 +20,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::read::elf::{Dyn as _, ElfFile64, FileHeader as _, ProgramHeader as _};
+use object::read::elf::{ElfFile64, ProgramHeader as _};
 
 use crate::functions::symbols::target::{MapsLine, find_target};
 
@@ -282,19 +282,7 @@ fn interpreter(executable: &Path) -> Option<PathBuf> {
 
 /// A shared object's DT_SONAME.
 fn soname(path: &Path) -> Option<String> {
-    let data = std::fs::read(path).ok()?;
-    let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
-    let endian = file.endian();
-    let sections = file.elf_header().sections(endian, &*data).ok()?;
-    let (entries, link) = sections.dynamic(endian, &*data).ok()??;
-    let strings = sections.strings(endian, &*data, link).ok()?;
-    entries.iter().find_map(|entry| {
-        if entry.d_tag.get(endian) != object::elf::DT_SONAME {
-            return None;
-        }
-        let bytes = entry.string(endian, strings).ok()?;
-        Some(String::from_utf8_lossy(bytes).into_owned())
-    })
+    crate::functions::unwinding::dynamic_of(path)?.soname
 }
 
 #[cfg(test)]

@@ -328,15 +328,16 @@ pub fn needed_closure(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-struct Dynamic {
-    needed: Vec<String>,
-    rpath: Option<String>,
-    runpath: Option<String>,
+pub(crate) struct Dynamic {
+    pub(crate) needed: Vec<String>,
+    pub(crate) rpath: Option<String>,
+    pub(crate) runpath: Option<String>,
+    pub(crate) soname: Option<String>,
 }
 
-/// DT_NEEDED, DT_RPATH and DT_RUNPATH of a 64-bit ELF object (System V gABI, "Dynamic
-/// Section").
-fn dynamic_of(path: &Path) -> Option<Dynamic> {
+/// DT_NEEDED, DT_RPATH, DT_RUNPATH and DT_SONAME of a 64-bit ELF object (System V gABI,
+/// "Dynamic Section").
+pub(crate) fn dynamic_of(path: &Path) -> Option<Dynamic> {
     let data = std::fs::read(path).ok()?;
     let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
     let endian = file.endian();
@@ -347,6 +348,7 @@ fn dynamic_of(path: &Path) -> Option<Dynamic> {
         needed: Vec::new(),
         rpath: None,
         runpath: None,
+        soname: None,
     };
     for entry in entries {
         let tag = entry.d_tag.get(endian);
@@ -360,6 +362,7 @@ fn dynamic_of(path: &Path) -> Option<Dynamic> {
             object::elf::DT_NEEDED => dynamic.needed.extend(string()),
             object::elf::DT_RPATH => dynamic.rpath = string(),
             object::elf::DT_RUNPATH => dynamic.runpath = string(),
+            object::elf::DT_SONAME => dynamic.soname = string(),
             _ => {}
         }
     }
