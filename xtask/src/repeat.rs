@@ -79,9 +79,15 @@ pub fn repeat(plan: &Plan) -> Result<bool> {
     let copies = directory.join("bin");
     std::fs::create_dir_all(&copies).with_context(|| format!("creating {}", copies.display()))?;
     let topdown = copy_into(&crate::build_topdown(false)?, &copies, "topdown")?;
-    let mut binaries = test_binaries()?;
+    let (mut binaries, libraries) = test_binaries()?;
     for binary in &mut binaries {
         binary.executable = copy_into(&binary.executable, &copies, &binary.name.replace('/', "-"))?;
+    }
+    // The C API tests link the static library cargo built beside the test binaries.
+    for library in &libraries {
+        if let Some(name) = library.file_name() {
+            copy_into(library, &copies, &name.to_string_lossy())?;
+        }
     }
     let selected: Vec<&TestBinary> = binaries
         .iter()
@@ -196,8 +202,9 @@ fn failed_tests(stdout: &str) -> Vec<String> {
         .collect()
 }
 
-/// Builds the integration tests and lists their binaries from cargo's JSON messages.
-fn test_binaries() -> Result<Vec<TestBinary>> {
+/// Builds the integration tests and lists their binaries from cargo's JSON messages, and the
+/// C libraries (static and shared) built with them, which tests find beside themselves.
+fn test_binaries() -> Result<(Vec<TestBinary>, Vec<PathBuf>)> {
     let mut build = cmd::cargo();
     build.args(["test", "--no-run", "--message-format=json"]);
     for package in PACKAGES {
@@ -209,6 +216,7 @@ fn test_binaries() -> Result<Vec<TestBinary>> {
         bail!("{} failed ({})", cmd::describe(&build), output.status);
     }
     let mut binaries = Vec::new();
+    let mut libraries = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -217,6 +225,22 @@ fn test_binaries() -> Result<Vec<TestBinary>> {
             continue;
         }
         let target = &message["target"];
+        let c_library = target["kind"].as_array().is_some_and(|kinds| {
+            kinds
+                .iter()
+                .any(|kind| kind == "staticlib" || kind == "cdylib")
+        });
+        if c_library {
+            libraries.extend(
+                message["filenames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|file| file.as_str())
+                    .filter(|file| file.ends_with(".a") || file.ends_with(".so"))
+                    .map(PathBuf::from),
+            );
+        }
         let is_integration = target["kind"]
             .as_array()
             .is_some_and(|kinds| kinds.iter().any(|kind| kind == "test"));
@@ -249,7 +273,9 @@ fn test_binaries() -> Result<Vec<TestBinary>> {
     if binaries.is_empty() {
         bail!("cargo test --no-run listed no integration test binaries");
     }
-    Ok(binaries)
+    libraries.sort();
+    libraries.dedup();
+    Ok((binaries, libraries))
 }
 
 /// The load beside the tests, stopped when dropped.
