@@ -13,16 +13,13 @@
 
 use std::{
     ffi::OsString,
-    os::unix::{
-        fs::{DirBuilderExt as _, MetadataExt as _},
-        process::CommandExt as _,
-    },
+    os::unix::{fs::DirBuilderExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
 };
 
 use object::read::elf::{ElfFile64, ProgramHeader as _};
 
-use crate::functions::symbols::target::{MapsLine, find_target};
+use crate::functions::symbols::target::{MapsLine, file_identity, find_target};
 
 /// Set in the restarted process: the directory of the private copies (to remove), which also
 /// tells it not to restart again.
@@ -69,18 +66,16 @@ pub fn leave_probed_files(probe_targets: &[String]) {
     if mapped.is_empty() {
         return;
     }
-    match restart_on_copies(&mapped) {
-        // `exec` returned: it failed. Carry on as we are (the probes say what that means).
-        Err(err) => log::warn!(
-            "could not start again on private copies of {} (topdown's own calls will trap): {err:#}",
-            mapped
-                .iter()
-                .map(|path| path.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Ok(never) => match never {},
-    }
+    // Only a failed `exec` returns. Carry on as we are (the probes say what that means).
+    let Err(err) = restart_on_copies(&mapped);
+    log::warn!(
+        "could not start again on private copies of {} (topdown's own calls will trap): {err:#}",
+        mapped
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }
 
 /// Gives the process its own name back: started through the loader, it is named after the
@@ -108,24 +103,21 @@ fn mapped_targets(targets: &[PathBuf]) -> Vec<PathBuf> {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return Vec::new();
     };
-    let wanted: Vec<(u64, u64)> = targets.iter().filter_map(|path| identity(path)).collect();
+    let wanted: Vec<(u64, u64)> = targets
+        .iter()
+        .filter_map(|path| file_identity(path))
+        .collect();
     let mut mapped: Vec<PathBuf> = Vec::new();
     for line in maps.lines().filter_map(MapsLine::parse) {
         if line.deleted || !line.path.starts_with('/') {
             continue;
         }
         let path = PathBuf::from(line.path);
-        if !mapped.contains(&path) && identity(&path).is_some_and(|id| wanted.contains(&id)) {
+        if !mapped.contains(&path) && file_identity(&path).is_some_and(|id| wanted.contains(&id)) {
             mapped.push(path);
         }
     }
     mapped
-}
-
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 /// Copies `mapped` into a new private directory and execs topdown through the dynamic loader
@@ -205,7 +197,8 @@ fn copy_into(
     loader: &Path,
 ) -> anyhow::Result<Copies> {
     use anyhow::Context as _;
-    let same = |a: &Path, b: &Path| identity(a).is_some() && identity(a) == identity(b);
+    let same =
+        |a: &Path, b: &Path| file_identity(a).is_some() && file_identity(a) == file_identity(b);
     let mut copies = Copies {
         files: Vec::new(),
         program: executable.to_owned(),

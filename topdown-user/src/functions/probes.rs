@@ -7,7 +7,6 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -21,7 +20,7 @@ use crate::{
         exit_plan::{Plan, Probed, plan},
         symbols::{
             ProbeSpec, Resolution, ResolvedFunction, elf::FileFunctions,
-            resolve as resolve_functions, x86::ProbeCheck,
+            resolve as resolve_functions, target::file_identity, x86::ProbeCheck,
         },
         unwinding::{self, Image, ReturnMode, ReturnProbe, TargetReturns},
     },
@@ -35,13 +34,6 @@ const ATTACH_PROGRESS_FROM: usize = 200;
 /// exit-before-entry order for its own functions, and links accumulate in the session, so
 /// detaching is unchanged.
 const ATTACH_BATCH: usize = 100;
-
-/// `(dev, inode)` of a file, or `None` while it is missing (mid-replacement).
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|meta| (meta.dev(), meta.ino()))
-}
 
 pub struct Probes {
     specs: Vec<ProbeSpec>,
@@ -237,7 +229,7 @@ impl Probes {
             let mut files = std::collections::BTreeSet::new();
             for target in &unwinding_targets {
                 for object in unwinding::objects_of(target, &self.image) {
-                    if files.insert(identity(&object).ok_or_else(|| object.clone())) {
+                    if files.insert(file_identity(&object).ok_or_else(|| object.clone())) {
                         objects.push(object);
                     }
                 }
@@ -387,7 +379,7 @@ impl Probes {
         self.targets = targets
             .into_iter()
             .map(|path| {
-                let id = identity(&path);
+                let id = file_identity(&path);
                 (path, id)
             })
             .collect();
@@ -511,7 +503,7 @@ impl Probes {
         self.targets
             .iter()
             .filter(|(path, attached)| {
-                let now = identity(path);
+                let now = file_identity(path);
                 now.is_some() && now != *attached
             })
             .map(|(path, _)| path.clone())
@@ -646,10 +638,10 @@ fn warn_self_probed(targets: &[PathBuf]) {
         .lines()
         .filter_map(|line| line.split_whitespace().nth(5))
         .filter(|path| path.starts_with('/'))
-        .filter_map(|path| identity(Path::new(path)))
+        .filter_map(|path| file_identity(Path::new(path)))
         .collect();
     for target in targets {
-        if identity(target).is_some_and(|id| mapped.contains(&id)) {
+        if file_identity(target).is_some_and(|id| mapped.contains(&id)) {
             eprintln!(
                 "topdown: topdown itself maps {}: machine-wide probes run in topdown too, and with \
                  many functions probed it slows down (probe a copy the programs load through \

@@ -16,7 +16,6 @@
 
 use std::{
     collections::BTreeSet,
-    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
@@ -26,7 +25,7 @@ use object::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::functions::symbols::target::{MapsLine, STANDARD_DIRS, ld_so_cache};
+use crate::functions::symbols::target::{MapsLine, STANDARD_DIRS, file_identity, ld_so_cache};
 
 /// `--returns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -203,9 +202,7 @@ pub fn objects_of(target: &Path, image: &Image) -> Vec<PathBuf> {
 
 /// `(dev, inode)`, or the path when it cannot be read (then it is never equal to another).
 fn identity(path: &Path) -> Result<(u64, u64), PathBuf> {
-    std::fs::metadata(path)
-        .map(|meta| (meta.dev(), meta.ino()))
-        .map_err(|_| path.to_owned())
+    file_identity(path).ok_or_else(|| path.to_owned())
 }
 
 /// The files a process maps (ELF or not; non-ELF files are skipped when read).

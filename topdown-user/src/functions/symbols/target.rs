@@ -19,6 +19,15 @@ pub(crate) const STANDARD_DIRS: [&str; 8] = [
     "/usr/lib/aarch64-linux-gnu",
 ];
 
+/// `(device, inode)` of a file: the same file however it is named (links, `/proc/PID/root`),
+/// or `None` while it cannot be read (missing, mid-replacement).
+pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
+}
+
 /// A path (anything with a `/`, or an existing file) is used as is; a name like `libc` or
 /// `libssl.so.3` is looked up as a library.
 pub fn find_target(target: &str, pids: &[u32]) -> Result<PathBuf> {
@@ -60,11 +69,10 @@ pub fn find_target(target: &str, pids: &[u32]) -> Result<PathBuf> {
     let mut canonical: Vec<PathBuf> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for path in found {
-        use std::os::unix::fs::MetadataExt as _;
-        let Ok(meta) = std::fs::metadata(&path) else {
+        let Some(identity) = file_identity(&path) else {
             continue;
         };
-        if seen.insert((meta.dev(), meta.ino())) {
+        if seen.insert(identity) {
             let path = if path.starts_with("/proc") {
                 path
             } else {
