@@ -747,6 +747,57 @@ fn measure_rounds<T>(
     Ok(samples)
 }
 
+/// What the per-call and per-span benches report for each configuration, from their rounds
+/// of wall-clock and of program-time measurement.
+struct ProbeCost {
+    medians: Vec<f64>,
+    added: Added,
+    per_round: Vec<Option<(f64, f64, f64)>>,
+    program: Vec<Option<f64>>,
+    program_ratio: Vec<Option<f64>>,
+}
+
+impl ProbeCost {
+    fn of(
+        configs: &[Config],
+        samples: &mut [Vec<f64>],
+        program_samples: &mut [Vec<f64>],
+        bpftrace: &str,
+    ) -> Self {
+        let per_round = round_ratios(configs, samples);
+        let (program, program_ratio) = program_medians(configs, program_samples);
+        let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
+        let added = added_over(configs, &medians, bpftrace);
+        Self {
+            medians,
+            added,
+            per_round,
+            program,
+            program_ratio,
+        }
+    }
+
+    /// The Markdown table, one row per configuration, costs per `unit` (a call, a span).
+    fn table(&self, configs: &[Config], unit: &str) -> String {
+        let mut table = format!(
+            "| configuration | ns per {unit} | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per {unit} | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        );
+        for (index, (config, value)) in configs.iter().zip(&self.medians).enumerate() {
+            table += &format!(
+                "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
+                config.name,
+                self.added.added[index],
+                ratio(self.added.per_floor[index]),
+                round_ratio_text(self.per_round[index]),
+                ratio(self.added.per_bpftrace[index]),
+                self.program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
+                ratio(self.program_ratio[index])
+            );
+        }
+        table
+    }
+}
+
 /// Medians of the program-time rounds (`None` for configurations without a timed tracer), and
 /// each one's ratio to its floor's.
 fn program_medians(
@@ -911,10 +962,12 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         &mut |tracer| program_time_per_run(tracer, &workload, calls),
         &mut || {},
     )?;
-    let per_round = round_ratios(&configs, &samples);
-    let (program, program_ratio) = program_medians(&configs, &mut program_samples);
-    let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    let added = added_over(&configs, &medians, BPFTRACE_CALL_NAME);
+    let cost = ProbeCost::of(
+        &configs,
+        &mut samples,
+        &mut program_samples,
+        BPFTRACE_CALL_NAME,
+    );
 
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
@@ -936,19 +989,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         section += "`baseline:` rows are an earlier build of topdown (`TOPDOWN_BENCH_BASELINE`) \
                     measured in the same rounds, against the same floors.\n\n";
     }
-    section += "| configuration | ns per call | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per call | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
-        section += &format!(
-            "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
-            config.name,
-            added.added[index],
-            ratio(added.per_floor[index]),
-            round_ratio_text(per_round[index]),
-            ratio(added.per_bpftrace[index]),
-            program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
-            ratio(program_ratio[index])
-        );
-    }
+    section += &cost.table(&configs, "call");
     section += "\nExit-instruction probes (`--returns exit`) put a plain uprobe on each `ret` and \
                 tail-call `jmp` instead of rewriting the return address, so exceptions, panics and \
                 thread cancellation still unwind through probed functions; the price is a \
@@ -1898,6 +1939,42 @@ struct Figures {
 }
 
 impl Figures {
+    /// Configuration `index` against its same-work floor `floor` by issue 28's bound: added
+    /// CPU time, and the programs' run time where the kernel timed both, each ratio with its
+    /// bootstrap interval and what it says of the bound. One line.
+    fn against_work_floor(
+        &self,
+        measured: &rounds::Measured,
+        index: usize,
+        floor: usize,
+    ) -> String {
+        let by_cpu = added_ratio(
+            &measured.added[index],
+            &measured.added[floor],
+            BOOTSTRAP_RESAMPLES,
+        );
+        let mut text = format!(
+            "added CPU time {:+.1} against {:+.1} ns, {}",
+            self.added[index],
+            self.added[floor],
+            bound_text(&by_cpu, ISSUE_28_BOUND)
+        );
+        if !measured.program[index].is_empty() && !measured.program[floor].is_empty() {
+            let by_program = added_ratio(
+                &measured.program[index],
+                &measured.program[floor],
+                BOOTSTRAP_RESAMPLES,
+            );
+            text += &format!(
+                "; program run time {:.1} against {:.1} ns, {}",
+                self.program[index].unwrap_or(f64::NAN),
+                self.program[floor].unwrap_or(f64::NAN),
+                bound_text(&by_program, ISSUE_28_BOUND)
+            );
+        }
+        text + ".\n"
+    }
+
     fn of(measured: &rounds::Measured) -> Self {
         let median_of = |values: &Vec<f64>| Spread::of(values).median;
         Self {
@@ -1997,32 +2074,11 @@ fn work_floor_verdicts(
         let Some(floor) = index_of(configs, floor_name) else {
             continue;
         };
-        let by_cpu = added_ratio(
-            &measured.added[index],
-            &measured.added[floor],
-            BOOTSTRAP_RESAMPLES,
-        );
         text += &format!(
-            "- {} against {floor_name}: added CPU time {:+.1} against {:+.1} ns, {}",
+            "- {} against {floor_name}: {}",
             config.name,
-            figures.added[index],
-            figures.added[floor],
-            bound_text(&by_cpu, ISSUE_28_BOUND)
+            figures.against_work_floor(measured, index, floor)
         );
-        if !measured.program[index].is_empty() && !measured.program[floor].is_empty() {
-            let by_program = added_ratio(
-                &measured.program[index],
-                &measured.program[floor],
-                BOOTSTRAP_RESAMPLES,
-            );
-            text += &format!(
-                "; program run time {:.1} against {:.1} ns, {}",
-                figures.program[index].unwrap_or(f64::NAN),
-                figures.program[floor].unwrap_or(f64::NAN),
-                bound_text(&by_program, ISSUE_28_BOUND)
-            );
-        }
-        text += ".\n";
     }
     text
 }

@@ -12,9 +12,8 @@ use anyhow::{Context as _, Result};
 
 use super::{
     BOOTSTRAP_RESAMPLES, BPFTRACE_NAME, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING,
-    SOFTWARE, STATS_ROUNDS, SYNTHETIC, added_ratio, bound_text, cgroup_v2_mount, command_text,
-    load_text, machine_text, remove_tree, rounds, stats_elsewhere_text, strings, switch_floor_name,
-    write_section,
+    SOFTWARE, STATS_ROUNDS, SYNTHETIC, cgroup_v2_mount, command_text, load_text, machine_text,
+    remove_tree, rounds, stats_elsewhere_text, strings, switch_floor_name, write_section,
 };
 
 /// Rounds with the statistics off, and ping-pong length (round trips: two switches each).
@@ -301,33 +300,12 @@ fn write(
             let Some(floor) = configs.iter().position(|c| c.name == floor_name) else {
                 continue;
             };
-            let by_cpu = added_ratio(
-                &measured.added[index],
-                &measured.added[floor],
-                BOOTSTRAP_RESAMPLES,
-            );
             verdicts += &format!(
-                "- {}, {}: added CPU time {:+.1} against {:+.1} ns, {}",
+                "- {}, {}: {}",
                 scenario.label,
                 config.name,
-                figures.added[index],
-                figures.added[floor],
-                bound_text(&by_cpu, ISSUE_28_BOUND)
+                figures.against_work_floor(measured, index, floor)
             );
-            if !measured.program[index].is_empty() && !measured.program[floor].is_empty() {
-                let by_program = added_ratio(
-                    &measured.program[index],
-                    &measured.program[floor],
-                    BOOTSTRAP_RESAMPLES,
-                );
-                verdicts += &format!(
-                    "; program run time {:.1} against {:.1} ns, {}",
-                    figures.program[index].unwrap_or(f64::NAN),
-                    figures.program[floor].unwrap_or(f64::NAN),
-                    bound_text(&by_program, ISSUE_28_BOUND)
-                );
-            }
-            verdicts += ".\n";
         }
     }
     section += &verdicts;

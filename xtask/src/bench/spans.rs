@@ -12,9 +12,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, SOFTWARE, SYNTHETIC, added_over, command_text,
-    libc_kill, machine_text, measure_rounds, median, program_medians, program_time_per_run, ratio,
-    round_ratio_text, round_ratios, start_tracer, strings, write_section,
+    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, command_text,
+    libc_kill, machine_text, measure_rounds, median, program_time_per_run, start_tracer, strings,
+    write_section,
 };
 use crate::cmd;
 
@@ -142,10 +142,12 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         &mut || load.sample(),
     )?;
     let load = load.finish();
-    let per_round = round_ratios(&configs, &samples);
-    let (program, program_ratio) = program_medians(&configs, &mut program_samples);
-    let medians: Vec<f64> = samples.iter_mut().map(|values| median(values)).collect();
-    let added = added_over(&configs, &medians, BPFTRACE_SPAN_NAME);
+    let cost = ProbeCost::of(
+        &configs,
+        &mut samples,
+        &mut program_samples,
+        BPFTRACE_SPAN_NAME,
+    );
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
     section += &machine_text();
     section += &format!(
@@ -164,19 +166,7 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         command_text(),
         load_text(&load)
     );
-    section += "| configuration | ns per span | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per span | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    for (index, (config, value)) in configs.iter().zip(&medians).enumerate() {
-        section += &format!(
-            "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
-            config.name,
-            added.added[index],
-            ratio(added.per_floor[index]),
-            round_ratio_text(per_round[index]),
-            ratio(added.per_bpftrace[index]),
-            program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
-            ratio(program_ratio[index])
-        );
-    }
+    section += &cost.table(&configs, "span");
     write_section("## Per-span cost", &section)
 }
 
