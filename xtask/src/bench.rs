@@ -369,15 +369,7 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
             .with_work_floor(task_floor_name(pmu)),
         );
     }
-    configs.push(Config::new(
-        BPFTRACE_NAME,
-        Some(strings(&[
-            "bpftrace",
-            "-e",
-            "tracepoint:sched:sched_switch {}",
-        ])),
-        None,
-    ));
+    configs.push(bpftrace_switch_config());
     if let Some(old) = baseline_build() {
         configs.push(
             Config::new(
@@ -1754,7 +1746,22 @@ fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn machine_text() -> String {
+/// bpftrace with an empty sched_switch program: what a general tracer adds per switch, beside
+/// topdown's rows in the switch and cgroup benches.
+fn bpftrace_switch_config() -> Config {
+    Config::new(
+        BPFTRACE_NAME,
+        Some(strings(&[
+            "bpftrace",
+            "-e",
+            "tracepoint:sched:sched_switch {}",
+        ])),
+        None,
+    )
+}
+
+/// The machine a bench or soak ran on, one paragraph (benches and soaks name it the same way).
+pub(crate) fn machine_text() -> String {
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {

@@ -232,22 +232,9 @@ fn write_results(samples: &[Sample]) -> Result<()> {
     };
     let last = samples.last().unwrap_or(first);
     let max = |pick: fn(&Sample) -> f64| samples.iter().map(pick).fold(f64::MIN, f64::max);
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines().find_map(|line| {
-                line.strip_prefix("model name")
-                    .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
-            })
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut section = String::from("## Soak: `topdown serve` under churn (`cargo xtask soak`)\n\n");
-    section += &format!(
-        "Machine: {} vCPUs, {cpu_model}, Linux {}, no hardware PMU (synthetic model).\n\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        kernel.trim()
-    );
+    section += &crate::bench::machine_text();
+    section += "\n\n";
     section += &format!(
         "Command: `cargo xtask soak`: {PROCESSES} short-lived processes of two threads each in \
          {} cgroups, created, used and removed in {WAVES} waves of {CGROUPS}, under `topdown \

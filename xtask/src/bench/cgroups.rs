@@ -11,9 +11,10 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    BOOTSTRAP_RESAMPLES, BPFTRACE_NAME, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING,
-    SOFTWARE, STATS_ROUNDS, SYNTHETIC, cgroup_v2_mount, command_text, load_text, machine_text,
-    remove_tree, rounds, stats_elsewhere_text, strings, switch_floor_name, write_section,
+    BOOTSTRAP_RESAMPLES, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING, SOFTWARE,
+    STATS_ROUNDS, SYNTHETIC, bpftrace_switch_config, cgroup_v2_mount, command_text, load_text,
+    machine_text, remove_tree, rounds, stats_elsewhere_text, strings, switch_floor_name,
+    write_section,
 };
 
 /// Rounds with the statistics off, and ping-pong length (round trips: two switches each).
@@ -135,15 +136,7 @@ fn configs(topdown: &Path, floor: &Path) -> Vec<Config> {
             );
         }
     }
-    configs.push(Config::new(
-        BPFTRACE_NAME,
-        Some(strings(&[
-            "bpftrace",
-            "-e",
-            "tracepoint:sched:sched_switch {}",
-        ])),
-        None,
-    ));
+    configs.push(bpftrace_switch_config());
     configs
 }
 
