@@ -10,8 +10,8 @@
 //! BPF counter slots (topdown_common::MAX_COUNTERS).
 
 use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, metrics_by_name, ratio, standard_metric_names,
-    value,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, bad_speculation_left_over, floored_difference,
+    metrics_by_name, ratio, standard_metric_names, value,
 };
 use crate::groups::LEVEL_TWO_GROUP;
 
@@ -147,10 +147,7 @@ impl Model for IntelIcl {
         let retiring = ratio(retiring_slots, sum);
         // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived; the raw topdown-bad-spec
         // only enters through SUM, as in perf.
-        let bad_speculation = match (frontend, backend, retiring) {
-            (Some(fe), Some(be), Some(ret)) => Some((1.0 - (fe + be + ret)).max(0.0)),
-            _ => None,
-        };
+        let bad_speculation = bad_speculation_left_over(frontend, backend, retiring);
 
         // In L1_METRICS order.
         LevelOne {
@@ -163,20 +160,18 @@ impl Model for IntelIcl {
         if level < 2 {
             return;
         }
-        let minus_floored =
-            |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
         // icl-metrics.json tma_fetch_latency:
         //   (5 * IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE - INT_MISC.UOP_DROPPING) / SLOTS
         let fetch_latency = ratio(5.0 * get(CYCLES_0_UOPS) - get(UOP_DROPPING), slots);
         // tma_fetch_bandwidth: max(0, tma_frontend_bound - tma_fetch_latency)
-        let fetch_bandwidth = minus_floored(frontend, fetch_latency);
+        let fetch_bandwidth = floored_difference(frontend, fetch_latency);
         // tma_branch_mispredicts: BR_MISP_RETIRED.ALL_BRANCHES / (BR_MISP_RETIRED.ALL_BRANCHES
         //   + MACHINE_CLEARS.COUNT) * tma_bad_speculation
         let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
             .zip(bad_speculation)
             .map(|(share, bad)| share * bad);
         // tma_machine_clears: max(0, tma_bad_speculation - tma_branch_mispredicts)
-        let machine_clears = minus_floored(bad_speculation, branch_mispredicts);
+        let machine_clears = floored_difference(bad_speculation, branch_mispredicts);
         // tma_memory_bound: (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES) /
         //   (CYCLE_ACTIVITY.STALLS_TOTAL + (EXE_ACTIVITY.1_PORTS_UTIL + tma_retiring *
         //   EXE_ACTIVITY.2_PORTS_UTIL) + EXE_ACTIVITY.BOUND_ON_STORES) * tma_backend_bound
@@ -191,7 +186,7 @@ impl Model for IntelIcl {
             .zip(backend)
             .map(|(share, be)| share * be);
         // tma_core_bound: max(0, tma_backend_bound - tma_memory_bound)
-        let core_bound = minus_floored(backend, memory_bound);
+        let core_bound = floored_difference(backend, memory_bound);
         // tma_microcode_sequencer: tma_retiring * tma_info_thread_slots / UOPS_ISSUED.ANY *
         //   IDQ.MS_UOPS / tma_info_thread_slots
         let microcode_sequencer = retiring
@@ -207,7 +202,7 @@ impl Model for IntelIcl {
             ))
             .map(|((ms, ret), few_uops)| ms + ret * few_uops);
         // tma_light_operations: max(0, tma_retiring - tma_heavy_operations)
-        let light_operations = minus_floored(retiring, heavy_operations);
+        let light_operations = floored_difference(retiring, heavy_operations);
         LevelTwo {
             light_operations,
             heavy_operations,

@@ -8,8 +8,8 @@
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
 use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, metrics_by_name, ratio, standard_metric_names,
-    value,
+    CounterSpec, LevelOne, LevelTwo, Metrics, Model, bad_speculation_left_over, floored_difference,
+    metrics_by_name, ratio, standard_metric_names, value,
 };
 
 /// Which P-core generation.
@@ -127,8 +127,6 @@ impl Model for IntelPerfMetricsL2 {
             Generation::LionCove => Some(0.0),
         };
         let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-        let clamp_difference =
-            |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
 
         // §1.4, SPR/EMR/GNR column (P-json-x86 spr-metrics.json):
         // Frontend_Bound = fe/SUM - INT_MISC.UOP_DROPPING/SLOTS; Backend_Bound = be/SUM;
@@ -138,10 +136,7 @@ impl Model for IntelPerfMetricsL2 {
         let retiring = of_sum(RETIRING);
         let bad_speculation = match self.generation {
             // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
-            Generation::GoldenCove => match (frontend, backend, retiring) {
-                (Some(fe), Some(be), Some(ret)) => Some((1.0 - (fe + be + ret)).max(0.0)),
-                _ => None,
-            },
+            Generation::GoldenCove => bad_speculation_left_over(frontend, backend, retiring),
             // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
             Generation::LionCove => of_sum(BAD_SPEC),
         };
@@ -163,17 +158,17 @@ impl Model for IntelPerfMetricsL2 {
         // Fetch_Latency = fetch_lat/SUM - INT_MISC.UOP_DROPPING/SLOTS
         let fetch_latency = minus(of_sum(FETCH_LAT), dropping);
         // Fetch_Bandwidth = max(0, FE - Fetch_Latency)
-        let fetch_bandwidth = clamp_difference(frontend, fetch_latency);
+        let fetch_bandwidth = floored_difference(frontend, fetch_latency);
         // Branch_Mispredicts = br_mispredict/SUM
         let branch_mispredicts = of_sum(BR_MISPREDICT);
         // Machine_Clears = max(0, BadSpec - Branch_Mispredicts)
-        let machine_clears = clamp_difference(bad_speculation, branch_mispredicts);
+        let machine_clears = floored_difference(bad_speculation, branch_mispredicts);
         // Memory_Bound = mem_bound/SUM; Core_Bound = max(0, BE - Memory_Bound)
         let memory_bound = of_sum(MEM_BOUND);
-        let core_bound = clamp_difference(backend, memory_bound);
+        let core_bound = floored_difference(backend, memory_bound);
         // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
         let heavy_operations = of_sum(HEAVY_OPS);
-        let light_operations = clamp_difference(retiring, heavy_operations);
+        let light_operations = floored_difference(retiring, heavy_operations);
         LevelTwo {
             light_operations,
             heavy_operations,

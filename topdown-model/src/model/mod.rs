@@ -432,6 +432,25 @@ pub(crate) fn values_of(model: &dyn Model, counts: &[(&str, u64)]) -> Vec<u64> {
         .collect()
 }
 
+/// `max(0, a - b)`: a child perf derives as what its parent leaves over its sibling,
+/// clamped at zero as perf's metrics do (e.g. icl-metrics.json tma_fetch_bandwidth:
+/// `max(0, tma_frontend_bound - tma_fetch_latency)`); `None` if either is unknown.
+pub fn floored_difference(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    a.zip(b).map(|(a, b)| (a - b).max(0.0))
+}
+
+/// Bad Speculation where perf derives it from the other three level-1 metrics (icl- and
+/// spr-metrics.json tma_bad_speculation: `max(1 - (tma_frontend_bound + tma_backend_bound +
+/// tma_retiring), 0)`); `None` if any of them is unknown.
+pub fn bad_speculation_left_over(
+    frontend: Option<f64>,
+    backend: Option<f64>,
+    retiring: Option<f64>,
+) -> Option<f64> {
+    let (frontend, backend, retiring) = (frontend?, backend?, retiring?);
+    Some((1.0 - (frontend + backend + retiring)).max(0.0))
+}
+
 /// `num / den`, or `None` when `den` is zero (perf's `d_ratio` gives 0 there; a report is
 /// clearer with "no data").
 pub fn ratio(num: f64, den: f64) -> Option<f64> {
