@@ -214,13 +214,7 @@ fn mapped_objects(pid: u32) -> Vec<PathBuf> {
         .lines()
         .filter_map(MapsLine::parse)
         .filter(|mapping| mapping.path.starts_with('/'))
-        .map(|mapping| {
-            if mapping.deleted {
-                PathBuf::from(format!("/proc/{pid}/map_files/{}", mapping.range))
-            } else {
-                PathBuf::from(format!("/proc/{pid}/root{}", mapping.path))
-            }
-        })
+        .map(|mapping| mapping.mapped_file(pid))
         .collect();
     paths.dedup();
     paths

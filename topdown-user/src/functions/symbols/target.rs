@@ -137,15 +137,7 @@ fn from_maps(pid: u32, target: &str) -> Vec<PathBuf> {
                 .file_name()
                 .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
         })
-        .map(|mapping| {
-            if mapping.deleted {
-                // The file at that path now is another one (an upgraded library) or none; the
-                // mapped one is still reachable through its map_files link.
-                PathBuf::from(format!("/proc/{pid}/map_files/{}", mapping.range))
-            } else {
-                PathBuf::from(format!("/proc/{pid}/root{}", mapping.path))
-            }
-        })
+        .map(|mapping| mapping.mapped_file(pid))
         .collect();
     paths.dedup();
     paths
@@ -189,6 +181,17 @@ impl<'a> MapsLine<'a> {
             path,
             deleted,
         })
+    }
+
+    /// A path to the file mapped here, as process `pid` sees it: through its root (its mount
+    /// namespace), or, when deleted, through its `map_files` link, since the file at that
+    /// path now is another one (an upgraded library) or none.
+    pub fn mapped_file(&self, pid: u32) -> PathBuf {
+        if self.deleted {
+            PathBuf::from(format!("/proc/{pid}/map_files/{}", self.range))
+        } else {
+            PathBuf::from(format!("/proc/{pid}/root{}", self.path))
+        }
     }
 }
 
