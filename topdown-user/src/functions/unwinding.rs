@@ -20,12 +20,15 @@ use std::{
 };
 
 use object::{
-    Object as _, ObjectSegment as _, ObjectSymbol as _,
+    Object as _, ObjectSymbol as _,
     read::elf::{ElfFile64, FileHeader as _},
 };
 use serde::{Deserialize, Serialize};
 
-use crate::functions::symbols::target::{MapsLine, STANDARD_DIRS, file_identity, ld_so_cache};
+use crate::functions::symbols::{
+    elf::Segments,
+    target::{MapsLine, STANDARD_DIRS, file_identity, ld_so_cache},
+};
 
 /// `--returns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -377,13 +380,7 @@ pub fn catch_points(objects: &[PathBuf]) -> Vec<(PathBuf, u64, String)> {
             continue;
         };
         // Only the names are needed: no decoding of every function of every mapped object.
-        let segments: Vec<(u64, u64, u64)> = file
-            .segments()
-            .map(|segment| {
-                let (offset, size) = segment.file_range();
-                (segment.address(), size, offset)
-            })
-            .collect();
+        let segments = Segments::of(&file);
         let mut found: Vec<(u64, String)> = file
             .dynamic_symbols()
             .chain(file.symbols())
@@ -393,11 +390,7 @@ pub fn catch_points(objects: &[PathBuf]) -> Vec<(PathBuf, u64, String)> {
                 if !is_catch_point(name) {
                     return None;
                 }
-                let address = symbol.address();
-                let (start, _, offset) = segments
-                    .iter()
-                    .find(|(start, size, _)| address >= *start && address < start + size)?;
-                Some((address - start + offset, name.to_owned()))
+                Some((segments.file_offset(symbol.address())?, name.to_owned()))
             })
             .collect();
         found.sort();
