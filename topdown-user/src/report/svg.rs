@@ -12,7 +12,7 @@ use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 pub use super::svg_parts::{
     BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
-    NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
+    NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend, svg_start,
 };
 use super::{
     CallEdge, Entity, FunctionEntry, Report, Weight,
@@ -420,13 +420,7 @@ pub fn write_svg(
     let span_histograms_y = histograms_y + distribution::height(report, Of::Functions);
     let height = span_histograms_y + distribution::height(report, Of::Spans) + MARGIN;
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
-<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
-    );
+    let mut svg = svg_start(height);
     let measure = match weight {
         Weight::Slots => format!("inclusive {}", report.weight_counter),
         Weight::Calls => "probed calls (own and callees')".to_owned(),

@@ -118,6 +118,19 @@ pub fn fit(text: &str, width: f64) -> Option<String> {
     })
 }
 
+/// A picture `height` pixels tall, begun: the XML declaration, the `svg` element (the font
+/// every picture's text and `CHAR_WIDTH` assume) and its white background.
+pub fn svg_start(height: f64) -> String {
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
+<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
+    );
+    svg
+}
+
 pub fn legend(report: &Report, y: f64, svg: &mut String) {
     if !has_topdown(report) {
         let _ = write!(
