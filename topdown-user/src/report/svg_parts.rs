@@ -51,19 +51,22 @@ pub const CATEGORIES: [Category; 4] = [
 /// Frames without TopDown metrics (software model, or nothing counted).
 pub const NEUTRAL: &str = "#9e9e9e";
 
+/// The entity's level-1 categories that have a finite value, with it, in `CATEGORIES` order.
+fn category_values(entity: &Entity) -> impl Iterator<Item = (&'static Category, f64)> + '_ {
+    CATEGORIES.iter().filter_map(|category| {
+        entity
+            .metrics
+            .get(category.metric)
+            .copied()
+            .flatten()
+            .filter(|value| value.is_finite())
+            .map(|value| (category, value))
+    })
+}
+
 /// The level-1 category with the largest value in `metrics`, if any has a value.
 pub fn dominant(entity: &Entity) -> Option<&'static Category> {
-    CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite())
-                .map(|value| (category, value))
-        })
+    category_values(entity)
         .fold(
             None,
             |best: Option<(&Category, f64)>, (category, value)| match best {
@@ -184,17 +187,8 @@ pub fn bar_row(
         row_y + 12.0,
         escape(&fit(name, BAR_LABEL_WIDTH).unwrap_or_default())
     );
-    let values: Vec<(&Category, f64)> = CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite() && *value > 0.0)
-                .map(|value| (category, value))
-        })
+    let values: Vec<(&Category, f64)> = category_values(entity)
+        .filter(|(_, value)| *value > 0.0)
         .collect();
     // Level-1 fractions sum to 1 only up to the kernel's rounding: normalise for the bar.
     let sum: f64 = values.iter().map(|(_, value)| value).sum();
