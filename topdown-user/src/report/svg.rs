@@ -381,15 +381,7 @@ pub fn write_svg(
     weight: Weight,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
-    if let Some(interval) = &report.interval {
-        return Err(fail(
-            Failure::Usage,
-            format!(
-                "--format svg draws one whole run, but this is interval {} of an -I recording: record without -I",
-                interval.index
-            ),
-        ));
-    }
+    report.check_whole_run("--format svg draws")?;
     if report.functions.is_empty() {
         if !report.spans.is_empty() {
             return super::svg_spans::write_spans_svg(report, out);
