@@ -31,7 +31,18 @@ pub(crate) trait Cells {
     /// Starts a row; the cells that follow are its cells.
     fn row(&mut self);
     fn cell(&mut self, cell: &str);
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>);
+    /// The buffer `cell_fmt` formats into, kept from cell to cell so that a formatted cell
+    /// allocates nothing.
+    fn scratch(&mut self) -> &mut String;
+
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(self.scratch());
+        scratch.clear();
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        *self.scratch() = scratch;
+    }
 }
 
 /// The first pass: each column's width, in characters.
@@ -54,13 +65,8 @@ impl Cells for Widths {
         self.column += 1;
     }
 
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        // Writing into a `String` cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
-        self.cell(&scratch);
-        self.scratch = scratch;
+    fn scratch(&mut self) -> &mut String {
+        &mut self.scratch
     }
 }
 
@@ -112,13 +118,8 @@ impl Cells for Lines<'_> {
         push_cell(&mut self.line, column, cell, *width, left);
     }
 
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        // Writing into a `String` cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
-        self.cell(&scratch);
-        self.scratch = scratch;
+    fn scratch(&mut self) -> &mut String {
+        &mut self.scratch
     }
 }
 
