@@ -188,6 +188,16 @@ fn push_cell(line: &mut String, column: usize, cell: &str, width: usize, left: b
     }
 }
 
+/// An amount of the weight counter `weight` as the tables print it: `cpu-clock`'s nanoseconds
+/// as milliseconds (the `cpu ms` columns), any other counter's count as it is.
+pub(crate) fn weight_cell(weight: &str, value: u64) -> String {
+    if weight == "cpu-clock" {
+        format!("{:.3}", value as f64 / 1e6)
+    } else {
+        value.to_string()
+    }
+}
+
 /// `part` as a share of `total` (`-` when the total is 0), as the tables print shares.
 pub(crate) fn share_cell(part: u64, total: u64) -> String {
     if total == 0 {
