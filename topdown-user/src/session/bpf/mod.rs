@@ -10,6 +10,7 @@ mod kernel_types;
 mod live_tasks;
 pub mod process_links;
 mod records;
+pub(crate) mod syscall;
 mod usdt;
 
 use kernel_types::KernelTypes;
