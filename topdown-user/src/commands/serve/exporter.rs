@@ -149,6 +149,18 @@ struct Series {
 }
 
 impl Series {
+    /// A series with nothing counted yet, created `now`.
+    fn new(now: Instant) -> Self {
+        Self {
+            values: Vec::new(),
+            events: BTreeMap::new(),
+            calls: Tally::default(),
+            sampled_calls: 0,
+            abandoned: 0,
+            last_change: now,
+        }
+    }
+
     /// Adds one entity's values (`ratio`: sampled over that fraction of the time); names are
     /// copied only into a series that does not have them yet.
     fn accumulate(
@@ -422,13 +434,7 @@ impl Exporter {
         self.histograms.update(
             counts,
             naming,
-            &|slots| {
-                valuation
-                    .slots(slots)
-                    .into_iter()
-                    .map(|(name, value)| (name.to_owned(), value))
-                    .collect()
-            },
+            &|slots| valuation.owned_slots(slots),
             &|labels| series.contains_key(&function_key(labels)),
         );
         let d = &counts.diagnostics;
@@ -524,23 +530,11 @@ impl Exporter {
         if self.series.len() >= self.limits.max_series {
             // Beyond the bound: into this family's `other` series, so totals still add up.
             self.overflowed += 1;
-            let other: Labels = key
-                .1
-                .iter()
-                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
-                .collect();
-            key = (family, other);
+            key = (family, other_labels(&key.1));
         }
         self.series
             .entry(key)
-            .or_insert_with(|| Series {
-                values: Vec::new(),
-                events: BTreeMap::new(),
-                calls: Tally::default(),
-                sampled_calls: 0,
-                abandoned: 0,
-                last_change: now,
-            })
+            .or_insert_with(|| Series::new(now))
             .accumulate(values, events, calls, ratio, changed, now);
     }
 
@@ -553,20 +547,9 @@ impl Exporter {
             if count_overflow {
                 self.overflowed += 1;
             }
-            key.1 = key
-                .1
-                .iter()
-                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
-                .collect();
+            key.1 = other_labels(&key.1);
         }
-        self.series.entry(key).or_insert_with(|| Series {
-            values: Vec::new(),
-            events: BTreeMap::new(),
-            calls: Tally::default(),
-            sampled_calls: 0,
-            abandoned: 0,
-            last_change: now,
-        })
+        self.series.entry(key).or_insert_with(|| Series::new(now))
     }
 
     /// Adds one refresh's spans (`--span`, `--postgres`), heaviest first, so that with
@@ -605,13 +588,8 @@ impl Exporter {
             // would mix unrelated keys' spans.
             let owner: Vec<String> = labels.into_iter().map(|(_, value)| value).collect();
             if !span.buckets.is_empty() && self.series.contains_key(&span_key(&owner)) {
-                self.span_histograms.add(owner, &span.buckets, &|slots| {
-                    valuation
-                        .slots(slots)
-                        .into_iter()
-                        .map(|(name, value)| (name.to_owned(), value))
-                        .collect()
-                });
+                self.span_histograms
+                    .add(owner, &span.buckets, &|slots| valuation.owned_slots(slots));
             }
         }
     }
@@ -644,6 +622,15 @@ impl Exporter {
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.collect())
     }
+}
+
+/// The labels of the series that absorbs `labels`' entity beyond `--max-series`: the same
+/// names, each valued `OTHER`.
+fn other_labels(labels: &Labels) -> Labels {
+    labels
+        .iter()
+        .map(|(name, _)| (name.clone(), OTHER.to_owned()))
+        .collect()
 }
 
 /// The key of the series of kind `kind` whose labels `names` have `values`: for a histogram's
@@ -755,6 +742,14 @@ impl<'n, 'a> Valuation<'n, 'a> {
             }
         }
         values
+    }
+
+    /// `slots` with names of their own, as the histograms keep them across refreshes.
+    fn owned_slots(&self, slots: &SlotCounts) -> Vec<(String, f64)> {
+        self.slots(slots)
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect()
     }
 
     fn events(&self, slots: &SlotCounts) -> Vec<(&'n str, u64)> {
