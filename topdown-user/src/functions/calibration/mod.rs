@@ -415,45 +415,41 @@ mod functions {
     pub const CALLER_CALL: usize = 4;
     pub const CALLER_RET: u64 = 10;
 
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_empty() {
-        core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
+    /// Defines an empty function (`EMPTY`) and a caller of it (`CALLER_*`) under the given
+    /// names. Each pair is two symbols of its own: the runs' probes are attached together, and
+    /// run B's callee stays unprobed while run A's is probed.
+    macro_rules! empty_and_caller {
+        ($(#[$empty_doc:meta])* $empty:ident, $(#[$caller_doc:meta])* $caller:ident) => {
+            $(#[$empty_doc])*
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $empty() {
+                core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
+            }
+
+            $(#[$caller_doc])*
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $caller() {
+                core::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "call {empty}",
+                    "pop rbp",
+                    "ret",
+                    empty = sym $empty,
+                )
+            }
+        };
     }
 
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_caller() {
-        core::arch::naked_asm!(
-            "push rbp",
-            "mov rbp, rsp",
-            "call {empty}",
-            "pop rbp",
-            "ret",
-            empty = sym topdown_calibration_empty,
-        )
-    }
-
-    /// Run B's copy of the empty function: never probed.
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_lone_empty() {
-        core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
-    }
-
-    /// Run B's copy of the caller: probed, its callee not.
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_lone_caller() {
-        core::arch::naked_asm!(
-            "push rbp",
-            "mov rbp, rsp",
-            "call {empty}",
-            "pop rbp",
-            "ret",
-            empty = sym topdown_calibration_lone_empty,
-        )
-    }
+    empty_and_caller!(topdown_calibration_empty, topdown_calibration_caller);
+    empty_and_caller!(
+        /// Run B's copy of the empty function: never probed.
+        topdown_calibration_lone_empty,
+        /// Run B's copy of the caller: probed, its callee not.
+        topdown_calibration_lone_caller
+    );
 }
 
 /// Where the calibration functions are: the file topdown runs from, their entries' file
