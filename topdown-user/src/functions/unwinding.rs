@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::functions::symbols::{
     elf::Segments,
-    target::{MapsLine, STANDARD_DIRS, file_identity, ld_so_cache},
+    target::{STANDARD_DIRS, file_identity, ld_so_cache, mapped_files},
 };
 
 /// `--returns`.
@@ -210,17 +210,7 @@ fn identity(path: &Path) -> Result<(u64, u64), PathBuf> {
 
 /// The files a process maps (ELF or not; non-ELF files are skipped when read).
 fn mapped_objects(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return Vec::new();
-    };
-    let mut paths: Vec<PathBuf> = maps
-        .lines()
-        .filter_map(MapsLine::parse)
-        .filter(|mapping| mapping.path.starts_with('/'))
-        .map(|mapping| mapping.mapped_file(pid))
-        .collect();
-    paths.dedup();
-    paths
+    mapped_files(pid, &|_| true)
 }
 
 /// Processes that map `target` now (for `-a`).

@@ -125,18 +125,23 @@ pub fn library_matches(wanted: &str, file_name: &str) -> bool {
 
 /// Files mapped by a process whose name matches, reached through its root (containers).
 fn from_maps(pid: u32, target: &str) -> Vec<PathBuf> {
+    mapped_files(pid, &|path| {
+        path.file_name()
+            .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
+    })
+}
+
+/// The files process `pid` maps whose path (as the process names it) is `wanted`, each once
+/// per run of mappings, reached as `MapsLine::mapped_file` reaches them; none when its maps
+/// cannot be read (it exited).
+pub fn mapped_files(pid: u32, wanted: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
     let mut paths: Vec<PathBuf> = maps
         .lines()
         .filter_map(MapsLine::parse)
-        .filter(|mapping| mapping.path.starts_with('/'))
-        .filter(|mapping| {
-            Path::new(mapping.path)
-                .file_name()
-                .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
-        })
+        .filter(|mapping| mapping.path.starts_with('/') && wanted(Path::new(mapping.path)))
         .map(|mapping| mapping.mapped_file(pid))
         .collect();
     paths.dedup();
