@@ -12,7 +12,8 @@ use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 pub use super::svg_parts::{
     BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
-    NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend, svg_start,
+    NEUTRAL, SYNTHETIC_NOTE, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
+    svg_start, title_lines,
 };
 use super::{
     CallEdge, Entity, FunctionEntry, Report, Weight,
@@ -441,7 +442,7 @@ pub fn write_svg(
         );
     }
     if report.synthetic {
-        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+        context.push_str(SYNTHETIC_NOTE);
     }
     if tree.truncated {
         let _ = write!(
@@ -449,13 +450,7 @@ pub fn write_svg(
             "; more than {MAX_VISITS} call paths: deeper frames left out"
         );
     }
-    let _ = writeln!(
-        svg,
-        r#"<text class="heading" x="{MARGIN}" y="18" font-size="14" font-weight="bold">{}</text>
-<text class="context" x="{MARGIN}" y="34">{}</text>"#,
-        escape(&heading),
-        escape(&context)
-    );
+    title_lines(&mut svg, 14, &heading, &context);
     legend(report, 44.0, &mut svg);
 
     let scale = if tree.total > 0.0 {

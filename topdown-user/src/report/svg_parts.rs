@@ -134,6 +134,22 @@ pub fn svg_start(height: f64) -> String {
     svg
 }
 
+/// What a picture's context line adds for a run of the software model.
+pub const SYNTHETIC_NOTE: &str =
+    " (synthetic counters: syscall counts stand in for hardware events)";
+
+/// A picture's first two lines: `heading` in bold at `font_size`, and under it `context`
+/// (what was counted, and how).
+pub fn title_lines(svg: &mut String, font_size: u32, heading: &str, context: &str) {
+    let _ = writeln!(
+        svg,
+        r#"<text class="heading" x="{MARGIN}" y="18" font-size="{font_size}" font-weight="bold">{}</text>
+<text class="context" x="{MARGIN}" y="34">{}</text>"#,
+        escape(heading),
+        escape(context)
+    );
+}
+
 pub fn legend(report: &Report, y: f64, svg: &mut String) {
     if !has_topdown(report) {
         let _ = write!(

@@ -18,7 +18,7 @@ use crate::{
     error::{Failure, fail},
     report::{
         Weight,
-        svg::{CATEGORIES, MARGIN, WIDTH, escape, layout, svg_start},
+        svg::{CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, layout, svg_start, title_lines},
     },
 };
 
@@ -158,15 +158,9 @@ pub fn write_svg(
         comparison.new_files.len()
     );
     if comparison.synthetic {
-        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+        context.push_str(SYNTHETIC_NOTE);
     }
-    let _ = writeln!(
-        svg,
-        r#"<text class="heading" x="{MARGIN}" y="18" font-size="13" font-weight="bold">{}</text>
-<text class="context" x="{MARGIN}" y="34">{}</text>"#,
-        escape(&heading),
-        escape(&context)
-    );
+    title_lines(&mut svg, 13, &heading, &context);
     // Legend: the change colours, then the category colours of the strips.
     let mut x = MARGIN;
     for (fill, label) in [
