@@ -20,9 +20,9 @@ use super::{
     families::{Families, Spec, spec},
 };
 use crate::{
-    cgroup::container::describe,
+    cgroup::container::describe_cgroup,
     model::{L1_METRICS, L2_METRICS},
-    session::aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
+    session::aggregate::{Aggregate, Naming, SlotCounts},
 };
 
 /// A series' identifying labels: `(name, value)` in `FamilyKind::labels` order.
@@ -369,15 +369,10 @@ impl Exporter {
         let event_counts = |slots: &SlotCounts| valuation.events(slots);
         // Heaviest first in every family: with --max-series they keep their own series and the
         // rest fold into `other`.
-        let mut cgroups = counts.cgroup_rows(naming.cgroup_paths, naming.cgroup_depth);
-        cgroups.sort_by(|(_, a_path, a), (_, b_path, b)| {
-            b.get(weight).cmp(&a.get(weight)).then(a_path.cmp(b_path))
-        });
+        let cgroups =
+            counts.cgroup_rows_by_weight(naming.cgroup_paths, naming.cgroup_depth, weight);
         for (id, path, slots) in &cgroups {
-            let container = path
-                .as_deref()
-                .map(describe)
-                .filter(|info| !info.is_empty());
+            let container = describe_cgroup(path.as_deref());
             let container = container.as_ref();
             let labels: Labels = vec![
                 (
@@ -409,14 +404,7 @@ impl Exporter {
                 now,
             );
         }
-        let mut processes: Vec<&ProcessCounts> = counts.processes.iter().collect();
-        processes.sort_by(|a, b| {
-            b.counts
-                .get(weight)
-                .cmp(&a.counts.get(weight))
-                .then(a.pid.cmp(&b.pid))
-        });
-        for process in processes {
+        for process in counts.processes_by_weight(weight) {
             let labels = vec![("comm".to_owned(), process.comm.to_string())];
             self.add(
                 FamilyKind::Process,
