@@ -29,6 +29,7 @@ use topdown::{
     error::{Failure, fail, failure_of},
     functions::symbols::{self, ProbeSpec},
     session::{
+        bpf::attach_to_cgroup_switches,
         counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
         tracefs::Tracefs,
     },
@@ -323,10 +324,7 @@ fn attach(
 /// The cgroup-switch trigger's hooks, as topdown attaches them (`bpf::Session::start`): a
 /// `cgroup-switches` event per CPU, period 1, and `power:cpu_idle`.
 fn attach_cgroup_switch_floor(ebpf: &mut Ebpf, groups: &CounterGroups, cgroup: bool) -> Result<()> {
-    use aya::programs::{
-        PerfEvent, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    };
+    use aya::programs::{PerfEvent, TracePoint};
     let (switch, idle) = if cgroup {
         ("floor_cgroup_switch_cgroup", "floor_cpu_idle_cgroup")
     } else {
@@ -347,17 +345,7 @@ fn attach_cgroup_switch_floor(ebpf: &mut Ebpf, groups: &CounterGroups, cgroup: b
     program
         .load()
         .with_context(|| format!("loading {switch}"))?;
-    for cpu in groups.cpus() {
-        program
-            .attach(
-                PerfEventConfig::Software(SoftwareEvent::CgroupSwitches),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Period(1),
-                false,
-            )
-            .with_context(|| format!("attaching to the cgroup-switches event on CPU {cpu}"))?;
-    }
-    Ok(())
+    attach_to_cgroup_switches(program, groups)
 }
 
 fn attach_uprobes(

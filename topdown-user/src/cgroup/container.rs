@@ -49,6 +49,12 @@ impl ContainerInfo {
     }
 }
 
+/// What the cgroup at `path` says about its workload, where it says anything (`None` for a
+/// cgroup whose path is not known).
+pub fn describe_cgroup(path: Option<&str>) -> Option<ContainerInfo> {
+    path.map(describe).filter(|info| !info.is_empty())
+}
+
 /// Reads container, pod and unit from a cgroup path such as
 /// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice/cri-containerd-ab….scope`.
 pub fn describe(path: &str) -> ContainerInfo {

@@ -129,6 +129,16 @@ impl Distribution {
         self.buckets.iter().map(|bucket| bucket.calls).sum()
     }
 
+    /// The calls of the fullest bucket, which the histograms scale their bars to (1 without
+    /// buckets).
+    pub fn most_calls(&self) -> u64 {
+        self.buckets
+            .iter()
+            .map(|bucket| bucket.calls)
+            .max()
+            .unwrap_or(1)
+    }
+
     /// p50, p90 and p99 of the buckets (module documentation), `None` without calls.
     pub fn estimate_percentiles(&self) -> Option<Percentiles> {
         Some(Percentiles {

@@ -301,30 +301,8 @@ impl Probes {
                 }
             }
         }
-        if !go_skipped.is_empty() {
-            eprintln!(
-                "topdown: skipped {} Go function{} that cannot be followed: {}",
-                go_skipped.len(),
-                if go_skipped.len() == 1 { "" } else { "s" },
-                go_skipped
-                    .iter()
-                    .map(|(name, why)| format!("{name} ({why})"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        if !skipped.is_empty() {
-            eprintln!(
-                "topdown: skipped {} function{} that cannot be probed safely: {}",
-                skipped.len(),
-                if skipped.len() == 1 { "" } else { "s" },
-                skipped
-                    .iter()
-                    .map(|(name, why)| format!("{name} ({why})"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
+        warn_skipped(&go_skipped, "Go ", "that cannot be followed");
+        warn_skipped(&skipped, "", "that cannot be probed safely");
         if !reuse {
             self.report_returns(&decisions);
         }
@@ -653,25 +631,40 @@ fn warn_self_probed(targets: &[PathBuf]) {
     }
 }
 
+/// `function (why), ...`: skipped functions as the warnings and errors list them.
+fn skipped_list(functions: &[(String, String)]) -> String {
+    functions
+        .iter()
+        .map(|(name, why)| format!("{name} ({why})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Warns that the `skipped` functions (`kind`: `"Go "` or empty) are not probed, and `why`.
+fn warn_skipped(skipped: &[(String, String)], kind: &str, why: &str) {
+    if skipped.is_empty() {
+        return;
+    }
+    eprintln!(
+        "topdown: skipped {} {kind}function{} {why}: {}",
+        skipped.len(),
+        if skipped.len() == 1 { "" } else { "s" },
+        skipped_list(skipped)
+    );
+}
+
 fn nothing_probeable(
     skipped: &[(String, String)],
     go_skipped: &[(String, String)],
 ) -> anyhow::Error {
-    let list = |functions: &[(String, String)]| {
-        functions
-            .iter()
-            .map(|(name, why)| format!("{name} ({why})"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     let mut reasons = Vec::new();
     if !skipped.is_empty() {
-        reasons.push(format!("the kernel refuses {}", list(skipped)));
+        reasons.push(format!("the kernel refuses {}", skipped_list(skipped)));
     }
     if !go_skipped.is_empty() {
         reasons.push(format!(
             "Go functions that cannot be followed: {}",
-            list(go_skipped)
+            skipped_list(go_skipped)
         ));
     }
     fail(

@@ -20,12 +20,15 @@ use std::{
 };
 
 use object::{
-    Object as _, ObjectSegment as _, ObjectSymbol as _,
+    Object as _, ObjectSymbol as _,
     read::elf::{ElfFile64, FileHeader as _},
 };
 use serde::{Deserialize, Serialize};
 
-use crate::functions::symbols::target::{MapsLine, STANDARD_DIRS, file_identity, ld_so_cache};
+use crate::functions::symbols::{
+    elf::Segments,
+    target::{STANDARD_DIRS, file_identity, ld_so_cache, mapped_files},
+};
 
 /// `--returns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -207,23 +210,7 @@ fn identity(path: &Path) -> Result<(u64, u64), PathBuf> {
 
 /// The files a process maps (ELF or not; non-ELF files are skipped when read).
 fn mapped_objects(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return Vec::new();
-    };
-    let mut paths: Vec<PathBuf> = maps
-        .lines()
-        .filter_map(MapsLine::parse)
-        .filter(|mapping| mapping.path.starts_with('/'))
-        .map(|mapping| {
-            if mapping.deleted {
-                PathBuf::from(format!("/proc/{pid}/map_files/{}", mapping.range))
-            } else {
-                PathBuf::from(format!("/proc/{pid}/root{}", mapping.path))
-            }
-        })
-        .collect();
-    paths.dedup();
-    paths
+    mapped_files(pid, &|_| true)
 }
 
 /// Processes that map `target` now (for `-a`).
@@ -383,13 +370,7 @@ pub fn catch_points(objects: &[PathBuf]) -> Vec<(PathBuf, u64, String)> {
             continue;
         };
         // Only the names are needed: no decoding of every function of every mapped object.
-        let segments: Vec<(u64, u64, u64)> = file
-            .segments()
-            .map(|segment| {
-                let (offset, size) = segment.file_range();
-                (segment.address(), size, offset)
-            })
-            .collect();
+        let segments = Segments::of(&file);
         let mut found: Vec<(u64, String)> = file
             .dynamic_symbols()
             .chain(file.symbols())
@@ -399,11 +380,7 @@ pub fn catch_points(objects: &[PathBuf]) -> Vec<(PathBuf, u64, String)> {
                 if !is_catch_point(name) {
                     return None;
                 }
-                let address = symbol.address();
-                let (start, _, offset) = segments
-                    .iter()
-                    .find(|(start, size, _)| address >= *start && address < start + size)?;
-                Some((address - start + offset, name.to_owned()))
+                Some((segments.file_offset(symbol.address())?, name.to_owned()))
             })
             .collect();
         found.sort();

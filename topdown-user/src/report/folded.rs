@@ -11,7 +11,6 @@ use std::{collections::BTreeMap, io::Write as _};
 use anyhow::{Context as _, Result};
 
 use super::{By, Report, Weight};
-use crate::error::{Failure, fail};
 
 fn clean(name: &str) -> String {
     name.chars()
@@ -29,15 +28,7 @@ pub fn write_folded(
     weight: Weight,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
-    if let Some(interval) = &report.interval {
-        return Err(fail(
-            Failure::Usage,
-            format!(
-                "--format folded writes one whole run, but this is interval {} of an -I recording: record without -I",
-                interval.index
-            ),
-        ));
-    }
+    report.check_whole_run("--format folded writes")?;
     let stacks = super::stacks::stacks(report, by)?;
     // Function stacks of more than one process: each under its process, as `--by
     // function,task` splits them (task stacks already start with their process).

@@ -31,7 +31,18 @@ pub(crate) trait Cells {
     /// Starts a row; the cells that follow are its cells.
     fn row(&mut self);
     fn cell(&mut self, cell: &str);
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>);
+    /// The buffer `cell_fmt` formats into, kept from cell to cell so that a formatted cell
+    /// allocates nothing.
+    fn scratch(&mut self) -> &mut String;
+
+    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
+        let mut scratch = std::mem::take(self.scratch());
+        scratch.clear();
+        // Writing into a `String` cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
+        self.cell(&scratch);
+        *self.scratch() = scratch;
+    }
 }
 
 /// The first pass: each column's width, in characters.
@@ -54,13 +65,8 @@ impl Cells for Widths {
         self.column += 1;
     }
 
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        // Writing into a `String` cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
-        self.cell(&scratch);
-        self.scratch = scratch;
+    fn scratch(&mut self) -> &mut String {
+        &mut self.scratch
     }
 }
 
@@ -112,13 +118,8 @@ impl Cells for Lines<'_> {
         push_cell(&mut self.line, column, cell, *width, left);
     }
 
-    fn cell_fmt(&mut self, cell: std::fmt::Arguments<'_>) {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        // Writing into a `String` cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut scratch, cell);
-        self.cell(&scratch);
-        self.scratch = scratch;
+    fn scratch(&mut self) -> &mut String {
+        &mut self.scratch
     }
 }
 
@@ -184,6 +185,16 @@ fn push_cell(line: &mut String, column: usize, cell: &str, width: usize, left: b
     } else {
         line.extend(std::iter::repeat_n(' ', padding));
         line.push_str(cell);
+    }
+}
+
+/// An amount of the weight counter `weight` as the tables print it: `cpu-clock`'s nanoseconds
+/// as milliseconds (the `cpu ms` columns), any other counter's count as it is.
+pub(crate) fn weight_cell(weight: &str, value: u64) -> String {
+    if weight == "cpu-clock" {
+        format!("{:.3}", value as f64 / 1e6)
+    } else {
+        value.to_string()
     }
 }
 

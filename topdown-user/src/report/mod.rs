@@ -125,6 +125,23 @@ pub struct Report {
     pub diagnostics: Diagnostics,
 }
 
+impl Report {
+    /// Refuses an interval of an `-I` recording to a format (`output`: what it does, e.g.
+    /// `--format pprof writes`) that shows one whole run.
+    pub fn check_whole_run(&self, output: &str) -> anyhow::Result<()> {
+        match &self.interval {
+            Some(interval) => Err(crate::error::fail(
+                crate::error::Failure::Usage,
+                format!(
+                    "{output} one whole run, but this is interval {} of an -I recording: record without -I",
+                    interval.index
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct IntervalInfo {
     pub index: u64,

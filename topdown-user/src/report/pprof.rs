@@ -13,7 +13,6 @@ use std::{collections::BTreeMap, io::Write as _};
 use anyhow::{Context as _, Result};
 
 use super::{By, Report, stacks::Stacks};
-use crate::error::{Failure, fail};
 
 /// profile.proto's messages, written by hand with `prost`'s derive from the field numbers of
 /// <https://github.com/google/pprof/blob/main/proto/profile.proto> (package
@@ -301,15 +300,7 @@ pub fn profile(report: &Report, stacks: &Stacks) -> proto::Profile {
 
 /// Writes `report` as a gzipped profile.proto.
 pub fn write_pprof(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Result<()> {
-    if let Some(interval) = &report.interval {
-        return Err(fail(
-            Failure::Usage,
-            format!(
-                "--format pprof writes one whole run, but this is interval {} of an -I recording: record without -I",
-                interval.index
-            ),
-        ));
-    }
+    report.check_whole_run("--format pprof writes")?;
     let stacks = super::stacks::stacks(report, by)?;
     let encoded = prost::Message::encode_to_vec(&profile(report, &stacks));
     let mut gzip = flate2::write::GzEncoder::new(out, flate2::Compression::default());

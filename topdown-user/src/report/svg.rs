@@ -12,7 +12,8 @@ use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 pub use super::svg_parts::{
     BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
-    NEUTRAL, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
+    NEUTRAL, SYNTHETIC_NOTE, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
+    svg_start, title_lines,
 };
 use super::{
     CallEdge, Entity, FunctionEntry, Report, Weight,
@@ -381,15 +382,7 @@ pub fn write_svg(
     weight: Weight,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
-    if let Some(interval) = &report.interval {
-        return Err(fail(
-            Failure::Usage,
-            format!(
-                "--format svg draws one whole run, but this is interval {} of an -I recording: record without -I",
-                interval.index
-            ),
-        ));
-    }
+    report.check_whole_run("--format svg draws")?;
     if report.functions.is_empty() {
         if !report.spans.is_empty() {
             return super::svg_spans::write_spans_svg(report, out);
@@ -420,13 +413,7 @@ pub fn write_svg(
     let span_histograms_y = histograms_y + distribution::height(report, Of::Functions);
     let height = span_histograms_y + distribution::height(report, Of::Spans) + MARGIN;
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
-<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
-    );
+    let mut svg = svg_start(height);
     let measure = match weight {
         Weight::Slots => format!("inclusive {}", report.weight_counter),
         Weight::Calls => "probed calls (own and callees')".to_owned(),
@@ -455,7 +442,7 @@ pub fn write_svg(
         );
     }
     if report.synthetic {
-        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+        context.push_str(SYNTHETIC_NOTE);
     }
     if tree.truncated {
         let _ = write!(
@@ -463,13 +450,7 @@ pub fn write_svg(
             "; more than {MAX_VISITS} call paths: deeper frames left out"
         );
     }
-    let _ = writeln!(
-        svg,
-        r#"<text class="heading" x="{MARGIN}" y="18" font-size="14" font-weight="bold">{}</text>
-<text class="context" x="{MARGIN}" y="34">{}</text>"#,
-        escape(&heading),
-        escape(&context)
-    );
+    title_lines(&mut svg, 14, &heading, &context);
     legend(report, 44.0, &mut svg);
 
     let scale = if tree.total > 0.0 {

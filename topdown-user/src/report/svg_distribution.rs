@@ -135,12 +135,7 @@ fn panel(
     let bars_top = top + PANEL_TITLE;
     let bars_height = PANEL_HEIGHT - PANEL_TITLE - PANEL_AXIS;
     let base = bars_top + bars_height;
-    let most = distribution
-        .buckets
-        .iter()
-        .map(|bucket| bucket.calls)
-        .max()
-        .unwrap_or(1);
+    let most = distribution.most_calls();
     let scale = |calls: u64| bars_height * (1.0 + calls as f64).ln() / (1.0 + most as f64).ln();
     let title = fit(name, width);
     let _ = write!(

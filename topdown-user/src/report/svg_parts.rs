@@ -51,19 +51,22 @@ pub const CATEGORIES: [Category; 4] = [
 /// Frames without TopDown metrics (software model, or nothing counted).
 pub const NEUTRAL: &str = "#9e9e9e";
 
+/// The entity's level-1 categories that have a finite value, with it, in `CATEGORIES` order.
+fn category_values(entity: &Entity) -> impl Iterator<Item = (&'static Category, f64)> + '_ {
+    CATEGORIES.iter().filter_map(|category| {
+        entity
+            .metrics
+            .get(category.metric)
+            .copied()
+            .flatten()
+            .filter(|value| value.is_finite())
+            .map(|value| (category, value))
+    })
+}
+
 /// The level-1 category with the largest value in `metrics`, if any has a value.
 pub fn dominant(entity: &Entity) -> Option<&'static Category> {
-    CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite())
-                .map(|value| (category, value))
-        })
+    category_values(entity)
         .fold(
             None,
             |best: Option<(&Category, f64)>, (category, value)| match best {
@@ -116,6 +119,35 @@ pub fn fit(text: &str, width: f64) -> Option<String> {
         cut.push_str("..");
         cut
     })
+}
+
+/// A picture `height` pixels tall, begun: the XML declaration, the `svg` element (the font
+/// every picture's text and `CHAR_WIDTH` assume) and its white background.
+pub fn svg_start(height: f64) -> String {
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
+<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
+    );
+    svg
+}
+
+/// What a picture's context line adds for a run of the software model.
+pub const SYNTHETIC_NOTE: &str =
+    " (synthetic counters: syscall counts stand in for hardware events)";
+
+/// A picture's first two lines: `heading` in bold at `font_size`, and under it `context`
+/// (what was counted, and how).
+pub fn title_lines(svg: &mut String, font_size: u32, heading: &str, context: &str) {
+    let _ = writeln!(
+        svg,
+        r#"<text class="heading" x="{MARGIN}" y="18" font-size="{font_size}" font-weight="bold">{}</text>
+<text class="context" x="{MARGIN}" y="34">{}</text>"#,
+        escape(heading),
+        escape(context)
+    );
 }
 
 pub fn legend(report: &Report, y: f64, svg: &mut String) {
@@ -171,17 +203,8 @@ pub fn bar_row(
         row_y + 12.0,
         escape(&fit(name, BAR_LABEL_WIDTH).unwrap_or_default())
     );
-    let values: Vec<(&Category, f64)> = CATEGORIES
-        .iter()
-        .filter_map(|category| {
-            entity
-                .metrics
-                .get(category.metric)
-                .copied()
-                .flatten()
-                .filter(|value| value.is_finite() && *value > 0.0)
-                .map(|value| (category, value))
-        })
+    let values: Vec<(&Category, f64)> = category_values(entity)
+        .filter(|(_, value)| *value > 0.0)
         .collect();
     // Level-1 fractions sum to 1 only up to the kernel's rounding: normalise for the bar.
     let sum: f64 = values.iter().map(|(_, value)| value).sum();

@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 use super::{
     Report,
     svg_distribution::{self as distribution, Of},
-    svg_parts::{BAR_HEIGHT, MARGIN, WIDTH, bar_row, escape, legend, span_name},
+    svg_parts::{
+        BAR_HEIGHT, MARGIN, SYNTHETIC_NOTE, bar_row, escape, legend, span_name, svg_start,
+        title_lines,
+    },
 };
 
 /// Rows of span bars at most: a workload of thousands of distinct queries is a table's job.
@@ -78,25 +81,19 @@ pub fn span_bars(report: &Report, y: f64, svg: &mut String) -> f64 {
 pub fn write_spans_svg(report: &Report, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let histograms_y = 64.0 + bars_height(report) + 8.0;
     let height = histograms_y + distribution::height(report, Of::Spans) + MARGIN;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
-<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
-    );
+    let mut svg = svg_start(height);
     let mut context = format!(
         "model {}, level {}, {}",
         report.model, report.level, report.scope
     );
     if report.synthetic {
-        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+        context.push_str(SYNTHETIC_NOTE);
     }
-    let _ = writeln!(
-        svg,
-        r#"<text class="heading" x="{MARGIN}" y="18" font-size="14" font-weight="bold">Spans: bar = TopDown from start to end</text>
-<text class="context" x="{MARGIN}" y="34">{}</text>"#,
-        escape(&context)
+    title_lines(
+        &mut svg,
+        14,
+        "Spans: bar = TopDown from start to end",
+        &context,
     );
     legend(report, 44.0, &mut svg);
     span_bars(report, 64.0, &mut svg);

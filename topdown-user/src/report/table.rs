@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     By, CallEdge, Entity, Report,
-    layout::{Cells, layout, layout_twice, metric_cells, share_cell, title},
+    layout::{Cells, layout, layout_twice, metric_cells, share_cell, title, weight_cell},
 };
 use crate::model::{L1_METRICS, L2_METRICS, Name};
 
@@ -400,13 +400,7 @@ fn functions_text(
     total_weight: u64,
 ) -> String {
     let amount = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
-    let show = |value: u64| {
-        if weight == "cpu-clock" {
-            format!("{:.3}", value as f64 / 1e6)
-        } else {
-            value.to_string()
-        }
-    };
+    let show = |value: u64| weight_cell(weight, value);
     let split = report
         .functions
         .iter()

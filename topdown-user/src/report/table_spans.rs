@@ -3,7 +3,7 @@
 
 use super::{
     Report,
-    layout::{layout, metric_cells, share_cell, title},
+    layout::{layout, metric_cells, share_cell, title, weight_cell},
 };
 use crate::spans::report::{SpanEntry, SpanKeyType};
 
@@ -27,13 +27,7 @@ pub(super) fn spans_text(
     weight_title: &str,
     total_weight: u64,
 ) -> String {
-    let show = |value: u64| {
-        if weight == "cpu-clock" {
-            format!("{:.3}", value as f64 / 1e6)
-        } else {
-            value.to_string()
-        }
-    };
+    let show = |value: u64| weight_cell(weight, value);
     let mut text = String::new();
     if !report.spans.is_empty() {
         let mut header = vec![

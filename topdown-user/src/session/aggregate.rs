@@ -370,6 +370,37 @@ impl Aggregate {
         buckets
     }
 
+    /// The threads heaviest first in slot `weight_slot`, ties by tid, as the report lists them.
+    pub fn tasks_by_weight(&self, weight_slot: usize) -> Vec<&TaskCounts> {
+        heaviest_first(&self.tasks, weight_slot, |task| (&task.counts, task.tid))
+    }
+
+    /// The processes heaviest first in slot `weight_slot`, ties by pid: the order the report
+    /// lists them in and the exporter gives them series in (with `--max-series` the heaviest
+    /// keep series of their own).
+    pub fn processes_by_weight(&self, weight_slot: usize) -> Vec<&ProcessCounts> {
+        heaviest_first(&self.processes, weight_slot, |process| {
+            (&process.counts, process.pid)
+        })
+    }
+
+    /// `cgroup_rows` heaviest first in slot `weight_slot`, ties by path, for the report and
+    /// the exporter as `processes_by_weight`.
+    pub fn cgroup_rows_by_weight(
+        &self,
+        paths: &HashMap<u64, String>,
+        depth: Option<usize>,
+        weight_slot: usize,
+    ) -> Vec<(u64, Option<String>, SlotCounts)> {
+        let mut rows = self.cgroup_rows(paths, depth);
+        rows.sort_by(|(_, a_path, a), (_, b_path, b)| {
+            b.get(weight_slot)
+                .cmp(&a.get(weight_slot))
+                .then(a_path.cmp(b_path))
+        });
+        rows
+    }
+
     /// Each cgroup's counts with its path (from `paths`; unnamed ids keep `None`): flat, each
     /// cgroup's own counts, which add up to the non-idle total; or with `depth` one row per
     /// cgroup down to that depth holding its whole subtree (ids of ancestors unnamed in
@@ -564,14 +595,8 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         .position(|name| name == ctx.model.weight_counter())
         .unwrap_or(0);
 
-    let mut tasks: Vec<&TaskCounts> = aggregate.tasks.iter().collect();
-    tasks.sort_by(|a, b| {
-        b.counts
-            .get(weight_slot)
-            .cmp(&a.counts.get(weight_slot))
-            .then(a.tid.cmp(&b.tid))
-    });
-    let task_entries = tasks
+    let task_entries = aggregate
+        .tasks_by_weight(weight_slot)
         .into_iter()
         .map(|task| TaskEntry {
             tid: task.tid,
@@ -582,14 +607,8 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         })
         .collect();
 
-    let mut processes: Vec<&ProcessCounts> = aggregate.processes.iter().collect();
-    processes.sort_by(|a, b| {
-        b.counts
-            .get(weight_slot)
-            .cmp(&a.counts.get(weight_slot))
-            .then(a.pid.cmp(&b.pid))
-    });
-    let process_entries = processes
+    let process_entries = aggregate
+        .processes_by_weight(weight_slot)
         .into_iter()
         .map(|process| ProcessEntry {
             pid: process.pid,
@@ -912,33 +931,38 @@ fn function_entries(
 
 /// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
 /// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
+/// `entries` heaviest first in slot `weight_slot`, ties by id (`key`: an entry's counts and
+/// id).
+fn heaviest_first<T>(
+    entries: &[T],
+    weight_slot: usize,
+    key: impl Fn(&T) -> (&SlotCounts, u32),
+) -> Vec<&T> {
+    let mut sorted: Vec<&T> = entries.iter().collect();
+    sorted.sort_by(|a, b| {
+        let ((a_counts, a_id), (b_counts, b_id)) = (key(a), key(b));
+        b_counts
+            .get(weight_slot)
+            .cmp(&a_counts.get(weight_slot))
+            .then(a_id.cmp(&b_id))
+    });
+    sorted
+}
+
 fn cgroup_entries(
     ctx: &ReportContext<'_>,
     aggregate: &Aggregate,
     weight_slot: usize,
     entity: &dyn Fn(&SlotCounts) -> Entity,
 ) -> Vec<CgroupEntry> {
-    use crate::cgroup::container::describe;
-    let entries = aggregate.cgroup_rows(ctx.cgroup_paths, ctx.cgroup_depth);
-    let mut entries = entries;
-    entries.sort_by(|(_, a_path, a), (_, b_path, b)| {
-        b.get(weight_slot)
-            .cmp(&a.get(weight_slot))
-            .then(a_path.cmp(b_path))
-    });
-    entries
+    aggregate
+        .cgroup_rows_by_weight(ctx.cgroup_paths, ctx.cgroup_depth, weight_slot)
         .into_iter()
-        .map(|(id, path, counts)| {
-            let container = path
-                .as_deref()
-                .map(describe)
-                .filter(|info| !info.is_empty());
-            CgroupEntry {
-                id,
-                path,
-                container,
-                entity: entity(&counts),
-            }
+        .map(|(id, path, counts)| CgroupEntry {
+            id,
+            container: crate::cgroup::container::describe_cgroup(path.as_deref()),
+            path,
+            entity: entity(&counts),
         })
         .collect()
 }

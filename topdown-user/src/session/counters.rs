@@ -48,6 +48,20 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
     specs
         .iter()
         .map(|spec| {
+            // A tracepoint's type and config: its id in tracefs (`what`: how the error names
+            // the spec).
+            let tracepoint = |what: &str, group: &str, name: &str| -> Result<(u32, u64)> {
+                let Some(tracefs) = tracefs else {
+                    bail!(
+                        "{what} {} is a tracepoint but tracefs is not available",
+                        spec.name
+                    );
+                };
+                Ok((
+                    bindings::PERF_TYPE_TRACEPOINT,
+                    tracefs.tracepoint_id(group, name)?,
+                ))
+            };
             let mut extra = (0, 0, None);
             let (perf_type, config) = match &spec.source {
                 CounterSource::Perf { perf_type, config } => {
@@ -75,30 +89,10 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                         }
                     }
                     crate::events::EventKind::Tracepoint { group, name } => {
-                        let Some(tracefs) = tracefs else {
-                            bail!(
-                                "event {} is a tracepoint but tracefs is not available",
-                                spec.name
-                            );
-                        };
-                        (
-                            bindings::PERF_TYPE_TRACEPOINT,
-                            tracefs.tracepoint_id(group, name)?,
-                        )
+                        tracepoint("event", group, name)?
                     }
                 },
-                CounterSource::Tracepoint { group, name } => {
-                    let Some(tracefs) = tracefs else {
-                        bail!(
-                            "counter {} is a tracepoint but tracefs is not available",
-                            spec.name
-                        );
-                    };
-                    (
-                        bindings::PERF_TYPE_TRACEPOINT,
-                        tracefs.tracepoint_id(group, name)?,
-                    )
-                }
+                CounterSource::Tracepoint { group, name } => tracepoint("counter", group, name)?,
             };
             Ok(ResolvedCounter {
                 name: spec.name.clone(),

@@ -263,17 +263,23 @@ pub fn check_comparable(runs: &[&Run]) -> anyhow::Result<()> {
         return Ok(());
     };
     for run in &runs[1..] {
-        if run.model != first.model {
-            return Err(fail(
+        // Each refusal names both files, what each was, and what runs to compare instead.
+        let differ = |first_was: String, run_was: String, advice: &str| {
+            Err(fail(
                 Failure::Usage,
                 format!(
-                    "{} was recorded with model {} and {} with {}: compare runs of one model",
+                    "{} {first_was} and {} {run_was}: {advice}",
                     first.path.display(),
-                    first.model,
                     run.path.display(),
-                    run.model
                 ),
-            ));
+            ))
+        };
+        if run.model != first.model {
+            return differ(
+                format!("was recorded with model {}", first.model),
+                format!("with {}", run.model),
+                "compare runs of one model",
+            );
         }
         if run.synthetic != first.synthetic {
             let synthetic = |run: &Run| {
@@ -283,28 +289,18 @@ pub fn check_comparable(runs: &[&Run]) -> anyhow::Result<()> {
                     "hardware counters"
                 }
             };
-            return Err(fail(
-                Failure::Usage,
-                format!(
-                    "{} was counted with {} and {} with {}: compare runs counted alike",
-                    first.path.display(),
-                    synthetic(first),
-                    run.path.display(),
-                    synthetic(run)
-                ),
-            ));
+            return differ(
+                format!("was counted with {}", synthetic(first)),
+                format!("with {}", synthetic(run)),
+                "compare runs counted alike",
+            );
         }
         if run.weight_counter != first.weight_counter {
-            return Err(fail(
-                Failure::Usage,
-                format!(
-                    "{} weighs by {} and {} by {}: compare runs with one weight counter",
-                    first.path.display(),
-                    first.weight_counter,
-                    run.path.display(),
-                    run.weight_counter
-                ),
-            ));
+            return differ(
+                format!("weighs by {}", first.weight_counter),
+                format!("by {}", run.weight_counter),
+                "compare runs with one weight counter",
+            );
         }
     }
     Ok(())

@@ -165,38 +165,23 @@ fn beta_fraction(a: f64, b: f64, x: f64) -> f64 {
     const TINY: f64 = 1e-300;
     const EPSILON: f64 = 1e-15;
     let (qab, qap, qam) = (a + b, a + 1.0, a - 1.0);
+    // Numerical Recipes' FPMIN: keeps each denominator away from zero.
+    let nonzero = |value: f64| if value.abs() < TINY { TINY } else { value };
     let mut c = 1.0;
-    let mut d = 1.0 - qab * x / qap;
-    if d.abs() < TINY {
-        d = TINY;
-    }
-    d = 1.0 / d;
+    let mut d = 1.0 / nonzero(1.0 - qab * x / qap);
     let mut h = d;
+    // One step of the recurrence with the next coefficient `aa`: the factor it brings to h.
+    let mut step = |aa: f64| {
+        d = 1.0 / nonzero(1.0 + aa * d);
+        c = nonzero(1.0 + aa / c);
+        d * c
+    };
     for m in 1..=10_000 {
         let m = m as f64;
         let m2 = 2.0 * m;
-        let aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        h *= d * c;
-        let aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        let delta = d * c;
+        // The even coefficient d_2m, then the odd d_2m+1 (Numerical Recipes, 6.4).
+        h *= step(m * (b - m) * x / ((qam + m2) * (a + m2)));
+        let delta = step(-(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)));
         h *= delta;
         if (delta - 1.0).abs() < EPSILON {
             break;

@@ -20,9 +20,9 @@ use super::{
     families::{Families, Spec, spec},
 };
 use crate::{
-    cgroup::container::describe,
+    cgroup::container::describe_cgroup,
     model::{L1_METRICS, L2_METRICS},
-    session::aggregate::{Aggregate, Naming, ProcessCounts, SlotCounts},
+    session::aggregate::{Aggregate, Naming, SlotCounts},
 };
 
 /// A series' identifying labels: `(name, value)` in `FamilyKind::labels` order.
@@ -149,6 +149,18 @@ struct Series {
 }
 
 impl Series {
+    /// A series with nothing counted yet, created `now`.
+    fn new(now: Instant) -> Self {
+        Self {
+            values: Vec::new(),
+            events: BTreeMap::new(),
+            calls: Tally::default(),
+            sampled_calls: 0,
+            abandoned: 0,
+            last_change: now,
+        }
+    }
+
     /// Adds one entity's values (`ratio`: sampled over that fraction of the time); names are
     /// copied only into a series that does not have them yet.
     fn accumulate(
@@ -357,15 +369,10 @@ impl Exporter {
         let event_counts = |slots: &SlotCounts| valuation.events(slots);
         // Heaviest first in every family: with --max-series they keep their own series and the
         // rest fold into `other`.
-        let mut cgroups = counts.cgroup_rows(naming.cgroup_paths, naming.cgroup_depth);
-        cgroups.sort_by(|(_, a_path, a), (_, b_path, b)| {
-            b.get(weight).cmp(&a.get(weight)).then(a_path.cmp(b_path))
-        });
+        let cgroups =
+            counts.cgroup_rows_by_weight(naming.cgroup_paths, naming.cgroup_depth, weight);
         for (id, path, slots) in &cgroups {
-            let container = path
-                .as_deref()
-                .map(describe)
-                .filter(|info| !info.is_empty());
+            let container = describe_cgroup(path.as_deref());
             let container = container.as_ref();
             let labels: Labels = vec![
                 (
@@ -397,14 +404,7 @@ impl Exporter {
                 now,
             );
         }
-        let mut processes: Vec<&ProcessCounts> = counts.processes.iter().collect();
-        processes.sort_by(|a, b| {
-            b.counts
-                .get(weight)
-                .cmp(&a.counts.get(weight))
-                .then(a.pid.cmp(&b.pid))
-        });
-        for process in processes {
+        for process in counts.processes_by_weight(weight) {
             let labels = vec![("comm".to_owned(), process.comm.to_string())];
             self.add(
                 FamilyKind::Process,
@@ -422,13 +422,7 @@ impl Exporter {
         self.histograms.update(
             counts,
             naming,
-            &|slots| {
-                valuation
-                    .slots(slots)
-                    .into_iter()
-                    .map(|(name, value)| (name.to_owned(), value))
-                    .collect()
-            },
+            &|slots| valuation.owned_slots(slots),
             &|labels| series.contains_key(&function_key(labels)),
         );
         let d = &counts.diagnostics;
@@ -524,23 +518,11 @@ impl Exporter {
         if self.series.len() >= self.limits.max_series {
             // Beyond the bound: into this family's `other` series, so totals still add up.
             self.overflowed += 1;
-            let other: Labels = key
-                .1
-                .iter()
-                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
-                .collect();
-            key = (family, other);
+            key = (family, other_labels(&key.1));
         }
         self.series
             .entry(key)
-            .or_insert_with(|| Series {
-                values: Vec::new(),
-                events: BTreeMap::new(),
-                calls: Tally::default(),
-                sampled_calls: 0,
-                abandoned: 0,
-                last_change: now,
-            })
+            .or_insert_with(|| Series::new(now))
             .accumulate(values, events, calls, ratio, changed, now);
     }
 
@@ -553,20 +535,9 @@ impl Exporter {
             if count_overflow {
                 self.overflowed += 1;
             }
-            key.1 = key
-                .1
-                .iter()
-                .map(|(name, _)| (name.clone(), OTHER.to_owned()))
-                .collect();
+            key.1 = other_labels(&key.1);
         }
-        self.series.entry(key).or_insert_with(|| Series {
-            values: Vec::new(),
-            events: BTreeMap::new(),
-            calls: Tally::default(),
-            sampled_calls: 0,
-            abandoned: 0,
-            last_change: now,
-        })
+        self.series.entry(key).or_insert_with(|| Series::new(now))
     }
 
     /// Adds one refresh's spans (`--span`, `--postgres`), heaviest first, so that with
@@ -605,13 +576,8 @@ impl Exporter {
             // would mix unrelated keys' spans.
             let owner: Vec<String> = labels.into_iter().map(|(_, value)| value).collect();
             if !span.buckets.is_empty() && self.series.contains_key(&span_key(&owner)) {
-                self.span_histograms.add(owner, &span.buckets, &|slots| {
-                    valuation
-                        .slots(slots)
-                        .into_iter()
-                        .map(|(name, value)| (name.to_owned(), value))
-                        .collect()
-                });
+                self.span_histograms
+                    .add(owner, &span.buckets, &|slots| valuation.owned_slots(slots));
             }
         }
     }
@@ -644,6 +610,15 @@ impl Exporter {
     pub fn encode(&self) -> Result<String, prometheus::Error> {
         TextEncoder::new().encode_to_string(&self.collect())
     }
+}
+
+/// The labels of the series that absorbs `labels`' entity beyond `--max-series`: the same
+/// names, each valued `OTHER`.
+fn other_labels(labels: &Labels) -> Labels {
+    labels
+        .iter()
+        .map(|(name, _)| (name.clone(), OTHER.to_owned()))
+        .collect()
 }
 
 /// The key of the series of kind `kind` whose labels `names` have `values`: for a histogram's
@@ -755,6 +730,14 @@ impl<'n, 'a> Valuation<'n, 'a> {
             }
         }
         values
+    }
+
+    /// `slots` with names of their own, as the histograms keep them across refreshes.
+    fn owned_slots(&self, slots: &SlotCounts) -> Vec<(String, f64)> {
+        self.slots(slots)
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect()
     }
 
     fn events(&self, slots: &SlotCounts) -> Vec<(&'n str, u64)> {

@@ -39,7 +39,7 @@ pub struct Shown<'n, 'a> {
 /// "none counted" from "some counted" when a key switches to it. Cgroups are kept whole (a
 /// roll-up by depth needs all of them), and so are the call edges in the functions view (the
 /// function totals, and the probes' cost taken out of them, need every edge).
-pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggregate {
+pub fn visible<'g>(aggregate: &'g Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggregate {
     let naming = shown.naming;
     let weight_name = naming.model.weight_counter();
     // `SlotCounts::named` keeps the last of two slots of one name; the report sorts by the
@@ -54,7 +54,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
         _ => None,
     };
     let filter = ui.editing.as_ref().unwrap_or(&ui.filter).to_lowercase();
-    let candidate = |index: usize, id: u32, name: &'_ str, counts: &SlotCounts| {
+    let candidate = |index: usize, id: u32, name: &'g str, counts: &SlotCounts| {
         let weight = row_slot.map_or(0, |slot| counts.get(slot));
         // `view::rows` drops rows that counted nothing and rows the filter does not match.
         if weight == 0 || (!filter.is_empty() && !name.to_lowercase().contains(&filter)) {
@@ -70,7 +70,14 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
                 .flatten()
                 .unwrap_or(-1.0)
         });
-        Some((index, weight, counts.get(report_slot), id, fraction))
+        Some(Candidate {
+            index,
+            weight,
+            report_weight: counts.get(report_slot),
+            id,
+            name,
+            fraction,
+        })
     };
     let mut kept = Aggregate {
         totals: aggregate.totals,
@@ -101,18 +108,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
                 .tasks
                 .iter()
                 .enumerate()
-                .filter_map(|(index, task)| {
-                    candidate(index, task.tid, &task.comm, &task.counts).map(
-                        |(index, weight, report_weight, id, fraction)| Candidate {
-                            index,
-                            weight,
-                            report_weight,
-                            id,
-                            name: &task.comm,
-                            fraction,
-                        },
-                    )
-                })
+                .filter_map(|(index, task)| candidate(index, task.tid, &task.comm, &task.counts))
                 .collect();
             let picked = best(candidates, ui.sort, shown.capacity);
             kept.tasks = pick(&aggregate.tasks, &picked);
@@ -124,16 +120,7 @@ pub fn visible(aggregate: &Aggregate, ui: &Ui, shown: &Shown<'_, '_>) -> Aggrega
                 .iter()
                 .enumerate()
                 .filter_map(|(index, process)| {
-                    candidate(index, process.pid, &process.comm, &process.counts).map(
-                        |(index, weight, report_weight, id, fraction)| Candidate {
-                            index,
-                            weight,
-                            report_weight,
-                            id,
-                            name: &process.comm,
-                            fraction,
-                        },
-                    )
+                    candidate(index, process.pid, &process.comm, &process.counts)
                 })
                 .collect();
             let picked = best(candidates, ui.sort, shown.capacity);

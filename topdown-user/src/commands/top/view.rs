@@ -640,12 +640,7 @@ fn distribution_panel(
         Style::default().add_modifier(Modifier::BOLD),
     );
     y += 1;
-    let most = distribution
-        .buckets
-        .iter()
-        .map(|bucket| bucket.calls)
-        .max()
-        .unwrap_or(1);
+    let most = distribution.most_calls();
     let shown = usize::from(bottom - y);
     let skip = distribution.buckets.len().saturating_sub(shown);
     const BOUNDS: usize = 24;

@@ -132,6 +132,12 @@ struct SlotCosts {
     per_callee: Vec<f64>,
 }
 
+/// The costs of a function whose return mechanism is unknown or was not calibrated: none.
+static NO_COSTS: SlotCosts = SlotCosts {
+    per_call: Vec::new(),
+    per_callee: Vec::new(),
+};
+
 /// The calibration of a run, ready to subtract.
 #[derive(Clone, Debug)]
 pub struct Calibration {
@@ -250,6 +256,14 @@ impl Calibration {
         })
     }
 
+    /// The costs of probes with return mechanism `mechanism`, as subtracted (`NO_COSTS`
+    /// without one or without its calibration).
+    fn slot_costs(&self, mechanism: Option<ReturnMechanism>) -> &SlotCosts {
+        mechanism
+            .and_then(|mechanism| self.by_mechanism.get(&mechanism))
+            .unwrap_or(&NO_COSTS)
+    }
+
     /// Takes the probes' cost out of each per-call histogram bucket of a function, as out of
     /// its inclusive figures (`calls x P + callee_calls x T`, T weighted by the mix of the
     /// callees of the function's edges in `calls`), so the buckets still add up to them.
@@ -260,12 +274,7 @@ impl Calibration {
         calls: &[CallCounts],
         mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
     ) -> u64 {
-        let zero = SlotCosts::default();
-        let costs_of = |function: u32| {
-            mechanism_of(function)
-                .and_then(|mechanism| self.by_mechanism.get(&mechanism))
-                .unwrap_or(&zero)
-        };
+        let costs_of = |function: u32| self.slot_costs(mechanism_of(function));
         let mix = callee_mix(calls, &costs_of);
         let mut clamped = 0;
         for bucket in histograms.iter_mut() {
@@ -295,12 +304,7 @@ impl Calibration {
         calls: &mut [CallCounts],
         mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
     ) -> u64 {
-        let zero = SlotCosts::default();
-        let costs_of = |function: u32| {
-            mechanism_of(function)
-                .and_then(|mechanism| self.by_mechanism.get(&mechanism))
-                .unwrap_or(&zero)
-        };
+        let costs_of = |function: u32| self.slot_costs(mechanism_of(function));
         let callee_mix = callee_mix(calls, &costs_of);
         let mut clamped = 0;
         for call in calls.iter_mut() {
@@ -415,45 +419,41 @@ mod functions {
     pub const CALLER_CALL: usize = 4;
     pub const CALLER_RET: u64 = 10;
 
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_empty() {
-        core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
+    /// Defines an empty function (`EMPTY`) and a caller of it (`CALLER_*`) under the given
+    /// names. Each pair is two symbols of its own: the runs' probes are attached together, and
+    /// run B's callee stays unprobed while run A's is probed.
+    macro_rules! empty_and_caller {
+        ($(#[$empty_doc:meta])* $empty:ident, $(#[$caller_doc:meta])* $caller:ident) => {
+            $(#[$empty_doc])*
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $empty() {
+                core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
+            }
+
+            $(#[$caller_doc])*
+            #[unsafe(naked)]
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $caller() {
+                core::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "call {empty}",
+                    "pop rbp",
+                    "ret",
+                    empty = sym $empty,
+                )
+            }
+        };
     }
 
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_caller() {
-        core::arch::naked_asm!(
-            "push rbp",
-            "mov rbp, rsp",
-            "call {empty}",
-            "pop rbp",
-            "ret",
-            empty = sym topdown_calibration_empty,
-        )
-    }
-
-    /// Run B's copy of the empty function: never probed.
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_lone_empty() {
-        core::arch::naked_asm!("push rbp", "mov rbp, rsp", "pop rbp", "ret")
-    }
-
-    /// Run B's copy of the caller: probed, its callee not.
-    #[unsafe(naked)]
-    #[unsafe(no_mangle)]
-    pub extern "C" fn topdown_calibration_lone_caller() {
-        core::arch::naked_asm!(
-            "push rbp",
-            "mov rbp, rsp",
-            "call {empty}",
-            "pop rbp",
-            "ret",
-            empty = sym topdown_calibration_lone_empty,
-        )
-    }
+    empty_and_caller!(topdown_calibration_empty, topdown_calibration_caller);
+    empty_and_caller!(
+        /// Run B's copy of the empty function: never probed.
+        topdown_calibration_lone_empty,
+        /// Run B's copy of the caller: probed, its callee not.
+        topdown_calibration_lone_caller
+    );
 }
 
 /// Where the calibration functions are: the file topdown runs from, their entries' file

@@ -18,6 +18,42 @@ use crate::{
     ui::progress::Progress,
 };
 
+/// An ELF file's loaded segments with contents in the file, `(address, size in the file,
+/// file offset)`: how an address of the file's own address space maps to the file offset a
+/// uprobe takes (the program headers' `p_vaddr`, `p_filesz` and `p_offset`, elf(5)).
+#[derive(Clone, Debug, Default)]
+pub struct Segments(Vec<(u64, u64, u64)>);
+
+impl Segments {
+    pub fn of(file: &object::File<'_>) -> Self {
+        Self(
+            file.segments()
+                .filter_map(|segment| {
+                    let (offset, size) = segment.file_range();
+                    (size > 0).then_some((segment.address(), size, offset))
+                })
+                .collect(),
+        )
+    }
+
+    /// The file offset of `address`; `None` outside every segment's file contents.
+    pub fn file_offset(&self, address: u64) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|(start, size, _)| address >= *start && address < start + size)
+            .map(|(start, _, offset)| address - start + offset)
+    }
+
+    /// The end of the highest segment's file contents, in the file's address space.
+    pub fn end(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|(start, size, _)| start + size)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
 /// A function defined in a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionSymbol {
@@ -116,19 +152,8 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
     } else {
         None
     };
-    let segments: Vec<(u64, u64, u64)> = file
-        .segments()
-        .filter_map(|segment| {
-            let (offset, size) = segment.file_range();
-            (size > 0).then_some((segment.address(), size, offset))
-        })
-        .collect();
-    let to_offset = |address: u64| {
-        segments
-            .iter()
-            .find(|(start, size, _)| address >= *start && address < start + size)
-            .map(|(start, _, offset)| address - start + offset)
-    };
+    let segments = Segments::of(&file);
+    let to_offset = |address: u64| segments.file_offset(address);
 
     let x86_64 = file.architecture() == object::Architecture::X86_64;
     let mut names: Vec<(String, u64, u64)> = symbols_of(&file);
@@ -262,11 +287,7 @@ pub fn functions(path: &Path) -> Result<FileFunctions> {
             go_function_probes(function, go_refused.get(&function.address).copied());
         }
     }
-    let image_end = segments
-        .iter()
-        .map(|(start, size, _)| start + size)
-        .max()
-        .unwrap_or_default();
+    let image_end = segments.end();
     let imports = if x86_64 {
         super::plt::imports(&file)
     } else {

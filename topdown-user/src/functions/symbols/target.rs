@@ -125,27 +125,24 @@ pub fn library_matches(wanted: &str, file_name: &str) -> bool {
 
 /// Files mapped by a process whose name matches, reached through its root (containers).
 fn from_maps(pid: u32, target: &str) -> Vec<PathBuf> {
+    mapped_files(pid, &|path| {
+        path.file_name()
+            .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
+    })
+}
+
+/// The files process `pid` maps whose path (as the process names it) is `wanted`, each once
+/// per run of mappings, reached as `MapsLine::mapped_file` reaches them; none when its maps
+/// cannot be read (it exited).
+pub fn mapped_files(pid: u32, wanted: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
     let mut paths: Vec<PathBuf> = maps
         .lines()
         .filter_map(MapsLine::parse)
-        .filter(|mapping| mapping.path.starts_with('/'))
-        .filter(|mapping| {
-            Path::new(mapping.path)
-                .file_name()
-                .is_some_and(|name| library_matches(target, &name.to_string_lossy()))
-        })
-        .map(|mapping| {
-            if mapping.deleted {
-                // The file at that path now is another one (an upgraded library) or none; the
-                // mapped one is still reachable through its map_files link.
-                PathBuf::from(format!("/proc/{pid}/map_files/{}", mapping.range))
-            } else {
-                PathBuf::from(format!("/proc/{pid}/root{}", mapping.path))
-            }
-        })
+        .filter(|mapping| mapping.path.starts_with('/') && wanted(Path::new(mapping.path)))
+        .map(|mapping| mapping.mapped_file(pid))
         .collect();
     paths.dedup();
     paths
@@ -189,6 +186,17 @@ impl<'a> MapsLine<'a> {
             path,
             deleted,
         })
+    }
+
+    /// A path to the file mapped here, as process `pid` sees it: through its root (its mount
+    /// namespace), or, when deleted, through its `map_files` link, since the file at that
+    /// path now is another one (an upgraded library) or none.
+    pub fn mapped_file(&self, pid: u32) -> PathBuf {
+        if self.deleted {
+            PathBuf::from(format!("/proc/{pid}/map_files/{}", self.range))
+        } else {
+            PathBuf::from(format!("/proc/{pid}/root{}", self.path))
+        }
     }
 }
 

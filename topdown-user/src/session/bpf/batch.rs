@@ -9,10 +9,12 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
 };
 
 use aya::Pod;
+
+use super::syscall::{bpf, bpf_fd};
 
 /// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h).
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -146,23 +148,6 @@ struct ElemAttr {
     flags: u64,
 }
 
-fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid prefix of `union bpf_attr` for `command`, of the size given.
-    let status = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if status < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(status)
-    }
-}
-
 /// A BPF hash map of this process's own, outside any BPF object, with room for `max_entries`
 /// entries of `K` to `V`: tests and `cargo xtask bench` fill one to read it back. Needs
 /// `CAP_BPF`.
@@ -175,10 +160,7 @@ pub fn scratch_hash_map<K: Pod, V: Pod>(max_entries: u32) -> io::Result<OwnedFd>
         max_entries: max_entries.max(1),
         map_flags: 0,
     };
-    let fd = bpf(BPF_MAP_CREATE, &mut create)?;
-    let fd = i32::try_from(fd).map_err(io::Error::other)?;
-    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    bpf_fd(BPF_MAP_CREATE, &mut create)
 }
 
 /// Sets `key` to `value` in the hash map `map` (`BPF_MAP_UPDATE_ELEM`, any flags).

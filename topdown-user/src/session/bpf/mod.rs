@@ -10,6 +10,7 @@ mod kernel_types;
 mod live_tasks;
 pub mod process_links;
 mod records;
+pub(crate) mod syscall;
 mod usdt;
 
 use kernel_types::KernelTypes;
@@ -29,7 +30,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerfEventArray, RingBuf},
     programs::{
-        BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint, UProbe,
+        BtfTracePoint, PerfEvent, RawTracePoint, RawTracePointRunOptions, TestRun as _, TracePoint,
+        UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
@@ -1253,15 +1255,19 @@ fn attach_task_rename(ebpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-/// One `cgroup-switches` software event per counted CPU, period 1, running `cgroup_switch`.
+/// `cgroup_switch` on the cgroup-switches events (`attach_to_cgroup_switches`).
 fn attach_cgroup_switch(ebpf: &mut Ebpf, groups: &CounterGroups) -> Result<()> {
-    use aya::programs::perf_event::{
-        PerfEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent,
-    };
     let program: &mut PerfEvent = program_mut(ebpf, names::PROG_CGROUP_SWITCH)?;
     program
         .load()
         .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
+    attach_to_cgroup_switches(program, groups)
+}
+
+/// Attaches the loaded `program` to one `cgroup-switches` software event per counted CPU,
+/// period 1: the cgroup-switch trigger's hook, which `topdown-floor` measures attached alike.
+pub fn attach_to_cgroup_switches(program: &mut PerfEvent, groups: &CounterGroups) -> Result<()> {
+    use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
     for cpu in groups.cpus() {
         program
             .attach(

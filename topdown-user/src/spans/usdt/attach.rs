@@ -25,6 +25,8 @@ use std::{
     path::Path,
 };
 
+use crate::session::bpf::syscall::bpf_fd;
+
 /// `BPF_LINK_CREATE` in `enum bpf_cmd`.
 const BPF_LINK_CREATE: libc::c_long = 28;
 /// `enum bpf_attach_type`.
@@ -70,25 +72,6 @@ struct PerfEventLinkAttr {
     bpf_cookie: u64,
 }
 
-fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
-    // SAFETY: `attr` is a valid prefix of `union bpf_attr` for `command`, of the size given;
-    // the pointers it holds outlive the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(io::Error::other)?;
-    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
 }
@@ -123,7 +106,7 @@ pub fn multi(
         pid,
         ..UprobeMultiAttr::default()
     };
-    bpf(BPF_LINK_CREATE, &mut attr)
+    bpf_fd(BPF_LINK_CREATE, &mut attr)
 }
 
 /// The `uprobe` PMU's type (`/sys/bus/event_source/devices/uprobe/type`).
@@ -179,6 +162,6 @@ pub fn perf(
         flags: 0,
         bpf_cookie: point.cookie,
     };
-    let link = bpf(BPF_LINK_CREATE, &mut link)?;
+    let link = bpf_fd(BPF_LINK_CREATE, &mut link)?;
     Ok([link, event])
 }

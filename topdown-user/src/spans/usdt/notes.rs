@@ -10,9 +10,12 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use object::{Object as _, ObjectSection as _};
 
-use crate::error::{Failure, fail};
+use crate::{
+    error::{Failure, fail},
+    functions::symbols::elf::Segments,
+};
 
 /// `NT_STAPSDT`.
 const NOTE_TYPE: u32 = 3;
@@ -50,8 +53,8 @@ pub struct SdtFile {
     /// Symbols with their addresses, for arguments relative to one (`8@sym(%rip)`) and for
     /// function entries spans use.
     pub symbols: std::collections::HashMap<String, u64>,
-    /// Loaded segments with file contents: `(address, size in the file, file offset)`.
-    pub segments: Vec<(u64, u64, u64)>,
+    /// Loaded segments with file contents.
+    pub segments: Segments,
 }
 
 impl SdtFile {
@@ -62,15 +65,8 @@ impl SdtFile {
 
     /// The file offset of `address` (what a uprobe takes), through the program headers.
     pub fn offset_of(&self, address: u64) -> Option<u64> {
-        file_offset(&self.segments, address)
+        self.segments.file_offset(address)
     }
-}
-
-fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
-    segments
-        .iter()
-        .find(|(start, size, _)| address >= *start && address < start + size)
-        .map(|(start, _, offset)| address - start + offset)
 }
 
 /// Reads the SDT notes of `path`.
@@ -83,14 +79,8 @@ pub fn read(path: &Path) -> Result<SdtFile> {
 pub fn parse(data: &[u8]) -> Result<SdtFile> {
     let file =
         object::File::parse(data).map_err(|err| anyhow::anyhow!("not an ELF file: {err}"))?;
-    let segments: Vec<(u64, u64, u64)> = file
-        .segments()
-        .filter_map(|segment| {
-            let (offset, size) = segment.file_range();
-            (size > 0).then_some((segment.address(), size, offset))
-        })
-        .collect();
-    let to_offset = |address: u64| file_offset(&segments, address);
+    let segments = Segments::of(&file);
+    let to_offset = |address: u64| segments.file_offset(address);
     let little = file.is_little_endian();
     let wide = file.is_64();
     // Where `_.stapsdt.base` is now, against where each note says it was linked.
@@ -243,6 +233,8 @@ fn decode(
 
 #[cfg(test)]
 mod tests {
+    use object::ObjectSegment as _;
+
     use super::*;
 
     /// Debian's python3.11 is a non-PIE executable: its code's file offsets and addresses

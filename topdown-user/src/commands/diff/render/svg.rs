@@ -18,7 +18,7 @@ use crate::{
     error::{Failure, fail},
     report::{
         Weight,
-        svg::{CATEGORIES, MARGIN, WIDTH, escape, layout},
+        svg::{CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, layout, svg_start, title_lines},
     },
 };
 
@@ -145,13 +145,7 @@ pub fn write_svg(
         .filter(|change| change.kind == Kind::Edge && change.verdict == Verdict::Removed)
         .collect();
     let height = tree_y + depth as f64 * FRAME_HEIGHT + 24.0 + removed.len() as f64 * 14.0 + MARGIN;
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="11">
-<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
-    );
+    let mut svg = svg_start(height);
     let heading = format!(
         "Differential call tree: width = NEW's inclusive {}, colour = change of {} per call (red grew, blue shrank, threshold {}%)",
         comparison.weight_counter, comparison.weight_counter, comparison.threshold_pct
@@ -164,15 +158,9 @@ pub fn write_svg(
         comparison.new_files.len()
     );
     if comparison.synthetic {
-        context.push_str(" (synthetic counters: syscall counts stand in for hardware events)");
+        context.push_str(SYNTHETIC_NOTE);
     }
-    let _ = writeln!(
-        svg,
-        r#"<text class="heading" x="{MARGIN}" y="18" font-size="13" font-weight="bold">{}</text>
-<text class="context" x="{MARGIN}" y="34">{}</text>"#,
-        escape(&heading),
-        escape(&context)
-    );
+    title_lines(&mut svg, 13, &heading, &context);
     // Legend: the change colours, then the category colours of the strips.
     let mut x = MARGIN;
     for (fill, label) in [
