@@ -82,7 +82,9 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                         extra = (*config1, *config2, event.exclude);
                         // A raw event on a hybrid PMU goes to that PMU's dynamic type.
                         match event.pmu.as_deref() {
-                            Some(pmu @ ("cpu_core" | "cpu_atom")) if *perf_type == 4 => {
+                            Some(pmu @ ("cpu_core" | "cpu_atom"))
+                                if *perf_type == crate::model::PERF_TYPE_RAW =>
+                            {
                                 (hybrid_pmu_type(pmu)?, *config)
                             }
                             _ => (*perf_type, *config),

@@ -3,7 +3,7 @@
 //! then `BPF_MAP_LOOKUP_ELEM`). At 100000 tasks that is the difference between about 350 ms
 //! and about 55 ms per refresh on this project's VM (BENCHMARKS.md, refresh cost).
 //!
-//! aya 0.16 has no batch operations, so this is the one system call topdown makes itself; the
+//! aya 0.16 has no batch operations, so topdown makes this call itself (`super::syscall`); the
 //! attribute layout is the kernel's `union bpf_attr`, `batch` member
 //! (include/uapi/linux/bpf.h, "struct { /* struct used by BPF_MAP_*_BATCH commands */").
 
