@@ -167,10 +167,7 @@ fn interval_reports_are_calibrated_before_counting() {
     }
     let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
-    let out = std::env::temp_dir().join(format!(
-        "topdown-compensation-interval-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path("compensation-interval.json");
     let output = run_ok(
         topdown()
             .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json"])
@@ -432,10 +429,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
         return;
     }
     let w = path_str(&binaries().compensation);
-    let recording = std::env::temp_dir().join(format!(
-        "topdown-compensation-run-{}.json",
-        std::process::id()
-    ));
+    let recording = temp_path("compensation-run.json");
     let output = run_ok(
         topdown()
             .args(["stat", "--pmu", "software", "-u", &format!("{w}:empty")])
@@ -444,7 +438,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
             .args(["--", w, "empty", "500000"]),
     )
     .unwrap();
-    let report = parse_json(&std::fs::read(&recording).unwrap()).unwrap();
+    let report = read_report(&recording);
     // Start-up alone is counted before the command too, so a calibration failing under load
     // (`calibrated`) does not change what is checked here.
     if let Err(why) = calibrated(&report, &String::from_utf8_lossy(&output.stderr)) {

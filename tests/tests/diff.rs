@@ -13,7 +13,7 @@ use serde_json::Value;
 use topdown_tests::*;
 
 fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("topdown-diff-{}", std::process::id()));
+    let dir = temp_path("diff");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }

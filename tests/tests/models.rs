@@ -19,7 +19,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("topdown-models-{name}-{}.json", std::process::id()))
+    topdown_tests::temp_path(&format!("models-{name}.json"))
 }
 
 /// One hand-worked vector of a golden file.
@@ -233,7 +233,7 @@ fn every_model_end_to_end_on_synthetic_counters() {
             let output = run_ok(command.args(["--", WORKLOAD, &spec.join(",")]))
                 .unwrap_or_else(|err| panic!("{} {}: {err:#}", golden.model, golden.name));
             let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-            let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+            let report = read_report(&out);
             (threads[0].2, report)
         };
         // Once seen missing from the tasks here (November 2026, when every switch was read):
@@ -323,7 +323,7 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
     )
     .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_eq!(report["model"], "hybrid:intel-icl+intel-skt");
     let task = task(&report, threads[0].2).expect("workload thread");
     assert_eq!(counter(task, "cpu_core/slots"), 1000);
@@ -417,12 +417,7 @@ fn list_shows_each_counter_with_its_encoding() {
     assert!(slots.contains("cpu/config=0x400/"), "{slots}");
     assert!(slots.contains("fixed"), "{slots}");
     assert!(text.contains("core pinned x7"), "{text}");
-    let bad = topdown()
-        .args(["list", "--pmu", "intel-nope"])
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&bad.stderr);
+    let stderr = usage_error(topdown().args(["list", "--pmu", "intel-nope"]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("unknown model 'intel-nope'"), "{stderr}");
 }
@@ -469,7 +464,7 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
         "{stderr}"
     );
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let task = task(&report, threads[0].2).expect("workload thread");
     for (name, count) in &golden.counts {
         assert_eq!(counter(task, name), *count, "{name}");
@@ -520,24 +515,19 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
     )
     .unwrap();
     assert!(!String::from_utf8_lossy(&level_one.stderr).contains("take turns"));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert!(report["totals"]["estimated"].is_null());
 
     // Fewer counters than one group needs: one clear line, usage exit status.
-    let refused = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:amd-zen4",
-            "--max-counters",
-            "5",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(refused.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = usage_error(topdown().args([
+        "stat",
+        "--pmu",
+        "synthetic:amd-zen4",
+        "--max-counters",
+        "5",
+        "--",
+        "true",
+    ]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("needs 6 general-purpose counters at once for level 1"),
@@ -554,16 +544,7 @@ fn extra_events_are_attributed_per_task_exactly() {
     }
     let out = temp_path("extra-events");
     let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
+        synthetic_stat_to(&out)
             .args([
                 "-e",
                 "syscalls:sys_enter_getcwd",
@@ -579,7 +560,7 @@ fn extra_events_are_attributed_per_task_exactly() {
     )
     .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_eq!(
         report["extra_events"],
         serde_json::json!(["syscalls:sys_enter_getcwd", "syscalls:sys_enter_newuname"])
@@ -606,20 +587,15 @@ fn extra_events_are_attributed_per_task_exactly() {
         ("task-clock", "use cpu-clock"),
         ("nopmu/event=1/", "no PMU 'nopmu'"),
     ] {
-        let refused = topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "-e",
-                spec,
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(refused.status.code(), Some(2), "{spec}");
-        let stderr = String::from_utf8_lossy(&refused.stderr);
+        let stderr = usage_error(topdown().args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "-e",
+            spec,
+            "--",
+            "true",
+        ]));
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(message), "{spec}: {stderr}");
     }

@@ -49,7 +49,7 @@ fn workload() -> &'static Path {
 }
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("topdown-svg-{}-{name}", std::process::id()))
+    temp_path(&format!("svg-{name}"))
 }
 
 /// `-u BINARY:FUNC` for every function of the workload.
@@ -223,7 +223,7 @@ fn report_svg_draws_the_recorded_tree_to_scale() {
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
     args.extend(probes());
     stat(&args, &json);
-    let report = parse_json(&std::fs::read(&json).unwrap()).unwrap();
+    let report = read_report(&json);
 
     let svg = temp("tree.svg");
     run_ok(
@@ -278,7 +278,7 @@ fn stat_writes_svg_directly() {
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
     args.extend(probes());
     stat(&args, &json);
-    let report = parse_json(&std::fs::read(&json).unwrap()).unwrap();
+    let report = read_report(&json);
 
     let svg = temp("direct.svg");
     let mut args = vec!["--format".to_owned(), "svg".to_owned()];
