@@ -105,26 +105,41 @@ pub fn topdown() -> Command {
     command
 }
 
+/// `tests/workloads/NAME`: the workloads' sources.
+pub fn workload_source(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("workloads")
+        .join(name)
+}
+
+/// How the C workloads whose functions are probed are built: each function's calls and
+/// slots as written (no inlining or folding), with frame pointers and threads.
+pub const PROBED_C_FLAGS: [&str; 4] = ["-O0", "-g", "-fno-omit-frame-pointer", "-pthread"];
+
+/// Compiles `tests/workloads/SOURCE` with `cc FLAGS` into `DIR/BINARY` (the directory made if
+/// missing) and returns its path; fails the test with the compiler's stderr.
+pub fn build_c(dir: &std::path::Path, source: &str, binary: &str, flags: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
+    let binary = dir.join(binary);
+    compile(
+        Command::new("cc")
+            .args(flags)
+            .arg("-o")
+            .arg(&binary)
+            .arg(workload_source(source)),
+    );
+    binary
+}
+
 /// Compiles `tests/workloads/SOURCE` with `cc -O0 -g` into the test target directory as
 /// `binary` and returns its path; fails the test with the compiler's stderr.
 pub fn build_c_workload(target_tmpdir: &str, source: &str, binary: &str) -> PathBuf {
-    let binary = PathBuf::from(target_tmpdir).join(binary);
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("workloads")
-        .join(source);
-    let output = Command::new("cc")
-        .args(["-O0", "-g", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .output()
-        .expect("running cc");
-    assert!(
-        output.status.success(),
-        "cc {}: {}",
-        source.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    binary
+    build_c(
+        std::path::Path::new(target_tmpdir),
+        source,
+        binary,
+        &["-O0", "-g"],
+    )
 }
 
 /// Runs a topdown command that must be refused as a usage error (exit status 2, before

@@ -3,7 +3,7 @@
 //! and on the software model (`cpu-clock` ns) an empty function close to zero and known work
 //! close to the same work run unprobed in the same run.
 
-use std::{path::PathBuf, process::Command, sync::OnceLock};
+use std::{path::PathBuf, sync::OnceLock};
 
 use serde_json::Value;
 use topdown_tests::*;
@@ -17,22 +17,11 @@ struct Binaries {
 fn binaries() -> &'static Binaries {
     static BUILT: OnceLock<Binaries> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compensation-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let build_c = |name: &str| {
-            let binary = dir.join(name);
-            compile(
-                Command::new("cc")
-                    .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-                    .arg(&binary)
-                    .arg(sources.join(format!("{name}.c"))),
-            );
-            binary
-        };
+        let build = |name: &str| build_c(&dir, &format!("{name}.c"), name, &PROBED_C_FLAGS);
         Binaries {
-            funcs: build_c("funcs"),
-            compensation: build_c("compensation"),
+            funcs: build("funcs"),
+            compensation: build("compensation"),
         }
     })
 }

@@ -25,23 +25,12 @@ struct Binaries {
     fake_go: PathBuf,
 }
 
-fn sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
-}
-
 /// Builds the workloads once per test binary.
 fn binaries() -> &'static Binaries {
     static BUILT: OnceLock<Binaries> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("function-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let c = dir.join("funcs");
-        compile(
-            Command::new("cc")
-                .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-                .arg(&c)
-                .arg(sources().join("funcs.c")),
-        );
+        let c = build_c(&dir, "funcs.c", "funcs", &PROBED_C_FLAGS);
         // A stripped copy whose symbols live in a separate debug file found via .gnu_debuglink.
         let stripped_dir = dir.join("stripped");
         std::fs::create_dir_all(&stripped_dir).unwrap();
@@ -71,7 +60,7 @@ fn binaries() -> &'static Binaries {
             Command::new("c++")
                 .args(["-O0", "-g", "-o"])
                 .arg(&cpp)
-                .arg(sources().join("funcs.cpp")),
+                .arg(workload_source("funcs.cpp")),
         );
         let rust = dir.join("funcs_rs");
         let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
@@ -79,29 +68,23 @@ fn binaries() -> &'static Binaries {
             Command::new(rustc)
                 .args(["--edition", "2024", "-C", "opt-level=1", "-o"])
                 .arg(&rust)
-                .arg(sources().join("funcs_rs.rs")),
+                .arg(workload_source("funcs_rs.rs")),
         );
-        let cancel = dir.join("cancel");
-        compile(
-            Command::new("cc")
-                .args(["-O0", "-g", "-pthread", "-o"])
-                .arg(&cancel)
-                .arg(sources().join("cancel.c")),
-        );
+        let cancel = build_c(&dir, "cancel.c", "cancel", &["-O0", "-g", "-pthread"]);
         let plugin_dir = dir.join("plugin");
         std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
         compile(
             Command::new("c++")
                 .args(["-O0", "-g", "-shared", "-fPIC", "-o"])
                 .arg(plugin_dir.join("lib/libtdplugin.so"))
-                .arg(sources().join("plugin.cpp")),
+                .arg(workload_source("plugin.cpp")),
         );
         let plugin_main = plugin_dir.join("plugin_main");
         compile(
             Command::new("cc")
                 .args(["-O0", "-g", "-o"])
                 .arg(&plugin_main)
-                .arg(sources().join("plugin_main.c"))
+                .arg(workload_source("plugin_main.c"))
                 .arg(format!("-L{}", plugin_dir.join("lib").display()))
                 .args(["-ltdplugin", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"]),
         );

@@ -25,10 +25,6 @@ struct GoPrograms {
     bench: PathBuf,
 }
 
-fn sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
-}
-
 /// Builds the Go workloads once per test binary; `None` (said once per test) where there is
 /// no Go toolchain outside CI. In CI a missing toolchain fails.
 fn programs() -> Option<&'static GoPrograms> {
@@ -54,7 +50,7 @@ fn programs() -> Option<&'static GoPrograms> {
                     .arg("-o")
                     .arg(&path)
                     .arg(source)
-                    .current_dir(sources())
+                    .current_dir(workload_source(""))
                     .env("GOCACHE", cache.join("build"))
                     .env("GOPATH", cache.join("gopath"))
                     .env("GOFLAGS", "")

@@ -18,16 +18,8 @@ use topdown_tests::*;
 fn exits_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-programs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let binary = dir.join("exits");
-        compile(
-            Command::new("cc")
-                .args(["-O2", "-o"])
-                .arg(&binary)
-                .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/exits.c")),
-        );
-        binary
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real-programs");
+        build_c(&dir, "exits.c", "exits", &["-O2"])
     })
 }
 

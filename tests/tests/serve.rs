@@ -5,6 +5,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -327,25 +328,16 @@ fn serve_refuses_bad_setups_with_one_line() {
 
 /// The C workload of the function tests, built once into a directory of its own.
 fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let binary = dir.join("funcs");
-    let source = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/funcs.c");
-    let output = Command::new("cc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .output()
-        .expect("cc");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    binary
+    build_c(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir_name),
+        "funcs.c",
+        "funcs",
+        &PROBED_C_FLAGS,
+    )
 }
 
-fn start_serve(port: u16, extra: &[&str]) -> Reaped {
+/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
+fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
     let mut command = topdown();
     command
         .args([
@@ -356,7 +348,12 @@ fn start_serve(port: u16, extra: &[&str]) -> Reaped {
             "200",
         ])
         .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra);
+        .args(options);
+    for function in functions {
+        command
+            .arg("-u")
+            .arg(format!("{}:{function}", binary.display()));
+    }
     start_healthy(port, command)
 }
 
@@ -435,12 +432,17 @@ fn funcs_binary_named(dir_name: &str, name: &str) -> std::path::PathBuf {
     binary
 }
 
-/// `topdown_function_calls_total` of `function` in `target`.
-fn calls_series(function: &str, target: &std::path::Path) -> String {
+/// The series `metric` of `function` in `target` (a metric labelled by those two alone).
+fn function_series(metric: &str, function: &str, target: &Path) -> String {
     format!(
-        r#"topdown_function_calls_total{{function="{function}",target="{}"}}"#,
+        r#"{metric}{{function="{function}",target="{}"}}"#,
         target.display()
     )
+}
+
+/// `topdown_function_calls_total` of `function` in `target`.
+fn calls_series(function: &str, target: &Path) -> String {
+    function_series("topdown_function_calls_total", function, target)
 }
 
 /// Waits up to 10 s for /metrics to show `value` for the series `prefix`.
@@ -460,7 +462,7 @@ fn a_target_replaced_on_disk_is_re_attached() {
     let target = built.with_file_name("deployed-funcs");
     std::fs::copy(&built, &target).unwrap();
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{}:leaf", target.display())]);
+    let exporter = start_serve(port, &[], &target, &["leaf"]);
     let calls = calls_series("leaf", &target);
     // leafmid 2 3 1: leaf runs 2 times from mid and once from main.
     run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
@@ -503,19 +505,11 @@ fn the_overhead_guard_detaches_the_busiest_function() {
     // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
     let exporter = start_serve(
         port,
-        &[
-            "--max-overhead",
-            "0.000001",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-            "-u",
-            &format!("{}:mid", binary.display()),
-        ],
+        &["--max-overhead", "0.000001"],
+        &binary,
+        &["leaf", "mid"],
     );
-    let detached = format!(
-        r#"topdown_probes_detached_total{{function="leaf",target="{}"}}"#,
-        binary.display()
-    );
+    let detached = function_series("topdown_probes_detached_total", "leaf", &binary);
     let found = wait_for(Duration::from_secs(30), || {
         run_ok(Command::new(&binary).args(["leafmid", "50", "20", "1"])).ok()?;
         let (_, body) = http_get(port, "/metrics")?;
@@ -541,7 +535,7 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     }
     let binary = funcs_binary("serve-kill");
     let port = free_port();
-    let mut exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
+    let mut exporter = start_serve(port, &[], &binary, &["leaf"]);
     let events_before = uprobe_events();
     // The kernel keeps 15 bytes of a program's name (BPF_OBJ_NAME_LEN 16 with the NUL).
     let kernel_name = |name: &str| name[..name.len().min(15)].to_owned();
@@ -647,7 +641,7 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
     }
     let binary = funcs_binary("serve-sighup");
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
+    let exporter = start_serve(port, &[], &binary, &["leaf"]);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
     wait_for_sample(
@@ -851,19 +845,12 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
 
     let binary = funcs_binary("serve-dashboard");
     let port = free_port();
+    // --max-overhead: measured (and exported) only with a budget; this one is never exceeded.
     let _exporter = start_serve(
         port,
-        &[
-            "--by",
-            "cgroup,process",
-            // Measured (and exported) only with a budget; this one is never exceeded.
-            "--max-overhead",
-            "100",
-            "-u",
-            &format!("{}:mid", binary.display()),
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
+        &["--by", "cgroup,process", "--max-overhead", "100"],
+        &binary,
+        &["mid", "leaf"],
     );
 
     let prometheus = Prometheus::start("topdown-dashboard", port);
@@ -1050,18 +1037,9 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-window", "td-duty-window");
     let port = free_port();
-    let exporter = start_serve(
-        port,
-        &[
-            "--duty-cycle",
-            "2s/4s",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
-    );
-    let label = format!(r#"function="leaf",target="{}""#, binary.display());
-    let calls = format!("topdown_function_calls_total{{{label}}}");
-    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let exporter = start_serve(port, &["--duty-cycle", "2s/4s"], &binary, &["leaf"]);
+    let calls = calls_series("leaf", &binary);
+    let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let inclusive = format!(
         r#"topdown_function_inclusive_slots_total{{category="total",function="leaf",model="intel-icl",target="{}"}}"#,
         binary.display()
@@ -1159,18 +1137,9 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-steady", "td-duty-steady");
     let port = free_port();
-    let exporter = start_serve(
-        port,
-        &[
-            "--duty-cycle",
-            "1s/2s",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
-    );
-    let label = format!(r#"function="leaf",target="{}""#, binary.display());
-    let calls = format!("topdown_function_calls_total{{{label}}}");
-    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let exporter = start_serve(port, &["--duty-cycle", "1s/2s"], &binary, &["leaf"]);
+    let calls = calls_series("leaf", &binary);
+    let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let process =
         r#"topdown_process_slots_total{category="total",comm="td-duty-steady",model="intel-icl"}"#;
     // leaf(1) 1000 times a second for 30 s: one getppid each. Long enough for three windows
@@ -1290,14 +1259,9 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
         let port = free_port();
         let mut exporter = start_serve(
             port,
-            &[
-                "--duty-cycle",
-                "200ms/500ms",
-                "-u",
-                &format!("{}:leaf", binary.display()),
-                "-u",
-                &format!("{}:mid", binary.display()),
-            ],
+            &["--duty-cycle", "200ms/500ms"],
+            &binary,
+            &["leaf", "mid"],
         );
         let pid = exporter.0.id();
         // ~8 cycles, sampled every 10 ms: the function-probe links held at each moment.
@@ -1455,12 +1419,8 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     let mut command = topdown();
     command.args(["serve", "--config"]).arg(&config);
     let exporter = start_healthy(port, command);
-    let sampled_calls = |function: &str| {
-        format!(
-            r#"topdown_function_sampled_calls_total{{function="{function}",target="{}"}}"#,
-            binary.display()
-        )
-    };
+    let sampled_calls =
+        |function: &str| function_series("topdown_function_sampled_calls_total", function, &binary);
     let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
 
     // Into the second period's ON span, where leaf is counted.
@@ -1547,7 +1507,7 @@ fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
     let funcs = funcs_binary("serve-distribution");
     let funcs = funcs.to_str().unwrap();
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{funcs}:band")]);
+    let exporter = start_serve(port, &[], Path::new(funcs), &["band"]);
     run_ok(Command::new(funcs).args(["bands", "1000", "10", "30", "1000"])).unwrap();
     let labels = format!(r#"function="band",target="{funcs}""#);
     let count = format!("topdown_function_call_slots_count{{{labels}}}");

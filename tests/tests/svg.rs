@@ -5,7 +5,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     sync::OnceLock,
 };
 
@@ -29,22 +28,13 @@ const FUNCTIONS: [&str; 7] = [
 fn workload() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("svg-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let binary = dir.join("tree");
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/tree.c");
-        let output = Command::new("cc")
-            .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-            .arg(&binary)
-            .arg(source)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        binary
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("svg-workloads");
+        build_c(
+            &dir,
+            "tree.c",
+            "tree",
+            &["-O0", "-g", "-fno-omit-frame-pointer"],
+        )
     })
 }
 
