@@ -320,6 +320,15 @@ pub fn counter(entity: &Value, name: &str) -> u64 {
     entity["counters"][name].as_u64().unwrap_or(0)
 }
 
+/// An entity's `(slots, topdown-retiring)`: its getppid and getpgid calls, with the synthetic
+/// model's mapping.
+pub fn slots_and_retiring(entity: &Value) -> (u64, u64) {
+    (
+        counter(entity, "slots"),
+        counter(entity, "topdown-retiring"),
+    )
+}
+
 /// `counters[name]` summed over a report's tasks.
 pub fn tasks_total(report: &Value, name: &str) -> u64 {
     report["tasks"].as_array().map_or(0, |tasks| {

@@ -261,8 +261,7 @@ fn goroutine_counts_are_exact(program: &Path) {
         .as_array()
         .and_then(|processes| processes.first())
         .expect("the program's process");
-    assert_eq!(counter(process, "slots"), ppids);
-    assert_eq!(counter(process, "topdown-retiring"), pgids);
+    assert_eq!(slots_and_retiring(process), (ppids, pgids));
 }
 
 #[test]

@@ -384,6 +384,12 @@ fn stop_and_read_stderr(exporter: Reaped) -> String {
     terminate(exporter).1
 }
 
+/// Stops the exporter, which must have said `expected` on stderr by then.
+fn stop_saying(exporter: Reaped, expected: &str) {
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(stderr.contains(expected), "{stderr}");
+}
+
 /// All the exporter wrote to its piped stderr (it has exited).
 fn take_stderr(exporter: &mut Reaped) -> String {
     let mut stderr = String::new();
@@ -487,11 +493,7 @@ fn a_target_replaced_on_disk_is_re_attached() {
     )
     .unwrap();
     wait_for_sample(port, &calls, 6.0, "the new build's 3 calls are counted too");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("re-attaching function probes: replaced on disk"),
-        "{stderr}"
-    );
+    stop_saying(exporter, "re-attaching function probes: replaced on disk");
 }
 
 #[test]
@@ -520,11 +522,7 @@ fn the_overhead_guard_detaches_the_busiest_function() {
         sample(&found, "topdown_overhead_percent").is_some(),
         "{found}"
     );
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("> --max-overhead 0.000001%: detaching leaf"),
-        "{stderr}"
-    );
+    stop_saying(exporter, "> --max-overhead 0.000001%: detaching leaf");
 }
 
 #[test]
@@ -658,11 +656,7 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
         2.0,
         "leaf counted after SIGHUP",
     );
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("re-attaching function probes: SIGHUP"),
-        "{stderr}"
-    );
+    stop_saying(exporter, "re-attaching function probes: SIGHUP");
 }
 
 #[test]
@@ -1120,10 +1114,9 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     );
     assert_eq!(sample(&third, &sampled_calls), Some(3.0), "{third}");
     assert_eq!(sample(&third, &calls), Some(3.0 / ratio), "{third}");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("function probes attached 2s of every 4s (--duty-cycle)"),
-        "{stderr}"
+    stop_saying(
+        exporter,
+        "function probes attached 2s of every 4s (--duty-cycle)",
     );
 }
 
@@ -1482,14 +1475,13 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     );
     assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
     assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains(&format!(
+    stop_saying(
+        exporter,
+        &format!(
             "topdown: SIGHUP: reloaded {}: -u {}:mid",
             config.display(),
             binary.display()
-        )),
-        "{stderr}"
+        ),
     );
 }
 

@@ -65,17 +65,10 @@ fn two_threads_get_exactly_their_own_syscalls() {
 
     let a = task(&report, threads[0].2).expect("thread A in report");
     let b = task(&report, threads[1].2).expect("thread B in report");
-    assert_eq!(
-        (counter(a, "slots"), counter(a, "topdown-retiring")),
-        (1234, 0)
-    );
-    assert_eq!(
-        (counter(b, "slots"), counter(b, "topdown-retiring")),
-        (0, 777)
-    );
+    assert_eq!(slots_and_retiring(a), (1234, 0));
+    assert_eq!(slots_and_retiring(b), (0, 777));
     let process = process(&report, threads[0].1).expect("workload process");
-    assert_eq!(counter(process, "slots"), 1234);
-    assert_eq!(counter(process, "topdown-retiring"), 777);
+    assert_eq!(slots_and_retiring(process), (1234, 777));
     // Only the workload is tracked: every task in the report belongs to it.
     for task in report["tasks"].as_array().unwrap() {
         assert_eq!(task["tgid"].as_u64(), Some(threads[0].1));
@@ -158,8 +151,7 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
     assert!(tracer.child().wait().unwrap().success());
     let report = read_report(&out);
     let worker = task(&report, threads[0].2).expect("workload thread");
-    assert_eq!(counter(worker, "slots"), 5000);
-    assert_eq!(counter(worker, "topdown-retiring"), 321);
+    assert_eq!(slots_and_retiring(worker), (5000, 321));
     assert_eq!(
         counter(&report["untracked"], "slots"),
         0,
@@ -277,13 +269,7 @@ fn a_command_is_followed_into_its_children() {
     assert_eq!(threads.len(), 4, "parent + 3 children");
     for (_, pid, tid) in &threads {
         let worker = task(&report, *tid).unwrap_or_else(|| panic!("thread {tid} of process {pid}"));
-        assert_eq!(
-            (
-                counter(worker, "slots"),
-                counter(worker, "topdown-retiring")
-            ),
-            (100, 10)
-        );
+        assert_eq!(slots_and_retiring(worker), (100, 10));
         assert_eq!(counter(process(&report, *pid).unwrap(), "slots"), 100);
     }
     let tracked: u64 = tasks_total(&report, "slots");
@@ -316,8 +302,7 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
     let threads = workload_threads(&String::from_utf8_lossy(&stdout));
     let report = read_report(&out);
     let process = process(&report, threads[0].1).expect("process");
-    assert_eq!(counter(process, "slots"), 2222);
-    assert_eq!(counter(process, "topdown-retiring"), 1111);
+    assert_eq!(slots_and_retiring(process), (2222, 1111));
     let a = task(&report, threads[0].2).unwrap();
     assert_eq!(a["exited"], Value::Bool(true));
     assert_eq!(counter(a, "slots"), 2222);
@@ -596,8 +581,7 @@ fn a_short_single_threaded_command_is_its_own_process() {
         .map(|process| process["pid"].as_u64().unwrap())
         .unwrap_or_else(|| panic!("no td-workload process: {report}"));
     let process = process(&report, pid).unwrap();
-    assert_eq!(counter(process, "slots"), 321);
-    assert_eq!(counter(process, "topdown-retiring"), 123);
+    assert_eq!(slots_and_retiring(process), (321, 123));
     assert_eq!(counter(&report["untracked"], "slots"), 0, "{report}");
     assert_conserved(&report);
 }
@@ -757,14 +741,7 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
         let threads = workload_threads(&String::from_utf8_lossy(&stdout));
         let report = read_report(&out);
         let process = process(&report, threads[0].1).expect("traced process");
-        assert_eq!(
-            (
-                counter(process, "slots"),
-                counter(process, "topdown-retiring")
-            ),
-            (30_000, 3_000),
-            "{scope}"
-        );
+        assert_eq!(slots_and_retiring(process), (30_000, 3_000), "{scope}");
         assert!(counter(&report["untracked"], "slots") >= 50_000, "{scope}");
         assert_conserved(&report);
         let _ = std::fs::remove_file(out);
@@ -828,10 +805,7 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
         let report = read_report(&out);
         let process = process(&report, threads[0].1).expect("traced process");
         assert_eq!(
-            (
-                counter(process, "slots"),
-                counter(process, "topdown-retiring")
-            ),
+            slots_and_retiring(process),
             (2_000_000, 200_000),
             "run {run} (warm-up {warm_up}), {} unseen switches, {} unseen arrivals",
             report["diagnostics"]["unseen_switches"],
