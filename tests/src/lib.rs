@@ -284,6 +284,22 @@ pub fn figures(function: &Value) -> (u64, u64, u64, u64, u64) {
     )
 }
 
+/// `-u BINARY:FUNC` for each of `functions`: the function probes of one program.
+pub fn probes(binary: &std::path::Path, functions: &[&str]) -> Vec<String> {
+    functions
+        .iter()
+        .flat_map(|function| ["-u".to_owned(), format!("{}:{function}", binary.display())])
+        .collect()
+}
+
+/// The `call_tree[]` edge from `caller` (`None`: the root) to `callee`.
+pub fn find_edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> Option<&'a Value> {
+    report["call_tree"]
+        .as_array()?
+        .iter()
+        .find(|edge| edge["caller"].as_str() == caller && edge["callee"].as_str() == Some(callee))
+}
+
 /// A path as the `&str` a command line takes (the tests' paths are UTF-8).
 pub fn path_str(path: &std::path::Path) -> &str {
     path.to_str()

@@ -38,11 +38,7 @@ fn stat(args: &[&str], probed: bool) {
         .args(["stat", "--pmu", "synthetic:intel-icl", "-l", "2"])
         .args(args);
     if probed {
-        for function in FUNCTIONS {
-            command
-                .arg("-u")
-                .arg(format!("{}:{function}", workload().display()));
-        }
+        command.args(probes(workload(), &FUNCTIONS));
     }
     command.arg("--").arg(workload()).args(["20", "100"]);
     run_ok(&mut command).unwrap();

@@ -119,22 +119,14 @@ fn stat(args: &[&str]) -> Value {
 /// most tests here probe a workload of their own.
 fn probed(options: &[&str], binary: &str, functions: &[&str], args: &[&str]) -> Value {
     let mut all: Vec<String> = options.iter().map(|&option| option.to_owned()).collect();
-    for function in functions {
-        all.extend(["-u".to_owned(), format!("{binary}:{function}")]);
-    }
+    all.extend(probes(Path::new(binary), functions));
     all.extend(["--".to_owned(), binary.to_owned()]);
     all.extend(args.iter().map(|&arg| arg.to_owned()));
     stat_json(&all).unwrap().0
 }
 
 fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value {
-    report["call_tree"]
-        .as_array()
-        .and_then(|edges| {
-            edges
-                .iter()
-                .find(|e| e["caller"].as_str() == caller && e["callee"].as_str() == Some(callee))
-        })
+    find_edge(report, caller, callee)
         .unwrap_or_else(|| panic!("{caller:?} -> {callee} not in {}", report["call_tree"]))
 }
 

@@ -99,13 +99,7 @@ fn stat(args: &[&str]) -> (Output, Value) {
 }
 
 fn edge_calls(report: &Value, caller: Option<&str>, callee: &str) -> u64 {
-    report["call_tree"]
-        .as_array()
-        .and_then(|edges| {
-            edges
-                .iter()
-                .find(|e| e["caller"].as_str() == caller && e["callee"].as_str() == Some(callee))
-        })
+    find_edge(report, caller, callee)
         .and_then(|edge| edge["calls"].as_u64())
         .unwrap_or(0)
 }

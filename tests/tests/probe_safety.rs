@@ -533,11 +533,7 @@ fn machine_wide_probes_never_trap_in_topdown_itself() {
     let out = dir.join("report.json");
     let mut command = synthetic_stat_to(&out);
     command.env("LD_LIBRARY_PATH", &dir).args(["-a", "-d", "4"]);
-    for function in ["malloc", "free"] {
-        command
-            .arg("-u")
-            .arg(format!("{}:{function}", libc.display()));
-    }
+    command.args(probes(&libc, &["malloc", "free"]));
     let mut tracer = KilledOnDrop::new(command.stderr(Stdio::piped()).spawn().unwrap());
     let pid = tracer.child().id();
     let said = wait_until_counting(tracer.child(), START_TIMEOUT).unwrap();

@@ -348,12 +348,8 @@ fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -
             "200",
         ])
         .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(options);
-    for function in functions {
-        command
-            .arg("-u")
-            .arg(format!("{}:{function}", binary.display()));
-    }
+        .args(options)
+        .args(probes(binary, functions));
     start_healthy(port, command)
 }
 

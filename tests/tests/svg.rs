@@ -42,19 +42,6 @@ fn temp(name: &str) -> PathBuf {
     temp_path(&format!("svg-{name}"))
 }
 
-/// `-u BINARY:FUNC` for every function of the workload.
-fn probes() -> Vec<String> {
-    FUNCTIONS
-        .iter()
-        .flat_map(|function| {
-            [
-                "-u".to_owned(),
-                format!("{}:{function}", workload().display()),
-            ]
-        })
-        .collect()
-}
-
 /// `topdown stat --pmu synthetic:intel-icl <args> -- tree 3`, written to `out`.
 fn stat(args: &[String], out: &Path) {
     run_ok(
@@ -211,7 +198,7 @@ fn report_svg_draws_the_recorded_tree_to_scale() {
     }
     let json = temp("tree.json");
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &json);
     let report = read_report(&json);
 
@@ -266,13 +253,13 @@ fn stat_writes_svg_directly() {
     // so the JSON of any run of the workload stands for this one.
     let json = temp("direct.json");
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &json);
     let report = read_report(&json);
 
     let svg = temp("direct.svg");
     let mut args = vec!["--format".to_owned(), "svg".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &svg);
     let text = std::fs::read_to_string(&svg).unwrap();
     check_slot_widths(&text, &report);
