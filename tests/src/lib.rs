@@ -248,14 +248,24 @@ where
         std::process::id(),
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
+    let ran = stat_report_to(&out, args);
+    let _ = std::fs::remove_file(&out);
+    ran
+}
+
+/// [`stat_report`] writing the report to `out`, where the test reads it again (`report -i`).
+pub fn stat_report_to<I, S>(out: &std::path::Path, args: I) -> Result<(Value, Output)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let output = run_ok(
         topdown()
             .args(["stat", "--format", "json", "-o"])
-            .arg(&out)
+            .arg(out)
             .args(args),
     )?;
-    let text = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
-    let _ = std::fs::remove_file(&out);
+    let text = std::fs::read(out).with_context(|| format!("reading {}", out.display()))?;
     Ok((parse_json(&text)?, output))
 }
 
