@@ -19,6 +19,18 @@ const ICL_COUNTERS: [(&str, &str); 7] = [
     ("INT_MISC.CLEARS_COUNT", "times"),
 ];
 
+/// td-workload with `specs`, waiting for a line on its stdin before it starts (each `pause`
+/// waits for another); its stdout piped for the thread ids it prints.
+fn held_workload(specs: &[&str]) -> std::process::Child {
+    std::process::Command::new(WORKLOAD)
+        .arg("--wait-stdin")
+        .args(specs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn report_path(name: &str) -> std::path::PathBuf {
     temp_path(&format!("test-{name}.json"))
 }
@@ -284,12 +296,7 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
         return;
     }
     let out = report_path("attach");
-    let mut workload = std::process::Command::new(WORKLOAD)
-        .args(["--wait-stdin", "getppid=2222", "getpgid=1111"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut workload = held_workload(&["getppid=2222", "getpgid=1111"]);
     let pid = workload.id().to_string();
     let mut tracer = spawn_counting(
         synthetic_stat_to(&out).args(["-p", &pid]),
@@ -692,14 +699,7 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
     }
     // Paused at the end until the twin is done, so all of the twin's calls fall in the run.
     let spec = "cpu=0,getppid=30000,getpgid=3000,pause=0";
-    let held = |spec: &str| {
-        std::process::Command::new(WORKLOAD)
-            .args(["--wait-stdin", spec])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let held = |spec: &str| held_workload(&[spec]);
     for scope in ["-p", "--"] {
         let out = report_path("beside-untraced");
         let mut twin = held("cpu=0,getppid=50000,getpgid=5000");
