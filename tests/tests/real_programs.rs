@@ -52,6 +52,13 @@ fn stat(args: &[&str]) -> (Value, String) {
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// No call of the report lost its return, and no tail call was cut short.
+fn assert_every_return_and_tail_call_seen(report: &Value) {
+    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
+        assert_eq!(diagnostic(report, name), 0, "{name}");
+    }
+}
+
 fn diagnostic(report: &Value, name: &str) -> u64 {
     report["diagnostics"][name]
         .as_u64()
@@ -141,16 +148,10 @@ fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
         figures(function(&report, "dispatch")),
         (1000, 2000, 2625, 0, 2625)
     );
-    let edge = report["call_tree"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["caller"] == "dispatch" && e["callee"] == "handler")
+    let edge = find_edge(&report, Some("dispatch"), "handler")
         .unwrap_or_else(|| panic!("no dispatch -> handler in {}", report["call_tree"]));
     assert_eq!(edge["calls"], 1000);
-    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
-        assert_eq!(diagnostic(&report, name), 0, "{name}");
-    }
+    assert_every_return_and_tail_call_seen(&report);
 }
 
 #[test]
@@ -169,9 +170,7 @@ fn a_tail_call_through_the_plt_includes_the_library_callee() {
         figures(function(&report, "tail_libc")),
         (500, 500, 500, 500, 500)
     );
-    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
-        assert_eq!(diagnostic(&report, name), 0, "{name}");
-    }
+    assert_every_return_and_tail_call_seen(&report);
 }
 
 #[test]
