@@ -111,8 +111,7 @@ fn traced(name: &str, args: &[&str], during: impl FnOnce()) -> Value {
 /// engineers' builds, and the twin's calls were missing from `untracked` (issue 22). `-d`
 /// stays only as a bound should the test hang.
 fn traced_with(pmu: &str, name: &str, args: &[&str], during: impl FnOnce()) -> (Value, String) {
-    let out =
-        std::env::temp_dir().join(format!("topdown-cgroup-{name}-{}.json", std::process::id()));
+    let out = temp_path(&format!("cgroup-{name}.json"));
     let mut tracer = topdown()
         .args([
             "stat", "-a", "-d", "300", "--pmu", pmu, "--format", "json", "-o",
@@ -128,7 +127,7 @@ fn traced_with(pmu: &str, name: &str, args: &[&str], during: impl FnOnce()) -> (
     unsafe { libc::kill(tracer.id() as libc::pid_t, libc::SIGINT) };
     let status = tracer.wait().unwrap();
     assert!(status.success(), "{status}");
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let _ = std::fs::remove_file(out);
     (report, stderr)
 }
@@ -272,12 +271,8 @@ fn a_missing_cgroup_is_a_clear_error() {
     if !privileged() {
         return;
     }
-    let output = topdown()
-        .args(["stat", "-a", "-d", "1", "-G", "/no/such/cgroup-xyz"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr =
+        usage_error(topdown().args(["stat", "-a", "-d", "1", "-G", "/no/such/cgroup-xyz"]));
     assert!(
         stderr.contains("-G /no/such/cgroup-xyz: no such cgroup"),
         "{stderr}"
@@ -458,17 +453,8 @@ fn tick_ns() -> u64 {
     1_000_000_000 / hz.max(1) as u64
 }
 
+/// Runs outside the test's cgroups.
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
-
-/// Two threads handing a byte back and forth on CPU 0, outside the test's cgroups:
-/// `round_trips` * 2 context switches between untraced tasks.
-fn untraced_pingpong(round_trips: u32) -> Child {
-    Command::new(PINGPONG)
-        .args(["--round-trips", &round_trips.to_string(), "--cpu", "0"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
 
 /// With `-G`, switches between tasks outside the chosen cgroups take no reading: with the only
 /// process inside asleep, the readings are the baseline and final flush of each CPU (2 per
@@ -485,39 +471,20 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
     let chosen = tree.create("chosen");
     tree.create("other");
     let sleeper = held_workload(&tree.dir("chosen"), "getppid=1");
-    // Without cpuidle in sysfs the idle entries are unknown: then only the bound of a tenth of
-    // the ping-pong's switches holds.
-    let idle_before = idle_entries();
-    let agent_before = pid1_switches();
+    let activity = UntracedActivity::start();
     let report = traced(
         "switch-filter-idle",
         &["-G", &chosen, "--by", "task,cgroup"],
         || {
-            let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
+            let pingpong = untraced_pingpong(PINGPONG, 20_000)
+                .wait_with_output()
+                .unwrap();
             assert!(pingpong.status.success());
         },
     );
-    let idle = idle_before
-        .zip(idle_entries())
-        .and_then(|(before, after)| after.checked_sub(before));
-    // Switches into PID 1 are read (it leaves unseen: `pid1_switches`).
-    let agent = pid1_switches().saturating_sub(agent_before);
+    let untraced = activity.since();
     go(sleeper);
-    let cpus = report["cpus"].as_array().unwrap().len() as u64;
-    // The start and end flush of every CPU, a few switches of the traced (but blocked)
-    // sleeper itself, and the CPUs going idle (a switch to idle that finds work at once enters
-    // no idle state: hence the slack), against the ping-pong's tens of thousands: without the
-    // filter every one of those would be a reading.
-    let readings = report["diagnostics"]["readings"]
-        .as_u64()
-        .unwrap_or(u64::MAX);
-    let most = idle.map_or(4_000, |idle| {
-        (2 * cpus + 4 + idle + idle / 4 + agent + 64).min(4_000)
-    });
-    assert!(
-        (2 * cpus..=most).contains(&readings),
-        "{readings} readings, {idle:?} idle entries, {agent} switches of PID 1: {report}"
-    );
+    assert_few_readings(&report, untraced);
     assert_eq!(
         counter(&report["totals"], "slots"),
         counter(&report["untracked"], "slots")
@@ -529,7 +496,7 @@ fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
         || {
             let inside = held_workload(&tree.dir("chosen"), "cpu=0,getppid=30000,getpgid=3000");
             let twin = held_workload(&tree.dir("other"), "cpu=0,getppid=50000,getpgid=5000");
-            let pingpong = untraced_pingpong(20_000);
+            let pingpong = untraced_pingpong(PINGPONG, 20_000);
             go(inside);
             go(twin);
             assert!(pingpong.wait_with_output().unwrap().status.success());

@@ -3,7 +3,7 @@
 //! and on the software model (`cpu-clock` ns) an empty function close to zero and known work
 //! close to the same work run unprobed in the same run.
 
-use std::{path::PathBuf, process::Command, sync::OnceLock};
+use std::{path::PathBuf, sync::OnceLock};
 
 use serde_json::Value;
 use topdown_tests::*;
@@ -17,22 +17,11 @@ struct Binaries {
 fn binaries() -> &'static Binaries {
     static BUILT: OnceLock<Binaries> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compensation-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let build_c = |name: &str| {
-            let binary = dir.join(name);
-            compile(
-                Command::new("cc")
-                    .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-                    .arg(&binary)
-                    .arg(sources.join(format!("{name}.c"))),
-            );
-            binary
-        };
+        let build = |name: &str| build_c(&dir, &format!("{name}.c"), name, &PROBED_C_FLAGS);
         Binaries {
-            funcs: build_c("funcs"),
-            compensation: build_c("compensation"),
+            funcs: build("funcs"),
+            compensation: build("compensation"),
         }
     })
 }
@@ -167,10 +156,7 @@ fn interval_reports_are_calibrated_before_counting() {
     }
     let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
-    let out = std::env::temp_dir().join(format!(
-        "topdown-compensation-interval-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path("compensation-interval.json");
     let output = run_ok(
         topdown()
             .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json"])
@@ -432,10 +418,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
         return;
     }
     let w = path_str(&binaries().compensation);
-    let recording = std::env::temp_dir().join(format!(
-        "topdown-compensation-run-{}.json",
-        std::process::id()
-    ));
+    let recording = temp_path("compensation-run.json");
     let output = run_ok(
         topdown()
             .args(["stat", "--pmu", "software", "-u", &format!("{w}:empty")])
@@ -444,7 +427,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
             .args(["--", w, "empty", "500000"]),
     )
     .unwrap();
-    let report = parse_json(&std::fs::read(&recording).unwrap()).unwrap();
+    let report = read_report(&recording);
     // Start-up alone is counted before the command too, so a calibration failing under load
     // (`calibrated`) does not change what is checked here.
     if let Err(why) = calibrated(&report, &String::from_utf8_lossy(&output.stderr)) {

@@ -13,7 +13,7 @@ use serde_json::Value;
 use topdown_tests::*;
 
 fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("topdown-diff-{}", std::process::id()));
+    let dir = temp_path("diff");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
@@ -26,24 +26,11 @@ fn workload() -> &'static Path {
 /// Records `regress 20 PARSE_SLOTS` as JSON at level 2 and returns the file.
 fn record(name: &str, parse_slots: u32) -> PathBuf {
     let out = temp(name);
-    let mut command = topdown();
-    command
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "-l",
-            "2",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out);
-    for function in ["handle_request", "parse_request", "lookup_key"] {
-        command
-            .arg("-u")
-            .arg(format!("{}:{function}", workload().display()));
-    }
+    let mut command = synthetic_stat_to(&out);
+    command.args(["-l", "2"]).args(probes(
+        workload(),
+        &["handle_request", "parse_request", "lookup_key"],
+    ));
     command
         .arg("--")
         .arg(workload())

@@ -1,7 +1,7 @@
 //! `topdown list -e`: encodings printed without counting (needs libpfm4 for libpfm names; no
 //! privileges, no PMU).
 
-use topdown_tests::topdown;
+use topdown_tests::{temp_path, topdown, usage_error};
 
 fn list_json(specs: &[&str]) -> serde_json::Value {
     let mut command = topdown();
@@ -132,7 +132,7 @@ fn without_libpfm_names_fail_in_one_line_and_perf_syntax_works() {
     .find(|path| path.exists())
     .expect("libpfm.so.4 is installed by `cargo xtask setup`");
     let library = std::fs::canonicalize(library).unwrap();
-    let empty = std::env::temp_dir().join(format!("topdown-no-libpfm-{}", std::process::id()));
+    let empty = temp_path("no-libpfm");
     std::fs::write(&empty, b"").unwrap();
     let bin = topdown_tests::topdown_bin();
     let script = format!(
@@ -201,12 +201,7 @@ fn names_of_pmus_libpfm_lacks_come_from_the_model_tables() {
     let zen5: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(zen5[0]["config"], "0xc1", "{zen5}");
     // Anything else still needs a libpfm4 that has the PMU: one line, exit 2.
-    let output = topdown()
-        .args(["list", "-e", "gnr::MEM_LOAD_RETIRED:L3_MISS"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2));
+    let stderr = usage_error(topdown().args(["list", "-e", "gnr::MEM_LOAD_RETIRED:L3_MISS"]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("not among the events topdown's intel-spr model opens"),

@@ -18,7 +18,7 @@ use topdown_tests::*;
 const FUNCTIONS: [&str; 3] = ["handle_request", "parse_request", "lookup_key"];
 
 fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("topdown-export-{}", std::process::id()));
+    let dir = temp_path("export");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
@@ -38,11 +38,7 @@ fn stat(args: &[&str], probed: bool) {
         .args(["stat", "--pmu", "synthetic:intel-icl", "-l", "2"])
         .args(args);
     if probed {
-        for function in FUNCTIONS {
-            command
-                .arg("-u")
-                .arg(format!("{}:{function}", workload().display()));
-        }
+        command.args(probes(workload(), &FUNCTIONS));
     }
     command.arg("--").arg(workload()).args(["20", "100"]);
     run_ok(&mut command).unwrap();

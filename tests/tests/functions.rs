@@ -25,23 +25,12 @@ struct Binaries {
     fake_go: PathBuf,
 }
 
-fn sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
-}
-
 /// Builds the workloads once per test binary.
 fn binaries() -> &'static Binaries {
     static BUILT: OnceLock<Binaries> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("function-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let c = dir.join("funcs");
-        compile(
-            Command::new("cc")
-                .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-                .arg(&c)
-                .arg(sources().join("funcs.c")),
-        );
+        let c = build_c(&dir, "funcs.c", "funcs", &PROBED_C_FLAGS);
         // A stripped copy whose symbols live in a separate debug file found via .gnu_debuglink.
         let stripped_dir = dir.join("stripped");
         std::fs::create_dir_all(&stripped_dir).unwrap();
@@ -71,7 +60,7 @@ fn binaries() -> &'static Binaries {
             Command::new("c++")
                 .args(["-O0", "-g", "-o"])
                 .arg(&cpp)
-                .arg(sources().join("funcs.cpp")),
+                .arg(workload_source("funcs.cpp")),
         );
         let rust = dir.join("funcs_rs");
         let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
@@ -79,29 +68,23 @@ fn binaries() -> &'static Binaries {
             Command::new(rustc)
                 .args(["--edition", "2024", "-C", "opt-level=1", "-o"])
                 .arg(&rust)
-                .arg(sources().join("funcs_rs.rs")),
+                .arg(workload_source("funcs_rs.rs")),
         );
-        let cancel = dir.join("cancel");
-        compile(
-            Command::new("cc")
-                .args(["-O0", "-g", "-pthread", "-o"])
-                .arg(&cancel)
-                .arg(sources().join("cancel.c")),
-        );
+        let cancel = build_c(&dir, "cancel.c", "cancel", &["-O0", "-g", "-pthread"]);
         let plugin_dir = dir.join("plugin");
         std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
         compile(
             Command::new("c++")
                 .args(["-O0", "-g", "-shared", "-fPIC", "-o"])
                 .arg(plugin_dir.join("lib/libtdplugin.so"))
-                .arg(sources().join("plugin.cpp")),
+                .arg(workload_source("plugin.cpp")),
         );
         let plugin_main = plugin_dir.join("plugin_main");
         compile(
             Command::new("cc")
                 .args(["-O0", "-g", "-o"])
                 .arg(&plugin_main)
-                .arg(sources().join("plugin_main.c"))
+                .arg(workload_source("plugin_main.c"))
                 .arg(format!("-L{}", plugin_dir.join("lib").display()))
                 .args(["-ltdplugin", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"]),
         );
@@ -132,14 +115,18 @@ fn stat(args: &[&str]) -> Value {
     stat_json(args).unwrap().0
 }
 
+/// `stat` of `binary ARGS` with `options` and `-u binary:FUNC` for each of `functions`: how
+/// most tests here probe a workload of their own.
+fn probed(options: &[&str], binary: &str, functions: &[&str], args: &[&str]) -> Value {
+    let mut all: Vec<String> = options.iter().map(|&option| option.to_owned()).collect();
+    all.extend(probes(Path::new(binary), functions));
+    all.extend(["--".to_owned(), binary.to_owned()]);
+    all.extend(args.iter().map(|&arg| arg.to_owned()));
+    stat_json(&all).unwrap().0
+}
+
 fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value {
-    report["call_tree"]
-        .as_array()
-        .and_then(|edges| {
-            edges
-                .iter()
-                .find(|e| e["caller"].as_str() == caller && e["callee"].as_str() == Some(callee))
-        })
+    find_edge(report, caller, callee)
         .unwrap_or_else(|| panic!("{caller:?} -> {callee} not in {}", report["call_tree"]))
 }
 
@@ -204,31 +191,13 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
         return;
     }
     let c = path_str(&binaries().c);
-    let report = stat(&[
-        "-u",
-        &format!("{c}:recurse"),
-        "-u",
-        &format!("{c}:leaf"),
-        "--",
-        c,
-        "recurse",
-        "10",
-    ]);
+    let report = probed(&[], c, &["recurse", "leaf"], &["recurse", "10"]);
     // Level j (1 = outermost) includes 11 - j calls: 10 + 9 + ... + 1 = 55; each makes one itself.
     assert_eq!(figures(function(&report, "recurse")), (10, 55, 0, 10, 0));
     assert_eq!(figures(function(&report, "leaf")), (1, 7, 0, 7, 0));
     assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(0));
 
-    let report = stat(&[
-        "-u",
-        &format!("{c}:recurse"),
-        "-u",
-        &format!("{c}:leaf"),
-        "--",
-        c,
-        "recurse",
-        "100",
-    ]);
+    let report = probed(&[], c, &["recurse", "leaf"], &["recurse", "100"]);
     // The kernel gives at most 64 nested uretprobes: frames 1..=64 are recorded, 36 entries
     // overflow. Recorded level j includes 101 - j calls: sum over j = 1..64 is 4384; the 64th
     // frame's exclusive holds the 36 unprobed levels, so exclusive still adds up to all 100.
@@ -241,18 +210,12 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
     // Under uretprobes the kernel omits the returns past 64 nested instances per thread
     // (`uprobe: omit uretprobe due to nestedness limit`): exactly the calls topdown does not
     // record, so they are counted as overflows and nothing is misattributed or missed.
-    let report = stat(&[
-        "--returns",
-        "uretprobe",
-        "-u",
-        &format!("{c}:recurse"),
-        "-u",
-        &format!("{c}:leaf"),
-        "--",
+    let report = probed(
+        &["--returns", "uretprobe"],
         c,
-        "recurse",
-        "100",
-    ]);
+        &["recurse", "leaf"],
+        &["recurse", "100"],
+    );
     assert_eq!(figures(function(&report, "recurse")), (64, 4384, 0, 100, 0));
     assert_eq!(report["diagnostics"]["overflows"].as_u64(), Some(36));
     assert_eq!(report["diagnostics"]["missed_returns"].as_u64(), Some(0));
@@ -269,16 +232,7 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
     let c = path_str(&binaries().c);
     for mode in ["stay", "migrate"] {
         // Thread A: blocker(30) on CPU 0, blocked while thread B makes 1000 calls on CPU 0.
-        let report = stat(&[
-            "-u",
-            &format!("{c}:blocker"),
-            "--",
-            c,
-            "block",
-            "30",
-            "1000",
-            mode,
-        ]);
+        let report = probed(&[], c, &["blocker"], &["block", "30", "1000", mode]);
         assert_eq!(
             figures(function(&report, "blocker")),
             (1, 60, 0, 60, 0),
@@ -305,18 +259,12 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
     let b = binaries();
     let c = path_str(&b.c);
     for mode in ["auto", "exit", "uretprobe"] {
-        let report = stat(&[
-            "--returns",
-            mode,
-            "-u",
-            &format!("{c}:jumper"),
-            "-u",
-            &format!("{c}:leaf"),
-            "--",
+        let report = probed(
+            &["--returns", mode],
             c,
-            "longjmp",
-            "6",
-        ]);
+            &["jumper", "leaf"],
+            &["longjmp", "6"],
+        );
         assert_eq!(
             figures(function(&report, "jumper")).0,
             0,
@@ -345,19 +293,12 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
     // 200 longjmps past uretprobed jumper(): were the skipped return instances kept, the
     // kernel would stop giving returns after 64 and leaf's would go missing.
     for mode in ["uretprobe", "exit"] {
-        let report = stat(&[
-            "--returns",
-            mode,
-            "-u",
-            &format!("{c}:jumper"),
-            "-u",
-            &format!("{c}:leaf"),
-            "--",
+        let report = probed(
+            &["--returns", mode],
             c,
-            "longjmps",
-            "200",
-            "3",
-        ]);
+            &["jumper", "leaf"],
+            &["longjmps", "200", "3"],
+        );
         assert_eq!(figures(function(&report, "jumper")).0, 0, "{mode}");
         assert_eq!(
             figures(function(&report, "leaf")),
@@ -377,14 +318,7 @@ fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
     }
 
     let cpp = path_str(&b.cpp);
-    let report = stat(&[
-        "-u",
-        &format!("{cpp}:app::thrower"),
-        "-u",
-        &format!("{cpp}:app::after"),
-        "--",
-        cpp,
-    ]);
+    let report = probed(&[], cpp, &["app::thrower", "app::after"], &[]);
     let thrower = function(&report, "app::thrower(int)");
     assert_eq!(figures(thrower), (1, 9, 0, 9, 0));
     assert_eq!(thrower["unwound"], 1);
@@ -405,20 +339,8 @@ fn traced_like_untraced(probes: &[String], program: &str, args: &[&str]) -> Valu
         untraced.status.success(),
         "{program} {args:?}: {untraced:?}"
     );
-    let out = std::env::temp_dir().join(format!(
-        "topdown-functions-unwind-{}.json",
-        std::process::id()
-    ));
-    let traced = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
+    let out = temp_path("functions-unwind.json");
+    let traced = synthetic_stat_to(&out)
         .args(probes.iter().flat_map(|probe| ["-u", probe.as_str()]))
         .arg("--")
         .arg(program)
@@ -432,7 +354,7 @@ fn traced_like_untraced(probes: &[String], program: &str, args: &[&str]) -> Valu
         String::from_utf8_lossy(&untraced.stdout),
         "{stderr}"
     );
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let _ = std::fs::remove_file(out);
     assert_eq!(
         report["diagnostics"]["missed_returns"].as_u64(),
@@ -648,19 +570,12 @@ fn calls_open_at_a_group_exit_are_missed_returns_not_unwound_calls() {
     let cancel = path_str(&binaries().cancel);
     // 4 threads wait inside stuck() after 3 getppid calls each; then the main thread calls
     // exit() inside quitter().
-    let report = stat(&[
-        "--returns",
-        "exit",
-        "-u",
-        &format!("{cancel}:stuck"),
-        "-u",
-        &format!("{cancel}:quitter"),
-        "--",
+    let report = probed(
+        &["--returns", "exit"],
         cancel,
-        "exit",
-        "3",
-        "4",
-    ]);
+        &["stuck", "quitter"],
+        &["exit", "3", "4"],
+    );
     assert_eq!(
         report["diagnostics"]["missed_returns"].as_u64(),
         Some(5),
@@ -723,20 +638,12 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
         ("exit", "exit"),
         ("uretprobe", "uretprobe"),
     ] {
-        let report = stat(&[
-            "--returns",
-            mode,
-            "-u",
-            &format!("{c}:leaf"),
-            "-u",
-            &format!("{c}:mid"),
-            "--",
+        let report = probed(
+            &["--returns", mode],
             c,
-            "leafmid",
-            "3",
-            "4",
-            "2",
-        ]);
+            &["leaf", "mid"],
+            &["leafmid", "3", "4", "2"],
+        );
         assert_eq!(
             figures(function(&report, "leaf")),
             (4, 16, 0, 16, 0),
@@ -754,14 +661,7 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
     }
     // The C++ program gets uretprobes only when asked: it never throws in this mode.
     let cpp = path_str(&b.cpp);
-    let report = stat(&[
-        "--returns",
-        "uretprobe",
-        "-u",
-        &format!("{cpp}:app::after"),
-        "--",
-        cpp,
-    ]);
+    let report = probed(&["--returns", "uretprobe"], cpp, &["app::after"], &[]);
     assert_eq!(
         function(&report, "app::after(int)")["return_probe"],
         "uretprobe"
@@ -771,20 +671,15 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
         (1, 4, 0, 4, 0)
     );
 
-    let output = topdown()
-        .args([
-            "stat",
-            "--returns",
-            "bogus",
-            "-u",
-            &format!("{c}:leaf"),
-            "--",
-            c,
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(topdown().args([
+        "stat",
+        "--returns",
+        "bogus",
+        "-u",
+        &format!("{c}:leaf"),
+        "--",
+        c,
+    ]));
     assert!(
         stderr.contains("bogus") && stderr.contains("auto"),
         "{stderr}"
@@ -801,7 +696,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
     let b = binaries();
     // C++ by its name without parameters; the report shows the full demangled name.
     let cpp = path_str(&b.cpp);
-    let report = stat(&["-u", &format!("{cpp}:app::Parser::parse"), "--", cpp]);
+    let report = probed(&[], cpp, &["app::Parser::parse"], &[]);
     let parse = &report["functions"][0];
     assert!(
         parse["symbol"]
@@ -830,30 +725,15 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
 
     // A glob over the C program (mid calls leaf twice, main once, 3 calls each), and the
     // stripped copy through its debug link.
-    let report = stat(&[
-        "-u",
-        &format!("{c}:le?f*"),
-        "--",
-        c,
-        "leafmid",
-        "2",
-        "3",
-        "1",
-    ]);
+    let report = probed(&[], c, &["le?f*"], &["leafmid", "2", "3", "1"]);
     assert_eq!(figures(function(&report, "leaf")), (3, 9, 0, 9, 0));
     let stripped = path_str(&b.stripped);
-    let report = stat(&[
-        "-u",
-        &format!("{stripped}:leaf"),
-        "-u",
-        &format!("{stripped}:mid"),
-        "--",
+    let report = probed(
+        &[],
         stripped,
-        "leafmid",
-        "7",
-        "10",
-        "5",
-    ]);
+        &["leaf", "mid"],
+        &["leafmid", "7", "10", "5"],
+    );
     assert_eq!(figures(function(&report, "leaf")), (8, 80, 0, 80, 0));
     assert_eq!(figures(function(&report, "mid")), (1, 70, 5, 0, 5));
 }
@@ -913,22 +793,9 @@ fn attaching_to_a_running_process_counts_its_functions() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let out = std::env::temp_dir().join(format!(
-        "topdown-functions-attach-{}.json",
-        std::process::id()
-    ));
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "-p",
-            &pid,
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
+    let out = temp_path("functions-attach.json");
+    let mut tracer = synthetic_stat_to(&out)
+        .args(["-p", &pid])
         .args(["-u", &format!("{c}:leaf"), "-u", &format!("{c}:mid")])
         .stderr(Stdio::piped())
         .spawn()
@@ -937,7 +804,7 @@ fn attaching_to_a_running_process_counts_its_functions() {
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
     assert!(workload.wait().unwrap().success());
     assert!(tracer.wait().unwrap().success());
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_eq!(figures(function(&report, "leaf")), (3, 30, 0, 30, 0));
     assert_eq!(figures(function(&report, "mid")), (1, 30, 2, 0, 2));
     // -p: auto reads the process's mappings (the program, libc, ld.so): nothing unwinds.
@@ -968,12 +835,7 @@ fn go_binaries_and_bad_specs_are_refused_clearly() {
         for spec in &specs {
             command.args(["-u", spec]);
         }
-        let output = command
-            .args(["--", c, "leafmid", "1", "1", "1"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{specs:?}: {stderr}");
+        let stderr = usage_error(command.args(["--", c, "leafmid", "1", "1", "1"]));
         assert!(stderr.contains(needle), "{specs:?}: {stderr}");
     }
 }
@@ -987,17 +849,12 @@ fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
         return;
     }
     let c = path_str(&binaries().c);
-    let recording = std::env::temp_dir().join(format!(
-        "topdown-functions-replay-{}.json",
-        std::process::id()
-    ));
+    let recording = temp_path("functions-replay.json");
     let by = "task,process,cgroup,function";
     run_ok(
-        topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--by", by])
+        synthetic_stat_to(&recording)
+            .args(["--by", by])
             .args(["-u", &format!("{c}:leaf"), "-u", &format!("{c}:mid")])
-            .args(["--format", "json", "-o"])
-            .arg(&recording)
             // Through a shell: the workload as the command itself lands in `untracked`, not in
             // tasks and cgroups (a stat bug reported separately), and cgroups are checked here.
             .args(["--", "/bin/sh", "-c", &format!("{c} leafmid 7 10 5; true")]),
@@ -1061,15 +918,10 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
         return;
     }
     let c = path_str(&binaries().c);
-    let out = std::env::temp_dir().join(format!(
-        "topdown-functions-uncalled-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path("functions-uncalled.json");
     let output = run_ok(
-        topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "--format", "json"])
-            .args(["-u", &format!("{c}:jumpe*"), "-o"])
-            .arg(&out)
+        synthetic_stat_to(&out)
+            .args(["-u", &format!("{c}:jumpe*")])
             .args(["--", c, "leafmid", "1", "1", "1"]),
     )
     .unwrap();
@@ -1078,7 +930,7 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
         stderr.contains(&format!("-u {c}:jumpe* matched 1 function\n")),
         "{stderr}"
     );
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_eq!(figures(function(&report, "jumper")), (0, 0, 0, 0, 0));
     assert_eq!(report["functions"].as_array().map(Vec::len), Some(1));
     let _ = std::fs::remove_file(out);
@@ -1098,14 +950,12 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
     );
 
     let dir = std::env::temp_dir();
-    let output = topdown()
-        .args(["stat", "--pmu", "synthetic:intel-icl"])
-        .args(["-u", &format!("{}:main", dir.display())])
-        .args(["--", c, "leafmid", "1", "1", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(
+        topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl"])
+            .args(["-u", &format!("{}:main", dir.display())])
+            .args(["--", c, "leafmid", "1", "1", "1"]),
+    );
     assert!(stderr.contains("is not a regular file"), "{stderr}");
 }
 
@@ -1126,7 +976,7 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
     let c = path_str(&binaries().c);
     for _ in 0..2 {
         // leaf(1) 2000 times a second for 1.5 s: one getppid (one slot) per call.
-        let report = stat(&["-u", &format!("{c}:leaf"), "--", c, "steady", "2000", "1.5"]);
+        let report = probed(&[], c, &["leaf"], &["steady", "2000", "1.5"]);
         assert_eq!(figures(function(&report, "leaf")), (3000, 3000, 0, 3000, 0));
         let task_slots: u64 = tasks_total(&report, "slots");
         assert_eq!(task_slots, 3000, "{}", report["tasks"]);
@@ -1148,18 +998,7 @@ fn a_probed_function_following_a_task_that_leaves_unseen_keeps_every_count() {
         return;
     }
     let c = path_str(&binaries().c);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let _spinners: Vec<KilledOnDrop> = (0..cpus)
-        .map(|cpu| {
-            KilledOnDrop::new(
-                Command::new(env!("CARGO_BIN_EXE_td-workload"))
-                    .arg(format!("cpu={cpu},spin=600000"))
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let _spinners = spinners_on_every_cpu(env!("CARGO_BIN_EXE_td-workload"));
     const RUNS: usize = 6;
     let mut arrivals_seen = 0;
     for run in 0..RUNS {
@@ -1218,21 +1057,12 @@ fn per_call_distributions_are_exact_and_survive_a_replay() {
     let recorded = dir.join("run.json");
     for returns in ["uretprobe", "exit"] {
         run_ok(
-            topdown()
-                .args([
-                    "stat",
-                    "--pmu",
-                    "synthetic:intel-icl",
-                    "--format",
-                    "json",
-                    "-o",
-                ])
-                .arg(&recorded)
+            synthetic_stat_to(&recorded)
                 .args(["--returns", returns, "-u", &format!("{c}:band"), "--"])
                 .args([c, "bands", "1000", "10", "30", "1000"]),
         )
         .unwrap();
-        let report = parse_json(&std::fs::read(&recorded).unwrap()).unwrap();
+        let report = read_report(&recorded);
         let band = function(&report, "band");
         assert_eq!(band["calls"], 1030, "{returns}");
         assert_eq!(

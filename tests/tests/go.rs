@@ -25,10 +25,6 @@ struct GoPrograms {
     bench: PathBuf,
 }
 
-fn sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads")
-}
-
 /// Builds the Go workloads once per test binary; `None` (said once per test) where there is
 /// no Go toolchain outside CI. In CI a missing toolchain fails.
 fn programs() -> Option<&'static GoPrograms> {
@@ -54,7 +50,7 @@ fn programs() -> Option<&'static GoPrograms> {
                     .arg("-o")
                     .arg(&path)
                     .arg(source)
-                    .current_dir(sources())
+                    .current_dir(workload_source(""))
                     .env("GOCACHE", cache.join("build"))
                     .env("GOPATH", cache.join("gopath"))
                     .env("GOFLAGS", "")
@@ -103,13 +99,7 @@ fn stat(args: &[&str]) -> (Output, Value) {
 }
 
 fn edge_calls(report: &Value, caller: Option<&str>, callee: &str) -> u64 {
-    report["call_tree"]
-        .as_array()
-        .and_then(|edges| {
-            edges
-                .iter()
-                .find(|e| e["caller"].as_str() == caller && e["callee"].as_str() == Some(callee))
-        })
+    find_edge(report, caller, callee)
         .and_then(|edge| edge["calls"].as_u64())
         .unwrap_or(0)
 }
@@ -265,8 +255,7 @@ fn goroutine_counts_are_exact(program: &Path) {
         .as_array()
         .and_then(|processes| processes.first())
         .expect("the program's process");
-    assert_eq!(counter(process, "slots"), ppids);
-    assert_eq!(counter(process, "topdown-retiring"), pgids);
+    assert_eq!(slots_and_retiring(process), (ppids, pgids));
 }
 
 #[test]
@@ -455,14 +444,12 @@ fn go_names_generics_and_inlined_functions() {
         ("runtime.goexit1", "(the goroutine ends inside it)"),
     ];
     for (function, needle) in cases {
-        let output = topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl", "-u"])
-            .arg(format!("{funcs}:{function}"))
-            .args(["--", funcs, "1"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{function}: {stderr}");
+        let stderr = usage_error(
+            topdown()
+                .args(["stat", "--pmu", "synthetic:intel-icl", "-u"])
+                .arg(format!("{funcs}:{function}"))
+                .args(["--", funcs, "1"]),
+        );
         assert!(stderr.contains(needle), "{function}: {stderr}");
     }
 }

@@ -19,7 +19,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("topdown-models-{name}-{}.json", std::process::id()))
+    topdown_tests::temp_path(&format!("models-{name}.json"))
 }
 
 /// One hand-worked vector of a golden file.
@@ -215,25 +215,26 @@ fn every_model_end_to_end_on_synthetic_counters() {
             .collect();
         let out = temp_path(&format!("replay-{}", golden.model));
         let replay = || {
-            let mut command = topdown();
-            command
-                .args(["stat", "--pmu", &format!("synthetic:{}", golden.model)])
-                .args(["-l", &golden.level.to_string(), "--format", "json", "-o"])
-                .arg(&out);
+            let mut args = vec![
+                "--pmu".to_owned(),
+                format!("synthetic:{}", golden.model),
+                "-l".to_owned(),
+                golden.level.to_string(),
+            ];
             if golden.model.starts_with("hybrid:") {
                 // Both core types' counters on every CPU: the counts are exact wherever the
                 // workload runs (migration between core types is tested on its own below).
                 let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
                 let online = online.trim().to_owned();
-                command.args([
+                args.extend([
                     "--hybrid-cpus".to_owned(),
                     format!("cpu_core={online},cpu_atom={online}"),
                 ]);
             }
-            let output = run_ok(command.args(["--", WORKLOAD, &spec.join(",")]))
+            args.extend(["--".to_owned(), WORKLOAD.to_owned(), spec.join(",")]);
+            let (report, output) = stat_report_to(&out, &args)
                 .unwrap_or_else(|err| panic!("{} {}: {err:#}", golden.model, golden.name));
             let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-            let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
             (threads[0].2, report)
         };
         // Once seen missing from the tasks here (November 2026, when every switch was read):
@@ -300,30 +301,18 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
     // 21st synthetic syscall, after intel-icl's 20 counters) and 800 get_mempolicy (cpu_atom
     // retiring); 77 sched_rr_get_interval made on CPU 0 count nowhere (no cpu_atom counter
     // there).
-    let out = temp_path("hybrid");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:hybrid:intel-icl+intel-skt",
-                "--hybrid-cpus",
-                "cpu_core=0,cpu_atom=1",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args([
-                "--",
-                WORKLOAD,
-                "cpu=0,getppid=1000,getpgid=400,sched_rr_get_interval=77,cpu=1,getppid=10,\
-                 sched_rr_get_interval=100,get_mempolicy=800",
-            ]),
-    )
+    let (report, output) = stat_report([
+        "--pmu",
+        "synthetic:hybrid:intel-icl+intel-skt",
+        "--hybrid-cpus",
+        "cpu_core=0,cpu_atom=1",
+        "--",
+        WORKLOAD,
+        "cpu=0,getppid=1000,getpgid=400,sched_rr_get_interval=77,cpu=1,getppid=10,\
+         sched_rr_get_interval=100,get_mempolicy=800",
+    ])
     .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(report["model"], "hybrid:intel-icl+intel-skt");
     let task = task(&report, threads[0].2).expect("workload thread");
     assert_eq!(counter(task, "cpu_core/slots"), 1000);
@@ -338,7 +327,6 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
     assert_eq!(metrics["cpu_atom.retiring"].as_f64(), Some(1.0));
     assert_eq!(metrics["retiring"].as_f64(), Some(1.0));
     assert_eq!(metrics["frontend_bound"].as_f64(), Some(0.0));
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -417,12 +405,7 @@ fn list_shows_each_counter_with_its_encoding() {
     assert!(slots.contains("cpu/config=0x400/"), "{slots}");
     assert!(slots.contains("fixed"), "{slots}");
     assert!(text.contains("core pinned x7"), "{text}");
-    let bad = topdown()
-        .args(["list", "--pmu", "intel-nope"])
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&bad.stderr);
+    let stderr = usage_error(topdown().args(["list", "--pmu", "intel-nope"]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("unknown model 'intel-nope'"), "{stderr}");
 }
@@ -447,29 +430,30 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
     // Tracepoint groups are never actually descheduled, so running == enabled and the scaled
     // counts equal the raw ones: the metrics are exact, but reported as estimated.
     let out = temp_path("rotation");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
+    let zen4 = |level: &str, workload: &str| {
+        stat_report_to(
+            &out,
+            [
                 "--pmu",
                 "synthetic:amd-zen4",
                 "-l",
-                "2",
+                level,
                 "--max-counters",
                 "6",
-            ])
-            .args(["--format", "json", "-o"])
-            .arg(&out)
-            .args(["--", WORKLOAD, &spec.join(",")]),
-    )
-    .unwrap();
+                "--",
+                WORKLOAD,
+                workload,
+            ],
+        )
+        .unwrap()
+    };
+    let (report, output) = zen4("2", &spec.join(","));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("needs 12 general-purpose counters on the core PMU, which has 6 free: all counters take turns"),
         "{stderr}"
     );
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     let task = task(&report, threads[0].2).expect("workload thread");
     for (name, count) in &golden.counts {
         assert_eq!(counter(task, name), *count, "{name}");
@@ -503,41 +487,20 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
     assert!(table.contains("~30.0%"), "{table}");
 
     // Level 1 alone fits: one pinned group, nothing estimated.
-    let level_one = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:amd-zen4",
-                "-l",
-                "1",
-                "--max-counters",
-                "6",
-            ])
-            .args(["--format", "json", "-o"])
-            .arg(&out)
-            .args(["--", WORKLOAD, "getppid=10"]),
-    )
-    .unwrap();
+    let (report, level_one) = zen4("1", "getppid=10");
     assert!(!String::from_utf8_lossy(&level_one.stderr).contains("take turns"));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert!(report["totals"]["estimated"].is_null());
 
     // Fewer counters than one group needs: one clear line, usage exit status.
-    let refused = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:amd-zen4",
-            "--max-counters",
-            "5",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(refused.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = usage_error(topdown().args([
+        "stat",
+        "--pmu",
+        "synthetic:amd-zen4",
+        "--max-counters",
+        "5",
+        "--",
+        "true",
+    ]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("needs 6 general-purpose counters at once for level 1"),
@@ -553,33 +516,23 @@ fn extra_events_are_attributed_per_task_exactly() {
         return;
     }
     let out = temp_path("extra-events");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args([
-                "-e",
-                "syscalls:sys_enter_getcwd",
-                "-e",
-                "syscalls:sys_enter_newuname",
-            ])
-            .args([
-                "--",
-                WORKLOAD,
-                "getcwd=300,getppid=10",
-                "getcwd=100,newuname=50",
-            ]),
+    let (report, output) = stat_report_to(
+        &out,
+        [
+            "--pmu",
+            "synthetic:intel-icl",
+            "-e",
+            "syscalls:sys_enter_getcwd",
+            "-e",
+            "syscalls:sys_enter_newuname",
+            "--",
+            WORKLOAD,
+            "getcwd=300,getppid=10",
+            "getcwd=100,newuname=50",
+        ],
     )
     .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(
         report["extra_events"],
         serde_json::json!(["syscalls:sys_enter_getcwd", "syscalls:sys_enter_newuname"])
@@ -606,20 +559,15 @@ fn extra_events_are_attributed_per_task_exactly() {
         ("task-clock", "use cpu-clock"),
         ("nopmu/event=1/", "no PMU 'nopmu'"),
     ] {
-        let refused = topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "-e",
-                spec,
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(refused.status.code(), Some(2), "{spec}");
-        let stderr = String::from_utf8_lossy(&refused.stderr);
+        let stderr = usage_error(topdown().args([
+            "stat",
+            "--pmu",
+            "synthetic:intel-icl",
+            "-e",
+            spec,
+            "--",
+            "true",
+        ]));
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(message), "{spec}: {stderr}");
     }

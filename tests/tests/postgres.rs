@@ -228,7 +228,7 @@ struct Counting {
 
 impl Counting {
     fn start(bin: &Path) -> Self {
-        let out = std::env::temp_dir().join(format!("topdown-pg-{}.json", std::process::id()));
+        let out = temp_path("pg.json");
         let tracer = spawn_counting(
             topdown()
                 .args(["stat", "-a", "--pmu", "synthetic:intel-icl"])
@@ -252,7 +252,7 @@ impl Counting {
             "topdown: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let report = parse_json(&std::fs::read(&self.out).unwrap()).unwrap();
+        let report = read_report(&self.out);
         let _ = std::fs::remove_file(&self.out);
         report
     }

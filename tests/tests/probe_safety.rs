@@ -143,7 +143,7 @@ fn run_programs(
             .map(|at| PathBuf::from(&args[at + 1]))
     });
     report_path.map(|path| {
-        let mut report = parse_json(&std::fs::read(&path).unwrap()).unwrap();
+        let mut report = read_report(&path);
         report["stderr"] = Value::String(stderr);
         report
     })
@@ -321,6 +321,50 @@ fn probing_whole_libraries_changes_no_program() {
     );
 }
 
+/// Sends `signal` to topdown and waits for it to end: its exit status and how long it took.
+/// Still running 10 s later fails the test (and kills it).
+fn signal_and_wait(
+    tracer: &mut std::process::Child,
+    signal: i32,
+) -> (std::process::ExitStatus, Duration) {
+    let signalled = Instant::now();
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(tracer.id() as i32, signal) };
+    while signalled.elapsed() < Duration::from_secs(10) {
+        if let Some(exit) = tracer.try_wait().unwrap() {
+            return (exit, signalled.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = tracer.kill();
+    let _ = tracer.wait();
+    panic!("signal {signal}: topdown still ran 10 s after it");
+}
+
+/// The `[uprobes]` pages of a fresh python3 that ran `calls` with the libraries of `lib` first
+/// on its path: the kernel maps one into a process at its first breakpoint hit, so 0 means
+/// it never trapped.
+fn uprobes_pages_after(lib: &Path, calls: &str) -> u32 {
+    let probe = Command::new("python3")
+        .args([
+            "-c",
+            &format!("{calls}print(open('/proc/self/maps').read().count('[uprobes]'))"),
+        ])
+        .env("LD_LIBRARY_PATH", lib)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&probe.stdout);
+    let count = stdout
+        .strip_suffix('\n')
+        .and_then(|count| count.parse().ok());
+    count.unwrap_or_else(|| {
+        panic!(
+            "python3 printed {stdout:?}: {}",
+            String::from_utf8_lossy(&probe.stderr)
+        )
+    })
+}
+
 /// SIGINT and SIGTERM while topdown reads symbols and attaches (whole copies of libc and
 /// libstdc++: over a second of set-up here) end it within a second, with status 128 + signal
 /// and one line saying so, and nothing stays attached: a process started afterwards that
@@ -350,22 +394,7 @@ fn a_signal_while_setting_up_ends_topdown_at_once() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(150));
-        let signalled = Instant::now();
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(tracer.id() as i32, signal) };
-        let mut waited = None;
-        while signalled.elapsed() < Duration::from_secs(10) {
-            if let Some(exit) = tracer.try_wait().unwrap() {
-                waited = Some((exit, signalled.elapsed()));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let Some((exit, took)) = waited else {
-            let _ = tracer.kill();
-            let _ = tracer.wait();
-            panic!("signal {signal}: topdown still ran 10 s later");
-        };
+        let (exit, took) = signal_and_wait(&mut tracer, signal);
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut tracer.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(
@@ -387,20 +416,9 @@ fn a_signal_while_setting_up_ends_topdown_at_once() {
         );
     }
     // Calls into both copies from a fresh process: no breakpoint left behind.
-    let probe = Command::new("python3")
-        .args([
-            "-c",
-            "import ctypes, sys; ctypes.CDLL('libstdc++.so.6'); \
-             print(open('/proc/self/maps').read().count('[uprobes]'))",
-        ])
-        .env("LD_LIBRARY_PATH", &lib)
-        .output()
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&probe.stdout),
-        "0\n",
-        "{}",
-        String::from_utf8_lossy(&probe.stderr)
+        uprobes_pages_after(&lib, "import ctypes, sys; ctypes.CDLL('libstdc++.so.6'); "),
+        0
     );
 }
 
@@ -460,22 +478,7 @@ fn a_signal_while_counting_ends_the_run_with_its_report() {
         }
         // The command runs with its probes: sleep's start-up calls into the copy.
         std::thread::sleep(Duration::from_millis(500));
-        let signalled = Instant::now();
-        // SAFETY: signalling the child this test started.
-        unsafe { libc::kill(tracer.id() as i32, signal) };
-        let mut waited = None;
-        while signalled.elapsed() < Duration::from_secs(10) {
-            if let Some(exit) = tracer.try_wait().unwrap() {
-                waited = Some((exit, signalled.elapsed()));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let Some((exit, took)) = waited else {
-            let _ = tracer.kill();
-            let _ = tracer.wait();
-            panic!("signal {signal}: topdown still ran 10 s after it");
-        };
+        let (exit, took) = signal_and_wait(&mut tracer, signal);
         let stderr = errors.join().unwrap();
         let report = report.join().unwrap();
         eprintln!("signal {signal}: topdown ended {took:?} after it");
@@ -503,20 +506,9 @@ fn a_signal_while_counting_ends_the_run_with_its_report() {
         );
     }
     // Calls into the copy from a fresh process: no breakpoint left behind.
-    let probe = Command::new("python3")
-        .args([
-            "-c",
-            "import ctypes; ctypes.CDLL('libc.so.6').getpid(); \
-             print(open('/proc/self/maps').read().count('[uprobes]'))",
-        ])
-        .env("LD_LIBRARY_PATH", &lib)
-        .output()
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&probe.stdout),
-        "0\n",
-        "{}",
-        String::from_utf8_lossy(&probe.stderr)
+        uprobes_pages_after(&lib, "import ctypes; ctypes.CDLL('libc.so.6').getpid(); "),
+        0
     );
 }
 
@@ -533,30 +525,15 @@ fn machine_wide_probes_never_trap_in_topdown_itself() {
         return;
     }
     let _serial = serial();
-    let dir = std::env::temp_dir().join(format!("topdown-self-probed-{}", std::process::id()));
+    let dir = temp_path("self-probed");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let libc = dir.join("libc.so.6");
     std::fs::copy(system_library("libc.so.6"), &libc).unwrap();
     let out = dir.join("report.json");
-    let mut command = topdown();
-    command.env("LD_LIBRARY_PATH", &dir).args([
-        "stat",
-        "-a",
-        "-d",
-        "4",
-        "--pmu",
-        "synthetic:intel-icl",
-        "--format",
-        "json",
-        "-o",
-    ]);
-    command.arg(&out);
-    for function in ["malloc", "free"] {
-        command
-            .arg("-u")
-            .arg(format!("{}:{function}", libc.display()));
-    }
+    let mut command = synthetic_stat_to(&out);
+    command.env("LD_LIBRARY_PATH", &dir).args(["-a", "-d", "4"]);
+    command.args(probes(&libc, &["malloc", "free"]));
     let mut tracer = KilledOnDrop::new(command.stderr(Stdio::piped()).spawn().unwrap());
     let pid = tracer.child().id();
     let said = wait_until_counting(tracer.child(), START_TIMEOUT).unwrap();
@@ -573,17 +550,9 @@ fn machine_wide_probes_never_trap_in_topdown_itself() {
         "topdown\n",
         "the restarted process keeps its name"
     );
-    let probed = Command::new("python3")
-        .args([
-            "-c",
-            "print(open('/proc/self/maps').read().count('[uprobes]'))",
-        ])
-        .env("LD_LIBRARY_PATH", &dir)
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&probed.stdout), "1\n");
+    assert_eq!(uprobes_pages_after(&dir, ""), 1);
     assert!(tracer.child().wait().unwrap().success());
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     for symbol in ["malloc", "free"] {
         let calls = function(&report, symbol)["calls"].as_u64().unwrap();
         assert!(calls > 0, "{symbol}: {}", report["functions"]);
@@ -600,7 +569,7 @@ fn machine_wide_probes_on_a_noexec_tmpdir_say_why_topdown_stays_probed() {
         return;
     }
     let _serial = serial();
-    let dir = std::env::temp_dir().join(format!("topdown-noexec-{}", std::process::id()));
+    let dir = temp_path("noexec");
     let mount = dir.join("tmp");
     std::fs::create_dir_all(&mount).unwrap();
     let libc = dir.join("libc.so.6");

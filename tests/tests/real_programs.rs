@@ -18,16 +18,8 @@ use topdown_tests::*;
 fn exits_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-programs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let binary = dir.join("exits");
-        compile(
-            Command::new("cc")
-                .args(["-O2", "-o"])
-                .arg(&binary)
-                .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/exits.c")),
-        );
-        binary
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("real-programs");
+        build_c(&dir, "exits.c", "exits", &["-O2"])
     })
 }
 
@@ -45,10 +37,26 @@ fn disassembly(binary: &Path, symbol: &str) -> String {
         .to_owned()
 }
 
+/// What the test relies on gcc having made of `symbol`: each of `needles` in its disassembly.
+fn assert_disassembly_contains(binary: &Path, symbol: &str, needles: &[&str]) {
+    let code = disassembly(binary, symbol);
+    assert!(
+        needles.iter().all(|needle| code.contains(needle)),
+        "{needles:?} not all in\n{code}"
+    );
+}
+
 /// `topdown stat --pmu synthetic:intel-icl --format json <args>`: the report and stderr.
 fn stat(args: &[&str]) -> (Value, String) {
     let (report, output) = stat_json(args).unwrap();
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// No call of the report lost its return, and no tail call was cut short.
+fn assert_every_return_and_tail_call_seen(report: &Value) {
+    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
+        assert_eq!(diagnostic(report, name), 0, "{name}");
+    }
 }
 
 fn diagnostic(report: &Value, name: &str) -> u64 {
@@ -70,11 +78,7 @@ fn cold_fragments_belong_to_their_function() {
         "gcc -O2 made no h.cold fragment: the test would prove nothing\n{symbols}"
     );
     // The fragment leaves h by a tail call to finish: an exit of h in its cold part.
-    assert!(
-        disassembly(binary, "h.cold").contains("<finish>"),
-        "{}",
-        disassembly(binary, "h.cold")
-    );
+    assert_disassembly_contains(binary, "h.cold", &["<finish>"]);
     let exe = binary.to_str().unwrap();
     // 100,000 calls, 1,000 through the cold part: 1 getppid each, 2 more (h.cold's and
     // finish's) on the cold path.
@@ -91,14 +95,13 @@ fn cold_fragments_belong_to_their_function() {
         report["functions"]
     );
     // The fragment is no function of its own: globs do not reach it.
-    let output = topdown()
-        .args(["stat", "--pmu", "synthetic:intel-icl", "-u"])
-        .arg(format!("{exe}:*cold*"))
-        .args(["--", exe, "cold", "1"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("no function of"));
+    let stderr = usage_error(
+        topdown()
+            .args(["stat", "--pmu", "synthetic:intel-icl", "-u"])
+            .arg(format!("{exe}:*cold*"))
+            .args(["--", exe, "cold", "1"]),
+    );
+    assert!(stderr.contains("no function of"));
 }
 
 #[test]
@@ -110,12 +113,7 @@ fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
     let binary = exits_binary();
     // What the test is about must be in the machine code: a direct tail call, and two
     // register jumps in dispatch (its jump table and its tail call through `pointer`).
-    assert!(
-        disassembly(binary, "tail_direct").contains("jmp")
-            && disassembly(binary, "tail_direct").contains("<callee>"),
-        "{}",
-        disassembly(binary, "tail_direct")
-    );
+    assert_disassembly_contains(binary, "tail_direct", &["jmp", "<callee>"]);
     let dispatch = disassembly(binary, "dispatch");
     assert!(
         dispatch.matches("jmp    *%").count() >= 2,
@@ -150,16 +148,10 @@ fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
         figures(function(&report, "dispatch")),
         (1000, 2000, 2625, 0, 2625)
     );
-    let edge = report["call_tree"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["caller"] == "dispatch" && e["callee"] == "handler")
+    let edge = find_edge(&report, Some("dispatch"), "handler")
         .unwrap_or_else(|| panic!("no dispatch -> handler in {}", report["call_tree"]));
     assert_eq!(edge["calls"], 1000);
-    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
-        assert_eq!(diagnostic(&report, name), 0, "{name}");
-    }
+    assert_every_return_and_tail_call_seen(&report);
 }
 
 #[test]
@@ -169,11 +161,7 @@ fn a_tail_call_through_the_plt_includes_the_library_callee() {
         return;
     }
     let binary = exits_binary();
-    assert!(
-        disassembly(binary, "tail_libc").contains("<getppid@plt>"),
-        "{}",
-        disassembly(binary, "tail_libc")
-    );
+    assert_disassembly_contains(binary, "tail_libc", &["<getppid@plt>"]);
     let exe = binary.to_str().unwrap();
     let (report, _) = stat(&["-u", &format!("{exe}:tail_libc"), "--", exe, "plt", "500"]);
     // Its getpgid, then `jmp getppid@plt`: libc's getppid (return-only probes on its ret)
@@ -182,9 +170,7 @@ fn a_tail_call_through_the_plt_includes_the_library_callee() {
         figures(function(&report, "tail_libc")),
         (500, 500, 500, 500, 500)
     );
-    for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
-        assert_eq!(diagnostic(&report, name), 0, "{name}");
-    }
+    assert_every_return_and_tail_call_seen(&report);
 }
 
 #[test]
@@ -218,20 +204,15 @@ fn unprobeable_functions_are_skipped_by_name_and_only_nothing_fails() {
     // h(0) takes the cold path (2 getppid), h(1..16) the hot one (1 each).
     assert_eq!(function(&report, "getppid")["calls"], 18);
 
-    let output = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "-u",
-            "libc:pthread_spin_lock",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(topdown().args([
+        "stat",
+        "--pmu",
+        "synthetic:intel-icl",
+        "-u",
+        "libc:pthread_spin_lock",
+        "--",
+        "true",
+    ]));
     assert!(
         stderr.contains("no function can be probed") && stderr.contains("pthread_spin_lock"),
         "{stderr}"

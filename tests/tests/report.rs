@@ -7,7 +7,7 @@ use topdown_tests::*;
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_td-workload");
 
 fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("topdown-report-{name}-{}", std::process::id()))
+    topdown_tests::temp_path(&format!("report-{name}"))
 }
 
 /// `Some(label)` as `ContainerInfo::label` writes it, from the JSON object.
@@ -254,15 +254,13 @@ fn a_failed_report_keeps_the_previous_output_file() {
     let out = dir.join("result.csv");
     std::fs::write(&out, "the last good result\n").unwrap();
     let bad_input = dir.join("no-such-recording.json");
-    let output = topdown()
-        .args(["report", "-i"])
-        .arg(&bad_input)
-        .args(["--format", "csv", "-o"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(
+        topdown()
+            .args(["report", "-i"])
+            .arg(&bad_input)
+            .args(["--format", "csv", "-o"])
+            .arg(&out),
+    );
     assert!(stderr.contains("cannot read"), "{stderr}");
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),

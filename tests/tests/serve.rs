@@ -5,6 +5,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -115,7 +116,8 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
         return;
     }
     let port = free_port();
-    let exporter = topdown()
+    let mut command = topdown();
+    command
         .args([
             "serve",
             "--pmu",
@@ -131,16 +133,8 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
             // An extra event, exported per entity beside the slots.
             "-e",
             "syscalls:sys_enter_getcwd",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting topdown serve");
-    let mut exporter = Reaped(exporter);
-    wait_for(START_TIMEOUT, || {
-        http_get(port, "/healthz").filter(|(status, _)| *status == 200)
-    })
-    .expect("the exporter becomes healthy");
+        ]);
+    let exporter = start_healthy(port, command);
 
     // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process: retiring =
     // 400/SUM with SUM = 400 -> 1.0, so 1234 slots of retiring. And 77 getcwd, the -e event.
@@ -162,11 +156,12 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     let getcwd = format!(
         r#"topdown_process_events_total{{comm="{comm}",event="syscalls:sys_enter_getcwd"}}"#
     );
-    let metrics = wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, &total) == Some(1234.0)).then_some(body)
-    })
-    .expect("the workload's 1234 slots in /metrics");
+    let metrics = metrics_when(
+        port,
+        Duration::from_secs(10),
+        "the workload's 1234 slots in /metrics",
+        |body| sample(body, &total) == Some(1234.0),
+    );
     assert_eq!(sample(&metrics, &retiring), Some(1234.0), "{metrics}");
     assert_eq!(sample(&metrics, &getcwd), Some(77.0), "{metrics}");
     assert!(
@@ -178,27 +173,7 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
     // Read-only: anything but GET/HEAD is refused, and only two paths exist.
     assert_eq!(http_get(port, "/").map(|(status, _)| status), Some(404));
 
-    // promtool lints the exposition.
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
-    promtool
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let linted = promtool.wait_with_output().unwrap();
-    assert!(
-        linted.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&linted.stdout),
-        String::from_utf8_lossy(&linted.stderr)
-    );
+    assert_promtool_lints(&metrics);
 
     // A real Prometheus scrapes it every second; the stored series comes back through its API.
     let prometheus = Prometheus::start("topdown-prometheus", port);
@@ -232,27 +207,13 @@ fn prometheus_scrapes_exact_counts_from_the_exporter() {
         held.iter().any(|(_, name)| name == "sched_switch"),
         "{held:?}"
     );
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(exporter.0.id() as i32, libc::SIGTERM) };
-    let status = exporter.0.wait().unwrap();
+    let (status, stderr) = terminate(exporter);
     assert_eq!(status.code(), Some(0));
-    let mut stderr = String::new();
-    if let Some(mut pipe) = exporter.0.stderr.take() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
     assert!(
         stderr.contains("every probe and BPF program is detached"),
         "{stderr}"
     );
-    // The kernel frees programs shortly after their last fd closes (deferred work). Checked by
-    // id, so other tracers running at the same time do not count.
-    let left = || -> Vec<(u32, String)> {
-        held.iter()
-            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
-            .collect()
-    };
-    let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
-    assert!(gone.is_some(), "programs left loaded: {:?}", left());
+    assert_programs_freed(&held, Duration::from_secs(10));
 }
 
 /// `GET /metrics` on the first connection the exporter's socket accepts: it binds before
@@ -349,18 +310,13 @@ fn serve_refuses_bad_setups_with_one_line() {
     // A port already in use: usage error before any BPF is loaded.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let output = topdown()
-        .args([
-            "serve",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(topdown().args([
+        "serve",
+        "--pmu",
+        "synthetic:intel-icl",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("cannot listen on 127.0.0.1:"), "{stderr}");
     let output = topdown()
@@ -372,25 +328,16 @@ fn serve_refuses_bad_setups_with_one_line() {
 
 /// The C workload of the function tests, built once into a directory of its own.
 fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(dir_name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let binary = dir.join("funcs");
-    let source = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/funcs.c");
-    let output = Command::new("cc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .output()
-        .expect("cc");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    binary
+    build_c(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir_name),
+        "funcs.c",
+        "funcs",
+        &PROBED_C_FLAGS,
+    )
 }
 
-fn start_serve(port: u16, extra: &[&str]) -> Reaped {
+/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
+fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
     let mut command = topdown();
     command
         .args([
@@ -401,7 +348,8 @@ fn start_serve(port: u16, extra: &[&str]) -> Reaped {
             "200",
         ])
         .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra);
+        .args(options)
+        .args(probes(binary, functions));
     start_healthy(port, command)
 }
 
@@ -420,15 +368,90 @@ fn start_healthy(port: u16, mut command: Command) -> Reaped {
     exporter
 }
 
-fn stop_and_read_stderr(mut exporter: Reaped) -> String {
+/// Stops the exporter with SIGTERM; its exit status and all it wrote to stderr.
+fn terminate(mut exporter: Reaped) -> (std::process::ExitStatus, String) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGTERM) };
-    let _ = exporter.0.wait();
+    let status = exporter.0.wait().expect("waiting for topdown serve");
+    (status, take_stderr(&mut exporter))
+}
+
+fn stop_and_read_stderr(exporter: Reaped) -> String {
+    terminate(exporter).1
+}
+
+/// Stops the exporter, which must have said `expected` on stderr by then.
+fn stop_saying(exporter: Reaped, expected: &str) {
+    let stderr = stop_and_read_stderr(exporter);
+    assert!(stderr.contains(expected), "{stderr}");
+}
+
+/// All the exporter wrote to its piped stderr (it has exited).
+fn take_stderr(exporter: &mut Reaped) -> String {
     let mut stderr = String::new();
     if let Some(mut pipe) = exporter.0.stderr.take() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     stderr
+}
+
+/// Lints an exposition with promtool, failing with what it says.
+fn assert_promtool_lints(metrics: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let linted = promtool.wait_with_output().unwrap();
+    assert!(
+        linted.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&linted.stdout),
+        String::from_utf8_lossy(&linted.stderr)
+    );
+}
+
+/// The uprobes tracefs lists: topdown's probes are perf-event links owned by file
+/// descriptors and must never add an entry here that could outlive the process.
+fn uprobe_events() -> String {
+    std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default()
+}
+
+/// The function tests' C workload copied under `name` beside its build in `dir_name`: a
+/// process name of the test's own, or a file the test may replace.
+fn funcs_binary_named(dir_name: &str, name: &str) -> std::path::PathBuf {
+    let built = funcs_binary(dir_name);
+    let binary = built.with_file_name(name);
+    std::fs::copy(&built, &binary).unwrap();
+    binary
+}
+
+/// The series `metric` of `function` in `target` (a metric labelled by those two alone).
+fn function_series(metric: &str, function: &str, target: &Path) -> String {
+    format!(
+        r#"{metric}{{function="{function}",target="{}"}}"#,
+        target.display()
+    )
+}
+
+/// `topdown_function_calls_total` of `function` in `target`.
+fn calls_series(function: &str, target: &Path) -> String {
+    function_series("topdown_function_calls_total", function, target)
+}
+
+/// Waits up to 10 s for /metrics to show `value` for the series `prefix`.
+fn wait_for_sample(port: u16, prefix: &str, value: f64, what: &str) -> String {
+    metrics_when(port, Duration::from_secs(10), what, |body| {
+        sample(body, prefix) == Some(value)
+    })
 }
 
 #[test]
@@ -441,28 +464,22 @@ fn a_target_replaced_on_disk_is_re_attached() {
     let target = built.with_file_name("deployed-funcs");
     std::fs::copy(&built, &target).unwrap();
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{}:leaf", target.display())]);
-    let calls = format!(
-        r#"topdown_function_calls_total{{function="leaf",target="{}"}}"#,
-        target.display()
-    );
+    let exporter = start_serve(port, &[], &target, &["leaf"]);
+    let calls = calls_series("leaf", &target);
     // leafmid 2 3 1: leaf runs 2 times from mid and once from main.
     run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
-    wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, &calls) == Some(3.0)).then_some(())
-    })
-    .expect("3 calls of leaf before the deploy");
+    wait_for_sample(port, &calls, 3.0, "3 calls of leaf before the deploy");
     // A deploy: a new file renamed over the old one (a new inode; the old probes no longer
     // see the program run from the path).
     let staged = target.with_file_name("deployed-funcs.new");
     std::fs::copy(&built, &staged).unwrap();
     std::fs::rename(&staged, &target).unwrap();
-    wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, "topdown_probe_reattachments_total") == Some(1.0)).then_some(())
-    })
-    .expect("the probes are re-attached to the new file");
+    wait_for_sample(
+        port,
+        "topdown_probe_reattachments_total",
+        1.0,
+        "the probes are re-attached to the new file",
+    );
     // The restarted service reaches the new build through an exec, as a supervisor's wrapper
     // script would: probes follow the file, whichever process maps it.
     run_ok(
@@ -471,16 +488,8 @@ fn a_target_replaced_on_disk_is_re_attached() {
             .arg(format!("exec {} leafmid 2 3 1", target.display())),
     )
     .unwrap();
-    wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, &calls) == Some(6.0)).then_some(())
-    })
-    .expect("the new build's 3 calls are counted too");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("re-attaching function probes: replaced on disk"),
-        "{stderr}"
-    );
+    wait_for_sample(port, &calls, 6.0, "the new build's 3 calls are counted too");
+    stop_saying(exporter, "re-attaching function probes: replaced on disk");
 }
 
 #[test]
@@ -494,19 +503,11 @@ fn the_overhead_guard_detaches_the_busiest_function() {
     // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
     let exporter = start_serve(
         port,
-        &[
-            "--max-overhead",
-            "0.000001",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-            "-u",
-            &format!("{}:mid", binary.display()),
-        ],
+        &["--max-overhead", "0.000001"],
+        &binary,
+        &["leaf", "mid"],
     );
-    let detached = format!(
-        r#"topdown_probes_detached_total{{function="leaf",target="{}"}}"#,
-        binary.display()
-    );
+    let detached = function_series("topdown_probes_detached_total", "leaf", &binary);
     let found = wait_for(Duration::from_secs(30), || {
         run_ok(Command::new(&binary).args(["leafmid", "50", "20", "1"])).ok()?;
         let (_, body) = http_get(port, "/metrics")?;
@@ -517,11 +518,7 @@ fn the_overhead_guard_detaches_the_busiest_function() {
         sample(&found, "topdown_overhead_percent").is_some(),
         "{found}"
     );
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("> --max-overhead 0.000001%: detaching leaf"),
-        "{stderr}"
-    );
+    stop_saying(exporter, "> --max-overhead 0.000001%: detaching leaf");
 }
 
 #[test]
@@ -532,9 +529,7 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     }
     let binary = funcs_binary("serve-kill");
     let port = free_port();
-    let mut exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
-    let uprobe_events =
-        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let mut exporter = start_serve(port, &[], &binary, &["leaf"]);
     let events_before = uprobe_events();
     // The kernel keeps 15 bytes of a program's name (BPF_OBJ_NAME_LEN 16 with the NUL).
     let kernel_name = |name: &str| name[..name.len().min(15)].to_owned();
@@ -568,13 +563,7 @@ fn kill_9_leaves_no_probe_or_program_behind() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGKILL) };
     let _ = exporter.0.wait();
-    let left = || -> Vec<(u32, String)> {
-        held.iter()
-            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
-            .collect()
-    };
-    let gone = wait_for(Duration::from_secs(10), || left().is_empty().then_some(()));
-    assert!(gone.is_some(), "left loaded: {:?}", left());
+    assert_programs_freed(&held, Duration::from_secs(10));
     // Probes are perf-event links owned by file descriptors, never tracefs uprobe_events entries
     // that could outlive the process.
     assert_eq!(uprobe_events(), events_before);
@@ -604,20 +593,9 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
         skipped("no hot-pluggable, online CPU 1 here");
         return;
     }
-    let out = std::env::temp_dir().join(format!("topdown-hotplug-{}.json", std::process::id()));
-    let mut tracer = topdown()
-        .args([
-            "stat",
-            "-a",
-            "--pmu",
-            "synthetic:intel-icl",
-            "-d",
-            "8",
-            "--format",
-            "json",
-            "-o",
-        ])
-        .arg(&out)
+    let out = temp_path("hotplug.json");
+    let mut tracer = synthetic_stat_to(&out)
+        .args(["-a", "-d", "8"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -637,7 +615,7 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
     let on_one = pinned("1", "getppid=77");
     let status = tracer.wait().unwrap();
     assert!(status.success());
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_eq!(
         counter(task(&report, on_zero).expect("task on CPU 0"), "slots"),
         100
@@ -657,30 +635,24 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
     }
     let binary = funcs_binary("serve-sighup");
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{}:leaf", binary.display())]);
+    let exporter = start_serve(port, &[], &binary, &["leaf"]);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
-    wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, "topdown_probe_reattachments_total") == Some(1.0)).then_some(())
-    })
-    .expect("SIGHUP re-attaches");
+    wait_for_sample(
+        port,
+        "topdown_probe_reattachments_total",
+        1.0,
+        "SIGHUP re-attaches",
+    );
     // Still counting, through the new links.
     run_ok(Command::new(&binary).args(["leafmid", "1", "4", "0"])).unwrap();
-    let calls = format!(
-        r#"topdown_function_calls_total{{function="leaf",target="{}"}}"#,
-        binary.display()
+    wait_for_sample(
+        port,
+        &calls_series("leaf", &binary),
+        2.0,
+        "leaf counted after SIGHUP",
     );
-    wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, &calls) == Some(2.0)).then_some(())
-    })
-    .expect("leaf counted after SIGHUP");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("re-attaching function probes: SIGHUP"),
-        "{stderr}"
-    );
+    stop_saying(exporter, "re-attaching function probes: SIGHUP");
 }
 
 #[test]
@@ -706,18 +678,9 @@ fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
             binary.display()
         )
     };
-    let calls = |function: &str| {
-        format!(
-            r#"topdown_function_calls_total{{function="{function}",target="{}"}}"#,
-            binary.display()
-        )
-    };
+    let calls = |function: &str| calls_series(function, &binary);
     let metrics_when = |what: &str, check: &dyn Fn(&str) -> bool| {
-        wait_for(Duration::from_secs(10), || {
-            let (_, body) = http_get(port, "/metrics")?;
-            check(&body).then_some(body)
-        })
-        .unwrap_or_else(|| panic!("{what}"))
+        metrics_when(port, Duration::from_secs(10), what, check)
     };
     // mid(2 x leaf(5), 3 getpgid), then leaf(5): leaf 3 calls, 15 getppid (slots).
     run_ok(Command::new(&binary).args(["leafmid", "2", "5", "3"])).unwrap();
@@ -872,19 +835,12 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
 
     let binary = funcs_binary("serve-dashboard");
     let port = free_port();
+    // --max-overhead: measured (and exported) only with a budget; this one is never exceeded.
     let _exporter = start_serve(
         port,
-        &[
-            "--by",
-            "cgroup,process",
-            // Measured (and exported) only with a budget; this one is never exceeded.
-            "--max-overhead",
-            "100",
-            "-u",
-            &format!("{}:mid", binary.display()),
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
+        &["--by", "cgroup,process", "--max-overhead", "100"],
+        &binary,
+        &["mid", "leaf"],
     );
 
     let prometheus = Prometheus::start("topdown-dashboard", port);
@@ -963,12 +919,8 @@ fn a_bad_duty_cycle_is_one_line_and_exit_2() {
         ("5s", "no '/' between ON and PERIOD"),
         ("5q/60s", "ON '5q' is not a duration"),
     ] {
-        let output = topdown()
-            .args(["serve", "--duty-cycle", value, "-u", "/bin/true:main"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        let stderr =
+            usage_error(topdown().args(["serve", "--duty-cycle", value, "-u", "/bin/true:main"]));
         assert_eq!(stderr.lines().count(), 1, "{value}: {stderr}");
         for expected in [
             format!("'{value}'"),
@@ -981,15 +933,9 @@ fn a_bad_duty_cycle_is_one_line_and_exit_2() {
         }
     }
     // The same from a config file, naming the file.
-    let config = std::env::temp_dir().join(format!("topdown-duty-{}.conf", std::process::id()));
+    let config = temp_path("duty.conf");
     std::fs::write(&config, "-u /bin/true:main\n--duty-cycle 70s/60s\n").unwrap();
-    let output = topdown()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(topdown().args(["serve", "--config"]).arg(&config));
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains(&config.display().to_string())
@@ -999,12 +945,7 @@ fn a_bad_duty_cycle_is_one_line_and_exit_2() {
     );
     let _ = std::fs::remove_file(&config);
     // Nothing to cycle.
-    let output = topdown()
-        .args(["serve", "--duty-cycle", "5s/60s"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(topdown().args(["serve", "--duty-cycle", "5s/60s"]));
     assert_eq!(
         stderr.trim_end(),
         "topdown: error: --duty-cycle 5s/60s cycles the function probes: give -u TARGET:FUNC too"
@@ -1084,22 +1025,11 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
         return;
     }
     // Its own name, so its process series is ours alone (serve counts the whole machine).
-    let built = funcs_binary("serve-duty-window");
-    let binary = built.with_file_name("td-duty-window");
-    std::fs::copy(&built, &binary).unwrap();
+    let binary = funcs_binary_named("serve-duty-window", "td-duty-window");
     let port = free_port();
-    let exporter = start_serve(
-        port,
-        &[
-            "--duty-cycle",
-            "2s/4s",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
-    );
-    let label = format!(r#"function="leaf",target="{}""#, binary.display());
-    let calls = format!("topdown_function_calls_total{{{label}}}");
-    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let exporter = start_serve(port, &["--duty-cycle", "2s/4s"], &binary, &["leaf"]);
+    let calls = calls_series("leaf", &binary);
+    let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let inclusive = format!(
         r#"topdown_function_inclusive_slots_total{{category="total",function="leaf",model="intel-icl",target="{}"}}"#,
         binary.display()
@@ -1180,10 +1110,9 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     );
     assert_eq!(sample(&third, &sampled_calls), Some(3.0), "{third}");
     assert_eq!(sample(&third, &calls), Some(3.0 / ratio), "{third}");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains("function probes attached 2s of every 4s (--duty-cycle)"),
-        "{stderr}"
+    stop_saying(
+        exporter,
+        "function probes attached 2s of every 4s (--duty-cycle)",
     );
 }
 
@@ -1195,22 +1124,11 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     }
     const RATE: f64 = 1000.0;
     // Its own name, so its process series is ours alone (serve counts the whole machine).
-    let built = funcs_binary("serve-duty-steady");
-    let binary = built.with_file_name("td-duty-steady");
-    std::fs::copy(&built, &binary).unwrap();
+    let binary = funcs_binary_named("serve-duty-steady", "td-duty-steady");
     let port = free_port();
-    let exporter = start_serve(
-        port,
-        &[
-            "--duty-cycle",
-            "1s/2s",
-            "-u",
-            &format!("{}:leaf", binary.display()),
-        ],
-    );
-    let label = format!(r#"function="leaf",target="{}""#, binary.display());
-    let calls = format!("topdown_function_calls_total{{{label}}}");
-    let sampled_calls = format!("topdown_function_sampled_calls_total{{{label}}}");
+    let exporter = start_serve(port, &["--duty-cycle", "1s/2s"], &binary, &["leaf"]);
+    let calls = calls_series("leaf", &binary);
+    let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let process =
         r#"topdown_process_slots_total{category="total",comm="td-duty-steady",model="intel-icl"}"#;
     // leaf(1) 1000 times a second for 30 s: one getppid each. Long enough for three windows
@@ -1325,21 +1243,14 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
         return;
     }
     let binary = funcs_binary("serve-duty-leak");
-    let uprobe_events =
-        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
     let events_before = uprobe_events();
     for exit in ["SIGTERM", "SIGINT", "error"] {
         let port = free_port();
         let mut exporter = start_serve(
             port,
-            &[
-                "--duty-cycle",
-                "200ms/500ms",
-                "-u",
-                &format!("{}:leaf", binary.display()),
-                "-u",
-                &format!("{}:mid", binary.display()),
-            ],
+            &["--duty-cycle", "200ms/500ms"],
+            &binary,
+            &["leaf", "mid"],
         );
         let pid = exporter.0.id();
         // ~8 cycles, sampled every 10 ms: the function-probe links held at each moment.
@@ -1443,10 +1354,7 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
                 exporter.0.wait().unwrap()
             }
         };
-        let mut stderr = String::new();
-        if let Some(mut pipe) = exporter.0.stderr.take() {
-            let _ = pipe.read_to_string(&mut stderr);
-        }
+        let stderr = take_stderr(&mut exporter);
         if exit == "error" {
             assert_eq!(status.code(), Some(1), "{stderr}");
             assert!(
@@ -1490,9 +1398,7 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     if !privileged() {
         return;
     }
-    let built = funcs_binary("serve-duty-reload");
-    let binary = built.with_file_name("td-duty-reload");
-    std::fs::copy(&built, &binary).unwrap();
+    let binary = funcs_binary_named("serve-duty-reload", "td-duty-reload");
     let port = free_port();
     let config = binary.with_file_name("topdown.conf");
     let common = format!(
@@ -1502,12 +1408,8 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     let mut command = topdown();
     command.args(["serve", "--config"]).arg(&config);
     let exporter = start_healthy(port, command);
-    let sampled_calls = |function: &str| {
-        format!(
-            r#"topdown_function_sampled_calls_total{{function="{function}",target="{}"}}"#,
-            binary.display()
-        )
-    };
+    let sampled_calls =
+        |function: &str| function_series("topdown_function_sampled_calls_total", function, &binary);
     let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
 
     // Into the second period's ON span, where leaf is counted.
@@ -1569,14 +1471,13 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     );
     assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
     assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
-    let stderr = stop_and_read_stderr(exporter);
-    assert!(
-        stderr.contains(&format!(
+    stop_saying(
+        exporter,
+        &format!(
             "topdown: SIGHUP: reloaded {}: -u {}:mid",
             config.display(),
             binary.display()
-        )),
-        "{stderr}"
+        ),
     );
 }
 
@@ -1594,15 +1495,11 @@ fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
     let funcs = funcs_binary("serve-distribution");
     let funcs = funcs.to_str().unwrap();
     let port = free_port();
-    let exporter = start_serve(port, &["-u", &format!("{funcs}:band")]);
+    let exporter = start_serve(port, &[], Path::new(funcs), &["band"]);
     run_ok(Command::new(funcs).args(["bands", "1000", "10", "30", "1000"])).unwrap();
     let labels = format!(r#"function="band",target="{funcs}""#);
     let count = format!("topdown_function_call_slots_count{{{labels}}}");
-    let metrics = wait_for(Duration::from_secs(10), || {
-        let (_, body) = http_get(port, "/metrics")?;
-        (sample(&body, &count) == Some(1030.0)).then_some(body)
-    })
-    .unwrap_or_else(|| panic!("{count} never reached 1030"));
+    let metrics = wait_for_sample(port, &count, 1030.0, &format!("{count} reaching 1030"));
     let buckets: Vec<&str> = metrics
         .lines()
         .filter(|line| line.starts_with(&format!("topdown_function_call_slots_bucket{{{labels}")))
@@ -1643,25 +1540,6 @@ fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
         (Some(30_000.0), Some(30_000.0), Some(0.0)),
         "{metrics}"
     );
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
-    promtool
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let linted = promtool.wait_with_output().unwrap();
-    assert!(
-        linted.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&linted.stdout),
-        String::from_utf8_lossy(&linted.stderr)
-    );
+    assert_promtool_lints(&metrics);
     drop(exporter);
 }

@@ -259,7 +259,7 @@ fn no_file_imports_a_file_that_imports_it_back() {
 /// import, in a tree written for it.
 #[test]
 fn the_cycle_check_finds_a_planted_cycle() {
-    let dir = std::env::temp_dir().join(format!("topdown-layering-{}", std::process::id()));
+    let dir = topdown_tests::temp_path("layering");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("report")).unwrap();
     std::fs::write(dir.join("lib.rs"), "pub mod aggregate;\npub mod report;\n").unwrap();

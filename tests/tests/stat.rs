@@ -19,8 +19,20 @@ const ICL_COUNTERS: [(&str, &str); 7] = [
     ("INT_MISC.CLEARS_COUNT", "times"),
 ];
 
+/// td-workload with `specs`, waiting for a line on its stdin before it starts (each `pause`
+/// waits for another); its stdout piped for the thread ids it prints.
+fn held_workload(specs: &[&str]) -> std::process::Child {
+    std::process::Command::new(WORKLOAD)
+        .arg("--wait-stdin")
+        .args(specs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn report_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("topdown-test-{name}-{}.json", std::process::id()))
+    temp_path(&format!("test-{name}.json"))
 }
 
 /// Every counter: totals == Σ tasks + idle + untracked + dropped, and == Σ per-CPU totals.
@@ -65,17 +77,10 @@ fn two_threads_get_exactly_their_own_syscalls() {
 
     let a = task(&report, threads[0].2).expect("thread A in report");
     let b = task(&report, threads[1].2).expect("thread B in report");
-    assert_eq!(
-        (counter(a, "slots"), counter(a, "topdown-retiring")),
-        (1234, 0)
-    );
-    assert_eq!(
-        (counter(b, "slots"), counter(b, "topdown-retiring")),
-        (0, 777)
-    );
+    assert_eq!(slots_and_retiring(a), (1234, 0));
+    assert_eq!(slots_and_retiring(b), (0, 777));
     let process = process(&report, threads[0].1).expect("workload process");
-    assert_eq!(counter(process, "slots"), 1234);
-    assert_eq!(counter(process, "topdown-retiring"), 777);
+    assert_eq!(slots_and_retiring(process), (1234, 777));
     // Only the workload is tracked: every task in the report belongs to it.
     for task in report["tasks"].as_array().unwrap() {
         assert_eq!(task["tgid"].as_u64(), Some(threads[0].1));
@@ -99,22 +104,9 @@ fn metrics_follow_the_model_formulas_exactly() {
         .map(|((_, syscall), count)| format!("{syscall}={count}"))
         .collect();
     let out = report_path("formulas");
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(["--", WORKLOAD, &spec.join(",")]),
-    )
-    .unwrap();
+    let output = run_ok(synthetic_stat_to(&out).args(["--", WORKLOAD, &spec.join(",")])).unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let worker = task(&report, threads[0].2).expect("worker thread");
     for ((name, _), count) in ICL_COUNTERS.iter().zip(counts) {
         // Seen once in 14 runs beside a build loop (issue 22: 1 of the 10 `times` calls, the
@@ -160,19 +152,7 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
     }
     let out = report_path("system-wide");
     let mut tracer = spawn_counting(
-        topdown()
-            .args([
-                "stat",
-                "-a",
-                "-d",
-                "3",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out),
+        synthetic_stat_to(&out).args(["-a", "-d", "3"]),
         Duration::from_secs(30),
     );
     let workload = std::process::Command::new(WORKLOAD)
@@ -181,10 +161,9 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
         .unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&workload.stdout));
     assert!(tracer.child().wait().unwrap().success());
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let worker = task(&report, threads[0].2).expect("workload thread");
-    assert_eq!(counter(worker, "slots"), 5000);
-    assert_eq!(counter(worker, "topdown-retiring"), 321);
+    assert_eq!(slots_and_retiring(worker), (5000, 321));
     assert_eq!(
         counter(&report["untracked"], "slots"),
         0,
@@ -211,10 +190,8 @@ fn a_target_gone_before_counting_starts_ends_the_run() {
             .unwrap(),
     );
     let mut tracer = KilledOnDrop::new(
-        topdown()
-            .args(["stat", "-p", &target.child().id().to_string()])
-            .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
-            .arg(&out)
+        synthetic_stat_to(&out)
+            .args(["-p", &target.child().id().to_string()])
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
@@ -234,7 +211,7 @@ fn a_target_gone_before_counting_starts_ends_the_run() {
     });
     let status = ended.expect("topdown still running 30 s after its only target exited");
     assert!(status.success(), "{status}");
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     assert_conserved(&report);
     let _ = std::fs::remove_file(out);
 }
@@ -269,20 +246,7 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
         .unwrap();
     let pid = workload.id().to_string();
     let mut tracer = spawn_counting(
-        topdown()
-            .args([
-                "stat",
-                "-p",
-                &pid,
-                "-d",
-                "3",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out),
+        synthetic_stat_to(&out).args(["-p", &pid, "-d", "3"]),
         Duration::from_secs(30),
     );
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
@@ -296,7 +260,7 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
     let _ = workload.kill();
     let stdout = workload.wait_with_output().unwrap().stdout;
     let threads = workload_threads(&String::from_utf8_lossy(&stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let busy = task(&report, threads[0].2).expect("busy thread");
     assert_eq!(counter(busy, "slots"), 3000);
     assert_eq!(busy["exited"], Value::Bool(false));
@@ -317,13 +281,7 @@ fn a_command_is_followed_into_its_children() {
     assert_eq!(threads.len(), 4, "parent + 3 children");
     for (_, pid, tid) in &threads {
         let worker = task(&report, *tid).unwrap_or_else(|| panic!("thread {tid} of process {pid}"));
-        assert_eq!(
-            (
-                counter(worker, "slots"),
-                counter(worker, "topdown-retiring")
-            ),
-            (100, 10)
-        );
+        assert_eq!(slots_and_retiring(worker), (100, 10));
         assert_eq!(counter(process(&report, *pid).unwrap(), "slots"), 100);
     }
     let tracked: u64 = tasks_total(&report, "slots");
@@ -338,26 +296,10 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
         return;
     }
     let out = report_path("attach");
-    let mut workload = std::process::Command::new(WORKLOAD)
-        .args(["--wait-stdin", "getppid=2222", "getpgid=1111"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut workload = held_workload(&["getppid=2222", "getpgid=1111"]);
     let pid = workload.id().to_string();
     let mut tracer = spawn_counting(
-        topdown()
-            .args([
-                "stat",
-                "-p",
-                &pid,
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out),
+        synthetic_stat_to(&out).args(["-p", &pid]),
         Duration::from_secs(30),
     );
     workload.stdin.take().unwrap().write_all(b"go\n").unwrap();
@@ -365,10 +307,9 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
     // No -d: topdown ends by itself once the traced process is gone.
     assert!(tracer.child().wait().unwrap().success());
     let threads = workload_threads(&String::from_utf8_lossy(&stdout));
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let process = process(&report, threads[0].1).expect("process");
-    assert_eq!(counter(process, "slots"), 2222);
-    assert_eq!(counter(process, "topdown-retiring"), 1111);
+    assert_eq!(slots_and_retiring(process), (2222, 1111));
     let a = task(&report, threads[0].2).unwrap();
     assert_eq!(a["exited"], Value::Bool(true));
     assert_eq!(counter(a, "slots"), 2222);
@@ -408,15 +349,7 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
     assert_eq!(report["model"], "software");
     assert!(counter(&report["totals"], "cpu-clock") > 0);
     assert_conserved(&report);
-    // The kernel frees programs shortly after their last fd closes (deferred work), so allow
-    // it a moment before calling anything left behind.
-    let left = || -> Vec<(u32, String)> {
-        held.iter()
-            .filter_map(|(id, _)| program_name(*id).map(|name| (*id, name)))
-            .collect()
-    };
-    let gone = wait_for(Duration::from_secs(5), || left().is_empty().then_some(()));
-    assert!(gone.is_some(), "left behind: {:?}", left());
+    assert_programs_freed(&held, Duration::from_secs(5));
 }
 
 #[test]
@@ -426,21 +359,13 @@ fn interval_mode_writes_one_json_object_per_interval_that_add_up() {
         return;
     }
     let out = report_path("interval");
-    run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "-I",
-                "100",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args(["--", WORKLOAD, "--spin-ms", "500", "getppid=4321"]),
-    )
+    run_ok(synthetic_stat_to(&out).args(["-I", "100"]).args([
+        "--",
+        WORKLOAD,
+        "--spin-ms",
+        "500",
+        "getppid=4321",
+    ]))
     .unwrap();
     let text = std::fs::read_to_string(&out).unwrap();
     let reports: Vec<Value> = text
@@ -539,14 +464,12 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
 
     // Without privileges, -a (BPF only; a command would be counted without BPF): a clear line
     // and exit 2, before anything is loaded.
-    let output = topdown()
-        .args(["stat", "-a", "-d", "1", "--pmu", "software"])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = usage_error(
+        topdown()
+            .args(["stat", "-a", "-d", "1", "--pmu", "software"])
+            .uid(65534)
+            .gid(65534),
+    );
     assert!(stderr.contains("needs root"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
@@ -608,7 +531,7 @@ fn a_failed_run_keeps_the_last_result_in_its_output_file() {
         return;
     }
     let _serial = serial();
-    let dir = std::env::temp_dir().join(format!("topdown-stat-o-{}", std::process::id()));
+    let dir = temp_path("stat-o");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("last.json");
     std::fs::write(&file, "the last result\n").unwrap();
@@ -642,7 +565,7 @@ fn a_failed_run_keeps_the_last_result_in_its_output_file() {
             .arg(&file),
     )
     .unwrap();
-    let report = parse_json(&std::fs::read(&file).unwrap()).unwrap();
+    let report = read_report(&file);
     assert_eq!(report["model"], "software");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -665,8 +588,7 @@ fn a_short_single_threaded_command_is_its_own_process() {
         .map(|process| process["pid"].as_u64().unwrap())
         .unwrap_or_else(|| panic!("no td-workload process: {report}"));
     let process = process(&report, pid).unwrap();
-    assert_eq!(counter(process, "slots"), 321);
-    assert_eq!(counter(process, "topdown-retiring"), 123);
+    assert_eq!(slots_and_retiring(process), (321, 123));
     assert_eq!(counter(&report["untracked"], "slots"), 0, "{report}");
     assert_conserved(&report);
 }
@@ -728,16 +650,6 @@ fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
 
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
 
-/// Two threads handing a byte back and forth on CPU 0: `round_trips` * 2 context switches
-/// between untraced tasks.
-fn untraced_pingpong(round_trips: u32) -> std::process::Child {
-    std::process::Command::new(PINGPONG)
-        .args(["--round-trips", &round_trips.to_string(), "--cpu", "0"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
 /// With `-p`, switches between untraced tasks take no reading. The traced process sleeps on
 /// stdin the whole run, so the only readings are the baseline and the final flush on each CPU
 /// (2 per CPU) and one each time a CPU goes idle (at most about as many as cpuidle counts
@@ -755,43 +667,21 @@ fn switches_between_untraced_tasks_take_no_reading() {
         .spawn()
         .unwrap();
     let out = report_path("untraced-switches");
-    // Without cpuidle in sysfs the idle entries are unknown: then only the bound of a tenth of
-    // the ping-pong's switches holds.
-    let idle_before = idle_entries();
-    let agent_before = pid1_switches();
+    let activity = UntracedActivity::start();
     let mut tracer = spawn_counting(
-        topdown()
-            .args(["stat", "-p", &sleeper.id().to_string(), "-d", "3"])
-            .args(["--pmu", "synthetic:intel-icl", "--format", "json", "-o"])
-            .arg(&out),
+        synthetic_stat_to(&out).args(["-p", &sleeper.id().to_string(), "-d", "3"]),
         Duration::from_secs(30),
     );
-    let pingpong = untraced_pingpong(20_000).wait_with_output().unwrap();
+    let pingpong = untraced_pingpong(PINGPONG, 20_000)
+        .wait_with_output()
+        .unwrap();
     assert!(pingpong.status.success());
     assert!(tracer.child().wait().unwrap().success());
-    let idle = idle_before
-        .zip(idle_entries())
-        .and_then(|(before, after)| after.checked_sub(before));
-    let agent = pid1_switches().saturating_sub(agent_before);
+    let untraced = activity.since();
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
-    let cpus = report["cpus"].as_array().unwrap().len() as u64;
-    // The start and end flush of every CPU, a few switches of the traced (but blocked) sleeper
-    // itself, the CPUs going idle (a switch to idle that finds work at once enters no idle
-    // state: hence the slack) and the switches into PID 1, which leaves unseen (98 readings
-    // against a bound of 95 without them in 1 of 7 runs beside a build, issue 22), against the
-    // ping-pong's tens of thousands: without the filter every one of those would be a reading.
-    let readings = report["diagnostics"]["readings"]
-        .as_u64()
-        .unwrap_or(u64::MAX);
-    let most = idle.map_or(4_000, |idle| {
-        (2 * cpus + 4 + idle + idle / 4 + agent + 64).min(4_000)
-    });
-    assert!(
-        (2 * cpus..=most).contains(&readings),
-        "{readings} readings, {idle:?} idle entries, {agent} switches of PID 1: {report}"
-    );
+    let report = read_report(&out);
+    assert_few_readings(&report, untraced);
     assert_eq!(report["tasks"].as_array().unwrap().len(), 0, "it never ran");
     assert_conserved(&report);
     let _ = std::fs::remove_file(out);
@@ -809,28 +699,12 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
     }
     // Paused at the end until the twin is done, so all of the twin's calls fall in the run.
     let spec = "cpu=0,getppid=30000,getpgid=3000,pause=0";
-    let held = |spec: &str| {
-        std::process::Command::new(WORKLOAD)
-            .args(["--wait-stdin", spec])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let held = |spec: &str| held_workload(&[spec]);
     for scope in ["-p", "--"] {
         let out = report_path("beside-untraced");
         let mut twin = held("cpu=0,getppid=50000,getpgid=5000");
         let mut traced = (scope == "-p").then(|| held(spec));
-        let mut tracer = topdown();
-        tracer.args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "json",
-            "-o",
-        ]);
-        tracer.arg(&out);
+        let mut tracer = synthetic_stat_to(&out);
         match &traced {
             Some(child) => tracer.args(["-p", &child.id().to_string()]),
             // The command inherits topdown's stdin and waits on it like the others.
@@ -843,7 +717,7 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
             .spawn()
             .unwrap();
         wait_until_counting(&mut tracer, Duration::from_secs(30)).unwrap();
-        let pingpong = untraced_pingpong(20_000);
+        let pingpong = untraced_pingpong(PINGPONG, 20_000);
         let release = match &mut traced {
             Some(child) => child.stdin.take(),
             None => tracer.stdin.take(),
@@ -865,16 +739,9 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
         }
         assert!(tracer.wait().unwrap().success(), "{scope}");
         let threads = workload_threads(&String::from_utf8_lossy(&stdout));
-        let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+        let report = read_report(&out);
         let process = process(&report, threads[0].1).expect("traced process");
-        assert_eq!(
-            (
-                counter(process, "slots"),
-                counter(process, "topdown-retiring")
-            ),
-            (30_000, 3_000),
-            "{scope}"
-        );
+        assert_eq!(slots_and_retiring(process), (30_000, 3_000), "{scope}");
         assert!(counter(&report["untracked"], "slots") >= 50_000, "{scope}");
         assert_conserved(&report);
         let _ = std::fs::remove_file(out);
@@ -902,20 +769,8 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
     if !privileged() {
         return;
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Untraced spinners, one per CPU (killed at the end): the command shares CPU 0 with one,
-    // time slice by time slice, and no CPU idles, so PID 1's threads wake where one runs.
-    let _spinners: Vec<KilledOnDrop> = (0..cpus)
-        .map(|cpu| {
-            KilledOnDrop::new(
-                std::process::Command::new(WORKLOAD)
-                    .arg(format!("cpu={cpu},spin=600000"))
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    // The command shares CPU 0 with a spinner, time slice by time slice.
+    let _spinners = spinners_on_every_cpu(WORKLOAD);
     // The first unseen switch-out in a run hands the CPU to the command in 1 to 3 runs of
     // 10 that start at once: such runs go on until one has (`unseen_arrivals`), at most 12.
     const COLD_RUNS: usize = 12;
@@ -927,16 +782,7 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
         }
         let out = report_path("unseen-leaver");
         let mut tracer = spawn_counting(
-            topdown()
-                .args([
-                    "stat",
-                    "--pmu",
-                    "synthetic:intel-icl",
-                    "--format",
-                    "json",
-                    "-o",
-                ])
-                .arg(&out)
+            synthetic_stat_to(&out)
                 .args([
                     "--",
                     WORKLOAD,
@@ -956,13 +802,10 @@ fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
         std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
         assert!(child.wait().unwrap().success(), "run {run}");
         let threads = workload_threads(&String::from_utf8_lossy(&stdout));
-        let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+        let report = read_report(&out);
         let process = process(&report, threads[0].1).expect("traced process");
         assert_eq!(
-            (
-                counter(process, "slots"),
-                counter(process, "topdown-retiring")
-            ),
+            slots_and_retiring(process),
             (2_000_000, 200_000),
             "run {run} (warm-up {warm_up}), {} unseen switches, {} unseen arrivals",
             report["diagnostics"]["unseen_switches"],

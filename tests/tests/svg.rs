@@ -5,7 +5,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     sync::OnceLock,
 };
 
@@ -29,40 +28,18 @@ const FUNCTIONS: [&str; 7] = [
 fn workload() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("svg-workloads");
-        std::fs::create_dir_all(&dir).unwrap();
-        let binary = dir.join("tree");
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/tree.c");
-        let output = Command::new("cc")
-            .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-            .arg(&binary)
-            .arg(source)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        binary
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("svg-workloads");
+        build_c(
+            &dir,
+            "tree.c",
+            "tree",
+            &["-O0", "-g", "-fno-omit-frame-pointer"],
+        )
     })
 }
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("topdown-svg-{}-{name}", std::process::id()))
-}
-
-/// `-u BINARY:FUNC` for every function of the workload.
-fn probes() -> Vec<String> {
-    FUNCTIONS
-        .iter()
-        .flat_map(|function| {
-            [
-                "-u".to_owned(),
-                format!("{}:{function}", workload().display()),
-            ]
-        })
-        .collect()
+    temp_path(&format!("svg-{name}"))
 }
 
 /// `topdown stat --pmu synthetic:intel-icl <args> -- tree 3`, written to `out`.
@@ -221,9 +198,9 @@ fn report_svg_draws_the_recorded_tree_to_scale() {
     }
     let json = temp("tree.json");
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &json);
-    let report = parse_json(&std::fs::read(&json).unwrap()).unwrap();
+    let report = read_report(&json);
 
     let svg = temp("tree.svg");
     run_ok(
@@ -276,13 +253,13 @@ fn stat_writes_svg_directly() {
     // so the JSON of any run of the workload stands for this one.
     let json = temp("direct.json");
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &json);
-    let report = parse_json(&std::fs::read(&json).unwrap()).unwrap();
+    let report = read_report(&json);
 
     let svg = temp("direct.svg");
     let mut args = vec!["--format".to_owned(), "svg".to_owned()];
-    args.extend(probes());
+    args.extend(probes(workload(), &FUNCTIONS));
     stat(&args, &svg);
     let text = std::fs::read_to_string(&svg).unwrap();
     check_slot_widths(&text, &report);

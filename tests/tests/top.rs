@@ -184,16 +184,8 @@ fn top_shows_the_selected_functions_distribution() {
         return;
     }
     let _serial = serial();
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("top-distribution");
-    std::fs::create_dir_all(&dir).unwrap();
-    let funcs = dir.join("funcs");
-    let built = Command::new("cc")
-        .args(["-O0", "-g", "-pthread", "-o"])
-        .arg(&funcs)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/funcs.c"))
-        .status()
-        .unwrap();
-    assert!(built.success());
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("top-distribution");
+    let funcs = build_c(&dir, "funcs.c", "funcs", &["-O0", "-g", "-pthread"]);
     let funcs = funcs.display().to_string();
     let probe = format!("{funcs}:band");
     let pane = Pane::start(

@@ -33,10 +33,7 @@ struct Sandbox {
 
 impl Sandbox {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "topdown-unprivileged-{name}-{}",
-            std::process::id()
-        ));
+        let dir = temp_path(&format!("unprivileged-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("out")).expect("creating the sandbox");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
@@ -172,7 +169,7 @@ fn a_non_root_user_counts_a_command_per_thread_with_software_counters() {
         notes[0].contains("-u") && notes[0].contains("cgroup") && notes[0].contains("-p"),
         "{stderr}"
     );
-    let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+    let report = read_report(&out);
     assert_eq!(report["model"], "software");
     assert_tasks_add_up(&report);
 
@@ -244,30 +241,17 @@ fn forced_no_bpf_counts_exact_syscalls_per_process_and_thread() {
     if !privileged() {
         return;
     }
-    let out = std::env::temp_dir().join(format!("topdown-test-no-bpf-{}.json", std::process::id()));
-    let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--no-bpf",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
-            .args([
-                "--",
-                WORKLOAD,
-                "--children",
-                "1",
-                "getppid=1234",
-                "getpgid=777,getppid=3",
-            ]),
-    )
+    let out = temp_path("test-no-bpf.json");
+    let output = run_ok(synthetic_stat_to(&out).arg("--no-bpf").args([
+        "--",
+        WORKLOAD,
+        "--children",
+        "1",
+        "getppid=1234",
+        "getpgid=777,getppid=3",
+    ]))
     .unwrap();
-    let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+    let report = read_report(&out);
     let _ = std::fs::remove_file(&out);
     assert_eq!(report["synthetic"], true);
     assert_tasks_add_up(&report);
@@ -353,32 +337,20 @@ fn threads_exiting_at_once_keep_their_own_counts() {
         return;
     }
     const THREADS: u64 = 48;
-    let out = std::env::temp_dir().join(format!(
-        "topdown-test-no-bpf-exits-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path("test-no-bpf-exits.json");
     // Thread i makes i + 1 getppid calls; the workload's barrier releases them all at once.
     let specs: Vec<String> = (1..=THREADS)
         .map(|calls| format!("getppid={calls}"))
         .collect();
     for run in 0..4 {
         let output = run_ok(
-            topdown()
-                .args([
-                    "stat",
-                    "--no-bpf",
-                    "--pmu",
-                    "synthetic:intel-icl",
-                    "--format",
-                    "json",
-                    "-o",
-                ])
-                .arg(&out)
+            synthetic_stat_to(&out)
+                .arg("--no-bpf")
                 .args(["--", WORKLOAD, "--children", "1"])
                 .args(&specs),
         )
         .unwrap();
-        let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+        let report = read_report(&out);
         let _ = std::fs::remove_file(&out);
         assert_tasks_add_up(&report);
         assert_eq!(
@@ -485,29 +457,17 @@ fn a_task_left_running_is_counted_in_the_main_thread_and_said() {
     if !privileged() {
         return;
     }
-    let out = std::env::temp_dir().join(format!(
-        "topdown-test-no-bpf-left-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path("test-no-bpf-left.json");
     // The workload makes its 50 calls at once, then spins past the shell's exit. getsid
     // (`topdown-bad-spec`): the shell itself calls getppid at start-up, never getsid.
     let script = format!("{WORKLOAD} --spin-ms 1500 getsid=50 & sleep 0.5; exit 0");
     let output = run_ok(
-        topdown()
-            .args([
-                "stat",
-                "--no-bpf",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
+        synthetic_stat_to(&out)
+            .arg("--no-bpf")
             .args(["--", "sh", "-c", &script]),
     )
     .unwrap();
-    let report = parse_json(&std::fs::read(&out).expect("the -o report")).unwrap();
+    let report = read_report(&out);
     let _ = std::fs::remove_file(&out);
     let stderr = stderr_of(&output);
     assert!(stderr.contains("still running at the end"), "{stderr}");

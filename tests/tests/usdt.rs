@@ -91,6 +91,24 @@ fn spans_of(report: &Value) -> Vec<(String, String, u64, u64)> {
     spans
 }
 
+/// The `request` span of `target`: test:request_start..test:request_done keyed by arg0, then
+/// `more` of the spec (`,abort=...`).
+fn request_span(target: &str, more: &str) -> String {
+    format!("request={target}:test:request_start..test:request_done,key=arg0{more}")
+}
+
+/// `topdown report -i RECORDING --by BY --format FORMAT`'s output.
+fn render(recording: &Path, by: &str, format: &str) -> String {
+    let output = run_ok(
+        topdown()
+            .args(["report", "-i"])
+            .arg(recording)
+            .args(["--by", by, "--format", format]),
+    )
+    .unwrap();
+    String::from_utf8(output.stdout).unwrap()
+}
+
 fn no_span_anomalies(report: &Value) {
     for field in [
         "overflows",
@@ -122,9 +140,7 @@ fn spans_count_exactly_what_ran_between_start_and_end() {
         let target = program.display();
         let (report, _) = stat_json([
             "--span".to_owned(),
-            format!(
-                "request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"
-            ),
+            request_span(&target.to_string(), ",abort=test:reset"),
             "--span".to_owned(),
             format!("batch={target}:test:batch_start..test:batch_done"),
             "--span".to_owned(),
@@ -195,17 +211,10 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
     const M: u64 = 300;
     for migrate in [false, true] {
         let target = programs().pie.display().to_string();
-        let mut args = vec![
-            "--span".to_owned(),
-            format!("request={target}:test:request_start..test:request_done,key=arg0"),
-            "--".to_owned(),
-            target,
-            "block".to_owned(),
-            N.to_string(),
-            M.to_string(),
-        ];
+        let (spec, n, m) = (request_span(&target, ""), N.to_string(), M.to_string());
+        let mut args = vec!["--span", &spec, "--", &target, "block", &n, &m];
         if migrate {
-            args.push("migrate".to_owned());
+            args.push("migrate");
         }
         let (report, _) = stat_json(args).unwrap();
         let figures = |key: &str| {
@@ -241,15 +250,15 @@ fn span_distributions_are_exact_and_survive_a_replay() {
     for (build, program) in both() {
         let target = program.display().to_string();
         let (report, _) = stat_json([
-            "--span".to_owned(),
-            format!("request={target}:test:request_start..test:request_done,key=arg0"),
-            "--".to_owned(),
-            target,
-            "bands".to_owned(),
-            "1000".to_owned(),
-            "10".to_owned(),
-            "30".to_owned(),
-            "1000".to_owned(),
+            "--span",
+            &request_span(&target, ""),
+            "--",
+            &target,
+            "bands",
+            "1000",
+            "10",
+            "30",
+            "1000",
         ])
         .unwrap();
         let request = span(&report, "request", "6")
@@ -286,20 +295,9 @@ fn span_distributions_are_exact_and_survive_a_replay() {
         }
         no_span_anomalies(&report);
 
-        let recording = std::env::temp_dir().join(format!(
-            "topdown-usdt-bands-{build}-{}.json",
-            std::process::id()
-        ));
+        let recording = temp_path(&format!("usdt-bands-{build}.json"));
         std::fs::write(&recording, report.to_string()).unwrap();
-        let render = |format: &str| -> String {
-            let output = run_ok(
-                topdown()
-                    .args(["report", "--by", "span", "--format", format, "-i"])
-                    .arg(&recording),
-            )
-            .unwrap();
-            String::from_utf8(output.stdout).unwrap()
-        };
+        let render = |format: &str| render(&recording, "span", format);
         let replayed = parse_json(render("json").as_bytes()).unwrap();
         assert_eq!(
             span(&replayed, "request", "6").unwrap()["distribution"],
@@ -556,26 +554,13 @@ fn untraced_process_beside(links: &str) {
     let program = &programs().no_pie;
     let (_watcher, pid, mut semaphore) = semaphore_watcher(program);
     assert_eq!(semaphore(), "semaphore 0", "{links}");
-    let out = std::env::temp_dir().join(format!(
-        "topdown-usdt-beside-{links}-{}.json",
-        std::process::id()
-    ));
+    let out = temp_path(&format!("usdt-beside-{links}.json"));
     // The command fires its guarded probe 25 times, then stays a while so the watcher is
     // asked while topdown's probes are attached.
     let script = format!("{} guarded 25 && sleep 2", program.display());
     let mut tracer = spawn_counting(
-        topdown()
-            .args([
-                "stat",
-                "--pmu",
-                "synthetic:intel-icl",
-                "--usdt-links",
-                links,
-                "--format",
-                "json",
-                "-o",
-            ])
-            .arg(&out)
+        synthetic_stat_to(&out)
+            .args(["--usdt-links", links])
             .arg("-U")
             .arg(format!("{}:test:guarded", program.display()))
             .args(["--", "sh", "-c", &script])
@@ -592,7 +577,7 @@ fn untraced_process_beside(links: &str) {
     let mut stdout = String::new();
     std::io::Read::read_to_string(&mut tracer.child().stdout.take().unwrap(), &mut stdout).unwrap();
     assert_eq!(stdout, "fired 25\n", "{links}");
-    let report = parse_json(&std::fs::read(&out).unwrap()).unwrap();
+    let report = read_report(&out);
     let _ = std::fs::remove_file(&out);
     assert_eq!(report["usdt"][0]["hits"], 25, "{links}: {}", report["usdt"]);
     assert_eq!(semaphore(), "semaphore 0", "{links}: after topdown");
@@ -701,14 +686,12 @@ fn bad_usdt_input_is_one_line_and_exit_2() {
         ),
     ];
     for (args, wanted) in cases {
-        let output = topdown()
-            .args(["stat", "--pmu", "synthetic:intel-icl"])
-            .args(&args)
-            .args(["--", "true"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = usage_error(
+            topdown()
+                .args(["stat", "--pmu", "synthetic:intel-icl"])
+                .args(&args)
+                .args(["--", "true"]),
+        );
         let errors: Vec<&str> = stderr
             .lines()
             .filter(|line| line.contains("error"))
@@ -728,27 +711,17 @@ fn span_reports_round_trip_through_report_input() {
     let _serial = serial();
     let target = programs().pie.display().to_string();
     let (recorded, _) = stat_json([
-        "--span".to_owned(),
-        format!("request={target}:test:request_start..test:request_done,key=arg0,abort=test:reset"),
-        "--".to_owned(),
-        target.clone(),
-        "spans".to_owned(),
-        "100".to_owned(),
+        "--span",
+        &request_span(&target, ",abort=test:reset"),
+        "--",
+        &target,
+        "spans",
+        "100",
     ])
     .unwrap();
-    let recording =
-        std::env::temp_dir().join(format!("topdown-usdt-rec-{}.json", std::process::id()));
+    let recording = temp_path("usdt-rec.json");
     std::fs::write(&recording, recorded.to_string()).unwrap();
-    let render = |format: &str| -> String {
-        let output = run_ok(
-            topdown()
-                .args(["report", "-i"])
-                .arg(&recording)
-                .args(["--by", "query", "--format", format]),
-        )
-        .unwrap();
-        String::from_utf8(output.stdout).unwrap()
-    };
+    let render = |format: &str| render(&recording, "query", format);
     let again = parse_json(render("json").as_bytes()).unwrap();
     assert_eq!(spans_of(&again), spans_of(&recorded));
     for (read, written) in again["spans"]
