@@ -236,7 +236,6 @@ fn describe_group(group: u8) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Metrics;
 
     /// Six level-1 events, a fixed counter, and two level-2 groups of four: 14 general in all.
     struct Toy;
@@ -271,8 +270,8 @@ mod tests {
         fn max_level(&self) -> u8 {
             2
         }
-        fn metrics(&self, _values: &[u64], _level: u8) -> Metrics {
-            Metrics::new()
+        fn metrics_into(&self, _values: &[u64], _level: u8, out: &mut [Option<f64>]) {
+            out.fill(None);
         }
         fn slots(&self, _values: &[u64]) -> Option<f64> {
             None

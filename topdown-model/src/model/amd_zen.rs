@@ -7,10 +7,7 @@
 //! of each level-2 ratio share that group, so the ratios are exact even while rotating; only their
 //! product with a level-1 bucket is an estimate.
 
-use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, extras_at, metrics_by_name, ratio,
-    standard_metric_names, value,
-};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, extras_at, ratio, value};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// Raw config of an AMD core event (topdown-formulas.md §4.1, K-amd `PMU_FORMAT_ATTR`):
@@ -158,14 +155,6 @@ impl Model for AmdZen {
 
     fn extra_l1_metrics(&self) -> &'static [&'static str] {
         &["smt_contention"]
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, self.extra_l1_metrics())
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

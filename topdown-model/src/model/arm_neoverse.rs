@@ -11,10 +11,7 @@
 //! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
 //! Neoverse cores have no SMT.
 
-use super::{
-    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, Positions, level_two_position,
-    metrics_by_name, ratio, standard_metric_names,
-};
+use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
@@ -258,14 +255,6 @@ impl Model for ArmNeoverse {
             Core::V3 | Core::N3 => 2,
             _ => 1,
         }
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

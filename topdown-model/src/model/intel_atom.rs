@@ -8,10 +8,7 @@
 //! backend); topdown reports Resource_Bound in the `memory_bound` column and says so. E-cores
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
-use super::{
-    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, Positions, level_two_position,
-    metrics_by_name, ratio, standard_metric_names,
-};
+use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,14 +202,6 @@ impl Model for IntelAtom {
 
     fn max_level(&self) -> u8 {
         2
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

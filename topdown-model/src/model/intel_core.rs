@@ -17,10 +17,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
 //! counter 1, where the kernel would otherwise put it.
 
-use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, Positions, metrics_by_name, ratio,
-    standard_metric_names,
-};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,14 +331,6 @@ impl Model for IntelCore {
 
     fn max_level(&self) -> u8 {
         2
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

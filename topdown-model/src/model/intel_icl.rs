@@ -10,8 +10,8 @@
 //! BPF counter slots (topdown_common::MAX_COUNTERS).
 
 use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, bad_speculation_left_over, floored_difference,
-    metrics_by_name, ratio, standard_metric_names, value,
+    CounterSpec, LevelOne, LevelTwo, Model, bad_speculation_left_over, floored_difference, ratio,
+    value,
 };
 use crate::groups::LEVEL_TWO_GROUP;
 
@@ -114,14 +114,6 @@ impl Model for IntelIcl {
 
     fn max_level(&self) -> u8 {
         2
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

@@ -14,10 +14,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general like the other Intel models' cycle events: the
 //! NMI watchdog holds fixed counter 1. So every scheduling group holds two events.
 
-use super::{
-    CounterSpec, LEVEL_TWO_AT, LevelOne, Metrics, Model, level_two_position, metrics_by_name,
-    ratio, standard_metric_names, value,
-};
+use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, level_two_position, ratio, value};
 use crate::groups::LEVEL_TWO_GROUP;
 
 pub struct IntelKnl;
@@ -104,14 +101,6 @@ impl Model for IntelKnl {
 
     fn max_level(&self) -> u8 {
         2
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

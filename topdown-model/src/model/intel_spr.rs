@@ -8,8 +8,8 @@
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
 use super::{
-    CounterSpec, LevelOne, LevelTwo, Metrics, Model, bad_speculation_left_over, floored_difference,
-    metrics_by_name, ratio, standard_metric_names, value,
+    CounterSpec, LevelOne, LevelTwo, Model, bad_speculation_left_over, floored_difference, ratio,
+    value,
 };
 
 /// Which P-core generation.
@@ -105,14 +105,6 @@ impl Model for IntelPerfMetricsL2 {
 
     fn max_level(&self) -> u8 {
         2
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {

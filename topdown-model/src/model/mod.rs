@@ -163,37 +163,29 @@ pub trait Model: Send + Sync {
     /// counter makes unknown). Level 2 includes the level-1 metrics. Every name of
     /// [`L1_METRICS`] (and [`L2_METRICS`] at level 2) is present; `None` where this model cannot
     /// compute one or a denominator is zero.
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics;
+    ///
+    /// The default names what [`Model::metrics_into`] writes ([`metrics_by_name`]). A model
+    /// whose metrics are a map of its own (the hybrid model's per-core-type names) overrides
+    /// it, and then gives [`Model::metric_names`] and [`Model::metrics_into`] from that map
+    /// ([`metric_names_of_map`], [`metrics_into_from_map`]).
+    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
+        metrics_by_name(self, values, level)
+    }
 
     /// The names of the metrics at `level`, in the order [`Model::metrics_into`] writes them.
     /// Callers resolve the names they want to positions once (per report, per exporter
     /// refresh), then read each entity's metrics by position.
     ///
-    /// The default takes the keys of [`Model::metrics`] on zeroes, which name the same metrics
-    /// whatever the values; models with a typed evaluation list [`standard_metric_names`].
+    /// The default: [`L1_METRICS`], this model's [`Model::extra_l1_metrics`] and, at level 2,
+    /// [`L2_METRICS`] ([`standard_metric_names`]).
     fn metric_names(&self, level: u8) -> Vec<String> {
-        let zeroes = vec![0; self.counters().len()];
-        self.metrics(&zeroes, level)
-            .into_keys()
-            .map(String::from)
-            .collect()
+        standard_metric_names(level, self.extra_l1_metrics())
     }
 
     /// The typed evaluation: the metrics of [`Model::metrics`], written into `out` by position
     /// in [`Model::metric_names`] (`out` is that long). It runs once per entity of a refresh
-    /// (100,000 tasks, 12,500 processes), so models implement it without allocating and make
-    /// [`Model::metrics`] the wrapper ([`metrics_by_name`]).
-    ///
-    /// The default goes through [`Model::metrics`]' map, whose values come in key order, the
-    /// order of the default [`Model::metric_names`].
-    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-        for (slot, value) in out
-            .iter_mut()
-            .zip(self.metrics(values, level).into_values())
-        {
-            *slot = value;
-        }
-    }
+    /// (100,000 tasks, 12,500 processes), so models implement it without allocating.
+    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]);
 
     /// The counter that measures "how much" (slots, or cpu-clock nanoseconds): reports sort by
     /// it and show each entity's share of it.
@@ -380,6 +372,33 @@ pub fn metrics_by_name(model: &(impl Model + ?Sized), values: &[u64], level: u8)
     let mut out = vec![None; names.len()];
     model.metrics_into(values, level, &mut out);
     names.into_iter().zip(out).collect()
+}
+
+/// [`Model::metric_names`] of a model whose [`Model::metrics`] builds its own map: the map's
+/// keys, taken on zeroes (they name the same metrics whatever the values).
+pub fn metric_names_of_map(model: &(impl Model + ?Sized), level: u8) -> Vec<String> {
+    let zeroes = vec![0; model.counters().len()];
+    model
+        .metrics(&zeroes, level)
+        .into_keys()
+        .map(String::from)
+        .collect()
+}
+
+/// [`Model::metrics_into`] of a model whose [`Model::metrics`] builds its own map: the map's
+/// values, which come in key order, the order of [`metric_names_of_map`].
+pub fn metrics_into_from_map(
+    model: &(impl Model + ?Sized),
+    values: &[u64],
+    level: u8,
+    out: &mut [Option<f64>],
+) {
+    for (slot, value) in out
+        .iter_mut()
+        .zip(model.metrics(values, level).into_values())
+    {
+        *slot = value;
+    }
 }
 
 /// The value at `index` of a model's counter values (see [`Model::metrics`]) as a float; 0 past

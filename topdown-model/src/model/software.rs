@@ -1,10 +1,7 @@
 //! `software`: on-CPU time from the `cpu-clock` software event. No TopDown: the fallback when no
 //! TopDown PMU exists (a VM without a virtual PMU), announced by the caller.
 
-use super::{
-    CounterSource, CounterSpec, CounterUse, Metrics, Model, metrics_by_name, standard_metric_names,
-    value,
-};
+use super::{CounterSource, CounterSpec, CounterUse, Model, value};
 
 /// `PERF_COUNT_SW_CPU_CLOCK` (include/uapi/linux/perf_event.h).
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
@@ -42,14 +39,6 @@ impl Model for Software {
 
     fn max_level(&self) -> u8 {
         0
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        metrics_by_name(self, values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        standard_metric_names(level, &[])
     }
 
     /// No TopDown: every metric unknown.

@@ -1112,6 +1112,12 @@ mod tests {
                 })
                 .collect()
         }
+        fn metric_names(&self, level: u8) -> Vec<String> {
+            crate::model::metric_names_of_map(self, level)
+        }
+        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+            crate::model::metrics_into_from_map(self, values, level, out)
+        }
         fn weight_counter(&self) -> &'static str {
             "slots"
         }
