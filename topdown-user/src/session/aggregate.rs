@@ -929,8 +929,6 @@ fn function_entries(
     (functions, edges)
 }
 
-/// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
-/// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
 /// `entries` heaviest first in slot `weight_slot`, ties by id (`key`: an entry's counts and
 /// id).
 fn heaviest_first<T>(
@@ -949,6 +947,8 @@ fn heaviest_first<T>(
     sorted
 }
 
+/// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
+/// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
 fn cgroup_entries(
     ctx: &ReportContext<'_>,
     aggregate: &Aggregate,
