@@ -550,26 +550,61 @@ pub(crate) mod tests {
         }
     }
 
+    /// A system-wide second of `intel-icl` at level 1, weighed by `slots`, its one counter, in
+    /// which nothing was counted: zero entities, every breakdown empty, no diagnostics. Tests
+    /// fill in what they look at.
+    pub(crate) fn empty_report() -> Report {
+        Report {
+            topdown_version: "0".into(),
+            model: "intel-icl".into(),
+            synthetic: false,
+            synthetic_map: BTreeMap::new(),
+            level: 1,
+            counter_names: vec!["slots".into()],
+            extra_events: Vec::new(),
+            derived: Vec::new(),
+            weight_counter: "slots".into(),
+            duration_s: 1.0,
+            interval: None,
+            scope: "system-wide".into(),
+            totals: Entity::default(),
+            idle: Entity::default(),
+            untracked: Entity::default(),
+            dropped: Entity::default(),
+            command: None,
+            before_command: None,
+            tasks: Vec::new(),
+            processes: Vec::new(),
+            cgroups: Vec::new(),
+            cgroup_depth: None,
+            functions: Vec::new(),
+            call_tree: Vec::new(),
+            overflows: None,
+            missed_returns: None,
+            probe_compensation: None,
+            spans: Vec::new(),
+            usdt: Vec::new(),
+            span_diagnostics: None,
+            cpus: Vec::new(),
+            diagnostics: Diagnostics::default(),
+        }
+    }
+
     /// A report of `model_name` at `level` with every kind of entity: totals, idle, untracked,
     /// dropped, two tasks, a process, two functions (one per process), an edge and a cgroup.
     pub(crate) fn report_of(model_name: &str, level: u8) -> Report {
         let model = crate::model::base_model(model_name).unwrap();
         let model = model.as_ref();
         Report {
-            topdown_version: "0".into(),
             model: model_name.into(),
-            synthetic: false,
-            synthetic_map: BTreeMap::new(),
             level,
             counter_names: model.counters().into_iter().map(|spec| spec.name).collect(),
-            extra_events: Vec::new(),
             weight_counter: model.weight_counter().into(),
             duration_s: 1.5,
             interval: Some(IntervalInfo {
                 index: 3,
                 end_s: 4.5,
             }),
-            scope: "system-wide".into(),
             totals: entity(model, level, 20),
             idle: entity(model, level, 1),
             untracked: entity(model, level, 2),
@@ -608,7 +643,6 @@ pub(crate) mod tests {
                 }),
                 entity: entity(model, level, 11),
             }],
-            cgroup_depth: None,
             functions: vec![
                 FunctionEntry {
                     target: "/usr/bin/server".into(),
@@ -646,13 +680,7 @@ pub(crate) mod tests {
             }],
             overflows: Some(0),
             missed_returns: Some(0),
-            probe_compensation: None,
-            spans: Vec::new(),
-            usdt: Vec::new(),
-            span_diagnostics: None,
-            cpus: Vec::new(),
-            derived: Vec::new(),
-            diagnostics: Diagnostics::default(),
+            ..empty_report()
         }
     }
 

@@ -579,7 +579,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::report::{Diagnostics, TaskEntry};
+    use crate::report::{Diagnostics, TaskEntry, tests::empty_report};
 
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
@@ -638,26 +638,15 @@ mod tests {
     #[test]
     fn synthetic_banner_rows_sorted_and_percentages() {
         let report = Report {
-            topdown_version: "0".into(),
-            model: "intel-icl".into(),
             synthetic: true,
             synthetic_map: BTreeMap::from([(
                 "slots".to_owned(),
                 "syscalls:sys_enter_getppid".to_owned(),
             )]),
-            level: 1,
-            counter_names: vec!["slots".into()],
-            extra_events: Vec::new(),
-            weight_counter: "slots".into(),
-            duration_s: 1.0,
-            interval: None,
-            scope: "system-wide".into(),
             totals: entity(400, Some(0.5)),
             idle: entity(0, None),
             untracked: entity(0, None),
             dropped: entity(0, None),
-            command: None,
-            before_command: None,
             tasks: vec![
                 TaskEntry {
                     tid: 2,
@@ -674,24 +663,12 @@ mod tests {
                     entity: entity(100, None),
                 },
             ],
-            processes: Vec::new(),
-            cgroups: Vec::new(),
-            cgroup_depth: None,
-            functions: Vec::new(),
-            call_tree: Vec::new(),
-            overflows: None,
-            missed_returns: None,
-            probe_compensation: None,
-            spans: Vec::new(),
-            usdt: Vec::new(),
-            span_diagnostics: None,
-            cpus: Vec::new(),
-            derived: Vec::new(),
             diagnostics: Diagnostics {
                 not_running_readings: 3,
                 readings: 10,
                 ..Diagnostics::default()
             },
+            ..empty_report()
         };
         let text = table_text(&report, &[By::Task]);
         assert!(!text.contains("command total"), "{text}");

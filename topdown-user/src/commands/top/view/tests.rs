@@ -1,7 +1,7 @@
 use ratatui::{buffer::Buffer, layout::Rect, style::Color};
 
 use super::*;
-use crate::report::{Diagnostics, ProcessEntry, TaskEntry};
+use crate::report::{ProcessEntry, TaskEntry, tests::empty_report};
 
 fn entity(weight_counter: &str, weight: u64, metrics: &[(&str, f64)]) -> Entity {
     Entity {
@@ -33,23 +33,8 @@ pub fn report() -> Report {
         entity: entity("slots", weight, &metrics),
     };
     Report {
-        topdown_version: "0.1.0".to_owned(),
-        model: "intel-icl".to_owned(),
         synthetic: true,
-        synthetic_map: Default::default(),
-        level: 1,
-        counter_names: vec!["slots".to_owned()],
-        extra_events: Vec::new(),
-        weight_counter: "slots".to_owned(),
-        duration_s: 1.0,
-        interval: None,
-        scope: "system-wide".to_owned(),
         totals: entity("slots", 1000, &level_one(0.4, 0.2, 0.2, 0.2)),
-        idle: Entity::default(),
-        untracked: Entity::default(),
-        dropped: Entity::default(),
-        command: None,
-        before_command: None,
         tasks: vec![TaskEntry {
             tid: 201,
             tgid: 200,
@@ -62,19 +47,7 @@ pub fn report() -> Report {
             process(200, "idler", 200, level_one(0.25, 0.25, 0.25, 0.25)),
             process(100, "worker", 600, level_one(0.5, 0.125, 0.125, 0.25)),
         ],
-        cgroups: Vec::new(),
-        cgroup_depth: None,
-        functions: Vec::new(),
-        call_tree: Vec::new(),
-        overflows: None,
-        missed_returns: None,
-        probe_compensation: None,
-        spans: Vec::new(),
-        usdt: Vec::new(),
-        span_diagnostics: None,
-        cpus: Vec::new(),
-        derived: Vec::new(),
-        diagnostics: Diagnostics::default(),
+        ..empty_report()
     }
 }
 
