@@ -319,75 +319,75 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
             d.probe_map_full
         );
     }
-    if d.tail_calls_cut > 0 {
-        text += &format!(
-            "note: {} probed calls ended in a tail call to a function whose end cannot be known (its returns are not probed): their inclusive figures stop at the jump\n",
-            d.tail_calls_cut
-        );
-    }
-    if d.histogram_full > 0 {
-        text += &format!(
-            "note: {} probed calls are in the function totals but in no per-call distribution (the histogram map was full): raise --max-buckets\n",
-            d.histogram_full
-        );
-    }
-    if d.goroutine_switches_lost > 0 {
-        text += &format!(
-            "note: {} times a goroutine with probed calls open was found on another thread without its leaving the last one seen: what it ran there is not in those calls\n",
-            d.goroutine_switches_lost
-        );
-    }
-    if d.cgroup_map_full > 0 {
-        text += &format!(
-            "note: the cgroup map was full {} times: raise --max-cgroups\n",
-            d.cgroup_map_full
-        );
-    }
-    if d.unsplit_migrations > 0 {
-        text += &format!(
-            "note: {} processes moved themselves to another cgroup from one topdown had not seen: \
-             their counts since the last reading on their CPU went to the cgroup they moved to\n",
-            d.unsplit_migrations
-        );
-    }
-    if d.unseen_arrivals > 0 {
-        text += &format!(
-            "note: {} readings credited a traced task that arrived through a switch the kernel did not report, after switches no reading covered: \
-             what ran on its CPU since the last reading, untraced tasks included, is in its counts (docs/accuracy.md)\n",
-            d.unseen_arrivals
-        );
-    }
+    count_notes(
+        &mut text,
+        &[
+            (
+                d.tail_calls_cut,
+                "note: {n} probed calls ended in a tail call to a function whose end cannot be known (its returns are not probed): their inclusive figures stop at the jump\n",
+            ),
+            (
+                d.histogram_full,
+                "note: {n} probed calls are in the function totals but in no per-call distribution (the histogram map was full): raise --max-buckets\n",
+            ),
+            (
+                d.goroutine_switches_lost,
+                "note: {n} times a goroutine with probed calls open was found on another thread without its leaving the last one seen: what it ran there is not in those calls\n",
+            ),
+            (
+                d.cgroup_map_full,
+                "note: the cgroup map was full {n} times: raise --max-cgroups\n",
+            ),
+            (
+                d.unsplit_migrations,
+                "note: {n} processes moved themselves to another cgroup from one topdown had not seen: \
+                 their counts since the last reading on their CPU went to the cgroup they moved to\n",
+            ),
+            (
+                d.unseen_arrivals,
+                "note: {n} readings credited a traced task that arrived through a switch the kernel did not report, after switches no reading covered: \
+                 what ran on its CPU since the last reading, untraced tasks included, is in its counts (docs/accuracy.md)\n",
+            ),
+        ],
+    );
     if d.not_running_readings > 0 {
         text += &format!(
             "\nnote: {} of {} readings found the counter group not running the whole time (multiplexed): those deltas cover less time\n",
             d.not_running_readings, d.readings
         );
     }
-    if d.read_errors > 0 {
-        text += &format!(
-            "note: {} counter readings failed; their counts went to the next successful reading\n",
-            d.read_errors
-        );
-    }
-    if d.task_map_full > 0 {
-        text += &format!(
-            "note: the task map was full {} times (counts under 'dropped'): raise --max-tasks\n",
-            d.task_map_full
-        );
-    }
-    if d.exit_records_lost > 0 {
-        text += &format!(
-            "note: {} exit records did not fit the ring buffer; they were collected from the task map\n",
-            d.exit_records_lost
-        );
-    }
-    if d.unsplit_tasks > 0 {
-        text += &format!(
-            "note: {} task(s) of the command could not be split from its main thread (still running at the end, or exit readings lost): their counts are in the main thread's row\n",
-            d.unsplit_tasks
-        );
-    }
+    count_notes(
+        &mut text,
+        &[
+            (
+                d.read_errors,
+                "note: {n} counter readings failed; their counts went to the next successful reading\n",
+            ),
+            (
+                d.task_map_full,
+                "note: the task map was full {n} times (counts under 'dropped'): raise --max-tasks\n",
+            ),
+            (
+                d.exit_records_lost,
+                "note: {n} exit records did not fit the ring buffer; they were collected from the task map\n",
+            ),
+            (
+                d.unsplit_tasks,
+                "note: {n} task(s) of the command could not be split from its main thread (still running at the end, or exit readings lost): their counts are in the main thread's row\n",
+            ),
+        ],
+    );
     out.write_all(text.as_bytes())
+}
+
+/// Appends each `(count, note)` whose count is not zero, the count in place of the note's
+/// `{n}`: a diagnostic that did not happen is not mentioned.
+pub(super) fn count_notes(text: &mut String, notes: &[(u64, &str)]) {
+    for &(count, note) in notes {
+        if count > 0 {
+            *text += &note.replacen("{n}", &count.to_string(), 1);
+        }
+    }
 }
 
 /// The per-function table (metrics of the exclusive counts: what the function itself did) and
@@ -633,6 +633,41 @@ mod tests {
             assert!(written.is_ok(), "{written:?}");
             assert_eq!(String::from_utf8_lossy(&streamed), expected);
         }
+    }
+
+    #[test]
+    fn a_diagnostic_is_noted_with_its_count_only_where_it_happened() {
+        let report = Report {
+            diagnostics: Diagnostics {
+                tail_calls_cut: 7,
+                not_running_readings: 3,
+                readings: 10,
+                task_map_full: 2,
+                ..Diagnostics::default()
+            },
+            span_diagnostics: Some(crate::spans::report::SpanDiagnostics {
+                arg_read_failures: 5,
+                ..Default::default()
+            }),
+            ..empty_report()
+        };
+        let text = table_text(&report, &[By::Task, By::Span]);
+        let notes: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("note: "))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                "note: 5 span keys could not be read from the probe's arguments (keyed 0 or empty)",
+                "note: 7 probed calls ended in a tail call to a function whose end cannot be known \
+                 (its returns are not probed): their inclusive figures stop at the jump",
+                "note: 3 of 10 readings found the counter group not running the whole time \
+                 (multiplexed): those deltas cover less time",
+                "note: the task map was full 2 times (counts under 'dropped'): raise --max-tasks",
+            ],
+            "{text}"
+        );
     }
 
     #[test]

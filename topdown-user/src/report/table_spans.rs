@@ -105,19 +105,21 @@ pub(super) fn spans_text(
                 d.overflows, d.read_failures, d.map_full, d.open_at_exit
             );
         }
-        if d.unmatched_ends > 0 {
-            text += &format!(
-                "note: {} span ends found no open span of their kind (started before counting)\n",
-                d.unmatched_ends
-            );
-        }
-        if d.arg_read_failures > 0 {
-            text += &format!(
-                "note: {} span keys could not be read from the probe's arguments (keyed 0 or \
-                 empty)\n",
-                d.arg_read_failures
-            );
-        }
+        super::table::count_notes(
+            &mut text,
+            &[
+                (
+                    d.unmatched_ends,
+                    "note: {n} span ends found no open span of their kind (started before \
+                     counting)\n",
+                ),
+                (
+                    d.arg_read_failures,
+                    "note: {n} span keys could not be read from the probe's arguments (keyed 0 or \
+                     empty)\n",
+                ),
+            ],
+        );
     }
     text
 }
