@@ -18,7 +18,9 @@ use crate::{
     error::{Failure, fail},
     report::{
         Weight,
-        svg::{CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, layout, svg_start, title_lines},
+        svg::{
+            CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, fit, layout, svg_start, title_lines,
+        },
     },
 };
 
@@ -238,20 +240,11 @@ pub fn write_svg(
                 offset += part;
             }
         }
-        let room = ((width - 6.0) / 6.7).floor();
-        if room >= 3.0 {
-            let mut text = edge.callee.clone();
-            if let Some(pct) = change.and_then(|change| change.change_pct) {
-                let _ = write!(text, " {pct:+.0}%");
-            }
-            let text: String = if text.chars().count() > room as usize {
-                text.chars()
-                    .take(room as usize - 2)
-                    .chain("..".chars())
-                    .collect()
-            } else {
-                text
-            };
+        let mut label = edge.callee.clone();
+        if let Some(pct) = change.and_then(|change| change.change_pct) {
+            let _ = write!(label, " {pct:+.0}%");
+        }
+        if let Some(text) = fit(&label, width) {
             let _ = write!(
                 svg,
                 r#"<text x="{:.3}" y="{}" pointer-events="none">{}</text>"#,
