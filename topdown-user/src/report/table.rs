@@ -32,6 +32,19 @@ fn table_text(report: &Report, by: &[By]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The first lines' warning that a synthetic run measured no hardware (the report's, `diff`'s).
+pub(crate) const SYNTHETIC_BANNER: &str = "!! SYNTHETIC COUNTERS: syscall tracepoints stand in for hardware events; not a hardware measurement\n";
+
+/// What the figures of a run at `level` are, for a heading: level 0 is the software model's
+/// on-CPU time alone.
+pub(crate) fn level_text(level: u8) -> String {
+    if level > 0 {
+        format!("TopDown level {level}")
+    } else {
+        "on-CPU time (no TopDown)".to_owned()
+    }
+}
+
 /// Writes `text` out and empties it: before a table laid out straight into `out`.
 fn spill(text: &mut String, out: &mut dyn Write) -> std::io::Result<()> {
     out.write_all(text.as_bytes())?;
@@ -47,18 +60,14 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
         .map(|i| format!(" interval {} (ends at {:.3} s)", i.index, i.end_s))
         .unwrap_or_default();
     text += &format!(
-        "topdown: model {}{}, {}, {:.3} s{interval}\n",
+        "topdown: model {}, {}, {}, {:.3} s{interval}\n",
         report.model,
-        if report.level > 0 {
-            format!(", TopDown level {}", report.level)
-        } else {
-            ", on-CPU time (no TopDown)".to_owned()
-        },
+        level_text(report.level),
         report.scope,
         report.duration_s,
     );
     if report.synthetic {
-        text += "!! SYNTHETIC COUNTERS: syscall tracepoints stand in for hardware events; not a hardware measurement\n";
+        text += SYNTHETIC_BANNER;
         let map: Vec<String> = report
             .counter_names
             .iter()
@@ -633,6 +642,28 @@ mod tests {
             assert!(written.is_ok(), "{written:?}");
             assert_eq!(String::from_utf8_lossy(&streamed), expected);
         }
+    }
+
+    #[test]
+    fn the_heading_names_the_level_or_on_cpu_time() {
+        let heading = |level: u8| {
+            let text = table_text(
+                &Report {
+                    level,
+                    ..empty_report()
+                },
+                &[By::Task],
+            );
+            text.lines().next().unwrap_or_default().to_owned()
+        };
+        assert_eq!(
+            heading(2),
+            "topdown: model intel-icl, TopDown level 2, system-wide, 1.000 s"
+        );
+        assert_eq!(
+            heading(0),
+            "topdown: model intel-icl, on-CPU time (no TopDown), system-wide, 1.000 s"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use anyhow::{Context as _, Result};
 
 use super::compare::{Change, Comparison, Verdict};
+use crate::report::table::{SYNTHETIC_BANNER, level_text};
 
 pub mod svg;
 
@@ -88,17 +89,13 @@ pub fn write_table(comparison: &Comparison, out: &mut dyn std::io::Write) -> Res
         text,
         "topdown diff: model {}, {}, threshold {}%",
         comparison.model,
-        if comparison.level > 0 {
-            format!("TopDown level {}", comparison.level)
-        } else {
-            "on-CPU time (no TopDown)".to_owned()
-        },
+        level_text(comparison.level),
         comparison.threshold_pct
     );
     let _ = writeln!(text, "BASE: {}", comparison.base_files.join(" "));
     let _ = writeln!(text, "NEW:  {}", comparison.new_files.join(" "));
     if comparison.synthetic {
-        text += "!! SYNTHETIC COUNTERS: syscall tracepoints stand in for hardware events; not a hardware measurement\n";
+        text += SYNTHETIC_BANNER;
     }
     match &comparison.method {
         Some(method) => {
@@ -220,4 +217,50 @@ pub fn regressed(comparison: &Comparison) -> bool {
         .changes
         .iter()
         .any(|change| change.verdict == Verdict::Regressed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_heading_names_the_level_and_warns_of_synthetic_counters() {
+        let heading = |level: u8, synthetic: bool| {
+            let comparison = Comparison {
+                model: "intel-icl".into(),
+                weight_counter: "slots".into(),
+                level,
+                synthetic,
+                threshold_pct: 5.0,
+                method: None,
+                base_files: vec!["base.json".into()],
+                new_files: vec!["new.json".into()],
+                categories: Vec::new(),
+                changes: Vec::new(),
+            };
+            let mut out = Vec::new();
+            let written = write_table(&comparison, &mut out);
+            assert!(written.is_ok(), "{written:?}");
+            String::from_utf8_lossy(&out).into_owned()
+        };
+        let text = heading(1, true);
+        assert!(
+            text.starts_with(
+                "topdown diff: model intel-icl, TopDown level 1, threshold 5%\n\
+                 BASE: base.json\n\
+                 NEW:  new.json\n\
+                 !! SYNTHETIC COUNTERS: syscall tracepoints stand in for hardware events; not a \
+                 hardware measurement\n"
+            ),
+            "{text}"
+        );
+        let text = heading(0, false);
+        assert!(
+            text.starts_with(
+                "topdown diff: model intel-icl, on-CPU time (no TopDown), threshold 5%\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("SYNTHETIC"), "{text}");
+    }
 }
