@@ -149,12 +149,7 @@ pub enum CalibrateAt {
 
 /// Options checked and counters opened; nothing loaded into the kernel yet.
 pub struct Prepared {
-    model: Box<dyn Model>,
-    level: u8,
-    plan: Plan,
-    groups: CounterGroups,
-    tracefs: Tracefs,
-    cpus: Vec<u32>,
+    counters: OpenCounters,
     by: Vec<By>,
     cgroups: Option<CgroupTree>,
     cgroup_filter: Option<Vec<u64>>,
@@ -246,14 +241,7 @@ pub fn prepare(args: &CountingArgs, requested_by: &[By]) -> Result<Prepared> {
         None if cgroup_only => Trigger::CgroupSwitch,
         None => Trigger::SchedSwitch,
     };
-    let OpenCounters {
-        model,
-        level,
-        plan,
-        groups,
-        tracefs,
-        cpus,
-    } = open_counters(args)?;
+    let counters = open_counters(args)?;
     let wants_cgroups = by.contains(&By::Cgroup);
     let mut tree = if wants_cgroups || !args.cgroups.is_empty() {
         Some(CgroupTree::open()?)
@@ -265,12 +253,7 @@ pub fn prepare(args: &CountingArgs, requested_by: &[By]) -> Result<Prepared> {
         _ => None,
     };
     Ok(Prepared {
-        model,
-        level,
-        plan,
-        groups,
-        tracefs,
-        cpus,
+        counters,
         cgroups: if wants_cgroups { tree } else { None },
         by,
         cgroup_filter,
@@ -295,11 +278,12 @@ impl Prepared {
         verbose: bool,
         calibrate_at: CalibrateAt,
     ) -> Result<CountingSession> {
-        let weight_slot = self
+        let counters = self.counters;
+        let weight_slot = counters
             .plan
             .slot_names()
             .iter()
-            .position(|name| name == self.model.weight_counter())
+            .position(|name| name == counters.model.weight_counter())
             .unwrap_or(0) as u32;
         let span_plan = if self.spans.is_empty() {
             None
@@ -328,8 +312,8 @@ impl Prepared {
             by_cgroup: self.cgroups.is_some(),
             cgroup_filter: self.cgroup_filter,
             max_cgroups: args.max_cgroups,
-            num_slots: self.plan.slots.len() as u32,
-            slot_sources: self.plan.slot_sources(),
+            num_slots: counters.plan.slots.len() as u32,
+            slot_sources: counters.plan.slot_sources(),
             trigger: self.trigger,
             skip_untraced_switches: !args.read_every_switch,
             usdt,
@@ -338,7 +322,7 @@ impl Prepared {
         let calibration_counters = if self.probe_specs.is_empty() || args.no_compensation {
             None
         } else {
-            Some((self.groups.try_clone()?, self.groups.hybrid_cpus()))
+            Some((counters.groups.try_clone()?, counters.groups.hybrid_cpus()))
         };
         // Reading the probed files' symbols needs nothing of the BPF session: it runs on a
         // thread of its own while this one loads the programs and the kernel verifies them,
@@ -359,7 +343,7 @@ impl Prepared {
                 })
             });
             let started = std::time::Instant::now();
-            let bpf = Session::start(&config, self.groups, &self.tracefs);
+            let bpf = Session::start(&config, counters.groups, &counters.tracefs);
             log::info!(
                 "loading the BPF programs and maps took {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
@@ -403,7 +387,7 @@ impl Prepared {
                 groups,
                 hybrid_cpus,
                 mechanisms: probes.mechanisms_in_use(),
-                calls: if self.model.is_synthetic() {
+                calls: if counters.model.is_synthetic() {
                     SYNTHETIC_CALIBRATION_CALLS
                 } else {
                     CALIBRATION_CALLS
@@ -413,12 +397,12 @@ impl Prepared {
             _ => CalibrationState::Off,
         };
         let mut session = CountingSession {
-            model: self.model,
-            level: self.level,
-            slot_names: self.plan.slot_names(),
-            plan: self.plan,
-            tracefs: self.tracefs,
-            cpus: self.cpus,
+            model: counters.model,
+            level: counters.level,
+            slot_names: counters.plan.slot_names(),
+            plan: counters.plan,
+            tracefs: counters.tracefs,
+            cpus: counters.cpus,
             bpf,
             probes,
             spans,
