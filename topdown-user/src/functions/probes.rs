@@ -35,15 +35,22 @@ const ATTACH_PROGRESS_FROM: usize = 200;
 /// detaching is unchanged.
 const ATTACH_BATCH: usize = 100;
 
-pub struct Probes {
-    specs: Vec<ProbeSpec>,
+/// What to probe and how: the specs, where they resolve, how returns are seen, and whether
+/// attaching says what it decided.
+pub struct ProbeRequest {
+    pub specs: Vec<ProbeSpec>,
     /// `-p`: the processes probed, through whose mappings library names resolve; empty: every
     /// process that maps a target.
-    processes: Vec<u32>,
-    returns: ReturnMode,
+    pub processes: Vec<u32>,
+    pub returns: ReturnMode,
     /// What runs the probed functions (`--returns auto` reads it).
-    image: Image,
-    verbose: bool,
+    pub image: Image,
+    pub verbose: bool,
+}
+
+pub struct Probes {
+    /// What was asked for; a configuration reload replaces its specs.
+    request: ProbeRequest,
     /// The return mechanism of each attached target, and why.
     target_returns: Vec<TargetReturns>,
     /// `(target, demangled symbol)` by function id.
@@ -67,35 +74,20 @@ pub struct Probes {
 
 impl Probes {
     /// Resolves the `-u` specs and attaches them.
-    pub fn attach(
-        session: &mut Session,
-        specs: Vec<ProbeSpec>,
-        processes: Vec<u32>,
-        returns: ReturnMode,
-        image: Image,
-        verbose: bool,
-    ) -> Result<Self> {
-        let resolved = resolve_functions(&specs, &processes)?;
-        Self::attach_resolution(session, specs, processes, returns, image, verbose, resolved)
+    pub fn attach(session: &mut Session, request: ProbeRequest) -> Result<Self> {
+        let resolved = resolve_functions(&request.specs, &request.processes)?;
+        Self::attach_resolution(session, request, resolved)
     }
 
-    /// Attaches `specs` as `resolved` (by [`crate::functions::symbols::resolve`] over the same
-    /// specs and processes), which start-up reads beside the BPF programs' loading.
+    /// Attaches `request`'s specs as `resolved` (by [`crate::functions::symbols::resolve`] over
+    /// the same specs and processes), which start-up reads beside the BPF programs' loading.
     pub fn attach_resolution(
         session: &mut Session,
-        specs: Vec<ProbeSpec>,
-        processes: Vec<u32>,
-        returns: ReturnMode,
-        image: Image,
-        verbose: bool,
+        request: ProbeRequest,
         resolved: Resolution,
     ) -> Result<Self> {
         let mut probes = Self {
-            specs,
-            processes,
-            returns,
-            image,
-            verbose,
+            request,
             target_returns: Vec::new(),
             functions: Vec::new(),
             mechanisms: Vec::new(),
@@ -162,7 +154,8 @@ impl Probes {
         let decisions = if reuse {
             self.target_returns.clone()
         } else {
-            let mut decisions = unwinding::decide(self.returns, &targets, &self.image);
+            let mut decisions =
+                unwinding::decide(self.request.returns, &targets, &self.request.image);
             go_returns(&mut decisions, &files);
             decisions
         };
@@ -176,7 +169,7 @@ impl Probes {
             })
             .cloned()
             .collect();
-        if self.processes.is_empty() && !session.follows_processes() {
+        if self.request.processes.is_empty() && !session.follows_processes() {
             warn_self_probed(&targets);
         }
         let mut candidates: Vec<(u32, ResolvedFunction)> = Vec::new();
@@ -228,14 +221,14 @@ impl Probes {
             let mut objects: Vec<PathBuf> = Vec::new();
             let mut files = std::collections::BTreeSet::new();
             for target in &unwinding_targets {
-                for object in unwinding::objects_of(target, &self.image) {
+                for object in unwinding::objects_of(target, &self.request.image) {
                     if files.insert(file_identity(&object).ok_or_else(|| object.clone())) {
                         objects.push(object);
                     }
                 }
             }
             let catches = unwinding::catch_points(&objects);
-            if self.verbose {
+            if self.request.verbose {
                 for (object, offset, name) in &catches {
                     eprintln!(
                         "topdown: unwinding ends at {name} in {} ({offset:#x})",
@@ -267,7 +260,7 @@ impl Probes {
                     runtime.version,
                     runtime.hooks
                 );
-                session.attach_go_runtime(target, &runtime.hooks, &self.processes)?;
+                session.attach_go_runtime(target, &runtime.hooks, &self.request.processes)?;
             }
         }
         let mut mode = None;
@@ -282,7 +275,7 @@ impl Probes {
                         &candidates,
                         &files,
                         &exit_targets,
-                        &self.processes,
+                        &self.request.processes,
                     );
                     // None failing alone, or all of them: not a matter of single functions.
                     if failing.is_empty() || failing.len() == candidates.len() {
@@ -307,7 +300,7 @@ impl Probes {
             self.report_returns(&decisions);
         }
         if let Some(catches) = &catches {
-            let failed = session.attach_catch_points(catches, &self.processes)?;
+            let failed = session.attach_catch_points(catches, &self.request.processes)?;
             if let Some(first) = failed.first() {
                 eprintln!(
                     "topdown: {} catch point{} not attached (first: {first}); calls unwound there count as missed returns",
@@ -386,7 +379,7 @@ impl Probes {
         let mut mode = AttachMode::PerPoint;
         let mut attached = 0;
         for chunk in plan.functions.chunks(batch) {
-            match session.attach_functions(chunk, &self.processes) {
+            match session.attach_functions(chunk, &self.request.processes) {
                 Ok(chunk_mode) => mode = chunk_mode,
                 Err(err) => {
                     // Leave nothing of this attempt behind: the caller may retry without
@@ -410,7 +403,7 @@ impl Probes {
         if decisions.is_empty() {
             return;
         }
-        if self.verbose {
+        if self.request.verbose {
             for decision in decisions {
                 eprintln!(
                     "topdown: returns of {}: {} ({})",
@@ -432,7 +425,7 @@ impl Probes {
         eprintln!(
             "topdown: returns: {uretprobes} target{} with uretprobes, {exits} with exit-instruction probes (--returns {}; -v says why)",
             if uretprobes == 1 { "" } else { "s" },
-            match self.returns {
+            match self.request.returns {
                 ReturnMode::Auto => "auto",
                 ReturnMode::Uretprobe => "uretprobe",
                 ReturnMode::Exit => "exit",
@@ -443,7 +436,7 @@ impl Probes {
     /// Resolves the specs again, then detaches everything and attaches that resolution. A
     /// spec that no longer resolves fails before anything is detached.
     pub fn reattach(&mut self, session: &mut Session, why: &str) -> Result<()> {
-        let resolved = resolve_functions(&self.specs, &self.processes)?;
+        let resolved = resolve_functions(&self.request.specs, &self.request.processes)?;
         self.reattach_resolved(session, resolved, why)
     }
 
@@ -471,8 +464,8 @@ impl Probes {
     /// Specs that do not resolve fail before anything changes, so a typo keeps the running
     /// probes.
     pub fn replace_specs(&mut self, session: &mut Session, specs: Vec<ProbeSpec>) -> Result<()> {
-        let resolved = resolve_functions(&specs, &self.processes)?;
-        self.specs = specs;
+        let resolved = resolve_functions(&specs, &self.request.processes)?;
+        self.request.specs = specs;
         self.reattach_resolved(session, resolved, "configuration reloaded")
     }
 
@@ -516,7 +509,7 @@ impl Probes {
     pub fn resume(&mut self, session: &mut Session) -> Result<()> {
         let resolved = match self.resolution.take() {
             Some(resolved) if self.replaced_targets().is_empty() => Ok(resolved),
-            _ => resolve_functions(&self.specs, &self.processes),
+            _ => resolve_functions(&self.request.specs, &self.request.processes),
         };
         let attached = resolved.and_then(|resolved| {
             self.resolution = Some(resolved.clone());

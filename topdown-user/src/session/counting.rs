@@ -22,7 +22,7 @@ use crate::{
             SYNTHETIC_CALIBRATION_CALLS, Setup, calibrate,
         },
         distribution::ProbeCost,
-        probes::Probes,
+        probes::{ProbeRequest, Probes},
         symbols::ProbeSpec,
     },
     model::{Model, model_by_name, synthetic::parse_synthetic_overrides},
@@ -374,11 +374,13 @@ impl Prepared {
             None => None,
             Some(resolution) => Some(Probes::attach_resolution(
                 &mut bpf,
-                self.probe_specs,
-                targets.probe_processes.clone(),
-                args.return_mode(),
-                targets.image(),
-                verbose,
+                ProbeRequest {
+                    specs: self.probe_specs,
+                    processes: targets.probe_processes.clone(),
+                    returns: args.return_mode(),
+                    image: targets.image(),
+                    verbose,
+                },
                 resolution?,
             )?),
         };

@@ -24,7 +24,7 @@ use self::duty_cycle::{Sampler, Switch};
 use crate::{
     cli::ServeArgs,
     error::{Failure, fail},
-    functions::probes::Probes,
+    functions::probes::{ProbeRequest, Probes},
     session::{
         aggregate::Aggregate,
         bpf::Snapshot,
@@ -466,11 +466,13 @@ fn reload(path: &std::path::Path, running: &mut ServeArgs, live: &mut Live<'_>) 
             None => {
                 session.probes = Some(Probes::attach(
                     &mut session.bpf,
-                    specs,
-                    Vec::new(),
-                    running.counting.return_mode(),
-                    crate::functions::unwinding::Image::Everything,
-                    false,
+                    ProbeRequest {
+                        specs,
+                        processes: Vec::new(),
+                        returns: running.counting.return_mode(),
+                        image: crate::functions::unwinding::Image::Everything,
+                        verbose: false,
+                    },
                 )?)
             }
         }
