@@ -96,14 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Report(args) => {
             // FILE is replaced only once the report is complete: a bad input keeps it.
             let mut output = topdown::ui::output::Output::open(args.report.output.as_deref())?;
-            topdown::commands::report::run(
-                &args.input,
-                args.level,
-                args.report.format,
-                &args.report.by,
-                args.report.weight,
-                output.as_mut(),
-            )?;
+            topdown::commands::report::run(&args, output.as_mut())?;
             output.commit()?;
             Ok(0)
         }

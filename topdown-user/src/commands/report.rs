@@ -2,27 +2,22 @@
 //! back, its metrics recomputed with the model it was recorded with, and rendered again in any
 //! format. The formats themselves are [`crate::report`]'s.
 
-use std::path::Path;
-
 use crate::{
+    cli::ReportArgs,
     error::{Failure, fail},
     model::base_model,
-    report::{By, Format, Weight, load_reports, recompute, render},
+    report::{load_reports, recompute, render},
 };
 
-/// Reloads, recomputes with the recorded model (at `level` if given), re-renders.
-pub fn run(
-    input: &Path,
-    level: Option<u8>,
-    format: Format,
-    by: &[By],
-    weight: Weight,
-    out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
+/// Reloads `-i FILE`, recomputes with the recorded model (at `-l` if given), re-renders as
+/// the report options say.
+pub fn run(args: &ReportArgs, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    let input = &args.input;
+    let shape = &args.report;
     for mut report in load_reports(input)? {
         let model = base_model(&report.model)
             .map_err(|err| fail(Failure::Usage, format!("{}: {err:#}", input.display())))?;
-        let level = match level {
+        let level = match args.level {
             None => report.level,
             Some(level) if model.max_level() == 0 => {
                 return Err(fail(
@@ -36,7 +31,7 @@ pub fn run(
             Some(level) => level,
         };
         recompute(&mut report, model.as_ref(), level);
-        render(&report, format, by, weight, out)?;
+        render(&report, shape.format, &shape.by, shape.weight, out)?;
     }
     Ok(())
 }
