@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use super::{
     BOOTSTRAP_RESAMPLES, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING, SOFTWARE,
     STATS_ROUNDS, SYNTHETIC, bpftrace_switch_config, cgroup_v2_mount, command_text, load_text,
-    machine_text, remove_tree, rounds, stats_elsewhere_text, strings, switch_floor_name,
+    machine_text, remove_tree, rounds, stat_argv, stats_elsewhere_text, strings, switch_floor_name,
     write_section,
 };
 
@@ -111,21 +111,10 @@ fn configs(topdown: &Path, floor: &Path) -> Vec<Config> {
             ("sched-switch", task_cgroup_floor_name(pmu)),
             ("cgroup-switch", cgroup_switch_work_floor_name(pmu)),
         ] {
-            let argv = strings(&[
+            let argv = stat_argv(
                 &td,
-                "stat",
-                "-a",
-                "--by",
-                "cgroup",
-                "--trigger",
-                trigger,
-                "--pmu",
-                pmu,
-                "--format",
-                "json",
-                "-o",
-                "/dev/null",
-            ]);
+                &["-a", "--by", "cgroup", "--trigger", trigger, "--pmu", pmu],
+            );
             configs.push(
                 Config::new(
                     trigger_name(trigger, pmu),

@@ -13,8 +13,8 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, command_text,
-    libc_kill, machine_text, measure_rounds, median, program_time_per_run, start_tracer, strings,
-    write_section,
+    libc_kill, machine_text, measure_rounds, median, program_time_per_run, start_tracer, stat_argv,
+    strings, write_section,
 };
 use crate::cmd;
 
@@ -50,35 +50,17 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     )?;
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
+    // spanbench's one span kind, keyed by `key` (a `--span` suffix: `,key=arg0`).
+    let span = |key: &str| format!("s={bench}:bench:start..bench:end{key}");
     let topdown_run = |pmu: &str, key: &str| {
-        let mut argv = strings(&[&td, "stat", "--pmu", pmu, "--format", "json", "-o"]);
-        argv.extend(strings(&[
-            "/dev/null",
-            "--span",
-            &format!("s={bench}:bench:start..bench:end{key}"),
-            "--",
-            &bench,
-            SPANS,
-        ]));
+        let mut argv = stat_argv(&td, &["--pmu", pmu, "--span", &span(key)]);
+        argv.extend(strings(&["--", &bench, SPANS]));
         argv
     };
     // The same probes machine-wide beside spanbench, as the floors run, so the kernel's run
     // time of its uprobe programs can be read before and after spanbench's run.
-    let topdown_beside = |pmu: &str, key: &str| {
-        strings(&[
-            &td,
-            "stat",
-            "-a",
-            "--pmu",
-            pmu,
-            "--format",
-            "json",
-            "-o",
-            "/dev/null",
-            "--span",
-            &format!("s={bench}:bench:start..bench:end{key}"),
-        ])
-    };
+    let topdown_beside =
+        |pmu: &str, key: &str| stat_argv(&td, &["-a", "--pmu", pmu, "--span", &span(key)]);
     let mut configs = vec![
         Config::new("no probes", None, None),
         Config::new(BPFTRACE_SPAN_NAME, None, None),
