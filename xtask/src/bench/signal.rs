@@ -134,13 +134,14 @@ fn bench_in(topdown: &Path, dir: &Path) -> Result<()> {
         for (index, row) in rows.iter().enumerate() {
             for (which, &(signal, signal_name)) in SIGNALS.iter().enumerate() {
                 let figures = &mut measured[index][which];
+                let what = format!(
+                    "signal, round {}: {signal_name:<7} {:<110}",
+                    round + 1,
+                    row.name
+                );
                 match run(row, signal, signal_name)? {
                     Outcome::Ended { ms, stderr } => {
-                        println!(
-                            "signal, round {}: {signal_name:<7} {:<110} {ms:>8.1} ms to exit",
-                            round + 1,
-                            row.name
-                        );
+                        println!("{what} {ms:>8.1} ms to exit");
                         figures.ms.push(ms);
                         if calibrated(&stderr) {
                             figures.calibrated += 1;
@@ -148,11 +149,7 @@ fn bench_in(topdown: &Path, dir: &Path) -> Result<()> {
                         figures.functions = figures.functions.or(probed_functions(&stderr));
                     }
                     Outcome::Failed { why, stderr } => {
-                        println!(
-                            "signal, round {}: {signal_name:<7} {:<110} FAILED: {why}\n{stderr}",
-                            round + 1,
-                            row.name
-                        );
+                        println!("{what} FAILED: {why}\n{stderr}");
                         figures.failed.push(why);
                     }
                 }
