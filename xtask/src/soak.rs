@@ -231,7 +231,15 @@ fn write_results(samples: &[Sample]) -> Result<()> {
         bail!("no samples taken");
     };
     let last = samples.last().unwrap_or(first);
-    let max = |pick: fn(&Sample) -> f64| samples.iter().map(pick).fold(f64::MIN, f64::max);
+    // A figure's row: its first sample, its largest and its last.
+    let row = |label: &str, pick: fn(&Sample) -> f64| {
+        let largest = samples.iter().map(pick).fold(f64::MIN, f64::max);
+        format!(
+            "| {label} | {} | {largest} | {} |\n",
+            pick(first),
+            pick(last)
+        )
+    };
     let mut section = String::from("## Soak: `topdown serve` under churn (`cargo xtask soak`)\n\n");
     section += &crate::bench::machine_text();
     section += "\n\n";
@@ -244,30 +252,10 @@ fn write_results(samples: &[Sample]) -> Result<()> {
         last.at_s
     );
     section += "| | first sample | maximum | after the churn |\n|---|---:|---:|---:|\n";
-    section += &format!(
-        "| RSS (KiB) | {} | {} | {} |\n",
-        first.rss_kib,
-        max(|s| s.rss_kib as f64),
-        last.rss_kib
-    );
-    section += &format!(
-        "| series | {} | {} | {} |\n",
-        first.series,
-        max(|s| s.series),
-        last.series
-    );
-    section += &format!(
-        "| task map entries | {} | {} | {} |\n",
-        first.tasks,
-        max(|s| s.tasks),
-        last.tasks
-    );
-    section += &format!(
-        "| cgroup map entries | {} | {} | {} |\n",
-        first.cgroups,
-        max(|s| s.cgroups),
-        last.cgroups
-    );
+    section += &row("RSS (KiB)", |s| s.rss_kib as f64);
+    section += &row("series", |s| s.series);
+    section += &row("task map entries", |s| s.tasks);
+    section += &row("cgroup map entries", |s| s.cgroups);
     let path = cmd::workspace_root().join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n\n".to_owned());
     let updated = crate::bench::replace_section(&existing, "## Soak", &section);
