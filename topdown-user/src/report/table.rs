@@ -300,12 +300,17 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
         layout_twice(out, &header, 3, &rows)?;
     }
 
+    let columns = Columns {
+        metrics: &metrics,
+        weight,
+        weight_title: &weight_title,
+        total_weight,
+    };
     if by.contains(&By::Function) && !report.functions.is_empty() {
-        text += &functions_text(report, &metrics, weight, &weight_title, total_weight);
+        text += &functions_text(report, &columns);
     }
     if by.contains(&By::Span) || !report.usdt.is_empty() {
-        text +=
-            &super::table_spans::spans_text(report, &metrics, weight, &weight_title, total_weight);
+        text += &super::table_spans::spans_text(report, &columns);
     }
 
     if any_estimated {
@@ -399,15 +404,21 @@ pub(super) fn count_notes(text: &mut String, notes: &[(u64, &str)]) {
     }
 }
 
+/// What every section of the table shows its rows' figures with.
+pub(super) struct Columns<'a> {
+    /// The metric columns, in order.
+    pub metrics: &'a [&'a str],
+    /// The counter rows are weighed by, and its column's title (`cpu ms` for `cpu-clock`).
+    pub weight: &'a str,
+    pub weight_title: &'a str,
+    /// What shares are of: the command's weight with `-- CMD`, else all that was counted.
+    pub total_weight: u64,
+}
+
 /// The per-function table (metrics of the exclusive counts: what the function itself did) and
 /// the call tree of probed functions.
-fn functions_text(
-    report: &Report,
-    metrics: &[&str],
-    weight: &str,
-    weight_title: &str,
-    total_weight: u64,
-) -> String {
+fn functions_text(report: &Report, columns: &Columns<'_>) -> String {
+    let weight = columns.weight;
     let amount = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
     let show = |value: u64| weight_cell(weight, value);
     let split = report
@@ -420,11 +431,16 @@ fn functions_text(
     }
     header.extend([
         "CALLS".to_owned(),
-        format!("incl {weight_title}"),
-        format!("excl {weight_title}"),
+        format!("incl {}", columns.weight_title),
+        format!("excl {}", columns.weight_title),
         "incl share".to_owned(),
     ]);
-    header.extend(metrics.iter().map(|name| format!("excl {}", title(name))));
+    header.extend(
+        columns
+            .metrics
+            .iter()
+            .map(|name| format!("excl {}", title(name))),
+    );
     // Probed functions never called are in the JSON (`calls: 0`); here they are one count, so
     // a glob over a large library does not fill the screen with zero rows.
     let uncalled = report
@@ -454,9 +470,9 @@ fn functions_text(
                 },
                 show(inclusive),
                 show(amount(&function.exclusive)),
-                share_cell(inclusive, total_weight),
+                share_cell(inclusive, columns.total_weight),
             ]);
-            row.extend(metric_cells(&function.exclusive, metrics));
+            row.extend(metric_cells(&function.exclusive, columns.metrics));
             row
         })
         .collect();
@@ -472,7 +488,7 @@ fn functions_text(
     text += &distributions_text(report, weight, &show);
 
     text += "\nCall tree (probed functions; calls, inclusive ";
-    text += weight_title;
+    text += columns.weight_title;
     text += ")\n";
     // Edges by (caller, process): the tree is walked once per edge, not once per path. The
     // recorded edges are a call graph (each knows its immediate caller only), so expanding a
@@ -642,6 +658,83 @@ mod tests {
             assert!(written.is_ok(), "{written:?}");
             assert_eq!(String::from_utf8_lossy(&streamed), expected);
         }
+    }
+
+    /// The function and span sections weigh by the report's weight counter (`cpu ms` for
+    /// cpu-clock), share it out of the same total as the task rows, and show the metrics.
+    #[test]
+    fn function_and_span_sections_show_weight_share_and_metric_columns() {
+        use crate::spans::report::{SpanEntry, SpanKeyType};
+        let span = SpanEntry {
+            kind: "request".to_owned(),
+            key: "6".to_owned(),
+            key_type: SpanKeyType::Integer,
+            text: None,
+            calls: 4,
+            abandoned: 0,
+            folded: 0,
+            entity: entity(100, Some(0.5)),
+            abandoned_counters: None,
+            distribution: None,
+        };
+        let report = Report {
+            totals: entity(400, Some(0.5)),
+            functions: vec![crate::report::FunctionEntry {
+                target: "/usr/bin/server".into(),
+                symbol: "parse".into(),
+                pid: None,
+                calls: 2,
+                unwound: 0,
+                return_probe: None,
+                return_probe_reason: None,
+                entry_single_step: false,
+                inclusive: entity(200, Some(0.25)),
+                exclusive: entity(100, Some(0.25)),
+                distribution: None,
+            }],
+            spans: vec![span],
+            ..empty_report()
+        };
+        let text = table_text(&report, &[By::Function, By::Span]);
+        let words = |start: &str| -> Vec<String> {
+            text.lines()
+                .find(|line| line.starts_with(start))
+                .unwrap_or_else(|| panic!("no line starting {start}: {text}"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(
+            words("FUNCTION"),
+            [
+                "FUNCTION", "TARGET", "CALLS", "incl", "slots", "excl", "slots", "incl", "share",
+                "excl", "Retiring", "excl", "BadSpec", "excl", "Frontend", "excl", "Backend"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            words("parse")[..6],
+            ["parse", "server", "2", "200", "100", "50.0%"]
+        );
+        assert_eq!(words("parse")[6], "25.0%", "{text}");
+        assert_eq!(
+            words("SPAN")[..7],
+            [
+                "SPAN",
+                "KEY",
+                "CALLS",
+                "ABANDONED",
+                "slots",
+                "share",
+                "slots/call"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            words("request")[..8],
+            ["request", "6", "4", "0", "100", "25.0%", "25", "50.0%"],
+            "{text}"
+        );
     }
 
     #[test]

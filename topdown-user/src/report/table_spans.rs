@@ -4,6 +4,7 @@
 use super::{
     Report,
     layout::{layout, metric_cells, share_cell, title, weight_cell},
+    table::Columns,
 };
 use crate::spans::report::{SpanEntry, SpanKeyType};
 
@@ -20,13 +21,8 @@ fn shown_key(span: &SpanEntry) -> String {
     shorten(&key)
 }
 
-pub(super) fn spans_text(
-    report: &Report,
-    metrics: &[&str],
-    weight: &str,
-    weight_title: &str,
-    total_weight: u64,
-) -> String {
+pub(super) fn spans_text(report: &Report, columns: &Columns<'_>) -> String {
+    let weight = columns.weight;
     let show = |value: u64| weight_cell(weight, value);
     let mut text = String::new();
     if !report.spans.is_empty() {
@@ -35,11 +31,11 @@ pub(super) fn spans_text(
             "KEY".to_owned(),
             "CALLS".to_owned(),
             "ABANDONED".to_owned(),
-            weight_title.to_owned(),
+            columns.weight_title.to_owned(),
             "share".to_owned(),
-            format!("{weight_title}/call"),
+            format!("{}/call", columns.weight_title),
         ];
-        header.extend(metrics.iter().map(|name| title(name).to_owned()));
+        header.extend(columns.metrics.iter().map(|name| title(name).to_owned()));
         let rows: Vec<Vec<String>> = report
             .spans
             .iter()
@@ -55,12 +51,12 @@ pub(super) fn spans_text(
                     },
                     span.abandoned.to_string(),
                     show(amount),
-                    share_cell(amount, total_weight),
+                    share_cell(amount, columns.total_weight),
                     amount
                         .checked_div(span.calls)
                         .map_or_else(|| "-".to_owned(), show),
                 ];
-                row.extend(metric_cells(&span.entity, metrics));
+                row.extend(metric_cells(&span.entity, columns.metrics));
                 row
             })
             .collect();
