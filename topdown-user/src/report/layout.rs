@@ -248,3 +248,24 @@ pub(crate) fn layout(header: &[String], rows: &[Vec<String>], text_columns: usiz
     }
     text
 }
+
+/// Appends each `(count, note)` whose count is not zero, the count in place of the note's
+/// `{n}`: a diagnostic that did not happen is not mentioned.
+pub(super) fn count_notes(text: &mut String, notes: &[(u64, &str)]) {
+    for &(count, note) in notes {
+        if count > 0 {
+            *text += &note.replacen("{n}", &count.to_string(), 1);
+        }
+    }
+}
+
+/// What every section of the table shows its rows' figures with.
+pub(super) struct Columns<'a> {
+    /// The metric columns, in order.
+    pub metrics: &'a [&'a str],
+    /// The counter rows are weighed by, and its column's title (`cpu ms` for `cpu-clock`).
+    pub weight: &'a str,
+    pub weight_title: &'a str,
+    /// What shares are of: the command's weight with `-- CMD`, else all that was counted.
+    pub total_weight: u64,
+}

@@ -11,7 +11,10 @@ use std::{
 
 use super::{
     By, CallEdge, Entity, Report,
-    layout::{Cells, layout, layout_twice, metric_cells, share_cell, title, weight_cell},
+    layout::{
+        Cells, Columns, count_notes, layout, layout_twice, metric_cells, share_cell, title,
+        weight_cell,
+    },
 };
 use crate::model::{L1_METRICS, L2_METRICS, Name};
 
@@ -392,27 +395,6 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
         ],
     );
     out.write_all(text.as_bytes())
-}
-
-/// Appends each `(count, note)` whose count is not zero, the count in place of the note's
-/// `{n}`: a diagnostic that did not happen is not mentioned.
-pub(super) fn count_notes(text: &mut String, notes: &[(u64, &str)]) {
-    for &(count, note) in notes {
-        if count > 0 {
-            *text += &note.replacen("{n}", &count.to_string(), 1);
-        }
-    }
-}
-
-/// What every section of the table shows its rows' figures with.
-pub(super) struct Columns<'a> {
-    /// The metric columns, in order.
-    pub metrics: &'a [&'a str],
-    /// The counter rows are weighed by, and its column's title (`cpu ms` for `cpu-clock`).
-    pub weight: &'a str,
-    pub weight_title: &'a str,
-    /// What shares are of: the command's weight with `-- CMD`, else all that was counted.
-    pub total_weight: u64,
 }
 
 /// The per-function table (metrics of the exclusive counts: what the function itself did) and

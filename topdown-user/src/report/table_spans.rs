@@ -3,8 +3,7 @@
 
 use super::{
     Report,
-    layout::{layout, metric_cells, share_cell, title, weight_cell},
-    table::Columns,
+    layout::{Columns, count_notes, layout, metric_cells, share_cell, title, weight_cell},
 };
 use crate::spans::report::{SpanEntry, SpanKeyType};
 
@@ -101,7 +100,7 @@ pub(super) fn spans_text(report: &Report, columns: &Columns<'_>) -> String {
                 d.overflows, d.read_failures, d.map_full, d.open_at_exit
             );
         }
-        super::table::count_notes(
+        count_notes(
             &mut text,
             &[
                 (
