@@ -59,7 +59,6 @@ pub mod names {
     pub const GENERATIONS: &str = "GENERATIONS";
     pub const TASKS: &str = "TASKS";
     pub const TRACKED: &str = "TRACKED";
-    pub const TRACKED_BITS: &str = "TRACKED_BITS";
     pub const EXITS: &str = "EXITS";
 
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";
@@ -144,6 +143,7 @@ pub mod names {
     pub const GLOBAL_NUM_COUNTERS: &str = "NUM_COUNTERS";
     pub const GLOBAL_SLOT_SOURCES: &str = "SLOT_SOURCES";
     pub const GLOBAL_FILTER_TGIDS: &str = "FILTER_TGIDS";
+    pub const GLOBAL_PID_FLAGS: &str = "PID_FLAGS";
     pub const GLOBAL_FOLLOW_FORKS: &str = "FOLLOW_FORKS";
     pub const GLOBAL_FORK_CHILD_PID_OFFSET: &str = "FORK_CHILD_PID_OFFSET";
     pub const GLOBAL_EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
@@ -377,30 +377,52 @@ pub mod reading_owner {
     }
 }
 
-/// Processes whose switch-outs sched_switch did not report (`reading_owner`), as a filter of
-/// tgids shared by all CPUs: bit `tgid % 64` of word `(tgid / 64) % WORDS`. By process, not by
-/// thread: on the test VM every thread of PID 1 leaves unseen, so one thread's unseen switch
-/// covers its siblings too. Bits are only ever set: a tgid that shares a bit with a marked
-/// one (or reuses a dead one's pid) only costs a reading at each switch into it, never
-/// accuracy, since a reading at a switch is what `--read-every-switch` takes anyway.
+/// Two flags per pid, in a global of the BPF object (`PID_FLAGS`): whether the pid is in
+/// `TRACKED`, and whether its process left a CPU through a switch sched_switch did not report
+/// (`unseen_leavers`). Both ask for a reading at a switch into the process, so sched_switch
+/// tests them for every arriving task with one load from the global's address (a map would
+/// need a lookup). Flags of pid `p` are bits `2 * (p % 32)` and up of word `p / 32`, for every
+/// pid the kernel can give: `PID_MAX_LIMIT` (include/linux/threads.h), 4 Mi on 64-bit kernels,
+/// whatever `/proc/sys/kernel/pid_max` is raised to (1 MiB).
+pub mod pid_flags {
+    /// `PID_MAX_LIMIT` on 64-bit kernels: pids are below it.
+    pub const PID_LIMIT: u32 = 4 * 1024 * 1024;
+    pub const WORDS: usize = PID_LIMIT as usize / 32;
+    /// In `TRACKED` (a tracked tgid, or a tracked thread created by fork).
+    pub const TRACKED: u64 = 1;
+    /// The process left a CPU unseen: only ever set.
+    pub const UNSEEN_LEAVER: u64 = 2;
+
+    /// Index of `pid`'s word. Masked rather than checked: below `WORDS` for any pid the
+    /// kernel gives, and the BPF verifier sees the bound.
+    pub const fn word(pid: u32) -> usize {
+        (pid as usize / 32) & (WORDS - 1)
+    }
+
+    /// Where `pid`'s flags start in its word.
+    pub const fn shift(pid: u32) -> u32 {
+        2 * (pid % 32)
+    }
+
+    /// `pid`'s flags in its word `word`.
+    pub const fn of(word: u64, pid: u32) -> u64 {
+        (word >> shift(pid)) & (TRACKED | UNSEEN_LEAVER)
+    }
+
+    /// Sets `flag` for `pid` in `words` (`WORDS` of them).
+    pub fn set(words: &mut [u64], pid: u32, flag: u64) {
+        if let Some(word) = words.get_mut(word(pid)) {
+            *word |= flag << shift(pid);
+        }
+    }
+}
+
+/// Processes whose switch-outs sched_switch did not report (`reading_owner`), marked with
+/// `pid_flags::UNSEEN_LEAVER` by tgid. By process, not by thread: on the test VM every thread of
+/// PID 1 leaves unseen, so one thread's unseen switch covers its siblings too. Marks are only
+/// ever set: a process that reuses a dead one's pid only costs a reading at each switch into it,
+/// never accuracy, since a reading at a switch is what `--read-every-switch` takes anyway.
 pub mod unseen_leavers {
-    /// 1024 bits: with a handful of marked processes, about one process in 200 shares a bit.
-    pub const WORDS: usize = 16;
-
-    /// Index of `tgid`'s word.
-    pub const fn word(tgid: u32) -> usize {
-        (tgid as usize / 64) % WORDS
-    }
-
-    /// `tgid`'s bit in its word.
-    pub const fn bit(tgid: u32) -> u64 {
-        1 << (tgid % 64)
-    }
-
-    pub const fn marked(filter: &[u64; WORDS], tgid: u32) -> bool {
-        filter[word(tgid)] & bit(tgid) != 0
-    }
-
     /// `CpuState::arrived` of the task a switch brings in: `(tgid + 1) << 32 | tid`, so 0
     /// (the zeroed state) means none seen yet.
     pub const fn arrival(tid: u32, tgid: u32) -> u64 {
@@ -1172,7 +1194,12 @@ mod tests {
         assert_eq!(bounds(bucket(1 << 40)), (1 << 40, 5 << 38));
     }
 
-    use super::unseen_leavers::{WORDS, bit, marked, note_switch, word};
+    use super::pid_flags::{self, UNSEEN_LEAVER};
+    use super::unseen_leavers::note_switch;
+
+    fn marked(flags: &[u64], tgid: u32) -> bool {
+        pid_flags::of(flags[pid_flags::word(tgid)], tgid) & UNSEEN_LEAVER != 0
+    }
 
     /// One CPU running `schedule` (tid, tgid) in turn, where sched_switch reports no switch away
     /// from a task of tgid `silent` (as with PID 1's threads on the test VM): the switches it
@@ -1180,9 +1207,9 @@ mod tests {
     /// task found to have left unseen except idle. Returns the filter, the unseen switches
     /// found, and for each step whether a switch into it was reported while its process was
     /// marked (so read).
-    fn replay(schedule: &[(u32, u32)], silent: u32) -> ([u64; WORDS], u64, Vec<bool>) {
+    fn replay(schedule: &[(u32, u32)], silent: u32) -> (Vec<u64>, u64, Vec<bool>) {
         let mut arrived = 0;
-        let mut filter = [0; WORDS];
+        let mut filter = vec![0; pid_flags::WORDS];
         let mut unseen = 0;
         let mut read = vec![false];
         for pair in schedule.windows(2) {
@@ -1194,7 +1221,7 @@ mod tests {
             if let Some((tid, tgid)) = note_switch(&mut arrived, prev.0, next.0, next.1) {
                 unseen += 1;
                 if tid != 0 {
-                    filter[word(tgid)] |= bit(tgid);
+                    pid_flags::set(&mut filter, tgid, UNSEEN_LEAVER);
                 }
             }
             read.push(marked(&filter, next.1));
@@ -1237,12 +1264,37 @@ mod tests {
         assert_eq!(note_switch(&mut arrived, 77, 0, 0), None);
     }
 
+    /// Each pid's two flags are its own: no neighbour's, no other flag, up to the kernel's limit.
     #[test]
-    fn tgids_sharing_a_bit_are_read_too() {
-        let mut filter = [0; WORDS];
-        filter[word(1)] |= bit(1);
-        assert!(marked(&filter, 1 + 64 * WORDS as u32));
-        assert!(!marked(&filter, 2) && !marked(&filter, 65));
+    fn pid_flags_are_per_pid_and_per_flag() {
+        use pid_flags::{PID_LIMIT, TRACKED, WORDS, of, set, word};
+        let mut flags = vec![0; WORDS];
+        let marks = [
+            (1, UNSEEN_LEAVER),
+            (31, TRACKED),
+            (32, TRACKED),
+            (32, UNSEEN_LEAVER),
+            (300_000, TRACKED),
+            (PID_LIMIT - 1, UNSEEN_LEAVER),
+        ];
+        for (pid, flag) in marks {
+            set(&mut flags, pid, flag);
+        }
+        let found: Vec<(u32, u64)> = (0..PID_LIMIT)
+            .filter_map(|pid| Some((pid, of(flags[word(pid)], pid))).filter(|(_, f)| *f != 0))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (1, UNSEEN_LEAVER),
+                (31, TRACKED),
+                (32, TRACKED | UNSEEN_LEAVER),
+                (300_000, TRACKED),
+                (PID_LIMIT - 1, UNSEEN_LEAVER),
+            ]
+        );
+        assert_eq!(PID_LIMIT - 1, 4_194_303);
+        assert_eq!(flags.len() * 8, 1024 * 1024);
     }
 
     /// Who may take a delta whose reading did not see them arrive: any traced task after

@@ -14,14 +14,14 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use topdown_common::{
     CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode, flush_result, kernel_offset, reading_owner, unseen_leavers,
+    flush_mode, flush_result, kernel_offset, pid_flags, reading_owner, unseen_leavers,
 };
 
 use crate::maps::{
     BY_CGROUP, BY_TASK, CGROUP_FILTER, CGROUPS, COMM_AT_EVERY_READING, COUNTERS, CPU_STATE, EXITS,
     FILTER_CGROUPS, FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS,
-    SKIP_UNTRACED, SLOT_SOURCES, STACKS, TASKS, TRACKED, UNSEEN_LEAVERS, ZERO_CGROUP, ZERO_TASK,
-    atomic_add, atomic_or, atomic_swap, generation, global, kernel_field_offset, tracked_bit,
+    SKIP_UNTRACED, SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add,
+    atomic_or, atomic_swap, flags_of, generation, global, kernel_field_offset, pid_flags_word,
     untrack,
 };
 
@@ -362,21 +362,31 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         attribute(state, tid, tgid, dying);
         return 0;
     }
+    // Loaded once for both tasks: the skip path below runs at every switch.
+    let pid_field = kernel_field_offset(kernel_offset::TASK_PID);
     let next: u64 = ctx.arg(2);
-    let (next_tid, next_tgid, next_traced) = arriving(next);
+    let (next_tid, next_tgid) = task_ids(next, pid_field);
     let prev: u64 = ctx.arg(1);
-    let read_switch = note_switch(state, task_tid(prev), next_tid, next_tgid);
+    // Both of the arriving process's flags in one load.
+    let next_flags = flags_of(next_tgid);
+    let read_switch = note_switch(
+        state,
+        task_tid(prev, pid_field),
+        next_tid,
+        next_tgid,
+        next_flags,
+    );
     // SAFETY: as in `attribute`.
     let owner = unsafe { (*state).owner };
+    let next_traced = arriving(next, next_tid, next_flags);
     if reading_owner::kind(owner) == reading_owner::NONE
-        && !next_traced
         && !read_switch
         && next_tid != 0
         && !dying
+        && !next_traced
     {
-        // The common case, kept to the fewest helper calls and no map lookup beyond
-        // `arriving`'s: nobody traced, no reading, and the delta since the last one already
-        // spans several tasks.
+        // The common case, kept to loads and tests, no helper call or map lookup: nobody
+        // traced, no reading, and the delta since the last one already spans several tasks.
         return 0;
     }
     if interrupted_probe(state) {
@@ -480,13 +490,19 @@ pub(crate) fn count_unseen_arrival(state: *mut CpuState, owner: u64, credit: boo
 
 /// Keeps `CpuState::arrived` at a switch from `prev_tid` to `next_tid`: when the task that
 /// arrived last is not `prev_tid`, it left through a switch sched_switch did not report,
-/// counted in `unseen_switches`, and its process is marked in `UNSEEN_LEAVERS` (idle needs no
-/// mark: a switch to it is always read). True if the switch is to be read
-/// (`topdown_common::reading_owner`): `next_tgid` is marked, or `prev_tid` arrived unseen (it
-/// may be traced, with no reading at its arrival: `delta_belongs_to`). Loads and stores only,
-/// no map lookup: it runs at every switch, skipped ones included.
+/// counted in `unseen_switches`, and its process is marked `UNSEEN_LEAVER` in `PID_FLAGS` (idle
+/// needs no mark: a switch to it is always read). True if the switch is to be read
+/// (`topdown_common::reading_owner`): `next_flags` (`next_tgid`'s) has the mark, or `prev_tid`
+/// arrived unseen (it may be traced, with no reading at its arrival: `delta_belongs_to`). Loads
+/// and stores only, no map lookup: it runs at every switch, skipped ones included.
 #[inline(always)]
-fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u32) -> bool {
+fn note_switch(
+    state: *mut CpuState,
+    prev_tid: u32,
+    next_tid: u32,
+    next_tgid: u32,
+    next_flags: u64,
+) -> bool {
     // SAFETY: as in `attribute`.
     let state = unsafe { &mut *state };
     let unseen = unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid);
@@ -495,35 +511,24 @@ fn note_switch(state: *mut CpuState, prev_tid: u32, next_tid: u32, next_tgid: u3
         if tid != 0 {
             mark_unseen_leaver(tgid);
         }
+        return true;
     }
-    // SAFETY: a word of a global array; set bits only ever stay set, so a stale read only
-    // costs a missed reading.
-    let word = unsafe {
-        core::ptr::read_volatile(
-            (&raw const UNSEEN_LEAVERS)
-                .cast::<u64>()
-                .add(unseen_leavers::word(next_tgid)),
-        )
-    };
-    word & unseen_leavers::bit(next_tgid) != 0 || unseen.is_some()
+    next_flags & pid_flags::UNSEEN_LEAVER != 0
 }
 
-/// Sets `tgid`'s bit in `UNSEEN_LEAVERS`, unless set: a store to the shared word only the
-/// first time, not at each unseen switch.
+/// Marks `tgid` `UNSEEN_LEAVER`, unless marked: a store to the shared word only the first
+/// time, not at each unseen switch.
 #[inline(always)]
 fn mark_unseen_leaver(tgid: u32) {
-    // SAFETY: `word` is below `WORDS`: an aligned u64 of a global array.
-    let word = unsafe {
-        (&raw mut UNSEEN_LEAVERS)
-            .cast::<u64>()
-            .add(unseen_leavers::word(tgid))
-    };
-    let bit = unseen_leavers::bit(tgid);
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(word) } & bit == 0 {
+    if flags_of(tgid) & pid_flags::UNSEEN_LEAVER == 0 {
         // Several CPUs may mark one word at once.
-        // SAFETY: as above.
-        unsafe { atomic_or(word, bit) };
+        // SAFETY: an aligned u64 of a global array.
+        unsafe {
+            atomic_or(
+                pid_flags_word(tgid),
+                pid_flags::UNSEEN_LEAVER << pid_flags::shift(tgid),
+            )
+        };
     }
 }
 
@@ -602,15 +607,15 @@ fn retire_unread(state: &mut CpuState, tid: u32, tgid: u32) {
     }
 }
 
-/// A task's tid and tgid, read from its `struct task_struct` (a sched_switch argument) at the
-/// offsets user space found in the kernel's BTF.
+/// A task's tid and tgid, read from its `struct task_struct` (a sched_switch argument) at
+/// `pid_field`, the offset user space found in the kernel's BTF (`kernel_offset::TASK_PID`).
 #[inline(always)]
-fn task_ids(task: u64) -> (u32, u32) {
+fn task_ids(task: u64, pid_field: u64) -> (u32, u32) {
     // `task` is a BTF pointer (tp_btf argument) and the offset a constant of the frozen
     // .rodata, so the verifier checks these loads against `struct task_struct` and turns them
     // into fault-safe loads: cheaper than a `bpf_probe_read_kernel` call on every switch.
     // `tgid` follows `pid` (user space checks it).
-    let pid = task.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
+    let pid = task.wrapping_add(pid_field);
     // SAFETY: as above; a bad address reads as zero instead of faulting.
     unsafe {
         (
@@ -620,31 +625,27 @@ fn task_ids(task: u64) -> (u32, u32) {
     }
 }
 
-/// `task_ids(task).0` alone: the leaving task's tid, one load fewer on every switch.
+/// `task_ids(task, pid_field).0` alone: the leaving task's tid, one load fewer on every switch.
 #[inline(always)]
-fn task_tid(task: u64) -> u32 {
-    let pid = task.wrapping_add(kernel_field_offset(kernel_offset::TASK_PID));
+fn task_tid(task: u64, pid_field: u64) -> u32 {
+    let pid = task.wrapping_add(pid_field);
     // SAFETY: as in `task_ids`.
     unsafe { core::ptr::read_volatile(pid as *const u32) }
 }
 
-/// The arriving task's tid, tgid and whether it is traced.
+/// Whether the arriving task `next` (`tid`, from `task_ids`; `flags`: its process's
+/// `PID_FLAGS`) is traced.
 #[inline(always)]
-fn arriving(next: u64) -> (u32, u32, bool) {
-    let (tid, tgid) = task_ids(next);
+fn arriving(next: u64, tid: u32, flags: u64) -> bool {
     if tid == 0 {
-        return (0, 0, false);
+        return false;
     }
     // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
     // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
-    if global(&FILTER_TGIDS) != 0 && !tracked_bit(tgid) {
-        return (tid, tgid, false);
+    if global(&FILTER_TGIDS) != 0 && flags & pid_flags::TRACKED == 0 {
+        return false;
     }
-    (
-        tid,
-        tgid,
-        global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next),
-    )
+    global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next)
 }
 
 /// The same decision as `arriving`, for `current`.

@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, GoStack, GoroutineKey,
-    IndirectJump, MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, slot_source,
-    unseen_leavers,
+    IndirectJump, MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, pid_flags,
+    slot_source,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -125,18 +125,12 @@ pub(crate) static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(
 #[map]
 pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0);
 
-/// `TRACKED`'s keys as a bitmap indexed by pid (bit `pid % 64` of word `pid / 64`), sized by user
-/// space to `pid_max`: what sched_switch tests for every arriving task, since an array lookup
-/// costs a fraction of a hash lookup. Kept beside `TRACKED` wherever that changes; a pid
-/// beyond its end (pid_max raised during the run) is looked up in `TRACKED` instead.
-#[map]
-pub(crate) static TRACKED_BITS: Array<u64> = Array::with_max_entries(1, 0);
-
-/// Processes whose switch-outs sched_switch did not report (`topdown_common::unseen_leavers`).
-/// A global (.bss), not a map: its words are loaded straight from their address, so the test
-/// at every switch costs no map lookup.
+/// Per pid: in `TRACKED`, and its process left a CPU unseen (`topdown_common::pid_flags`). Set
+/// by user space at load (the tracked tgids), kept beside `TRACKED` wherever that changes: what
+/// sched_switch tests for every arriving task. A global (.bss), not a map: its words are loaded
+/// straight from their address, so the test at every switch costs no map lookup.
 #[unsafe(no_mangle)]
-pub(crate) static mut UNSEEN_LEAVERS: [u64; unseen_leavers::WORDS] = [0; unseen_leavers::WORDS];
+pub(crate) static mut PID_FLAGS: [u64; pid_flags::WORDS] = [0; pid_flags::WORDS];
 
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
@@ -212,38 +206,52 @@ pub(crate) static RETURN_TARGETS: HashMap<FileAddress, u8> =
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// Tracks `pid` (`TRACKED` and `TRACKED_BITS`); false if `TRACKED` is full.
+/// `pid`'s word of `PID_FLAGS`.
+#[inline(always)]
+pub(crate) fn pid_flags_word(pid: u32) -> *mut u64 {
+    // SAFETY: `word` is below `WORDS`: an aligned u64 of a global array.
+    unsafe { (&raw mut PID_FLAGS).cast::<u64>().add(pid_flags::word(pid)) }
+}
+
+/// `pid`'s flags (`pid_flags`): one load, no map lookup.
+#[inline(always)]
+pub(crate) fn flags_of(pid: u32) -> u64 {
+    // SAFETY: as in `pid_flags_word`; a stale word only moves a change by one switch, as a
+    // map's would.
+    pid_flags::of(
+        unsafe { core::ptr::read_volatile(pid_flags_word(pid)) },
+        pid,
+    )
+}
+
+/// Tracks `pid` (`TRACKED` and `PID_FLAGS`); false if `TRACKED` is full.
 #[inline(always)]
 pub(crate) fn track(pid: u32) -> bool {
     if TRACKED.insert(&pid, &1, 0).is_err() {
         return false;
     }
-    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
-        // Several CPUs may change one word at once.
-        // SAFETY: an aligned u64 of a live array value.
-        unsafe { atomic_or(word, 1u64 << (pid % 64)) };
-    }
+    // Several CPUs may change one word at once.
+    // SAFETY: an aligned u64 of a global array.
+    unsafe {
+        atomic_or(
+            pid_flags_word(pid),
+            pid_flags::TRACKED << pid_flags::shift(pid),
+        )
+    };
     true
 }
 
-/// Stops tracking `pid` (`TRACKED` and `TRACKED_BITS`).
+/// Stops tracking `pid` (`TRACKED` and `PID_FLAGS`); its other flag stays.
 #[inline(always)]
 pub(crate) fn untrack(pid: u32) {
     let _ = TRACKED.remove(&pid);
-    if let Some(word) = TRACKED_BITS.get_ptr_mut(pid / 64) {
-        // SAFETY: as in `track`.
-        unsafe { atomic_and(word, !(1u64 << (pid % 64))) };
-    }
-}
-
-/// Whether `pid` is tracked, from `TRACKED_BITS` (one array lookup).
-#[inline(always)]
-pub(crate) fn tracked_bit(pid: u32) -> bool {
-    match TRACKED_BITS.get(pid / 64) {
-        Some(word) => word & (1u64 << (pid % 64)) != 0,
-        // SAFETY: tested for presence only.
-        None => unsafe { TRACKED.get(&pid) }.is_some(),
-    }
+    // SAFETY: as in `track`.
+    unsafe {
+        atomic_and(
+            pid_flags_word(pid),
+            !(pid_flags::TRACKED << pid_flags::shift(pid)),
+        )
+    };
 }
 
 /// # Safety

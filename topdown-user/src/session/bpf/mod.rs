@@ -256,9 +256,20 @@ impl Session {
         };
         drop(kernel_types);
 
+        // Set at load: from then on only the BPF side changes it, a word at a time, atomically.
+        let mut pid_flags = vec![0u64; topdown_common::pid_flags::WORDS];
+        for tgid in config.tracked_tgids.iter().flatten() {
+            topdown_common::pid_flags::set(
+                &mut pid_flags,
+                *tgid,
+                topdown_common::pid_flags::TRACKED,
+            );
+        }
+
         let mut loader = EbpfLoader::new();
         loader
             .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
+            .override_global(names::GLOBAL_PID_FLAGS, pid_flags.as_slice(), true)
             .override_global(names::GLOBAL_SLOT_SOURCES, &slot_sources, true)
             .override_global(names::GLOBAL_FILTER_TGIDS, &filter, true)
             .override_global(names::GLOBAL_FOLLOW_FORKS, &follow, true)
@@ -293,7 +304,6 @@ impl Session {
             .map_max_entries(names::TASKS, config.max_tasks)
             .map_max_entries(names::PROCESS_CGROUPS, config.max_tasks)
             .map_max_entries(names::TRACKED, config.max_tracked)
-            .map_max_entries(names::TRACKED_BITS, tracked_bit_words())
             .map_max_entries(names::USDT_SITES, config.usdt.sites.max(1))
             .map_max_entries(names::USDT_HITS, config.usdt.hit_probes.max(1))
             .map_max_entries(names::SPAN_STACKS, config.max_stacks)
@@ -328,9 +338,6 @@ impl Session {
                 tracked
                     .insert(tgid, &1, 0)
                     .with_context(|| format!("tracking pid {tgid}"))?;
-            }
-            for tgid in tgids {
-                set_tracked_bit(&mut ebpf, *tgid)?;
             }
         }
         if let Some(ids) = &config.cgroup_filter {
@@ -829,16 +836,6 @@ impl Session {
             }
         }
         Ok((total, runs))
-    }
-
-    /// Adds a process to the tracked set (used for `-- CMD` before the command execs).
-    pub fn track(&mut self, tgid: u32) -> Result<()> {
-        let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
-            map_mut(loaded(&mut self.ebpf)?, names::TRACKED)?;
-        tracked
-            .insert(&tgid, &1, 0)
-            .with_context(|| format!("tracking pid {tgid}"))?;
-        set_tracked_bit(loaded(&mut self.ebpf)?, tgid)
     }
 
     /// Attributes every CPU's running task its counts up to now. `last`: also freeze every CPU,
@@ -1457,34 +1454,6 @@ fn optional_field_offset(tracefs: &Tracefs, group: &str, event: &str, field: &st
         .ok()
         .flatten()
         .unwrap_or(topdown_common::FIELD_ABSENT)
-}
-
-/// Words of `TRACKED_BITS`: one bit per possible pid (`/proc/sys/kernel/pid_max`; the BPF side
-/// looks pids beyond it up in `TRACKED`).
-fn tracked_bit_words() -> u32 {
-    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|text| text.trim().parse::<u32>().ok())
-        // The kernel's limit (PID_MAX_LIMIT on 64-bit, include/linux/threads.h).
-        .unwrap_or(4 * 1024 * 1024);
-    pid_max.div_ceil(64).max(1)
-}
-
-/// Sets `pid`'s bit in `TRACKED_BITS`. Read-modify-write of the word: user space tracks pids
-/// at start, before any program runs, and for `-- CMD` its one command, while only the fork hook
-/// of an already tracked process could write the same word.
-fn set_tracked_bit(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-    let mut bits: aya::maps::Array<&mut MapData, u64> = map_mut(ebpf, names::TRACKED_BITS)?;
-    let index = pid / 64;
-    if index >= bits.len() {
-        // Beyond pid_max at start: the BPF side falls back to `TRACKED` for it.
-        return Ok(());
-    }
-    let word = bits
-        .get(&index, 0)
-        .context("reading the tracked-pid bitmap")?;
-    bits.set(index, &(word | (1u64 << (pid % 64))), 0)
-        .context("writing the tracked-pid bitmap")
 }
 
 /// Whether sched_switch may skip switches between untraced tasks (not refused with
