@@ -824,9 +824,11 @@ fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
     // SAFETY: a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
-/// How a per-call configuration runs: a command that runs callbench itself (topdown's
-/// `-- CMD`, bpftrace's `-c`), or a tracer started beside a separate callbench run (the floor).
-enum CallRun {
+
+/// How a configuration of the per-call, per-span and Go benches runs: a command that runs the
+/// workload itself (topdown's `-- CMD`, bpftrace's `-c`), or a tracer started beside a
+/// separate run of the workload (the floor).
+enum TracedRun {
     Alone(Vec<String>),
     Beside(Vec<String>),
 }
@@ -883,8 +885,8 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         Config::new(BPFTRACE_CALL_NAME, None, None),
     ];
     let mut runs = vec![
-        CallRun::Alone(vec![bench.clone(), CALLS.to_owned()]),
-        CallRun::Alone(strings(&[
+        TracedRun::Alone(vec![bench.clone(), CALLS.to_owned()]),
+        TracedRun::Alone(strings(&[
             "bpftrace",
             "-e",
             &format!("uprobe:{bench}:tiny {{}} uretprobe:{bench}:tiny {{}}"),
@@ -905,13 +907,13 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 returns,
             ]);
             timed.push(Some(floor_argv.clone()));
-            runs.push(CallRun::Beside(floor_argv));
+            runs.push(TracedRun::Beside(floor_argv));
             configs.push(Config::new(
                 format!("topdown -u --returns {returns} --pmu {pmu}"),
                 None,
                 Some(call_floor_name(pmu, returns)),
             ));
-            runs.push(CallRun::Alone(topdown_run(&td, pmu, Some(returns))));
+            runs.push(TracedRun::Alone(topdown_run(&td, pmu, Some(returns))));
             timed.push(Some(topdown_beside(&td, pmu, Some(returns))));
             if let Some(old) = &baseline {
                 configs.push(Config::new(
@@ -919,7 +921,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                     None,
                     Some(call_floor_name(pmu, returns)),
                 ));
-                runs.push(CallRun::Alone(topdown_run(old, pmu, Some(returns))));
+                runs.push(TracedRun::Alone(topdown_run(old, pmu, Some(returns))));
                 timed.push(Some(topdown_beside(old, pmu, Some(returns))));
             }
         }
@@ -930,20 +932,20 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         None,
         Some(call_floor_name(SYNTHETIC, "uretprobe")),
     ));
-    runs.push(CallRun::Alone(topdown_run(&td, SYNTHETIC, None)));
+    runs.push(TracedRun::Alone(topdown_run(&td, SYNTHETIC, None)));
     timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
-    let all: Vec<Option<&CallRun>> = runs.iter().map(Some).collect();
+    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
+    let workload = [bench.clone(), CALLS.to_owned()];
     let mut samples = measure_rounds(
         &configs,
         &all,
         CALL_ROUNDS,
         "functions, round",
         "ns/call",
-        &mut |run| measure_calls(run, &bench),
+        &mut |run| measure_workload(run, &workload, "ns_per_call"),
         &mut || {},
     )?;
-    let workload = [bench.clone(), CALLS.to_owned()];
     let calls: f64 = CALLS.parse()?;
     let mut program_samples = measure_rounds(
         &configs,
@@ -1037,22 +1039,22 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
         |pmu: &str| format!("floor: aya uprobes at the same points reading --pmu {pmu}");
     let mut calls = vec![(
         Config::new("no probes", None, None),
-        CallRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
+        TracedRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
     )];
     let mut switches = vec![
         (
             Config::new("no probes", None, None),
-            CallRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
+            TracedRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
         ),
         (
             Config::new(GO_EMPTY_SWITCH, None, None),
-            CallRun::Beside(strings(&[&fl, "--go-switches", &bench])),
+            TracedRun::Beside(strings(&[&fl, "--go-switches", &bench])),
         ),
     ];
     for pmu in [SOFTWARE, SYNTHETIC] {
         calls.push((
             Config::new(call_floor(pmu), None, None),
-            CallRun::Beside(strings(&[
+            TracedRun::Beside(strings(&[
                 &fl,
                 "--pmu",
                 pmu,
@@ -1068,11 +1070,11 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
                 None,
                 Some(call_floor(pmu)),
             ),
-            CallRun::Beside(topdown_run(pmu, &["main.tiny"])),
+            TracedRun::Beside(topdown_run(pmu, &["main.tiny"])),
         ));
         switches.push((
             Config::new(switch_floor(pmu), None, None),
-            CallRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
+            TracedRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
         ));
         switches.push((
             Config::new(
@@ -1080,7 +1082,7 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
                 None,
                 Some(switch_floor(pmu)),
             ),
-            CallRun::Beside(topdown_run(pmu, &["main.pingpong", "main.peer"])),
+            TracedRun::Beside(topdown_run(pmu, &["main.pingpong", "main.peer"])),
         ));
     }
     let load_before = load_average();
@@ -1095,9 +1097,9 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             switches,
         ),
     ] {
-        let (configs, runs): (Vec<Config>, Vec<CallRun>) = configs.into_iter().unzip();
+        let (configs, runs): (Vec<Config>, Vec<TracedRun>) = configs.into_iter().unzip();
         let standalone = match &runs[0] {
-            CallRun::Alone(argv) | CallRun::Beside(argv) => argv.clone(),
+            TracedRun::Alone(argv) | TracedRun::Beside(argv) => argv.clone(),
         };
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
@@ -1185,19 +1187,19 @@ fn load_average() -> String {
 /// of the tracer's uprobe programs over the workload's run, per `count` (`calls=`) of it: the
 /// probes' own cost, which other load on the machine does not move.
 fn measure_field(
-    run: &CallRun,
+    run: &TracedRun,
     standalone: &[String],
     field: &str,
     count: &str,
 ) -> Result<(f64, Option<f64>)> {
     let _stats = enable_bpf_stats()?;
     let (out, mut tracer, before) = match run {
-        CallRun::Alone(argv) => (
+        TracedRun::Alone(argv) => (
             cmd::output(Command::new(&argv[0]).args(&argv[1..]))?,
             None,
             None,
         ),
-        CallRun::Beside(argv) => {
+        TracedRun::Beside(argv) => {
             let child = start_tracer(argv)?;
             let before = uprobe_program_time(child.id());
             let out = cmd::output(Command::new(&standalone[0]).args(&standalone[1..]));
@@ -1261,12 +1263,14 @@ fn uprobe_program_time(pid: u32) -> Option<u64> {
     Some(total)
 }
 
-fn measure_calls(run: &CallRun, bench: &str) -> Result<f64> {
+/// The `FIELD=` figure (`ns_per_call=`, `ns_per_span=`) that one run of `workload` prints,
+/// run by `run` itself or beside its tracer.
+fn measure_workload(run: &TracedRun, workload: &[String], field: &str) -> Result<f64> {
     let (out, mut tracer) = match run {
-        CallRun::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
-        CallRun::Beside(argv) => {
+        TracedRun::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
+        TracedRun::Beside(argv) => {
             let child = start_tracer(argv)?;
-            let out = cmd::output(Command::new(bench).arg(CALLS));
+            let out = cmd::output(Command::new(&workload[0]).args(&workload[1..]));
             (out?, Some(child))
         }
     };
@@ -1277,11 +1281,11 @@ fn measure_calls(run: &CallRun, bench: &str) -> Result<f64> {
     }
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
-        .find_map(|line| line.trim().strip_prefix("ns_per_call="))
+        .find_map(|line| line.trim().strip_prefix(field)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
         .with_context(|| {
             format!(
-                "no ns_per_call in output: {text}{}",
+                "no {field} in output: {text}{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         })
