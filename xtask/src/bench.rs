@@ -1666,6 +1666,14 @@ fn pingpong_field(text: &str, name: &str) -> Result<f64> {
         .with_context(|| format!("no {name} in pingpong output: {text}"))
 }
 
+/// "probing N functions" from topdown's stderr (the signal and start-up benches).
+fn probed_functions(stderr: &str) -> Option<u64> {
+    stderr.lines().find_map(|line| {
+        let rest = line.split("probing ").nth(1)?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
 /// Starts a tracer and waits until it says it is attached (topdown: "counting" on stderr;
 /// bpftrace: "Attaching" on stdout).
 fn start_tracer(argv: &[String]) -> Result<Child> {

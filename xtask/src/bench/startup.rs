@@ -10,7 +10,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{MachineLoad, Spread, command_text, load_text, machine_text, strings, write_section};
+use super::{
+    MachineLoad, Spread, command_text, load_text, machine_text, probed_functions, strings,
+    write_section,
+};
 use crate::cmd;
 
 /// Rounds (each runs every row once, in turn), and the start-up issue 28 asks for.
@@ -91,14 +94,6 @@ fn run(row: &Row) -> Result<(f64, f64, String)> {
         bail!("{}: failed ({status:?}): {errors}", row.name);
     }
     Ok(((started - spawned_at) as f64 / 1e6, whole, errors))
-}
-
-/// "probing N functions" from topdown's stderr.
-fn probed_functions(stderr: &str) -> Option<u64> {
-    stderr.lines().find_map(|line| {
-        let rest = line.split("probing ").nth(1)?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
 }
 
 pub(super) fn bench(topdown: &Path) -> Result<()> {
