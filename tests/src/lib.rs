@@ -74,6 +74,12 @@ pub fn privileged() -> bool {
     }
 }
 
+/// How a test that loads BPF starts, `let Some(_serial) = bpf_serial() else { return };`:
+/// [`privileged`] decides whether it runs, and then it holds the [`serial`] lock to its end.
+pub fn bpf_serial() -> Option<MutexGuard<'static, ()>> {
+    privileged().then(serial)
+}
+
 /// Skips the running test for a reason of this machine (not of the user), saying so on stderr.
 pub fn skipped(reason: &str) {
     say(&format!("SKIPPED: {}: {reason}", test_name()));

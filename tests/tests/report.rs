@@ -86,10 +86,7 @@ fn report_of(input: &std::path::Path, format: &str, by: &str) -> Vec<u8> {
 
 #[test]
 fn csv_and_json_of_one_recording_agree_on_every_value() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let by = "task,process,cgroup";
     let recording = temp_path("recording.json");
     let output = run_ok(

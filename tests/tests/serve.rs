@@ -111,10 +111,7 @@ impl Drop for Prometheus {
 
 #[test]
 fn prometheus_scrapes_exact_counts_from_the_exporter() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let port = free_port();
     let mut command = topdown();
     command
@@ -245,10 +242,7 @@ fn first_metrics(port: u16) -> (u16, String) {
 
 #[test]
 fn the_first_scrape_describes_the_exporter_and_the_first_refresh_is_at_start() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let port = free_port();
     let mut command = topdown();
     command
@@ -303,10 +297,7 @@ fn the_first_scrape_describes_the_exporter_and_the_first_refresh_is_at_start() {
 
 #[test]
 fn serve_refuses_bad_setups_with_one_line() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // A port already in use: usage error before any BPF is loaded.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
@@ -472,10 +463,7 @@ fn sample_when(port: u16, timeout: Duration, prefix: &str, value: f64, what: &st
 
 #[test]
 fn a_target_replaced_on_disk_is_re_attached() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let built = funcs_binary("serve-replace");
     let target = built.with_file_name("deployed-funcs");
     std::fs::copy(&built, &target).unwrap();
@@ -510,10 +498,7 @@ fn a_target_replaced_on_disk_is_re_attached() {
 
 #[test]
 fn the_overhead_guard_detaches_the_busiest_function() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-overhead");
     let port = free_port();
     // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
@@ -539,10 +524,7 @@ fn the_overhead_guard_detaches_the_busiest_function() {
 
 #[test]
 fn kill_9_leaves_no_probe_or_program_behind() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-kill");
     let port = free_port();
     let mut exporter = start_serve(port, &[], &binary, &["leaf"]);
@@ -597,10 +579,7 @@ impl Drop for Online {
 
 #[test]
 fn a_cpu_going_offline_and_back_keeps_counting() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     const CPU1: &str = "/sys/devices/system/cpu/cpu1/online";
     if std::fs::read_to_string(CPU1)
         .map(|text| text.trim() != "1")
@@ -645,10 +624,7 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
 
 #[test]
 fn sighup_re_resolves_and_re_attaches_the_function_probes() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-sighup");
     let port = free_port();
     let exporter = start_serve(port, &[], &binary, &["leaf"]);
@@ -673,10 +649,7 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
 
 #[test]
 fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-config");
     let port = free_port();
     let config = binary.with_file_name("topdown.conf");
@@ -811,10 +784,7 @@ fn substitute(expr: &str, instance: &str) -> String {
 
 #[test]
 fn every_query_of_the_grafana_dashboard_returns_data() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/grafana-dashboard.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -1036,10 +1006,7 @@ fn metrics_when(port: u16, timeout: Duration, what: &str, check: impl Fn(&str) -
 
 #[test]
 fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fraction() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-window", "td-duty-window");
     let port = free_port();
@@ -1134,10 +1101,7 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
 
 #[test]
 fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_time() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     const RATE: f64 = 1000.0;
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-steady", "td-duty-steady");
@@ -1258,10 +1222,7 @@ fn link_exists(id: u32) -> bool {
 
 #[test]
 fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-duty-leak");
     let events_before = uprobe_events();
     for exit in ["SIGTERM", "SIGINT", "error"] {
@@ -1439,10 +1400,7 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
 
 #[test]
 fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attaches_them() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary_named("serve-duty-reload", "td-duty-reload");
     let port = free_port();
     let config = binary.with_file_name("topdown.conf");
@@ -1547,10 +1505,7 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
 /// lints the exposition.
 #[test]
 fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let funcs = funcs_binary("serve-distribution");
     let funcs = funcs.to_str().unwrap();
     let port = free_port();
