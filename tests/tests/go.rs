@@ -548,9 +548,9 @@ fn an_untraced_go_process_never_traps() {
             .spawn()
             .unwrap();
         // Killed however the test ends.
-        KillOnDrop(child)
+        KilledOnDrop::new(child)
     };
-    let beside = spawn_switching();
+    let mut beside = spawn_switching();
     let spec = format!("{program}:main.tiny");
     let (output, report) = stat(&["-u", &spec, "--", program, "calls", "100000"]);
     assert!(
@@ -560,23 +560,14 @@ fn an_untraced_go_process_never_traps() {
     );
     assert_eq!(function(&report, "main.tiny")["calls"], 100000);
     assert!(
-        !hit_a_uprobe(beside.0.id()),
+        !hit_a_uprobe(beside.child().id()),
         "the untraced Go process hit a probe while topdown traced another one"
     );
     // The same probes given to that process with -p: it traps at once (its goroutine switches
     // reach the runtime hooks).
-    let traced = spawn_switching();
-    let pid = traced.0.id().to_string();
+    let mut traced = spawn_switching();
+    let pid = traced.child().id().to_string();
     stat(&["-u", &spec, "-p", &pid, "-d", "1"]);
-    assert!(hit_a_uprobe(traced.0.id()), "-p {pid}: no probe hit");
-    assert!(!hit_a_uprobe(beside.0.id()));
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    assert!(hit_a_uprobe(traced.child().id()), "-p {pid}: no probe hit");
+    assert!(!hit_a_uprobe(beside.child().id()));
 }
