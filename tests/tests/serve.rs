@@ -359,6 +359,17 @@ fn start_healthy(port: u16, mut command: Command) -> Reaped {
     exporter
 }
 
+/// `topdown serve --config FILE` once it answers /healthz on `port`, FILE (`topdown.conf`
+/// beside `binary`) holding `options` and `-u BINARY:leaf`; returns the exporter and FILE, for
+/// the test to rewrite before a SIGHUP.
+fn start_from_config(port: u16, binary: &Path, options: &str) -> (Reaped, std::path::PathBuf) {
+    let config = binary.with_file_name("topdown.conf");
+    std::fs::write(&config, format!("{options}-u {}:leaf\n", binary.display())).unwrap();
+    let mut command = topdown();
+    command.args(["serve", "--config"]).arg(&config);
+    (start_healthy(port, command), config)
+}
+
 /// Stops the exporter with SIGTERM; its exit status and all it wrote to stderr.
 fn terminate(mut exporter: Reaped) -> (std::process::ExitStatus, String) {
     // SAFETY: signalling our own child.
@@ -652,15 +663,11 @@ fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
     let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-config");
     let port = free_port();
-    let config = binary.with_file_name("topdown.conf");
     let common = format!(
         "# topdown serve's options\n--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n"
     );
-    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
     // It listens where the file says.
-    let mut command = topdown();
-    command.args(["serve", "--config"]).arg(&config);
-    let exporter = start_healthy(port, command);
+    let (exporter, config) = start_from_config(port, &binary, &common);
     let series = |metric: &str, function: &str| {
         format!(
             r#"{metric}{{category="total",function="{function}",model="intel-icl",target="{}"}}"#,
@@ -1403,15 +1410,11 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary_named("serve-duty-reload", "td-duty-reload");
     let port = free_port();
-    let config = binary.with_file_name("topdown.conf");
     // ON spans of 6 s: a reload early in one ends it seconds before its schedule would.
     let common = format!(
         "--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n--duty-cycle 6s/12s\n"
     );
-    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
-    let mut command = topdown();
-    command.args(["serve", "--config"]).arg(&config);
-    let exporter = start_healthy(port, command);
+    let (exporter, config) = start_from_config(port, &binary, &common);
     let sampled_calls =
         |function: &str| function_series("topdown_function_sampled_calls_total", function, &binary);
     let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
