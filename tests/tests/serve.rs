@@ -1011,6 +1011,20 @@ fn metrics_when(port: u16, timeout: Duration, what: &str, check: impl Fn(&str) -
     panic!("{what}: not seen within {timeout:?}");
 }
 
+/// The first /metrics in which the duty cycle has attached the probes (again).
+fn metrics_once_attached(port: u16, timeout: Duration, what: &str) -> String {
+    metrics_when(port, timeout, what, |body| {
+        sampled(body).attached == Some(1.0)
+    })
+}
+
+/// The first /metrics in which one more window has closed: more than `seconds` of windows.
+fn metrics_after_window(port: u16, timeout: Duration, what: &str, seconds: f64) -> String {
+    metrics_when(port, timeout, what, |body| {
+        sampled(body).window_seconds > seconds
+    })
+}
+
 #[test]
 fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fraction() {
     let Some(_serial) = bpf_serial() else { return };
@@ -1046,19 +1060,14 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     // OFF: a run now is not counted by any probe (its process is).
     run();
     // ON: this run is counted.
-    metrics_when(
-        port,
-        Duration::from_secs(5),
-        "the probes attach again",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(5), "the probes attach again");
     run();
     // 15 s: see the stretched windows below.
-    let closed = metrics_when(
+    let closed = metrics_after_window(
         port,
         Duration::from_secs(15),
         "the second window closes",
-        |body| sampled(body).window_seconds > first.window_seconds,
+        first.window_seconds,
     );
     let second = sampled(&closed);
     assert_eq!(second.attached, Some(0.0), "{second:?}");
@@ -1092,11 +1101,11 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     assert_eq!(sample(&body, process), Some(18.0));
 
     // A window without calls adds nothing; the estimate stays.
-    let third = metrics_when(
+    let third = metrics_after_window(
         port,
         Duration::from_secs(8),
         "the third window closes",
-        |body| sampled(body).window_seconds > second.window_seconds,
+        second.window_seconds,
     );
     assert_eq!(sample(&third, &sampled_calls), Some(3.0), "{third}");
     assert_eq!(sample(&third, &calls), Some(3.0 / ratio), "{third}");
@@ -1423,19 +1432,14 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     // detach can take seconds under load (`assert_schedule`; the first window once had not
     // closed 20 s after the start, beside a test campaign and a build), and it delays what
     // follows.
-    let first = metrics_when(
+    let first = metrics_after_window(
         port,
         Duration::from_secs(60),
         "the first window closes",
-        |body| sampled(body).window_seconds > 0.0,
+        0.0,
     );
     let first = sampled(&first);
-    metrics_when(
-        port,
-        Duration::from_secs(60),
-        "the probes attach again",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(60), "the probes attach again");
     let seen_attached = Instant::now();
     run();
     // Probe mid instead, well before this ON span's 6 s are up.
@@ -1443,9 +1447,12 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     let reloaded = Instant::now();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
-    let closed = metrics_when(port, Duration::from_secs(60), "the window closes", |body| {
-        sampled(body).window_seconds > first.window_seconds
-    });
+    let closed = metrics_after_window(
+        port,
+        Duration::from_secs(60),
+        "the window closes",
+        first.window_seconds,
+    );
     // How long the window was attached, as serve measured it (to the start of the detach, so
     // however long the detach then takes): ended at the reload, a fraction of a second after
     // the attach; at its schedule, 6 s less the attach (which waits for RCU too, so under load
@@ -1475,19 +1482,14 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     // The rest of the period is OFF: nothing counted.
     run();
     // The next period attaches the new set: mid is counted, leaf no longer.
-    metrics_when(
-        port,
-        Duration::from_secs(60),
-        "the next period attaches",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(60), "the next period attaches");
     run();
     let window = sampled(&closed).window_seconds;
-    let after = metrics_when(
+    let after = metrics_after_window(
         port,
         Duration::from_secs(60),
         "the next window closes",
-        |body| sampled(body).window_seconds > window,
+        window,
     );
     assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
     assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
