@@ -697,9 +697,7 @@ fn program_time_per_run(tracer: &[String], workload: &[String], count: f64) -> R
     let before = uprobe_program_time(child.id());
     let out = cmd::output(Command::new(&workload[0]).args(&workload[1..]));
     let after = uprobe_program_time(child.id());
-    // SAFETY: signalling our own child.
-    unsafe { libc_kill(child.id() as i32, 2) };
-    let _ = child.wait();
+    stop_tracer(&mut child);
     out?;
     match (before, after) {
         (Some(before), Some(after)) if after > before => Ok((after - before) as f64 / count),
@@ -1210,9 +1208,7 @@ fn measure_field(
         .as_ref()
         .and_then(|child| uprobe_program_time(child.id()));
     if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
+        stop_tracer(child);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let number = |name: &str| -> Result<f64> {
@@ -1275,9 +1271,7 @@ fn measure_workload(run: &TracedRun, workload: &[String], field: &str) -> Result
         }
     };
     if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
+        stop_tracer(child);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
@@ -1392,9 +1386,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
 
             let argv = strings(&[&fl, "--pmu", SYNTHETIC, "-u", &spec]);
             let (mut child, lines) = start_tracer_lines(&argv)?;
-            // SAFETY: signalling our own child.
-            unsafe { libc_kill(child.id() as i32, 2) };
-            let _ = child.wait();
+            stop_tracer(&mut child);
             let (total, loading) = attached_ms(&lines.join("\n"))
                 .with_context(|| format!("topdown-floor -u {spec}: no attach time"))?;
             floor_ms.push(total);
@@ -1672,6 +1664,14 @@ fn probed_functions(stderr: &str) -> Option<u64> {
         let rest = line.split("probing ").nth(1)?;
         rest.split_whitespace().next()?.parse().ok()
     })
+}
+
+/// Stops a tracer this bench started as a user would, with SIGINT (on which topdown,
+/// topdown-floor and bpftrace detach and end), and reaps it.
+fn stop_tracer(tracer: &mut Child) {
+    // SAFETY: signalling our own child, still unreaped.
+    unsafe { libc_kill(tracer.id() as i32, 2) };
+    let _ = tracer.wait();
 }
 
 /// Starts a tracer and waits until it says it is attached (topdown: "counting" on stderr;

@@ -13,8 +13,8 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, TracedRun,
-    command_text, libc_kill, machine_text, measure_rounds, measure_workload, median,
-    program_time_per_run, start_tracer, stat_argv, strings, write_section,
+    command_text, machine_text, measure_rounds, measure_workload, median, program_time_per_run,
+    start_tracer, stat_argv, stop_tracer, strings, write_section,
 };
 use crate::cmd;
 
@@ -307,9 +307,7 @@ pub(super) fn bench_postgres(topdown: &Path) -> Result<()> {
                     PGBENCH_SECONDS,
                 ]);
                 if let Some(mut child) = child {
-                    // SAFETY: signalling our own child.
-                    unsafe { libc_kill(child.id() as i32, 2) };
-                    let _ = child.wait();
+                    stop_tracer(&mut child);
                 }
                 let tps = tps(&output?)?;
                 println!(
