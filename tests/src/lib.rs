@@ -178,6 +178,13 @@ pub fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("topdown-{}-{name}", std::process::id()))
 }
 
+/// [`temp_path`]`(name)` as a directory, made if missing: where a test keeps several files.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = temp_path(name);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
+    dir
+}
+
 /// `topdown stat --pmu synthetic:intel-icl --format json -o OUT`: the start of every run a
 /// test drives itself (spawned beside a workload, stopped by a signal, or kept for a
 /// replay); [`read_report`] reads OUT back.
