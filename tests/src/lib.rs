@@ -233,6 +233,23 @@ pub fn compile(command: &mut Command) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// What `bpftrace -e PROGRAM -c COMMAND`, with `env` set, printed on stdout (its maps, at the
+/// end); fails the test with what bpftrace said if it failed.
+pub fn bpftrace(program: &str, command: &str, env: &[(&str, &str)]) -> String {
+    let output = Command::new("bpftrace")
+        .envs(env.iter().copied())
+        .args(["-e", program, "-c", command])
+        .output()
+        .unwrap_or_else(|err| panic!("bpftrace: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "bpftrace: {}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 /// Runs `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>` to completion
 /// and returns the report and topdown's output (the command's stdout, topdown's stderr).
 pub fn stat_json<I, S>(args: I) -> Result<(Value, Output)>

@@ -1110,16 +1110,7 @@ fn histogram_buckets_match_bpftraces() {
     }
     program += "}";
     let command = format!("{c} bandlist {}", arguments.join(" "));
-    let output = Command::new("bpftrace")
-        .args(["-e", &program, "-c", &command])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "bpftrace: {}{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = bpftrace(&program, &command, &[]);
     // `[low, high)   count |@@@|` lines with both bounds numbers (not the out-of-range ones);
     // bpftrace writes multiples of 1024 as `1K`, `3K`, `1M`.
     let number = |text: &str| -> Option<u64> {

@@ -252,19 +252,12 @@ fn bpftrace_entries(library: &Path, command: &str) -> BTreeMap<String, u64> {
         "uprobe:{}:* /pid == cpid/ {{ @[probe] = count(); }}",
         library.display()
     );
-    let output = Command::new("bpftrace")
-        // bpftrace makes one program and one link per function (1,370 for libsqlite3).
-        .env("BPFTRACE_MAX_PROBES", "10000")
-        .env("BPFTRACE_MAX_BPF_PROGS", "10000")
-        .args(["-e", &program, "-c", command])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "bpftrace: {}{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    // bpftrace makes one program and one link per function (1,370 for libsqlite3).
+    let limits = [
+        ("BPFTRACE_MAX_PROBES", "10000"),
+        ("BPFTRACE_MAX_BPF_PROGS", "10000"),
+    ];
+    let stdout = bpftrace(&program, command, &limits);
     let prefix = format!("@[uprobe:{}:", library.display());
     stdout
         .lines()
