@@ -113,24 +113,9 @@ impl Drop for Prometheus {
 fn prometheus_scrapes_exact_counts_from_the_exporter() {
     let Some(_serial) = bpf_serial() else { return };
     let port = free_port();
-    let mut command = topdown();
-    command
-        .args([
-            "serve",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--refresh-ms",
-            "200",
-        ])
-        .args([
-            "--by",
-            "cgroup,process",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            // An extra event, exported per entity beside the slots.
-            "-e",
-            "syscalls:sys_enter_getcwd",
-        ]);
+    let mut command = serve_command(port, "cgroup,process");
+    // An extra event, exported per entity beside the slots.
+    command.args(["-e", "syscalls:sys_enter_getcwd"]);
     let exporter = start_healthy(port, command);
 
     // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process: retiring =
@@ -327,8 +312,9 @@ fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
     )
 }
 
-/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
-fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
+/// `topdown serve --pmu synthetic:intel-icl --refresh-ms 200 --by BY --listen 127.0.0.1:PORT`:
+/// the exporter as the tests here run it, before their own options.
+fn serve_command(port: u16, by: &str) -> Command {
     let mut command = topdown();
     command
         .args([
@@ -338,9 +324,14 @@ fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -
             "--refresh-ms",
             "200",
         ])
-        .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(options)
-        .args(probes(binary, functions));
+        .args(["--by", by, "--listen", &format!("127.0.0.1:{port}")]);
+    command
+}
+
+/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
+fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
+    let mut command = serve_command(port, "process");
+    command.args(options).args(probes(binary, functions));
     start_healthy(port, command)
 }
 
