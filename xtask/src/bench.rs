@@ -846,12 +846,7 @@ const BPFTRACE_CALL_NAME: &str = "bpftrace empty uprobe + uretprobe";
 fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     let source = cmd::workspace_root().join("tests/workloads/callbench.c");
     let binary = topdown.with_file_name("callbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-fno-ipa-icf", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::cc(&["-O1", "-fno-ipa-icf"], &source, &binary)?;
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     let fl = floor.display().to_string();
@@ -1297,12 +1292,7 @@ fn attach_workload(dir: &Path, count: usize) -> Result<PathBuf> {
     let path = dir.join("attachbench.c");
     std::fs::write(&path, source).with_context(|| format!("writing {}", path.display()))?;
     let binary = dir.join("attachbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-fno-ipa-icf", "-o"])
-            .arg(&binary)
-            .arg(&path),
-    )?;
+    cmd::cc(&["-O1", "-fno-ipa-icf"], &path, &binary)?;
     Ok(binary)
 }
 

@@ -36,12 +36,7 @@ const BPFTRACE_SPAN_NAME: &str = "bpftrace empty usdt probes at both sites";
 pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     let source = cmd::workspace_root().join("tests/workloads/spanbench.c");
     let binary = topdown.with_file_name("spanbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::cc(&["-O2"], &source, &binary)?;
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     // spanbench's one span kind, keyed by `key` (a `--span` suffix: `,key=arg0`).

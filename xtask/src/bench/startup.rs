@@ -100,12 +100,8 @@ pub(super) fn bench(topdown: &Path) -> Result<()> {
     let dir = topdown.with_file_name("startup-bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let started = dir.join("started");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&started)
-            .arg(cmd::workspace_root().join("tests/workloads/started.c")),
-    )?;
+    let source = cmd::workspace_root().join("tests/workloads/started.c");
+    cmd::cc(&["-O1"], &source, &started)?;
     let st = started.display().to_string();
     let td = topdown.display().to_string();
     let stat = |extra: &[&str], probe: &str, command: &[&str]| {
