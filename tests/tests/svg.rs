@@ -318,39 +318,37 @@ fn svg_without_probed_functions_is_a_usage_error() {
     assert!(output.stdout.is_empty());
 
     let svg = temp("plain.svg");
-    let output = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "svg",
-            "-o",
-        ])
-        .arg(&svg)
-        .arg("--")
-        .arg(workload())
-        .arg("1")
-        .output()
-        .unwrap();
+    let stderr = usage_error(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "svg",
+                "-o",
+            ])
+            .arg(&svg)
+            .arg("--")
+            .arg(workload())
+            .arg("1"),
+    );
     // Refused before anything runs: the command is never started, nothing is counted.
-    assert_eq!(output.status.code(), Some(2));
     assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
+        stderr,
         "topdown: error: --format svg draws the probed call tree or spans: add -u TARGET:FUNC, --span or --postgres\n"
     );
     assert!(!svg.exists());
-    let interval = topdown()
-        .args(["stat", "--format", "svg", "-I", "100", "-u"])
-        .arg(format!("{}:main", workload().display()))
-        .arg("--")
-        .arg(workload())
-        .arg("1")
-        .output()
-        .unwrap();
-    assert_eq!(interval.status.code(), Some(2));
+    let interval = usage_error(
+        topdown()
+            .args(["stat", "--format", "svg", "-I", "100", "-u"])
+            .arg(format!("{}:main", workload().display()))
+            .arg("--")
+            .arg(workload())
+            .arg("1"),
+    );
     assert_eq!(
-        String::from_utf8_lossy(&interval.stderr),
+        interval,
         "topdown: error: --format svg draws one whole run: leave out -I\n"
     );
     let _ = std::fs::remove_file(json);
