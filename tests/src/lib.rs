@@ -74,6 +74,12 @@ pub fn privileged() -> bool {
     }
 }
 
+/// How a test that loads BPF starts, `let Some(_serial) = bpf_serial() else { return };`:
+/// [`privileged`] decides whether it runs, and then it holds the [`serial`] lock to its end.
+pub fn bpf_serial() -> Option<MutexGuard<'static, ()>> {
+    privileged().then(serial)
+}
+
 /// Skips the running test for a reason of this machine (not of the user), saying so on stderr.
 pub fn skipped(reason: &str) {
     say(&format!("SKIPPED: {}: {reason}", test_name()));
@@ -172,6 +178,13 @@ pub fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("topdown-{}-{name}", std::process::id()))
 }
 
+/// [`temp_path`]`(name)` as a directory, made if missing: where a test keeps several files.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = temp_path(name);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
+    dir
+}
+
 /// `topdown stat --pmu synthetic:intel-icl --format json -o OUT`: the start of every run a
 /// test drives itself (spawned beside a workload, stopped by a signal, or kept for a
 /// replay); [`read_report`] reads OUT back.
@@ -218,6 +231,23 @@ pub fn compile(command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// What `bpftrace -e PROGRAM -c COMMAND`, with `env` set, printed on stdout (its maps, at the
+/// end); fails the test with what bpftrace said if it failed.
+pub fn bpftrace(program: &str, command: &str, env: &[(&str, &str)]) -> String {
+    let output = Command::new("bpftrace")
+        .envs(env.iter().copied())
+        .args(["-e", program, "-c", command])
+        .output()
+        .unwrap_or_else(|err| panic!("bpftrace: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "bpftrace: {}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
 }
 
 /// Runs `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>` to completion

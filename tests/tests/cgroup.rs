@@ -134,20 +134,14 @@ fn traced_with(pmu: &str, name: &str, args: &[&str], during: impl FnOnce()) -> (
 
 #[test]
 fn each_cgroup_gets_exactly_its_workload_at_cgroup_switches() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // --by cgroup alone defaults to the cgroup-switches trigger.
     each_cgroup_gets_exactly_its_workload("cgroup-switch", &["--by", "cgroup"]);
 }
 
 #[test]
 fn each_cgroup_gets_exactly_its_workload_at_context_switches() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     each_cgroup_gets_exactly_its_workload(
         "sched-switch",
         &["--by", "cgroup", "--trigger", "sched-switch"],
@@ -227,10 +221,7 @@ fn each_cgroup_gets_exactly_its_workload(name: &str, args: &[&str]) {
 
 #[test]
 fn filter_includes_descendants_only_and_depth_rolls_up() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let tree = Tree::new("filter");
     let a = tree.create("a");
     let ax = tree.create("a/x/deep");
@@ -267,10 +258,7 @@ fn filter_includes_descendants_only_and_depth_rolls_up() {
 
 #[test]
 fn a_missing_cgroup_is_a_clear_error() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let stderr =
         usage_error(topdown().args(["stat", "-a", "-d", "1", "-G", "/no/such/cgroup-xyz"]));
     assert!(
@@ -312,10 +300,7 @@ fn run_moving_itself(tree: &Tree, spec: &str) {
 /// new one.
 #[test]
 fn a_process_moving_itself_splits_exactly_at_the_move() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
         let name = format!("self-move-{trigger}");
         let tree = Tree::new(&name);
@@ -334,10 +319,7 @@ fn a_process_moving_itself_splits_exactly_at_the_move() {
 /// is exact with or without the migration hook.
 #[test]
 fn a_process_moved_while_asleep_splits_exactly() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
         let name = format!("asleep-move-{trigger}");
         let tree = Tree::new(&name);
@@ -382,10 +364,7 @@ fn a_process_moved_while_asleep_splits_exactly() {
 /// CPU, its resolution), never fall short of it by more than 2%.
 #[test]
 fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
         let name = format!("cpu-move-{trigger}");
         let tree = Tree::new(&name);
@@ -463,10 +442,7 @@ const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
 /// its process's calls and nothing is lost.
 #[test]
 fn with_a_cgroup_filter_only_switches_of_its_tasks_are_read() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let tree = Tree::new("switch-filter");
     let chosen = tree.create("chosen");
     tree.create("other");

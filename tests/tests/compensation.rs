@@ -74,10 +74,7 @@ fn cost<'a>(report: &'a Value, mechanism: &str) -> &'a Value {
 /// exact figures stay exact with the compensation on (the default).
 #[test]
 fn synthetic_counts_compensate_by_exactly_zero() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().funcs);
     for (flag, mechanism) in [
         ("--returns=exit", "exit"),
@@ -150,10 +147,7 @@ fn synthetic_counts_compensate_by_exactly_zero() {
 /// before counting starts, and each report says so.
 #[test]
 fn interval_reports_are_calibrated_before_counting() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
     let out = temp_path("compensation-interval.json");
@@ -190,10 +184,7 @@ fn interval_reports_are_calibrated_before_counting() {
 /// first CPU stands in for cpu_core, the second for cpu_atom), exactly 0 on syscall counts.
 #[test]
 fn hybrid_models_calibrate_each_core_type() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().funcs);
     let leaf = format!("{c}:leaf");
     let (report, stderr) = stat(&[
@@ -263,10 +254,7 @@ fn hybrid_models_calibrate_each_core_type() {
 fn empty_function_compensates_to_within_ten_percent_of_zero() {
     const RUNS: usize = 24;
     const MECHANISMS: [&str; 2] = ["--returns=exit", "--returns=uretprobe"];
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let w = path_str(&binaries().compensation);
     let empty = format!("{w}:empty");
     let mut shares: [Vec<f64>; 2] = Default::default();
@@ -337,10 +325,7 @@ fn empty_function_attempt(w: &str, empty: &str, returns: &str) -> Result<f64, St
 /// reference's within 5%, where the raw figure (probe cost included) does not.
 #[test]
 fn known_work_matches_its_unprobed_time_within_five_percent() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let w = path_str(&binaries().compensation);
     // ~0.5 ms of spinning per unit here: three probed calls (~40-50 us on this VM) are well
     // beyond 5% of it, and the traps' extra cost after long user work, which the back-to-back
@@ -413,10 +398,7 @@ fn known_work_attempt(args: &[&str], units: f64) -> Result<(), String> {
 /// `before_command`, and the table's shares are of the command.
 #[test]
 fn the_calibration_is_not_in_the_command_s_run() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let w = path_str(&binaries().compensation);
     let recording = temp_path("compensation-run.json");
     let output = run_ok(
@@ -482,10 +464,7 @@ fn the_calibration_is_not_in_the_command_s_run() {
 
 #[test]
 fn no_compensation_reports_raw_figures() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let w = path_str(&binaries().compensation);
     let empty = format!("{w}:empty");
     let (report, stderr) = stat(&[

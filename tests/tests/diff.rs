@@ -13,9 +13,7 @@ use serde_json::Value;
 use topdown_tests::*;
 
 fn temp(name: &str) -> PathBuf {
-    let dir = temp_path("diff");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_dir("diff").join(name)
 }
 
 fn workload() -> &'static Path {

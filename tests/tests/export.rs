@@ -18,9 +18,7 @@ use topdown_tests::*;
 const FUNCTIONS: [&str; 3] = ["handle_request", "parse_request", "lookup_key"];
 
 fn temp(name: &str) -> PathBuf {
-    let dir = temp_path("export");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_dir("export").join(name)
 }
 
 fn workload() -> &'static Path {

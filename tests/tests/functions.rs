@@ -132,10 +132,7 @@ fn edge<'a>(report: &'a Value, caller: Option<&str>, callee: &str) -> &'a Value 
 
 #[test]
 fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     // mid: 7 x leaf(10) + 5 getpgid; then leaf(10) once more from main. The extra -e event
     // counts the same syscall as `slots` and must be attributed to functions identically.
@@ -186,10 +183,7 @@ fn leaf_and_mid_are_exact_inclusive_and_exclusive() {
 
 #[test]
 fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let report = probed(&[], c, &["recurse", "leaf"], &["recurse", "10"]);
     // Level j (1 = outermost) includes 11 - j calls: 10 + 9 + ... + 1 = 55; each makes one itself.
@@ -225,10 +219,7 @@ fn recursion_is_exact_to_depth_ten_and_overflows_past_sixty_four() {
 
 #[test]
 fn another_threads_calls_never_leak_into_a_blocked_function() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     for mode in ["stay", "migrate"] {
         // Thread A: blocker(30) on CPU 0, blocked while thread B makes 1000 calls on CPU 0.
@@ -252,10 +243,7 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
 /// function ends its call at the catch.
 #[test]
 fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let b = binaries();
     let c = path_str(&b.c);
     for mode in ["auto", "exit", "uretprobe"] {
@@ -379,10 +367,7 @@ fn unwinding_figures(report: &Value, symbol: &str) -> (u64, u64, u64, u64, Strin
 
 #[test]
 fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cpp = path_str(&binaries().cpp);
     // 1000 x middle(2 getppid) -> thrower(3 getppid) -> throw, caught in main.
     let report = traced_like_untraced(
@@ -415,10 +400,7 @@ fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
 /// breakpoint hit.
 #[test]
 fn an_untraced_cpp_process_never_traps_at_catch_points() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cpp = path_str(&binaries().cpp);
     let mut beside = Command::new(cpp)
         .args(["throw", "2000000000"])
@@ -458,10 +440,7 @@ fn an_untraced_cpp_process_never_traps_at_catch_points() {
 /// (issue 21). The oracle is the kernel's account of topdown's links (/proc/PID/fdinfo).
 #[test]
 fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cpp = path_str(&binaries().cpp);
     let mut traced = spawn_counting(
         topdown()
@@ -514,10 +493,7 @@ fn catch_points_put_no_system_call_of_any_task_on_a_tracepoint() {
 
 #[test]
 fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let rust = path_str(&binaries().rust);
     // 100 x outer(2 getppid) -> panicker(3 getppid) -> panic, caught by catch_unwind.
     let report = traced_like_untraced(
@@ -541,10 +517,7 @@ fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
 
 #[test]
 fn cancelled_threads_end_their_probed_calls_as_unwound() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cancel = path_str(&binaries().cancel);
     // 5 threads, each cancelled inside cancelled() after 7 getppid calls.
     let report = traced_like_untraced(
@@ -563,10 +536,7 @@ fn cancelled_threads_end_their_probed_calls_as_unwound() {
 /// program closes only the frames a thread's own `pthread_exit` or cancellation unwound.
 #[test]
 fn calls_open_at_a_group_exit_are_missed_returns_not_unwound_calls() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cancel = path_str(&binaries().cancel);
     // 4 threads wait inside stuck() after 3 getppid calls each; then the main thread calls
     // exit() inside quitter().
@@ -593,10 +563,7 @@ fn calls_open_at_a_group_exit_are_missed_returns_not_unwound_calls() {
 /// caught below a probed frame ends only the frames it unwound, not the probed caller.
 #[test]
 fn a_throwing_library_found_through_runpath_gives_exit_probes() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let main = path_str(&binaries().plugin_main);
     let library = binaries()
         .plugin_main
@@ -627,10 +594,7 @@ fn a_throwing_library_found_through_runpath_gives_exit_probes() {
 
 #[test]
 fn returns_mode_is_chosen_per_program_and_can_be_forced() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let b = binaries();
     let c = path_str(&b.c);
     for (mode, mechanism) in [
@@ -689,10 +653,7 @@ fn returns_mode_is_chosen_per_program_and_can_be_forced() {
 
 #[test]
 fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let b = binaries();
     // C++ by its name without parameters; the report shows the full demangled name.
     let cpp = path_str(&b.cpp);
@@ -740,10 +701,7 @@ fn demangled_names_globs_libraries_and_stripped_binaries_resolve() {
 
 #[test]
 fn functions_split_per_process_with_by_function_task() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // Two runs of the workload under one command: each process gets its own function entry.
     let c = path_str(&binaries().c);
     let script = format!("{c} leafmid 1 4 0; {c} leafmid 1 9 0");
@@ -781,10 +739,7 @@ fn functions_split_per_process_with_by_function_task() {
 
 #[test]
 fn attaching_to_a_running_process_counts_its_functions() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let mut workload = Command::new(c)
         .args(["wait", "3", "10", "2"])
@@ -814,10 +769,7 @@ fn attaching_to_a_running_process_counts_its_functions() {
 
 #[test]
 fn go_binaries_and_bad_specs_are_refused_clearly() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let b = binaries();
     let c = path_str(&b.c);
     let cases: [(Vec<String>, &str); 4] = [
@@ -844,10 +796,7 @@ fn go_binaries_and_bad_specs_are_refused_clearly() {
 /// one of them: each entity's metrics carry the level-2 names the header shows.
 #[test]
 fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let recording = temp_path("functions-replay.json");
     let by = "task,process,cgroup,function";
@@ -913,10 +862,7 @@ fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
 /// function says "1 function"; a directory as target is a usage error (exit 2).
 #[test]
 fn probes_without_calls_singular_matches_and_directory_targets() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let out = temp_path("functions-uncalled.json");
     let output = run_ok(
@@ -969,10 +915,7 @@ fn probes_without_calls_singular_matches_and_directory_targets() {
 /// in three runs).
 #[test]
 fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     for _ in 0..2 {
         // leaf(1) 2000 times a second for 1.5 s: one getppid (one slot) per call.
@@ -993,10 +936,7 @@ fn a_task_woken_on_an_idle_cpu_keeps_every_call_and_count() {
 /// calibration, so that the command runs as soon as counting starts, as in `stat.rs`).
 #[test]
 fn a_probed_function_following_a_task_that_leaves_unseen_keeps_every_count() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let _spinners = spinners_on_every_cpu(env!("CARGO_BIN_EXE_td-workload"));
     const RUNS: usize = 6;
@@ -1047,10 +987,7 @@ fn a_probed_function_following_a_task_that_leaves_unseen_keeps_every_count() {
 /// -i` keeps all of it.
 #[test]
 fn per_call_distributions_are_exact_and_survive_a_replay() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let c = path_str(&binaries().c);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("distribution-replay");
     std::fs::create_dir_all(&dir).unwrap();
@@ -1147,10 +1084,7 @@ fn per_call_distributions_are_exact_and_survive_a_replay() {
 /// slots per call) and from topdown's BPF side must be the same, bucket for bucket.
 #[test]
 fn histogram_buckets_match_bpftraces() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     if !Path::new("/usr/bin/bpftrace").exists() {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -1176,16 +1110,7 @@ fn histogram_buckets_match_bpftraces() {
     }
     program += "}";
     let command = format!("{c} bandlist {}", arguments.join(" "));
-    let output = Command::new("bpftrace")
-        .args(["-e", &program, "-c", &command])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "bpftrace: {}{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = bpftrace(&program, &command, &[]);
     // `[low, high)   count |@@@|` lines with both bounds numbers (not the out-of-range ones);
     // bpftrace writes multiples of 1024 as `1K`, `3K`, `1M`.
     let number = |text: &str| -> Option<u64> {

@@ -9,7 +9,7 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::{Command, Output},
-    sync::OnceLock,
+    sync::{MutexGuard, OnceLock},
 };
 
 use serde_json::Value;
@@ -79,16 +79,15 @@ fn programs() -> Option<&'static GoPrograms> {
         .as_ref()
 }
 
-/// The programs, or `None` after saying why the test is skipped (or when not root).
-fn ready() -> Option<&'static GoPrograms> {
-    if !privileged() {
-        return None;
-    }
+/// How each test here starts: the [`bpf_serial`] lock and the programs, or `None` after saying
+/// why the test is skipped (or when not root).
+fn ready() -> Option<(MutexGuard<'static, ()>, &'static GoPrograms)> {
+    let serial = bpf_serial()?;
     let programs = programs();
     if programs.is_none() {
         skipped("no Go toolchain (cargo xtask setup installs golang-go)");
     }
-    programs
+    Some((serial, programs?))
 }
 
 /// `topdown stat --pmu synthetic:intel-icl --format json -o FILE <args>`: its output (the
@@ -260,8 +259,7 @@ fn goroutine_counts_are_exact(program: &Path) {
 
 #[test]
 fn goroutine_function_counts_are_exact() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     goroutine_counts_are_exact(&programs.goroutines);
@@ -269,8 +267,7 @@ fn goroutine_function_counts_are_exact() {
 
 #[test]
 fn goroutine_function_counts_are_exact_stripped() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     goroutine_counts_are_exact(&programs.goroutines_stripped);
@@ -280,8 +277,7 @@ fn goroutine_function_counts_are_exact_stripped() {
 /// (every Go process allocates them alike), and each keeps its own stacks and counts.
 #[test]
 fn two_go_processes_keep_their_goroutines_apart() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     let program = path_str(&programs.goroutines);
@@ -335,8 +331,7 @@ fn two_go_processes_keep_their_goroutines_apart() {
 /// A position-independent build keeps its function table in `.data.rel.ro.gopclntab`.
 #[test]
 fn goroutine_function_counts_are_exact_position_independent() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     goroutine_counts_are_exact(&programs.goroutines_pie);
@@ -346,8 +341,7 @@ fn goroutine_function_counts_are_exact_position_independent() {
 /// generic type's method too; what cannot be followed is said, with the reason.
 #[test]
 fn go_names_generics_and_inlined_functions() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     let rounds = 7;
@@ -458,8 +452,7 @@ fn go_names_generics_and_inlined_functions() {
 /// goroutine stacks. Its functions still get exact exit-instruction probes.
 #[test]
 fn go_binaries_never_get_uretprobes() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     let program = path_str(&programs.goroutines);
@@ -496,8 +489,7 @@ fn go_binaries_never_get_uretprobes() {
 /// are in the calling Go function's (the goroutine stays on its thread during the call).
 #[test]
 fn cgo_functions_are_native_code_inside_go_calls() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     let cgo = path_str(&programs.cgo);
@@ -544,8 +536,7 @@ fn hit_a_uprobe(pid: u32) -> bool {
 /// while, never traps. With `-p` of that process, it does (the oracle can see a hit).
 #[test]
 fn an_untraced_go_process_never_traps() {
-    let _serial = serial();
-    let Some(programs) = ready() else {
+    let Some((_serial, programs)) = ready() else {
         return;
     };
     let program = path_str(&programs.bench);
@@ -557,9 +548,9 @@ fn an_untraced_go_process_never_traps() {
             .spawn()
             .unwrap();
         // Killed however the test ends.
-        KillOnDrop(child)
+        KilledOnDrop::new(child)
     };
-    let beside = spawn_switching();
+    let mut beside = spawn_switching();
     let spec = format!("{program}:main.tiny");
     let (output, report) = stat(&["-u", &spec, "--", program, "calls", "100000"]);
     assert!(
@@ -569,23 +560,14 @@ fn an_untraced_go_process_never_traps() {
     );
     assert_eq!(function(&report, "main.tiny")["calls"], 100000);
     assert!(
-        !hit_a_uprobe(beside.0.id()),
+        !hit_a_uprobe(beside.child().id()),
         "the untraced Go process hit a probe while topdown traced another one"
     );
     // The same probes given to that process with -p: it traps at once (its goroutine switches
     // reach the runtime hooks).
-    let traced = spawn_switching();
-    let pid = traced.0.id().to_string();
+    let mut traced = spawn_switching();
+    let pid = traced.child().id().to_string();
     stat(&["-u", &spec, "-p", &pid, "-d", "1"]);
-    assert!(hit_a_uprobe(traced.0.id()), "-p {pid}: no probe hit");
-    assert!(!hit_a_uprobe(beside.0.id()));
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    assert!(hit_a_uprobe(traced.child().id()), "-p {pid}: no probe hit");
+    assert!(!hit_a_uprobe(beside.child().id()));
 }

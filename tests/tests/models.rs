@@ -186,10 +186,7 @@ const REPLAY_LIMIT: u64 = 400_000;
 
 #[test]
 fn every_model_end_to_end_on_synthetic_counters() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let vectors = goldens();
     let mut replayed = BTreeMap::<String, usize>::new();
     for golden in vectors
@@ -290,10 +287,7 @@ fn every_model_end_to_end_on_synthetic_counters() {
 
 #[test]
 fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // An intel-icl P-core and an intel-skt (Skymont, 8 slots per cycle) E-core stand in for the
     // core types: CPU 0 is cpu_core, CPU 1 cpu_atom. The thread makes 1000 getppid
     // (cpu_core/slots) and 400 getpgid (cpu_core retiring) on CPU 0, then moves to CPU 1 for 10
@@ -331,10 +325,7 @@ fn a_task_migrating_between_core_types_is_split_and_merged_by_slots() {
 
 #[test]
 fn check_says_why_topdown_cannot_work_in_this_vm() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let output = topdown().arg("check").output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     for requirement in [
@@ -412,10 +403,7 @@ fn list_shows_each_counter_with_its_encoding() {
 
 #[test]
 fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let golden = goldens()
         .into_iter()
         .find(|golden| golden.model == "amd-zen4" && golden.name == "level-2")
@@ -511,10 +499,7 @@ fn counters_beyond_the_pmu_rotate_and_their_metrics_are_marked_estimated() {
 
 #[test]
 fn extra_events_are_attributed_per_task_exactly() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = temp_path("extra-events");
     let (report, output) = stat_report_to(
         &out,

@@ -185,10 +185,7 @@ fn rounds(log: &Path) -> Vec<f64> {
 
 #[test]
 fn probing_whole_libraries_changes_no_program() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("probe-safety");
     let (lib, bin) = prepare(&dir);
 
@@ -372,10 +369,7 @@ fn uprobes_pages_after(lib: &Path, calls: &str) -> u32 {
 /// process at its first hit).
 #[test]
 fn a_signal_while_setting_up_ends_topdown_at_once() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("probe-safety-signals");
     std::fs::create_dir_all(&lib).unwrap();
     for soname in ["libc.so.6", "libstdc++.so.6"] {
@@ -429,10 +423,7 @@ fn a_signal_while_setting_up_ends_topdown_at_once() {
 /// bench` on the release build; here a run still going 10 s after the signal fails.
 #[test]
 fn a_signal_while_counting_ends_the_run_with_its_report() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("probe-safety-counting-signals");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::copy(system_library("libc.so.6"), lib.join("libc.so.6")).unwrap();
@@ -521,10 +512,7 @@ fn a_signal_while_counting_ends_the_run_with_its_report() {
 /// and its calls are counted.
 #[test]
 fn machine_wide_probes_never_trap_in_topdown_itself() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let dir = temp_path("self-probed");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -565,10 +553,7 @@ fn machine_wide_probes_never_trap_in_topdown_itself() {
 /// trap, and counts as before.
 #[test]
 fn machine_wide_probes_on_a_noexec_tmpdir_say_why_topdown_stays_probed() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let dir = temp_path("noexec");
     let mount = dir.join("tmp");
     std::fs::create_dir_all(&mount).unwrap();

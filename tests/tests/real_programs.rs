@@ -67,10 +67,7 @@ fn diagnostic(report: &Value, name: &str) -> u64 {
 
 #[test]
 fn cold_fragments_belong_to_their_function() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = exits_binary();
     let symbols = compile(Command::new("nm").arg(binary));
     assert!(
@@ -106,10 +103,7 @@ fn cold_fragments_belong_to_their_function() {
 
 #[test]
 fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = exits_binary();
     // What the test is about must be in the machine code: a direct tail call, and two
     // register jumps in dispatch (its jump table and its tail call through `pointer`).
@@ -156,10 +150,7 @@ fn tail_calls_include_their_callees_and_jump_tables_are_not_exits() {
 
 #[test]
 fn a_tail_call_through_the_plt_includes_the_library_callee() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = exits_binary();
     assert_disassembly_contains(binary, "tail_libc", &["<getppid@plt>"]);
     let exe = binary.to_str().unwrap();
@@ -175,10 +166,7 @@ fn a_tail_call_through_the_plt_includes_the_library_callee() {
 
 #[test]
 fn unprobeable_functions_are_skipped_by_name_and_only_nothing_fails() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // glibc's pthread_spin_lock starts with `lock` (the kernel refuses: ENOTSUPP, 524).
     let (report, stderr) = stat(&[
         "-u",
@@ -221,10 +209,7 @@ fn unprobeable_functions_are_skipped_by_name_and_only_nothing_fails() {
 
 #[test]
 fn single_stepped_entries_are_announced_and_marked_in_json() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let exe = exits_binary().to_str().unwrap();
     let (report, stderr) = stat(&[
         "-v",
@@ -267,19 +252,12 @@ fn bpftrace_entries(library: &Path, command: &str) -> BTreeMap<String, u64> {
         "uprobe:{}:* /pid == cpid/ {{ @[probe] = count(); }}",
         library.display()
     );
-    let output = Command::new("bpftrace")
-        // bpftrace makes one program and one link per function (1,370 for libsqlite3).
-        .env("BPFTRACE_MAX_PROBES", "10000")
-        .env("BPFTRACE_MAX_BPF_PROGS", "10000")
-        .args(["-e", &program, "-c", command])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "bpftrace: {}{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    // bpftrace makes one program and one link per function (1,370 for libsqlite3).
+    let limits = [
+        ("BPFTRACE_MAX_PROBES", "10000"),
+        ("BPFTRACE_MAX_BPF_PROGS", "10000"),
+    ];
+    let stdout = bpftrace(&program, command, &limits);
     let prefix = format!("@[uprobe:{}:", library.display());
     stdout
         .lines()
@@ -293,10 +271,7 @@ fn bpftrace_entries(library: &Path, command: &str) -> BTreeMap<String, u64> {
 
 #[test]
 fn libsqlite3_glob_matches_bpftrace_entry_counts_with_no_missed_returns() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let library = Path::new("/usr/lib/x86_64-linux-gnu/libsqlite3.so.0");
     let missing: Vec<&str> = [
         ("bpftrace", Path::new("/usr/bin/bpftrace")),

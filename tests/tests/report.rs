@@ -86,10 +86,7 @@ fn report_of(input: &std::path::Path, format: &str, by: &str) -> Vec<u8> {
 
 #[test]
 fn csv_and_json_of_one_recording_agree_on_every_value() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let by = "task,process,cgroup";
     let recording = temp_path("recording.json");
     let output = run_ok(
@@ -249,8 +246,7 @@ fn csv_and_json_of_one_recording_agree_on_every_value() {
 /// A typo must not cost the last result: `-o FILE` is replaced only by a complete report.
 #[test]
 fn a_failed_report_keeps_the_previous_output_file() {
-    let dir = temp_path("keep");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("report-keep");
     let out = dir.join("result.csv");
     std::fs::write(&out, "the last good result\n").unwrap();
     let bad_input = dir.join("no-such-recording.json");

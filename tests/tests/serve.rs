@@ -111,29 +111,11 @@ impl Drop for Prometheus {
 
 #[test]
 fn prometheus_scrapes_exact_counts_from_the_exporter() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let port = free_port();
-    let mut command = topdown();
-    command
-        .args([
-            "serve",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--refresh-ms",
-            "200",
-        ])
-        .args([
-            "--by",
-            "cgroup,process",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            // An extra event, exported per entity beside the slots.
-            "-e",
-            "syscalls:sys_enter_getcwd",
-        ]);
+    let mut command = serve_command(port, "cgroup,process");
+    // An extra event, exported per entity beside the slots.
+    command.args(["-e", "syscalls:sys_enter_getcwd"]);
     let exporter = start_healthy(port, command);
 
     // 1234 getppid (slots) and 400 getpgid (topdown-retiring) in one process: retiring =
@@ -245,10 +227,7 @@ fn first_metrics(port: u16) -> (u16, String) {
 
 #[test]
 fn the_first_scrape_describes_the_exporter_and_the_first_refresh_is_at_start() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let port = free_port();
     let mut command = topdown();
     command
@@ -303,10 +282,7 @@ fn the_first_scrape_describes_the_exporter_and_the_first_refresh_is_at_start() {
 
 #[test]
 fn serve_refuses_bad_setups_with_one_line() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // A port already in use: usage error before any BPF is loaded.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
@@ -336,8 +312,9 @@ fn funcs_binary(dir_name: &str) -> std::path::PathBuf {
     )
 }
 
-/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
-fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
+/// `topdown serve --pmu synthetic:intel-icl --refresh-ms 200 --by BY --listen 127.0.0.1:PORT`:
+/// the exporter as the tests here run it, before their own options.
+fn serve_command(port: u16, by: &str) -> Command {
     let mut command = topdown();
     command
         .args([
@@ -347,9 +324,14 @@ fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -
             "--refresh-ms",
             "200",
         ])
-        .args(["--by", "process", "--listen", &format!("127.0.0.1:{port}")])
-        .args(options)
-        .args(probes(binary, functions));
+        .args(["--by", by, "--listen", &format!("127.0.0.1:{port}")]);
+    command
+}
+
+/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
+fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
+    let mut command = serve_command(port, "process");
+    command.args(options).args(probes(binary, functions));
     start_healthy(port, command)
 }
 
@@ -366,6 +348,17 @@ fn start_healthy(port: u16, mut command: Command) -> Reaped {
     })
     .expect("the exporter becomes healthy");
     exporter
+}
+
+/// `topdown serve --config FILE` once it answers /healthz on `port`, FILE (`topdown.conf`
+/// beside `binary`) holding `options` and `-u BINARY:leaf`; returns the exporter and FILE, for
+/// the test to rewrite before a SIGHUP.
+fn start_from_config(port: u16, binary: &Path, options: &str) -> (Reaped, std::path::PathBuf) {
+    let config = binary.with_file_name("topdown.conf");
+    std::fs::write(&config, format!("{options}-u {}:leaf\n", binary.display())).unwrap();
+    let mut command = topdown();
+    command.args(["serve", "--config"]).arg(&config);
+    (start_healthy(port, command), config)
 }
 
 /// Stops the exporter with SIGTERM; its exit status and all it wrote to stderr.
@@ -472,10 +465,7 @@ fn sample_when(port: u16, timeout: Duration, prefix: &str, value: f64, what: &st
 
 #[test]
 fn a_target_replaced_on_disk_is_re_attached() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let built = funcs_binary("serve-replace");
     let target = built.with_file_name("deployed-funcs");
     std::fs::copy(&built, &target).unwrap();
@@ -510,10 +500,7 @@ fn a_target_replaced_on_disk_is_re_attached() {
 
 #[test]
 fn the_overhead_guard_detaches_the_busiest_function() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-overhead");
     let port = free_port();
     // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
@@ -539,10 +526,7 @@ fn the_overhead_guard_detaches_the_busiest_function() {
 
 #[test]
 fn kill_9_leaves_no_probe_or_program_behind() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-kill");
     let port = free_port();
     let mut exporter = start_serve(port, &[], &binary, &["leaf"]);
@@ -597,10 +581,7 @@ impl Drop for Online {
 
 #[test]
 fn a_cpu_going_offline_and_back_keeps_counting() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     const CPU1: &str = "/sys/devices/system/cpu/cpu1/online";
     if std::fs::read_to_string(CPU1)
         .map(|text| text.trim() != "1")
@@ -645,10 +626,7 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
 
 #[test]
 fn sighup_re_resolves_and_re_attaches_the_function_probes() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-sighup");
     let port = free_port();
     let exporter = start_serve(port, &[], &binary, &["leaf"]);
@@ -673,21 +651,14 @@ fn sighup_re_resolves_and_re_attaches_the_function_probes() {
 
 #[test]
 fn sighup_reloads_the_config_file_live_and_keeps_running_on_a_bad_one() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-config");
     let port = free_port();
-    let config = binary.with_file_name("topdown.conf");
     let common = format!(
         "# topdown serve's options\n--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n"
     );
-    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
     // It listens where the file says.
-    let mut command = topdown();
-    command.args(["serve", "--config"]).arg(&config);
-    let exporter = start_healthy(port, command);
+    let (exporter, config) = start_from_config(port, &binary, &common);
     let series = |metric: &str, function: &str| {
         format!(
             r#"{metric}{{category="total",function="{function}",model="intel-icl",target="{}"}}"#,
@@ -811,10 +782,7 @@ fn substitute(expr: &str, instance: &str) -> String {
 
 #[test]
 fn every_query_of_the_grafana_dashboard_returns_data() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/grafana-dashboard.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -1034,12 +1002,23 @@ fn metrics_when(port: u16, timeout: Duration, what: &str, check: impl Fn(&str) -
     panic!("{what}: not seen within {timeout:?}");
 }
 
+/// The first /metrics in which the duty cycle has attached the probes (again).
+fn metrics_once_attached(port: u16, timeout: Duration, what: &str) -> String {
+    metrics_when(port, timeout, what, |body| {
+        sampled(body).attached == Some(1.0)
+    })
+}
+
+/// The first /metrics in which one more window has closed: more than `seconds` of windows.
+fn metrics_after_window(port: u16, timeout: Duration, what: &str, seconds: f64) -> String {
+    metrics_when(port, timeout, what, |body| {
+        sampled(body).window_seconds > seconds
+    })
+}
+
 #[test]
 fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fraction() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-window", "td-duty-window");
     let port = free_port();
@@ -1072,19 +1051,14 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     // OFF: a run now is not counted by any probe (its process is).
     run();
     // ON: this run is counted.
-    metrics_when(
-        port,
-        Duration::from_secs(5),
-        "the probes attach again",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(5), "the probes attach again");
     run();
     // 15 s: see the stretched windows below.
-    let closed = metrics_when(
+    let closed = metrics_after_window(
         port,
         Duration::from_secs(15),
         "the second window closes",
-        |body| sampled(body).window_seconds > first.window_seconds,
+        first.window_seconds,
     );
     let second = sampled(&closed);
     assert_eq!(second.attached, Some(0.0), "{second:?}");
@@ -1118,11 +1092,11 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     assert_eq!(sample(&body, process), Some(18.0));
 
     // A window without calls adds nothing; the estimate stays.
-    let third = metrics_when(
+    let third = metrics_after_window(
         port,
         Duration::from_secs(8),
         "the third window closes",
-        |body| sampled(body).window_seconds > second.window_seconds,
+        second.window_seconds,
     );
     assert_eq!(sample(&third, &sampled_calls), Some(3.0), "{third}");
     assert_eq!(sample(&third, &calls), Some(3.0 / ratio), "{third}");
@@ -1134,10 +1108,7 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
 
 #[test]
 fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_time() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     const RATE: f64 = 1000.0;
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-steady", "td-duty-steady");
@@ -1258,10 +1229,7 @@ fn link_exists(id: u32) -> bool {
 
 #[test]
 fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-duty-leak");
     let events_before = uprobe_events();
     for exit in ["SIGTERM", "SIGINT", "error"] {
@@ -1439,21 +1407,14 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
 
 #[test]
 fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attaches_them() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary_named("serve-duty-reload", "td-duty-reload");
     let port = free_port();
-    let config = binary.with_file_name("topdown.conf");
     // ON spans of 6 s: a reload early in one ends it seconds before its schedule would.
     let common = format!(
         "--pmu synthetic:intel-icl\n--refresh-ms 200\n--by process\n--listen 127.0.0.1:{port}\n--duty-cycle 6s/12s\n"
     );
-    std::fs::write(&config, format!("{common}-u {}:leaf\n", binary.display())).unwrap();
-    let mut command = topdown();
-    command.args(["serve", "--config"]).arg(&config);
-    let exporter = start_healthy(port, command);
+    let (exporter, config) = start_from_config(port, &binary, &common);
     let sampled_calls =
         |function: &str| function_series("topdown_function_sampled_calls_total", function, &binary);
     let run = || run_ok(Command::new(&binary).args(["leafmid", "2", "3", "1"])).unwrap();
@@ -1462,19 +1423,14 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     // detach can take seconds under load (`assert_schedule`; the first window once had not
     // closed 20 s after the start, beside a test campaign and a build), and it delays what
     // follows.
-    let first = metrics_when(
+    let first = metrics_after_window(
         port,
         Duration::from_secs(60),
         "the first window closes",
-        |body| sampled(body).window_seconds > 0.0,
+        0.0,
     );
     let first = sampled(&first);
-    metrics_when(
-        port,
-        Duration::from_secs(60),
-        "the probes attach again",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(60), "the probes attach again");
     let seen_attached = Instant::now();
     run();
     // Probe mid instead, well before this ON span's 6 s are up.
@@ -1482,9 +1438,12 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     let reloaded = Instant::now();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
-    let closed = metrics_when(port, Duration::from_secs(60), "the window closes", |body| {
-        sampled(body).window_seconds > first.window_seconds
-    });
+    let closed = metrics_after_window(
+        port,
+        Duration::from_secs(60),
+        "the window closes",
+        first.window_seconds,
+    );
     // How long the window was attached, as serve measured it (to the start of the detach, so
     // however long the detach then takes): ended at the reload, a fraction of a second after
     // the attach; at its schedule, 6 s less the attach (which waits for RCU too, so under load
@@ -1514,19 +1473,14 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
     // The rest of the period is OFF: nothing counted.
     run();
     // The next period attaches the new set: mid is counted, leaf no longer.
-    metrics_when(
-        port,
-        Duration::from_secs(60),
-        "the next period attaches",
-        |body| sampled(body).attached == Some(1.0),
-    );
+    metrics_once_attached(port, Duration::from_secs(60), "the next period attaches");
     run();
     let window = sampled(&closed).window_seconds;
-    let after = metrics_when(
+    let after = metrics_after_window(
         port,
         Duration::from_secs(60),
         "the next window closes",
-        |body| sampled(body).window_seconds > window,
+        window,
     );
     assert_eq!(sample(&after, &sampled_calls("mid")), Some(1.0), "{after}");
     assert_eq!(sample(&after, &sampled_calls("leaf")), Some(3.0), "{after}");
@@ -1547,10 +1501,7 @@ fn a_reload_that_changes_the_probes_ends_the_on_span_and_the_next_period_attache
 /// lints the exposition.
 #[test]
 fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let funcs = funcs_binary("serve-distribution");
     let funcs = funcs.to_str().unwrap();
     let port = free_port();

@@ -65,10 +65,7 @@ fn assert_conserved(report: &Value) {
 
 #[test]
 fn two_threads_get_exactly_their_own_syscalls() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let (report, output) = stat_json(["--", WORKLOAD, "getppid=1234", "getpgid=777"]).unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
     assert_eq!(threads.len(), 2, "workload output: {:?}", output);
@@ -90,10 +87,7 @@ fn two_threads_get_exactly_their_own_syscalls() {
 
 #[test]
 fn metrics_follow_the_model_formulas_exactly() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // slots=1000 ret=400 bad=100 fe=200 be=300 uop_dropping=50 clears=10:
     // SUM=1000; FE = 200/1000 - 50/1000 = 0.15; BE = 300/1000 + 5*10/1000 = 0.35;
     // RET = 0.4; BadSpec = 1 - (0.15 + 0.35 + 0.4) = 0.1.
@@ -146,10 +140,7 @@ fn metrics_follow_the_model_formulas_exactly() {
 
 #[test]
 fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = report_path("system-wide");
     let mut tracer = spawn_counting(
         synthetic_stat_to(&out).args(["-a", "-d", "3"]),
@@ -178,10 +169,7 @@ fn system_wide_counts_conserve_and_a_workload_gets_exactly_its_calls() {
 /// a report instead of waiting for an exit it already missed (it waited forever before).
 #[test]
 fn a_target_gone_before_counting_starts_ends_the_run() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = report_path("gone-at-start");
     let mut target = KilledOnDrop::new(
         std::process::Command::new("sleep")
@@ -229,10 +217,7 @@ fn holds_bpf_objects(pid: u32) -> bool {
 
 #[test]
 fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = report_path("busy");
     let ready = report_path("busy-ready");
     let _ = std::fs::remove_file(&ready);
@@ -271,10 +256,7 @@ fn a_busy_thread_that_never_switches_out_is_complete_at_the_end() {
 
 #[test]
 fn a_command_is_followed_into_its_children() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let (report, output) =
         stat_json(["--", WORKLOAD, "--children", "3", "getppid=100,getpgid=10"]).unwrap();
     let threads = workload_threads(&String::from_utf8_lossy(&output.stdout));
@@ -291,10 +273,7 @@ fn a_command_is_followed_into_its_children() {
 
 #[test]
 fn attaching_to_a_running_process_counts_exactly_what_it_does() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = report_path("attach");
     let mut workload = held_workload(&["getppid=2222", "getpgid=1111"]);
     let pid = workload.id().to_string();
@@ -319,10 +298,7 @@ fn attaching_to_a_running_process_counts_exactly_what_it_does() {
 
 #[test]
 fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let mut tracer = spawn_counting(
         topdown()
             .args(["stat", "-a", "--pmu", "software", "--format", "json"])
@@ -354,10 +330,7 @@ fn ctrl_c_prints_the_final_report_and_leaves_no_bpf_behind() {
 
 #[test]
 fn interval_mode_writes_one_json_object_per_interval_that_add_up() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = report_path("interval");
     run_ok(synthetic_stat_to(&out).args(["-I", "100"]).args([
         "--",
@@ -388,10 +361,7 @@ fn interval_mode_writes_one_json_object_per_interval_that_add_up() {
 
 #[test]
 fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let cases: [(&[&str], i32, &str); 6] = [
         (
             &["stat", "--pmu", "nonsense", "-d", "1"],
@@ -478,26 +448,18 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
 /// a PMU, `--pmu software -e cycles` used to say "model software needs a hardware PMU".
 #[test]
 fn an_impossible_extra_event_is_named_with_the_model() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let run = |event: &str| {
-        topdown()
-            .args(["stat", "-a", "-d", "0.1", "--pmu", "software", "-e", event])
-            .output()
-            .unwrap()
+        let mut command = topdown();
+        command.args(["stat", "-a", "-d", "0.1", "--pmu", "software", "-e", event]);
+        command
     };
-    let unknown = run("no_such_event");
-    assert_eq!(unknown.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    let stderr = usage_error(&mut run("no_such_event"));
     assert!(
         stderr.contains("-e no_such_event (with model software)"),
         "{stderr}"
     );
-    let twice = run("cpu-clock");
-    assert_eq!(twice.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&twice.stderr);
+    let stderr = usage_error(&mut run("cpu-clock"));
     assert!(
         stderr.contains("-e cpu-clock: model software already counts this event"),
         "{stderr}"
@@ -512,7 +474,7 @@ fn an_impossible_extra_event_is_named_with_the_model() {
         skipped("a core PMU is present: -e cycles can be counted here");
         return;
     }
-    let hardware = run("cycles");
+    let hardware = run("cycles").output().unwrap();
     assert_eq!(hardware.status.code(), Some(5));
     let stderr = String::from_utf8_lossy(&hardware.stderr);
     assert!(
@@ -527,10 +489,7 @@ fn an_impossible_extra_event_is_named_with_the_model() {
 /// typo) leaves the last result, and no temporary file, behind.
 #[test]
 fn a_failed_run_keeps_the_last_result_in_its_output_file() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let dir = temp_path("stat-o");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("last.json");
@@ -574,10 +533,7 @@ fn a_failed_run_keeps_the_last_result_in_its_output_file() {
 /// when the exit hook had already stopped tracking it, so every count went to `untracked`.
 #[test]
 fn a_short_single_threaded_command_is_its_own_process() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let (report, _) =
         stat_json(["--", WORKLOAD, "--main-thread", "getppid=321,getpgid=123"]).unwrap();
     let pid = report["processes"]
@@ -599,10 +555,7 @@ fn a_short_single_threaded_command_is_its_own_process() {
 /// it switched out, are reported by their new names, with exactly their calls.
 #[test]
 fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let (report, _) = stat_json([
         "--",
         WORKLOAD,
@@ -656,10 +609,7 @@ const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
 /// entries), while an untraced ping-pong makes 40000 context switches on CPU 0.
 #[test]
 fn switches_between_untraced_tasks_take_no_reading() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let mut sleeper = std::process::Command::new(WORKLOAD)
         .args(["--wait-stdin", "getppid=1"])
         .stdin(Stdio::piped())
@@ -693,10 +643,7 @@ fn switches_between_untraced_tasks_take_no_reading() {
 /// and nothing is lost, with `-p` and with `-- CMD`.
 #[test]
 fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // Paused at the end until the twin is done, so all of the twin's calls fall in the run.
     let spec = "cpu=0,getppid=30000,getpgid=3000,pause=0";
     let held = |spec: &str| held_workload(&[spec]);
@@ -765,10 +712,7 @@ fn traced_counts_stay_exact_beside_untraced_tasks_on_their_cpu() {
 /// untraced tasks.
 #[test]
 fn a_traced_command_following_a_task_that_leaves_unseen_keeps_every_call() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // The command shares CPU 0 with a spinner, time slice by time slice.
     let _spinners = spinners_on_every_cpu(WORKLOAD);
     // The first unseen switch-out in a run hands the CPU to the command in 1 to 3 runs of

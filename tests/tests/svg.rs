@@ -192,10 +192,7 @@ fn check_slot_widths(svg: &str, report: &Value) {
 
 #[test]
 fn report_svg_draws_the_recorded_tree_to_scale() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let json = temp("tree.json");
     let mut args = vec!["--format".to_owned(), "json".to_owned()];
     args.extend(probes(workload(), &FUNCTIONS));
@@ -245,10 +242,7 @@ fn report_svg_draws_the_recorded_tree_to_scale() {
 
 #[test]
 fn stat_writes_svg_directly() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     // The same run recorded as JSON too would be a second run; the synthetic counts are exact,
     // so the JSON of any run of the workload stands for this one.
     let json = temp("direct.json");
@@ -310,10 +304,7 @@ fn stat_writes_svg_directly() {
 
 #[test]
 fn svg_without_probed_functions_is_a_usage_error() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let expected = "topdown: error: --format svg draws the probed call tree or spans, and this report has neither: record with -u TARGET:FUNC, --span or --postgres\n";
     let json = temp("plain.json");
     stat(&["--format".to_owned(), "json".to_owned()], &json);
@@ -327,39 +318,37 @@ fn svg_without_probed_functions_is_a_usage_error() {
     assert!(output.stdout.is_empty());
 
     let svg = temp("plain.svg");
-    let output = topdown()
-        .args([
-            "stat",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--format",
-            "svg",
-            "-o",
-        ])
-        .arg(&svg)
-        .arg("--")
-        .arg(workload())
-        .arg("1")
-        .output()
-        .unwrap();
+    let stderr = usage_error(
+        topdown()
+            .args([
+                "stat",
+                "--pmu",
+                "synthetic:intel-icl",
+                "--format",
+                "svg",
+                "-o",
+            ])
+            .arg(&svg)
+            .arg("--")
+            .arg(workload())
+            .arg("1"),
+    );
     // Refused before anything runs: the command is never started, nothing is counted.
-    assert_eq!(output.status.code(), Some(2));
     assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
+        stderr,
         "topdown: error: --format svg draws the probed call tree or spans: add -u TARGET:FUNC, --span or --postgres\n"
     );
     assert!(!svg.exists());
-    let interval = topdown()
-        .args(["stat", "--format", "svg", "-I", "100", "-u"])
-        .arg(format!("{}:main", workload().display()))
-        .arg("--")
-        .arg(workload())
-        .arg("1")
-        .output()
-        .unwrap();
-    assert_eq!(interval.status.code(), Some(2));
+    let interval = usage_error(
+        topdown()
+            .args(["stat", "--format", "svg", "-I", "100", "-u"])
+            .arg(format!("{}:main", workload().display()))
+            .arg("--")
+            .arg(workload())
+            .arg("1"),
+    );
     assert_eq!(
-        String::from_utf8_lossy(&interval.stderr),
+        interval,
         "topdown: error: --format svg draws one whole run: leave out -I\n"
     );
     let _ = std::fs::remove_file(json);

@@ -115,10 +115,7 @@ fn row<'a>(screen: &'a str, text: &str) -> Vec<&'a str> {
 
 #[test]
 fn top_shows_the_commands_topdown_and_gives_the_terminal_back() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     // Slots 1000 = retiring 400 + bad speculation 100 + frontend 200 + backend 300.
     let pane = Pane::start(
         "command",
@@ -180,10 +177,7 @@ fn top_shows_the_commands_topdown_and_gives_the_terminal_back() {
 /// 1000 getresuid (slots, backend bound).
 #[test]
 fn top_shows_the_selected_functions_distribution() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("top-distribution");
     let funcs = build_c(&dir, "funcs.c", "funcs", &["-O0", "-g", "-pthread"]);
     let funcs = funcs.display().to_string();
@@ -243,10 +237,7 @@ fn top_shows_the_selected_functions_distribution() {
 
 #[test]
 fn top_with_the_software_model_shows_on_cpu_time() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let pane = Pane::start(
         "software",
         &[
@@ -282,10 +273,7 @@ fn top_with_the_software_model_shows_on_cpu_time() {
 
 #[test]
 fn sigterm_gives_the_terminal_back() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let pane = Pane::start("sigterm", &["top", "-a", "--pmu", "synthetic:intel-icl"]);
     pane.wait_for("topdown top - model intel-icl");
     let shell = pane.tmux(&["display-message", "-p", "-t", "top", "#{pane_pid}"]);

@@ -237,10 +237,7 @@ fn a_non_root_user_counts_a_command_per_thread_with_software_counters() {
 /// at `perf_event_paranoid` 2; as root, `--no-bpf` takes the unprivileged path with them.
 #[test]
 fn forced_no_bpf_counts_exact_syscalls_per_process_and_thread() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = temp_path("test-no-bpf.json");
     let output = run_ok(synthetic_stat_to(&out).arg("--no-bpf").args([
         "--",
@@ -332,10 +329,7 @@ fn forced_no_bpf_counts_exact_syscalls_per_process_and_thread() {
 /// time), about half of such runs lost some threads' readings to the main thread (issue 22).
 #[test]
 fn threads_exiting_at_once_keep_their_own_counts() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     const THREADS: u64 = 48;
     let out = temp_path("test-no-bpf-exits.json");
     // Thread i makes i + 1 getppid calls; the workload's barrier releases them all at once.
@@ -453,10 +447,7 @@ fn without_privilege_bpf_only_options_are_refused_in_one_line() {
 /// in the command's main thread, the totals stay exact, and stderr says so.
 #[test]
 fn a_task_left_running_is_counted_in_the_main_thread_and_said() {
-    let _serial = serial();
-    if !privileged() {
-        return;
-    }
+    let Some(_serial) = bpf_serial() else { return };
     let out = temp_path("test-no-bpf-left.json");
     // The workload makes its 50 calls at once, then spins past the shell's exit. getsid
     // (`topdown-bad-spec`): the shell itself calls getppid at start-up, never getsid.

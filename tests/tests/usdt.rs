@@ -131,10 +131,7 @@ fn no_span_anomalies(report: &Value) {
 /// ended by the abort probe too (2 N); string keys "alpha" (N each) and "beta" (2 N each).
 #[test]
 fn spans_count_exactly_what_ran_between_start_and_end() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     const N: u64 = 1000;
     for (build, program) in both() {
         let target = program.display();
@@ -203,10 +200,7 @@ fn spans_count_exactly_what_ran_between_start_and_end() {
 /// exactly its own thread's calls (the thread's virtual counters), never the other's.
 #[test]
 fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     const N: u64 = 700;
     const M: u64 = 300;
     for migrate in [false, true] {
@@ -243,10 +237,7 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
 /// keeps the distribution and the table names the slow band and why.
 #[test]
 fn span_distributions_are_exact_and_survive_a_replay() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     for (build, program) in both() {
         let target = program.display().to_string();
         let (report, _) = stat_json([
@@ -357,10 +348,7 @@ fn span_distributions_are_exact_and_survive_a_replay() {
 /// span keyed by arg0 has one entry per value, `R` calls each.
 #[test]
 fn every_argument_form_is_decoded_exactly() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     const R: u64 = 3;
     let expected: Vec<(&str, &str)> = vec![
         ("8@%rax", "9223372036854710273"),
@@ -434,10 +422,7 @@ fn every_argument_form_is_decoded_exactly() {
 /// is counted; without topdown none fires.
 #[test]
 fn a_guarded_probe_fires_only_while_topdown_enables_it() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     const N: u64 = 25;
     for (build, program) in both() {
         let untraced = Command::new(program)
@@ -499,10 +484,7 @@ fn semaphore_watcher(program: &Path) -> (KilledOnDrop, u32, impl FnMut() -> Stri
 /// or was killed.
 #[test]
 fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let program = &programs().no_pie;
     let (_watcher, pid, mut semaphore) = semaphore_watcher(program);
     assert_eq!(semaphore(), "semaphore 0");
@@ -541,10 +523,7 @@ fn the_semaphore_goes_back_to_zero_when_topdown_detaches() {
 /// every call.
 #[test]
 fn an_untraced_process_keeps_its_semaphore_at_zero() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     for links in ["auto", "per-site"] {
         untraced_process_beside(links);
     }
@@ -644,10 +623,7 @@ fn python_collections_per_generation_match_pythons_own_counts() {
 /// Bad probes, specs and binaries: one line naming what is wrong, exit 2, nothing attached.
 #[test]
 fn bad_usdt_input_is_one_line_and_exit_2() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let program = programs().pie.display().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
@@ -705,10 +681,7 @@ fn bad_usdt_input_is_one_line_and_exit_2() {
 /// `spans[]` is read back by `report -i`, recomputed, and rendered in every format.
 #[test]
 fn span_reports_round_trip_through_report_input() {
-    if !privileged() {
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = bpf_serial() else { return };
     let target = programs().pie.display().to_string();
     let (recorded, _) = stat_json([
         "--span",

@@ -697,9 +697,7 @@ fn program_time_per_run(tracer: &[String], workload: &[String], count: f64) -> R
     let before = uprobe_program_time(child.id());
     let out = cmd::output(Command::new(&workload[0]).args(&workload[1..]));
     let after = uprobe_program_time(child.id());
-    // SAFETY: signalling our own child.
-    unsafe { libc_kill(child.id() as i32, 2) };
-    let _ = child.wait();
+    stop_tracer(&mut child);
     out?;
     match (before, after) {
         (Some(before), Some(after)) if after > before => Ok((after - before) as f64 / count),
@@ -824,9 +822,11 @@ fn enable_bpf_stats() -> Result<std::os::fd::OwnedFd> {
     // SAFETY: a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
-/// How a per-call configuration runs: a command that runs callbench itself (topdown's
-/// `-- CMD`, bpftrace's `-c`), or a tracer started beside a separate callbench run (the floor).
-enum CallRun {
+
+/// How a configuration of the per-call, per-span and Go benches runs: a command that runs the
+/// workload itself (topdown's `-- CMD`, bpftrace's `-c`), or a tracer started beside a
+/// separate run of the workload (the floor).
+enum TracedRun {
     Alone(Vec<String>),
     Beside(Vec<String>),
 }
@@ -846,12 +846,7 @@ const BPFTRACE_CALL_NAME: &str = "bpftrace empty uprobe + uretprobe";
 fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     let source = cmd::workspace_root().join("tests/workloads/callbench.c");
     let binary = topdown.with_file_name("callbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-fno-ipa-icf", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::cc(&["-O1", "-fno-ipa-icf"], &source, &binary)?;
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     let fl = floor.display().to_string();
@@ -883,8 +878,8 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         Config::new(BPFTRACE_CALL_NAME, None, None),
     ];
     let mut runs = vec![
-        CallRun::Alone(vec![bench.clone(), CALLS.to_owned()]),
-        CallRun::Alone(strings(&[
+        TracedRun::Alone(vec![bench.clone(), CALLS.to_owned()]),
+        TracedRun::Alone(strings(&[
             "bpftrace",
             "-e",
             &format!("uprobe:{bench}:tiny {{}} uretprobe:{bench}:tiny {{}}"),
@@ -905,13 +900,13 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 returns,
             ]);
             timed.push(Some(floor_argv.clone()));
-            runs.push(CallRun::Beside(floor_argv));
+            runs.push(TracedRun::Beside(floor_argv));
             configs.push(Config::new(
                 format!("topdown -u --returns {returns} --pmu {pmu}"),
                 None,
                 Some(call_floor_name(pmu, returns)),
             ));
-            runs.push(CallRun::Alone(topdown_run(&td, pmu, Some(returns))));
+            runs.push(TracedRun::Alone(topdown_run(&td, pmu, Some(returns))));
             timed.push(Some(topdown_beside(&td, pmu, Some(returns))));
             if let Some(old) = &baseline {
                 configs.push(Config::new(
@@ -919,7 +914,7 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                     None,
                     Some(call_floor_name(pmu, returns)),
                 ));
-                runs.push(CallRun::Alone(topdown_run(old, pmu, Some(returns))));
+                runs.push(TracedRun::Alone(topdown_run(old, pmu, Some(returns))));
                 timed.push(Some(topdown_beside(old, pmu, Some(returns))));
             }
         }
@@ -930,20 +925,20 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         None,
         Some(call_floor_name(SYNTHETIC, "uretprobe")),
     ));
-    runs.push(CallRun::Alone(topdown_run(&td, SYNTHETIC, None)));
+    runs.push(TracedRun::Alone(topdown_run(&td, SYNTHETIC, None)));
     timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
-    let all: Vec<Option<&CallRun>> = runs.iter().map(Some).collect();
+    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
+    let workload = [bench.clone(), CALLS.to_owned()];
     let mut samples = measure_rounds(
         &configs,
         &all,
         CALL_ROUNDS,
         "functions, round",
         "ns/call",
-        &mut |run| measure_calls(run, &bench),
+        &mut |run| measure_workload(run, &workload, "ns_per_call"),
         &mut || {},
     )?;
-    let workload = [bench.clone(), CALLS.to_owned()];
     let calls: f64 = CALLS.parse()?;
     let mut program_samples = measure_rounds(
         &configs,
@@ -1037,22 +1032,22 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
         |pmu: &str| format!("floor: aya uprobes at the same points reading --pmu {pmu}");
     let mut calls = vec![(
         Config::new("no probes", None, None),
-        CallRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
+        TracedRun::Alone(strings(&[&bench, "calls", GO_CALLS])),
     )];
     let mut switches = vec![
         (
             Config::new("no probes", None, None),
-            CallRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
+            TracedRun::Alone(strings(&[&bench, "switches", GO_ROUND_TRIPS])),
         ),
         (
             Config::new(GO_EMPTY_SWITCH, None, None),
-            CallRun::Beside(strings(&[&fl, "--go-switches", &bench])),
+            TracedRun::Beside(strings(&[&fl, "--go-switches", &bench])),
         ),
     ];
     for pmu in [SOFTWARE, SYNTHETIC] {
         calls.push((
             Config::new(call_floor(pmu), None, None),
-            CallRun::Beside(strings(&[
+            TracedRun::Beside(strings(&[
                 &fl,
                 "--pmu",
                 pmu,
@@ -1068,11 +1063,11 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
                 None,
                 Some(call_floor(pmu)),
             ),
-            CallRun::Beside(topdown_run(pmu, &["main.tiny"])),
+            TracedRun::Beside(topdown_run(pmu, &["main.tiny"])),
         ));
         switches.push((
             Config::new(switch_floor(pmu), None, None),
-            CallRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
+            TracedRun::Beside(strings(&[&fl, "--pmu", pmu, "--go-switches", &bench])),
         ));
         switches.push((
             Config::new(
@@ -1080,7 +1075,7 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
                 None,
                 Some(switch_floor(pmu)),
             ),
-            CallRun::Beside(topdown_run(pmu, &["main.pingpong", "main.peer"])),
+            TracedRun::Beside(topdown_run(pmu, &["main.pingpong", "main.peer"])),
         ));
     }
     let load_before = load_average();
@@ -1095,9 +1090,9 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             switches,
         ),
     ] {
-        let (configs, runs): (Vec<Config>, Vec<CallRun>) = configs.into_iter().unzip();
+        let (configs, runs): (Vec<Config>, Vec<TracedRun>) = configs.into_iter().unzip();
         let standalone = match &runs[0] {
-            CallRun::Alone(argv) | CallRun::Beside(argv) => argv.clone(),
+            TracedRun::Alone(argv) | TracedRun::Beside(argv) => argv.clone(),
         };
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let mut program_samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
@@ -1185,19 +1180,19 @@ fn load_average() -> String {
 /// of the tracer's uprobe programs over the workload's run, per `count` (`calls=`) of it: the
 /// probes' own cost, which other load on the machine does not move.
 fn measure_field(
-    run: &CallRun,
+    run: &TracedRun,
     standalone: &[String],
     field: &str,
     count: &str,
 ) -> Result<(f64, Option<f64>)> {
     let _stats = enable_bpf_stats()?;
     let (out, mut tracer, before) = match run {
-        CallRun::Alone(argv) => (
+        TracedRun::Alone(argv) => (
             cmd::output(Command::new(&argv[0]).args(&argv[1..]))?,
             None,
             None,
         ),
-        CallRun::Beside(argv) => {
+        TracedRun::Beside(argv) => {
             let child = start_tracer(argv)?;
             let before = uprobe_program_time(child.id());
             let out = cmd::output(Command::new(&standalone[0]).args(&standalone[1..]));
@@ -1208,9 +1203,7 @@ fn measure_field(
         .as_ref()
         .and_then(|child| uprobe_program_time(child.id()));
     if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
+        stop_tracer(child);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let number = |name: &str| -> Result<f64> {
@@ -1261,27 +1254,27 @@ fn uprobe_program_time(pid: u32) -> Option<u64> {
     Some(total)
 }
 
-fn measure_calls(run: &CallRun, bench: &str) -> Result<f64> {
+/// The `FIELD=` figure (`ns_per_call=`, `ns_per_span=`) that one run of `workload` prints,
+/// run by `run` itself or beside its tracer.
+fn measure_workload(run: &TracedRun, workload: &[String], field: &str) -> Result<f64> {
     let (out, mut tracer) = match run {
-        CallRun::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
-        CallRun::Beside(argv) => {
+        TracedRun::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
+        TracedRun::Beside(argv) => {
             let child = start_tracer(argv)?;
-            let out = cmd::output(Command::new(bench).arg(CALLS));
+            let out = cmd::output(Command::new(&workload[0]).args(&workload[1..]));
             (out?, Some(child))
         }
     };
     if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
+        stop_tracer(child);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
-        .find_map(|line| line.trim().strip_prefix("ns_per_call="))
+        .find_map(|line| line.trim().strip_prefix(field)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
         .with_context(|| {
             format!(
-                "no ns_per_call in output: {text}{}",
+                "no {field} in output: {text}{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         })
@@ -1299,12 +1292,7 @@ fn attach_workload(dir: &Path, count: usize) -> Result<PathBuf> {
     let path = dir.join("attachbench.c");
     std::fs::write(&path, source).with_context(|| format!("writing {}", path.display()))?;
     let binary = dir.join("attachbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-fno-ipa-icf", "-o"])
-            .arg(&binary)
-            .arg(&path),
-    )?;
+    cmd::cc(&["-O1", "-fno-ipa-icf"], &path, &binary)?;
     Ok(binary)
 }
 
@@ -1388,9 +1376,7 @@ fn bench_attach(topdown: &Path, floor: &Path) -> Result<()> {
 
             let argv = strings(&[&fl, "--pmu", SYNTHETIC, "-u", &spec]);
             let (mut child, lines) = start_tracer_lines(&argv)?;
-            // SAFETY: signalling our own child.
-            unsafe { libc_kill(child.id() as i32, 2) };
-            let _ = child.wait();
+            stop_tracer(&mut child);
             let (total, loading) = attached_ms(&lines.join("\n"))
                 .with_context(|| format!("topdown-floor -u {spec}: no attach time"))?;
             floor_ms.push(total);
@@ -1660,6 +1646,22 @@ fn pingpong_field(text: &str, name: &str) -> Result<f64> {
         .find_map(|field| field.strip_prefix(name)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
         .with_context(|| format!("no {name} in pingpong output: {text}"))
+}
+
+/// "probing N functions" from topdown's stderr (the signal and start-up benches).
+fn probed_functions(stderr: &str) -> Option<u64> {
+    stderr.lines().find_map(|line| {
+        let rest = line.split("probing ").nth(1)?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Stops a tracer this bench started as a user would, with SIGINT (on which topdown,
+/// topdown-floor and bpftrace detach and end), and reaps it.
+fn stop_tracer(tracer: &mut Child) {
+    // SAFETY: signalling our own child, still unreaped.
+    unsafe { libc_kill(tracer.id() as i32, 2) };
+    let _ = tracer.wait();
 }
 
 /// Starts a tracer and waits until it says it is attached (topdown: "counting" on stderr;

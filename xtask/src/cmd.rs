@@ -41,6 +41,15 @@ pub fn cargo_of(toolchain: &str) -> Command {
     command
 }
 
+/// `cc FLAGS -o BINARY SOURCE`: how the benchmarks and the demo build their C workloads.
+pub fn cc(flags: &[&str], source: &Path, binary: &Path) -> Result<()> {
+    run(Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(binary)
+        .arg(source))
+}
+
 /// Runs a command with inherited stdio; a failure names the command.
 pub fn run(command: &mut Command) -> Result<()> {
     let status = status(command)?;

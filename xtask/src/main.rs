@@ -177,13 +177,8 @@ fn install_usage(binary: &std::path::Path) {
 fn demo_args(topdown: &std::path::Path) -> Result<Vec<OsString>> {
     let demo = topdown.with_file_name("bottlenecks");
     let source = cmd::workspace_root().join("xtask/demo/bottlenecks.c");
-    cmd::run(
-        std::process::Command::new("cc")
-            .args(["-O2", "-g", "-o"])
-            .arg(&demo)
-            .arg(&source),
-    )
-    .context("building the demo workload (needs a C compiler)")?;
+    cmd::cc(&["-O2", "-g"], &source, &demo)
+        .context("building the demo workload (needs a C compiler)")?;
     let demo = demo.display().to_string();
     let mut args: Vec<OsString> = vec!["stat".into(), "--by".into(), "function,process".into()];
     for function in [

@@ -12,8 +12,8 @@ use std::{cell::Cell, collections::BTreeMap, fmt::Write as _};
 
 pub use super::svg_parts::{
     BAR_FIGURES_WIDTH, BAR_HEIGHT, BAR_LABEL_WIDTH, CATEGORIES, CHAR_WIDTH, Category, MARGIN,
-    NEUTRAL, SYNTHETIC_NOTE, WIDTH, bar_row, colour, dominant, escape, fit, has_topdown, legend,
-    svg_start, title_lines,
+    NEUTRAL, SYNTHETIC_NOTE, WIDTH, bar_row, colour, dominant, escape, fit, frame_label,
+    has_topdown, legend, svg_start, title_lines,
 };
 use super::{
     CallEdge, Entity, FunctionEntry, Report, Weight,
@@ -480,15 +480,7 @@ pub fn write_svg(
             FRAME_HEIGHT - 1.0,
             colour(&frame.edge.inclusive),
         );
-        if let Some(text) = fit(&name, width) {
-            let _ = write!(
-                svg,
-                r#"<text x="{:.3}" y="{}" pointer-events="none">{}</text>"#,
-                x + 3.0,
-                y + 12.5,
-                escape(&text)
-            );
-        }
+        frame_label(&mut svg, &name, x, y + 12.5, width);
         svg.push_str("</g>\n");
     }
     let bars_end = bars(report, bars_y, show_pid, &mut svg);

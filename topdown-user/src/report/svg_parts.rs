@@ -121,6 +121,19 @@ pub fn fit(text: &str, width: f64) -> Option<String> {
     })
 }
 
+/// A flame-graph frame's label at `x`, baseline `baseline`, cut to the frame's `width` ([`fit`]);
+/// nothing where not even a few characters fit.
+pub fn frame_label(svg: &mut String, label: &str, x: f64, baseline: f64, width: f64) {
+    if let Some(text) = fit(label, width) {
+        let _ = write!(
+            svg,
+            r#"<text x="{:.3}" y="{baseline}" pointer-events="none">{}</text>"#,
+            x + 3.0,
+            escape(&text)
+        );
+    }
+}
+
 /// A picture `height` pixels tall, begun: the XML declaration, the `svg` element (the font
 /// every picture's text and `CHAR_WIDTH` assume) and its white background.
 pub fn svg_start(height: f64) -> String {

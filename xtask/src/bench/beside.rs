@@ -66,12 +66,8 @@ pub(super) fn bench_beside(topdown: &Path) -> Result<()> {
     let copy = lib.join("libc.so.6");
     std::fs::copy(&libc, &copy).context("copying libc")?;
     let binary = dir.join("beside");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&binary)
-            .arg(cmd::workspace_root().join("tests/workloads/safety/beside.c")),
-    )?;
+    let source = cmd::workspace_root().join("tests/workloads/safety/beside.c");
+    cmd::cc(&["-O2"], &source, &binary)?;
     // strlen and memchr are IFUNCs: probe every implementation the resolver may pick.
     let specs: Vec<String> = ["__strlen_*", "__memchr_*"]
         .iter()

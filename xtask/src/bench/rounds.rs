@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 use super::{
-    Config, MachineLoad, NO_TRACING, enable_bpf_stats, libc_kill, pingpong_field, pingpong_output,
-    start_tracer,
+    Config, MachineLoad, NO_TRACING, enable_bpf_stats, pingpong_field, pingpong_output,
+    start_tracer, stop_tracer,
 };
 
 /// How a section's rounds run.
@@ -187,9 +187,7 @@ pub(super) fn measure(config: &Config, pingpong: &Path, args: &[String]) -> Resu
         .as_ref()
         .and_then(|child| busiest_program_runs(child.id()));
     if let Some(child) = &mut tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
+        stop_tracer(child);
     }
     let program_ns = match (before, after) {
         (Some((ns0, runs0)), Some((ns1, runs1))) if runs1 > runs0 && ns1 > ns0 => {

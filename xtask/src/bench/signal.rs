@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{MachineLoad, Spread, command_text, load_text, machine_text, strings, write_section};
+use super::{
+    MachineLoad, Spread, command_text, load_text, machine_text, probed_functions, strings,
+    write_section,
+};
 
 /// Rounds (each runs every row with each signal once, in turn), and the bound.
 const ROUNDS: usize = 5;
@@ -403,12 +406,4 @@ fn calibrated(stderr: &str) -> bool {
     stderr
         .lines()
         .any(|line| line.starts_with("topdown: probe cost ("))
-}
-
-/// "probing N functions" from topdown's stderr.
-fn probed_functions(stderr: &str) -> Option<u64> {
-    stderr.lines().find_map(|line| {
-        let rest = line.split("probing ").nth(1)?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
 }

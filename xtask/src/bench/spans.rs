@@ -12,9 +12,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, command_text,
-    libc_kill, machine_text, measure_rounds, median, program_time_per_run, start_tracer, stat_argv,
-    strings, write_section,
+    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, TracedRun,
+    command_text, machine_text, measure_rounds, measure_workload, median, program_time_per_run,
+    start_tracer, stat_argv, stop_tracer, strings, write_section,
 };
 use crate::cmd;
 
@@ -31,23 +31,12 @@ fn span_floor_name(pmu: &str) -> String {
 
 const BPFTRACE_SPAN_NAME: &str = "bpftrace empty usdt probes at both sites";
 
-/// How a configuration runs: a command that runs spanbench itself, or a tracer beside it.
-enum Run {
-    Alone(Vec<String>),
-    Beside(Vec<String>),
-}
-
 /// ns per span of spanbench, unprobed, under empty bpftrace usdt probes, and under `topdown
 /// stat --span` (without a key and keyed by an argument) beside its floor.
 pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     let source = cmd::workspace_root().join("tests/workloads/spanbench.c");
     let binary = topdown.with_file_name("spanbench");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::cc(&["-O2"], &source, &binary)?;
     let bench = binary.display().to_string();
     let td = topdown.display().to_string();
     // spanbench's one span kind, keyed by `key` (a `--span` suffix: `,key=arg0`).
@@ -69,8 +58,8 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
     // unprobed run and bpftrace).
     let mut timed: Vec<Option<Vec<String>>> = vec![None, None];
     let mut runs = vec![
-        Run::Alone(vec![bench.clone(), SPANS.to_owned()]),
-        Run::Alone(strings(&[
+        TracedRun::Alone(vec![bench.clone(), SPANS.to_owned()]),
+        TracedRun::Alone(strings(&[
             "bpftrace",
             "-e",
             &format!("usdt:{bench}:bench:start {{}} usdt:{bench}:bench:end {{}}"),
@@ -90,29 +79,29 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
             &format!("{bench}:bench:end"),
         ]);
         timed.push(Some(floor_argv.clone()));
-        runs.push(Run::Beside(floor_argv));
+        runs.push(TracedRun::Beside(floor_argv));
         for (what, key) in [("no key", ""), ("key=arg0", ",key=arg0")] {
             configs.push(Config::new(
                 format!("topdown --span ({what}) --pmu {pmu}"),
                 None,
                 Some(span_floor_name(pmu)),
             ));
-            runs.push(Run::Alone(topdown_run(pmu, key)));
+            runs.push(TracedRun::Alone(topdown_run(pmu, key)));
             timed.push(Some(topdown_beside(pmu, key)));
         }
     }
     let mut load = MachineLoad::start();
-    let all: Vec<Option<&Run>> = runs.iter().map(Some).collect();
+    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
+    let workload = [bench.clone(), SPANS.to_owned()];
     let mut samples = measure_rounds(
         &configs,
         &all,
         SPAN_ROUNDS,
         "spans, round",
         "ns/span",
-        &mut |run| measure_spans(run, &bench),
+        &mut |run| measure_workload(run, &workload, "ns_per_span"),
         &mut || load.sample(),
     )?;
-    let workload = [bench.clone(), SPANS.to_owned()];
     let spans: f64 = SPANS.parse()?;
     let mut program_samples = measure_rounds(
         &configs,
@@ -162,32 +151,6 @@ fn load_text(load: &LoadReport) -> String {
             .map(|steal| format!(", CPU 0 steal {:.1}%", 100.0 * steal))
             .unwrap_or_default()
     )
-}
-
-fn measure_spans(run: &Run, bench: &str) -> Result<f64> {
-    let (out, tracer) = match run {
-        Run::Alone(argv) => (cmd::output(Command::new(&argv[0]).args(&argv[1..]))?, None),
-        Run::Beside(argv) => {
-            let child = start_tracer(argv)?;
-            let out = cmd::output(Command::new(bench).arg(SPANS));
-            (out?, Some(child))
-        }
-    };
-    if let Some(mut child) = tracer {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(child.id() as i32, 2) };
-        let _ = child.wait();
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|line| line.trim().strip_prefix("ns_per_span="))
-        .and_then(|value| value.parse().ok())
-        .with_context(|| {
-            format!(
-                "no ns_per_span in output: {text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
 }
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -339,9 +302,7 @@ pub(super) fn bench_postgres(topdown: &Path) -> Result<()> {
                     PGBENCH_SECONDS,
                 ]);
                 if let Some(mut child) = child {
-                    // SAFETY: signalling our own child.
-                    unsafe { libc_kill(child.id() as i32, 2) };
-                    let _ = child.wait();
+                    stop_tracer(&mut child);
                 }
                 let tps = tps(&output?)?;
                 println!(

@@ -10,7 +10,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{MachineLoad, Spread, command_text, load_text, machine_text, strings, write_section};
+use super::{
+    MachineLoad, Spread, command_text, load_text, machine_text, probed_functions, strings,
+    write_section,
+};
 use crate::cmd;
 
 /// Rounds (each runs every row once, in turn), and the start-up issue 28 asks for.
@@ -93,24 +96,12 @@ fn run(row: &Row) -> Result<(f64, f64, String)> {
     Ok(((started - spawned_at) as f64 / 1e6, whole, errors))
 }
 
-/// "probing N functions" from topdown's stderr.
-fn probed_functions(stderr: &str) -> Option<u64> {
-    stderr.lines().find_map(|line| {
-        let rest = line.split("probing ").nth(1)?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
 pub(super) fn bench(topdown: &Path) -> Result<()> {
     let dir = topdown.with_file_name("startup-bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let started = dir.join("started");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&started)
-            .arg(cmd::workspace_root().join("tests/workloads/started.c")),
-    )?;
+    let source = cmd::workspace_root().join("tests/workloads/started.c");
+    cmd::cc(&["-O1"], &source, &started)?;
     let st = started.display().to_string();
     let td = topdown.display().to_string();
     let stat = |extra: &[&str], probe: &str, command: &[&str]| {

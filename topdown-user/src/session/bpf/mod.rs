@@ -720,12 +720,7 @@ impl Session {
                 .set(index, &offset, 0)
                 .context("storing the thread-exit program's field offsets")?;
         }
-        let program: &mut TracePoint = program_mut(ebpf, name)?;
-        program.load().map_err(load_error(name))?;
-        program
-            .attach("sched", "sched_process_exit")
-            .context("attaching to sched:sched_process_exit")?;
-        Ok(())
+        attach_tracepoint(ebpf, name, "sched", "sched_process_exit")
     }
 
     /// Detaches every function probe (to re-attach a changed set, or after a target binary was
@@ -1173,11 +1168,7 @@ fn load_programs(ebpf: &mut Ebpf, need_process_hooks: bool, kernel_btf: &[u8]) -
             (names::PROG_FORK, "sched_process_fork"),
             (names::PROG_EXIT, "sched_process_exit"),
         ] {
-            let program: &mut TracePoint = program_mut(ebpf, name)?;
-            program.load().map_err(load_error(name))?;
-            program
-                .attach("sched", tracepoint)
-                .with_context(|| format!("attaching to sched:{tracepoint}"))?;
+            attach_tracepoint(ebpf, name, "sched", tracepoint)?;
         }
     }
     let program: &mut BtfTracePoint = program_mut(ebpf, names::PROG_SCHED_SWITCH)?;
@@ -1198,14 +1189,12 @@ fn attach_sched_switch(ebpf: &mut Ebpf) -> Result<()> {
 /// `cgroup:cgroup_attach_task`: a process moving itself to another cgroup has its counts up to
 /// the move credited to the cgroup it leaves (eBPF `process` module).
 fn attach_cgroup_attach(ebpf: &mut Ebpf) -> Result<()> {
-    let program: &mut TracePoint = program_mut(ebpf, names::PROG_CGROUP_ATTACH)?;
-    program
-        .load()
-        .map_err(load_error(names::PROG_CGROUP_ATTACH))?;
-    program
-        .attach("cgroup", "cgroup_attach_task")
-        .context("attaching to cgroup:cgroup_attach_task")?;
-    Ok(())
+    attach_tracepoint(
+        ebpf,
+        names::PROG_CGROUP_ATTACH,
+        "cgroup",
+        "cgroup_attach_task",
+    )
 }
 
 /// Fills `PROCESS_CGROUPS` with every process's cgroup v2 id as the run starts: a process that
@@ -1232,24 +1221,12 @@ fn record_process_cgroups(ebpf: &mut Ebpf) -> Result<()> {
 /// `power:cpu_idle` for the cgroup-switch trigger (eBPF `counters::cpu_idle`: the switches into
 /// and out of idle that `cgroup-switches` does not report).
 fn attach_cpu_idle(ebpf: &mut Ebpf) -> Result<()> {
-    let program: &mut TracePoint = program_mut(ebpf, names::PROG_CPU_IDLE)?;
-    program.load().map_err(load_error(names::PROG_CPU_IDLE))?;
-    program
-        .attach("power", "cpu_idle")
-        .context("attaching to power:cpu_idle")?;
-    Ok(())
+    attach_tracepoint(ebpf, names::PROG_CPU_IDLE, "power", "cpu_idle")
 }
 
 /// `task:task_rename`: keeps the names of tasks that have entries (eBPF `process::task_rename`).
 fn attach_task_rename(ebpf: &mut Ebpf) -> Result<()> {
-    let program: &mut TracePoint = program_mut(ebpf, names::PROG_TASK_RENAME)?;
-    program
-        .load()
-        .map_err(load_error(names::PROG_TASK_RENAME))?;
-    program
-        .attach("task", "task_rename")
-        .context("attaching to task:task_rename")?;
-    Ok(())
+    attach_tracepoint(ebpf, names::PROG_TASK_RENAME, "task", "task_rename")
 }
 
 /// `cgroup_switch` on the cgroup-switches events (`attach_to_cgroup_switches`).
@@ -1352,6 +1329,21 @@ fn load_uprobes_together(ebpf: &mut Ebpf, wanted: &[&'static str]) -> Result<Dur
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(started.elapsed())
+}
+
+/// Loads the tracepoint program `name` and attaches it to `category:tracepoint`.
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    category: &str,
+    tracepoint: &str,
+) -> Result<()> {
+    let program: &mut TracePoint = program_mut(ebpf, name)?;
+    program.load().map_err(load_error(name))?;
+    program
+        .attach(category, tracepoint)
+        .with_context(|| format!("attaching to {category}:{tracepoint}"))?;
+    Ok(())
 }
 
 fn load_error(name: &'static str) -> impl Fn(aya::programs::ProgramError) -> anyhow::Error {

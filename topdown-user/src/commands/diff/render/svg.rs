@@ -19,7 +19,8 @@ use crate::{
     report::{
         Weight,
         svg::{
-            CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, fit, layout, svg_start, title_lines,
+            CATEGORIES, MARGIN, SYNTHETIC_NOTE, WIDTH, escape, frame_label, layout, svg_start,
+            title_lines,
         },
     },
 };
@@ -244,15 +245,7 @@ pub fn write_svg(
         if let Some(pct) = change.and_then(|change| change.change_pct) {
             let _ = write!(label, " {pct:+.0}%");
         }
-        if let Some(text) = fit(&label, width) {
-            let _ = write!(
-                svg,
-                r#"<text x="{:.3}" y="{}" pointer-events="none">{}</text>"#,
-                x + 3.0,
-                y + 11.0,
-                escape(&text)
-            );
-        }
+        frame_label(&mut svg, &label, x, y + 11.0, width);
         svg.push_str("</g>\n");
     }
     let mut y = tree_y + depth as f64 * FRAME_HEIGHT + 20.0;
