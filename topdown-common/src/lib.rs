@@ -230,10 +230,6 @@ pub struct CpuState {
     /// known (`PROCESS_CGROUPS` had no entry): their counts since the CPU's last reading went
     /// to the cgroup they moved to.
     pub unsplit_migrations: u64,
-    /// With `SKIP_UNTRACED`: whose counts the delta since the last reading holds, a
-    /// `reading_owner::pack`ed kind and tid in one word, so a function probe can claim it with
-    /// one compare-and-swap.
-    pub owner: u64,
     /// With `SKIP_UNTRACED`: switches sched_switch did not report on this CPU, found at the
     /// next one it did, whose `prev` is not the task the one before saw arrive (see
     /// `reading_owner`). Several in a row count once.
@@ -242,9 +238,6 @@ pub struct CpuState {
     /// interrupts on and, on preemptible kernels, preemptibly, so a switch or flush that
     /// interrupts one leaves the state alone and sets it to 2, which tells the probe.
     pub busy: u64,
-    /// With `SKIP_UNTRACED`: the task the last sched_switch on this CPU saw arrive,
-    /// `unseen_leavers::arrival`; 0 before the first.
-    pub arrived: u64,
     /// With `SKIP_UNTRACED`: readings credited to a traced task found running while no reading
     /// covered its arrival (`reading_owner::NONE`: it came in through a switch sched_switch did
     /// not report, after switches between untraced tasks that took none). What ran on the CPU
@@ -275,12 +268,28 @@ impl CpuState {
         generation: 0,
         _pad: 0,
         unsplit_migrations: 0,
-        owner: 0,
         unseen_switches: 0,
         busy: 0,
-        arrived: 0,
         unseen_arrivals: 0,
     };
+}
+
+/// Most CPUs a kernel can have: `NR_CPUS` is at most 8192 (x86's `MAXSMP`; arm64 allows 4096).
+pub const MAX_CPUS: usize = 8192;
+
+/// With `SKIP_UNTRACED`, what sched_switch's skip path reads and writes for a CPU, in a global
+/// array indexed by CPU number (`SWITCH_STATES`), not in `CpuState`: the CPU's number is three
+/// inlined instructions, a per-CPU map's lookup fifteen, at every context switch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SwitchState {
+    /// Whose counts the delta since the CPU's last reading holds, a `reading_owner::pack`ed
+    /// kind and tid in one word, so a function probe can claim it with one compare-and-swap.
+    pub owner: u64,
+    /// The task the last sched_switch on this CPU saw arrive.
+    pub arrived: unseen_leavers::Arrival,
+    /// To 32 bytes: a CPU's entry is found with a shift.
+    pub _pad: u64,
 }
 
 /// A task's accumulated on-CPU counter deltas (value of the `TASKS` hash, keyed by tid).
@@ -310,7 +319,7 @@ impl TaskCounters {
 
 /// With filters (`-p`, `-- CMD`, `-G`) the sched_switch program reads the counters only at
 /// switches where the task leaving or the task arriving is traced, and when a CPU goes idle.
-/// Each CPU remembers whose counts the delta since its last reading holds (`CpuState::owner`):
+/// Each CPU remembers whose counts the delta since its last reading holds (`SwitchState::owner`):
 /// a traced task leaving is credited only if it alone ran since the last reading; any other
 /// delta (untraced tasks, idle, or several tasks) goes to `untracked`.
 ///
@@ -328,7 +337,7 @@ impl TaskCounters {
 ///
 /// That recovery needs a reading taken as the leaver arrived, and a switch between untraced
 /// tasks takes none. So the CPU also remembers the task the last sched_switch saw arrive
-/// (`CpuState::arrived`): when the next one's `prev` is another task, the one that arrived
+/// (`SwitchState::arrived`): when the next one's `prev` is another task, the one that arrived
 /// left through a switch nobody saw (counted in `CpuState::unseen_switches`) and its process
 /// is marked (`unseen_leavers`, shared by all CPUs); from then on every switch into a marked
 /// process is read, so the next unseen switch out of it finds `UNTRACED` with it as the owner,
@@ -350,7 +359,8 @@ pub mod reading_owner {
     /// arrived; it alone ran since, as far as sched_switch saw.
     pub const UNTRACED: u32 = 2;
 
-    /// `CpuState::owner` of `kind` and `tid`.
+    /// `SwitchState::owner` of `kind` and `tid`. `NONE` is only ever packed with tid 0, so an
+    /// owner of kind `NONE` is 0.
     pub const fn pack(kind: u32, tid: u32) -> u64 {
         ((kind as u64) << 32) | tid as u64
     }
@@ -373,6 +383,29 @@ pub mod reading_owner {
             UNTRACED => self::tid(owner) != tid,
             NONE => true,
             _ => false,
+        }
+    }
+}
+
+/// Values of the `SKIP_UNTRACED` global: whether sched_switch reads the counters at every
+/// switch or only at those of traced tasks, and what tells a traced task at a switch.
+pub mod skip_untraced {
+    /// Every switch is read (no filter, `--read-every-switch`, or no offsets from the BTF).
+    pub const OFF: u32 = 0;
+    /// Only traced tasks' switches; a task is traced by its cgroup (`-G`), and by its
+    /// process's `pid_flags::TRACKED` too if processes are filtered as well.
+    pub const BY_TASK: u32 = 1;
+    /// Only traced tasks' switches, processes filtered alone (`-p`, `-- CMD`): the arriving
+    /// process's `pid_flags` word decides, so the skip path is one test of a few loads.
+    pub const BY_PID_FLAGS: u32 = 2;
+
+    /// The value for a session that skips untraced switches (`skip`), filtering processes
+    /// (`by_process`) and cgroups (`by_cgroup`).
+    pub const fn mode(skip: bool, by_process: bool, by_cgroup: bool) -> u32 {
+        match (skip, by_process, by_cgroup) {
+            (false, _, _) | (true, false, false) => OFF,
+            (true, true, false) => BY_PID_FLAGS,
+            (true, _, true) => BY_TASK,
         }
     }
 }
@@ -423,29 +456,42 @@ pub mod pid_flags {
 /// ever set: a process that reuses a dead one's pid only costs a reading at each switch into it,
 /// never accuracy, since a reading at a switch is what `--read-every-switch` takes anyway.
 pub mod unseen_leavers {
-    /// `CpuState::arrived` of the task a switch brings in: `(tgid + 1) << 32 | tid`, so 0
-    /// (the zeroed state) means none seen yet.
-    pub const fn arrival(tid: u32, tgid: u32) -> u64 {
-        ((tgid.wrapping_add(1) as u64) << 32) | tid as u64
+    /// The task the last switch sched_switch reported on a CPU brought in
+    /// (`SwitchState::arrived`).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Arrival {
+        /// Its `struct task_struct`'s address (sched_switch's `next`): the next switch's `prev`
+        /// is compared with it, so the skip path loads no id of `prev`. 0 before the first.
+        pub task: u64,
+        pub tid: u32,
+        pub tgid: u32,
     }
 
-    /// A switch from `prev_tid` to `next_tid` (of `next_tgid`) seen on a CPU whose
-    /// `CpuState::arrived` is `arrived`, which it updates: returns the tid and tgid of the task
-    /// the switch before brought in if `prev_tid` is not that task, i.e. it left through a
-    /// switch sched_switch did not report.
-    pub fn note_switch(
-        arrived: &mut u64,
-        prev_tid: u32,
-        next_tid: u32,
-        next_tgid: u32,
-    ) -> Option<(u32, u32)> {
-        let last = *arrived;
-        *arrived = arrival(next_tid, next_tgid);
-        let tid = last as u32;
-        if last == 0 || tid == prev_tid {
-            return None;
+    impl Arrival {
+        pub const NONE: Self = Self {
+            task: 0,
+            tid: 0,
+            tgid: 0,
+        };
+
+        /// A switch from the task at `prev_task` to `next`, seen on a CPU whose last
+        /// reported arrival is `self`, which it updates: returns the tid and tgid of that
+        /// arrival if `prev_task` is not it, i.e. it left through a switch sched_switch did not
+        /// report. A task's address is its own until its `task_struct` is freed, an RCU grace
+        /// period after its last switch-out, so `prev_task` equals `self.task` only if that
+        /// task is leaving (or, once in a very long while, a task freed and reallocated at the
+        /// same address arrived unseen too: one unseen switch then goes uncounted).
+        #[inline(always)]
+        pub fn note_switch(&mut self, prev_task: u64, next: Arrival) -> Option<(u32, u32)> {
+            if self.task == prev_task {
+                *self = next;
+                return None;
+            }
+            let last = *self;
+            *self = next;
+            (last.task != 0).then_some((last.tid, last.tgid))
         }
-        Some((tid, ((last >> 32) as u32).wrapping_sub(1)))
     }
 }
 
@@ -1195,7 +1241,16 @@ mod tests {
     }
 
     use super::pid_flags::{self, UNSEEN_LEAVER};
-    use super::unseen_leavers::note_switch;
+    use super::unseen_leavers::Arrival;
+
+    /// The arrival of the task (tid, tgid) in the tests: its tid stands for its address.
+    fn arrival((tid, tgid): (u32, u32)) -> Arrival {
+        Arrival {
+            task: 0x1000 + u64::from(tid),
+            tid,
+            tgid,
+        }
+    }
 
     fn marked(flags: &[u64], tgid: u32) -> bool {
         pid_flags::of(flags[pid_flags::word(tgid)], tgid) & UNSEEN_LEAVER != 0
@@ -1208,7 +1263,7 @@ mod tests {
     /// found, and for each step whether a switch into it was reported while its process was
     /// marked (so read).
     fn replay(schedule: &[(u32, u32)], silent: u32) -> (Vec<u64>, u64, Vec<bool>) {
-        let mut arrived = 0;
+        let mut arrived = Arrival::NONE;
         let mut filter = vec![0; pid_flags::WORDS];
         let mut unseen = 0;
         let mut read = vec![false];
@@ -1218,7 +1273,7 @@ mod tests {
                 read.push(false);
                 continue;
             }
-            if let Some((tid, tgid)) = note_switch(&mut arrived, prev.0, next.0, next.1) {
+            if let Some((tid, tgid)) = arrived.note_switch(arrival(prev).task, arrival(next)) {
                 unseen += 1;
                 if tid != 0 {
                     pid_flags::set(&mut filter, tgid, UNSEEN_LEAVER);
@@ -1258,10 +1313,21 @@ mod tests {
         let idle = (0, 0);
         let task = (300, 300);
         // Idle leaves unseen once (idle -> task not reported): counted, not marked.
-        let mut arrived = 0;
-        assert_eq!(note_switch(&mut arrived, 42, 0, 0), None, "first switch");
-        assert_eq!(note_switch(&mut arrived, task.0, 77, 77), Some(idle));
-        assert_eq!(note_switch(&mut arrived, 77, 0, 0), None);
+        let other = (77, 77);
+        let mut arrived = Arrival::NONE;
+        assert_eq!(
+            arrived.note_switch(arrival((42, 42)).task, arrival(idle)),
+            None,
+            "first switch"
+        );
+        assert_eq!(
+            arrived.note_switch(arrival(task).task, arrival(other)),
+            Some(idle)
+        );
+        assert_eq!(
+            arrived.note_switch(arrival(other).task, arrival(idle)),
+            None
+        );
     }
 
     /// Each pid's two flags are its own: no neighbour's, no other flag, up to the kernel's limit.

@@ -3,6 +3,7 @@
 //! when a process moves itself to another cgroup.
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_pid_tgid,
@@ -13,8 +14,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, TASK_DEAD, TaskCounters, TaskExit,
-    flush_mode, flush_result, kernel_offset, pid_flags, reading_owner, unseen_leavers,
+    CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, SwitchState, TASK_DEAD, TaskCounters,
+    TaskExit, flush_mode, flush_result, kernel_offset, pid_flags, reading_owner, skip_untraced,
+    unseen_leavers::Arrival,
 };
 
 use crate::maps::{
@@ -22,7 +24,7 @@ use crate::maps::{
     FILTER_CGROUPS, FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS,
     SKIP_UNTRACED, SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add,
     atomic_or, atomic_swap, flags_of, generation, global, kernel_field_offset, pid_flags_word,
-    untrack,
+    switch_state, untrack,
 };
 
 /// Reads every counter slot of this CPU into `out`; returns the enabled and running times of the
@@ -352,41 +354,42 @@ pub(crate) fn current_ids() -> (u32, u32) {
 /// unsigned int prev_state)`: `current` is still `prev`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let skip = global(&SKIP_UNTRACED);
+    if skip == skip_untraced::OFF {
+        let Some(state) = CPU_STATE.get_ptr_mut(0) else {
+            return 0;
+        };
+        let (tid, tgid) = current_ids();
+        attribute(state, tid, tgid, dying(&ctx));
+        return 0;
+    }
+    if skip == skip_untraced::BY_PID_FLAGS && skips_by_pid_flags(&ctx) {
+        return 0;
+    }
+    let switch = switch_state();
+    let pid_field = kernel_field_offset(kernel_offset::TASK_PID);
+    let next: u64 = ctx.arg(2);
+    let prev: u64 = ctx.arg(1);
+    let (next_tid, next_tgid) = task_ids(next, pid_field);
+    // Both of the arriving process's flags in one load.
+    let next_flags = flags_of(next_tgid);
+    let arrival = Arrival {
+        task: next,
+        tid: next_tid,
+        tgid: next_tgid,
+    };
     let Some(state) = CPU_STATE.get_ptr_mut(0) else {
         return 0;
     };
-    let prev_state: u64 = ctx.arg(3);
-    let dying = prev_state as u32 & TASK_DEAD != 0;
-    if global(&SKIP_UNTRACED) == 0 {
-        let (tid, tgid) = current_ids();
-        attribute(state, tid, tgid, dying);
-        return 0;
-    }
-    // Loaded once for both tasks: the skip path below runs at every switch.
-    let pid_field = kernel_field_offset(kernel_offset::TASK_PID);
-    let next: u64 = ctx.arg(2);
-    let (next_tid, next_tgid) = task_ids(next, pid_field);
-    let prev: u64 = ctx.arg(1);
-    // Both of the arriving process's flags in one load.
-    let next_flags = flags_of(next_tgid);
-    let read_switch = note_switch(
-        state,
-        task_tid(prev, pid_field),
-        next_tid,
-        next_tgid,
-        next_flags,
-    );
-    // SAFETY: as in `attribute`.
-    let owner = unsafe { (*state).owner };
+    let dying = dying(&ctx);
+    let read_switch = note_switch(state, switch, prev, arrival, next_flags);
+    // SAFETY: this CPU's entry; programs on a CPU do not nest (see `attribute`).
+    let owner = unsafe { (*switch).owner };
     let next_traced = arriving(next, next_tid, next_flags);
-    if reading_owner::kind(owner) == reading_owner::NONE
-        && !read_switch
-        && next_tid != 0
-        && !dying
-        && !next_traced
-    {
-        // The common case, kept to loads and tests, no helper call or map lookup: nobody
-        // traced, no reading, and the delta since the last one already spans several tasks.
+    // Idle arriving (tid 0) is read too: its `PID_FLAGS` say so (`read_switch`).
+    if reading_owner::kind(owner) == reading_owner::NONE && !read_switch && !dying && !next_traced {
+        // The common case of `-G` (`skip_untraced::BY_TASK`): nobody traced, no reading, and
+        // the delta since the last one already spans several tasks.
         return 0;
     }
     if interrupted_probe(state) {
@@ -402,16 +405,62 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // found an unseen one (the reading then knows who arrives).
     if !credit && !next_traced && !read_switch && next_tid != 0 {
         // Nobody traced: no reading. The delta since the last one now spans `next` too.
-        // SAFETY: as in `attribute`.
-        let state = unsafe { &mut *state };
-        state.owner = reading_owner::pack(reading_owner::NONE, 0);
+        // SAFETY: as above.
+        unsafe { (*switch).owner = reading_owner::pack(reading_owner::NONE, 0) };
         if dying {
-            retire_unread(state, tid, tgid);
+            // SAFETY: as in `attribute`.
+            retire_unread(unsafe { &mut *state }, tid, tgid);
         }
         return 0;
     }
     settle(state, tid, tgid, dying, None, credit, next_tid, next_traced);
     0
+}
+
+/// The skip path of `-p` (`skip_untraced::BY_PID_FLAGS`), the common case, in one test of the
+/// bits that ask for more: the arriving process is tracked or asks to be read (idle always
+/// does), a reading is owned (an owner of kind `NONE` is 0), the task leaving dies, or it is
+/// not the one that arrived last (it came in unseen). True if the switch needs nothing more
+/// (its arrival is kept). A test per condition costs LLVM's booleans and spills, 40
+/// instructions more here; so would values kept for the rest of sched_switch, so it reads its
+/// own (volatile: not merged with the rest's loads, which then do not stay live through here).
+#[inline(always)]
+fn skips_by_pid_flags(ctx: &BtfTracePointContext) -> bool {
+    let switch = switch_state();
+    let args = ctx.as_ptr() as *const u64;
+    // SAFETY: sched_switch's arguments (see `sched_switch`), at constant offsets of its context.
+    let (prev, next, prev_state) = unsafe {
+        (
+            core::ptr::read_volatile(args.add(1)),
+            core::ptr::read_volatile(args.add(2)),
+            core::ptr::read_volatile(args.add(3)),
+        )
+    };
+    let (next_tid, next_tgid) = task_ids(next, kernel_field_offset(kernel_offset::TASK_PID));
+    // SAFETY: this CPU's entry; programs on a CPU do not nest (see `attribute`).
+    let (owner, last_task) = unsafe { ((*switch).owner, (*switch).arrived.task) };
+    let wanted = flags_of(next_tgid) | owner | (prev_state & u64::from(TASK_DEAD));
+    // `prev` is a pointer to the verifier, so compared, not mixed into `wanted`.
+    if wanted != 0 || last_task != prev {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*switch).arrived = Arrival {
+            task: next,
+            tid: next_tid,
+            tgid: next_tgid,
+        }
+    };
+    true
+}
+
+/// Whether sched_switch's `prev` is dying: its last switch-out (`prev_state`, the fourth
+/// argument, has `TASK_DEAD`).
+#[inline(always)]
+fn dying(ctx: &BtfTracePointContext) -> bool {
+    let prev_state: u64 = ctx.arg(3);
+    prev_state as u32 & TASK_DEAD != 0
 }
 
 /// True if a function probe on this CPU is taking a reading (`recover_reading`), which this
@@ -451,13 +500,14 @@ pub(crate) fn recover_reading(state_ptr: *mut CpuState, tid: u32) -> bool {
             &state.now,
             global(&NUM_COUNTERS) as usize,
         );
-        state.owner = reading_owner::pack(reading_owner::TRACED, tid);
+        // SAFETY: this CPU's entry; interrupting programs leave it alone while `busy`.
+        unsafe { (*switch_state()).owner = reading_owner::pack(reading_owner::TRACED, tid) };
     }
     // SAFETY: as above.
     if unsafe { atomic_swap(&raw mut (*state_ptr).busy, 0) } != 1 {
         // A switch or flush ran meanwhile: who runs now is not known.
         // SAFETY: as above.
-        unsafe { (*state_ptr).owner = reading_owner::pack(reading_owner::NONE, 0) };
+        unsafe { (*switch_state()).owner = reading_owner::pack(reading_owner::NONE, 0) };
         return false;
     }
     read
@@ -488,26 +538,27 @@ pub(crate) fn count_unseen_arrival(state: *mut CpuState, owner: u64, credit: boo
     }
 }
 
-/// Keeps `CpuState::arrived` at a switch from `prev_tid` to `next_tid`: when the task that
-/// arrived last is not `prev_tid`, it left through a switch sched_switch did not report,
+/// Keeps `SwitchState::arrived` at a switch from the task at `prev_task` to `next`: when the task
+/// that arrived last is not `prev_task`, it left through a switch sched_switch did not report,
 /// counted in `unseen_switches`, and its process is marked `UNSEEN_LEAVER` in `PID_FLAGS` (idle
 /// needs no mark: a switch to it is always read). True if the switch is to be read
-/// (`topdown_common::reading_owner`): `next_flags` (`next_tgid`'s) has the mark, or `prev_tid`
-/// arrived unseen (it may be traced, with no reading at its arrival: `delta_belongs_to`). Loads
-/// and stores only, no map lookup: it runs at every switch, skipped ones included.
+/// (`topdown_common::reading_owner`): `next_flags` (`next`'s process's) has the mark (idle's
+/// always has), or `prev_task` arrived unseen (it may be traced, with no reading at its
+/// arrival: `delta_belongs_to`). Loads and stores only, no map lookup: it runs at every
+/// switch, skipped ones included.
 #[inline(always)]
 fn note_switch(
     state: *mut CpuState,
-    prev_tid: u32,
-    next_tid: u32,
-    next_tgid: u32,
+    switch: *mut SwitchState,
+    prev_task: u64,
+    next: Arrival,
     next_flags: u64,
 ) -> bool {
     // SAFETY: as in `attribute`.
-    let state = unsafe { &mut *state };
-    let unseen = unseen_leavers::note_switch(&mut state.arrived, prev_tid, next_tid, next_tgid);
+    let unseen = unsafe { (*switch).arrived.note_switch(prev_task, next) };
     if let Some((tid, tgid)) = unseen {
-        state.unseen_switches += 1;
+        // SAFETY: as in `attribute`.
+        unsafe { (*state).unseen_switches += 1 };
         if tid != 0 {
             mark_unseen_leaver(tgid);
         }
@@ -571,7 +622,7 @@ pub(crate) fn settle(
     }
     // SAFETY: as above; `attribute` is done with it.
     let state = unsafe { &mut *state_ptr };
-    state.owner = if state.seq == seq {
+    let owner = if state.seq == seq {
         // No reading (failed, or frozen): the next delta spans whatever runs until then.
         reading_owner::pack(reading_owner::NONE, 0)
     } else if next_traced {
@@ -579,6 +630,8 @@ pub(crate) fn settle(
     } else {
         reading_owner::pack(reading_owner::UNTRACED, next_tid)
     };
+    // SAFETY: this CPU's entry; programs on a CPU do not nest (see `attribute`).
+    unsafe { (*switch_state()).owner = owner };
 }
 
 /// `settle` for a reading that is not a context switch (flush, a self-move to another cgroup):
@@ -586,8 +639,8 @@ pub(crate) fn settle(
 /// into or out of a chosen cgroup).
 #[inline(always)]
 pub(crate) fn settle_current(state: *mut CpuState, tid: u32, tgid: u32, cgroup: Option<u64>) {
-    // SAFETY: as in `attribute`.
-    let owner = unsafe { (*state).owner };
+    // SAFETY: this CPU's entry; programs on a CPU do not nest (see `attribute`).
+    let owner = unsafe { (*switch_state()).owner };
     let credit = delta_belongs_to(owner, tid, tgid);
     count_unseen_arrival(state, owner, credit);
     let traced = current_is_traced(tid, tgid);
@@ -625,27 +678,17 @@ fn task_ids(task: u64, pid_field: u64) -> (u32, u32) {
     }
 }
 
-/// `task_ids(task, pid_field).0` alone: the leaving task's tid, one load fewer on every switch.
-#[inline(always)]
-fn task_tid(task: u64, pid_field: u64) -> u32 {
-    let pid = task.wrapping_add(pid_field);
-    // SAFETY: as in `task_ids`.
-    unsafe { core::ptr::read_volatile(pid as *const u32) }
-}
-
 /// Whether the arriving task `next` (`tid`, from `task_ids`; `flags`: its process's
 /// `PID_FLAGS`) is traced.
 #[inline(always)]
 fn arriving(next: u64, tid: u32, flags: u64) -> bool {
-    if tid == 0 {
-        return false;
-    }
     // The tgid alone: a task with an entry but no tracked tgid (the last thread of an exiting
-    // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`).
+    // process) keeps its tgid tracked until it is gone (`TRACKED_EXITING`). First, as the
+    // skip path of `-p` ends here; idle (tgid 0) is never tracked.
     if global(&FILTER_TGIDS) != 0 && flags & pid_flags::TRACKED == 0 {
         return false;
     }
-    global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next)
+    tid != 0 && (global(&FILTER_CGROUPS) == 0 || task_in_chosen_cgroup(next))
 }
 
 /// The same decision as `arriving`, for `current`.

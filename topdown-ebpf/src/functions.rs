@@ -25,7 +25,7 @@ use crate::{
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
         SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, THREAD_EXIT_FIELDS, ZERO_CALL,
-        ZERO_STACK, atomic_add, atomic_swap, generation, global,
+        ZERO_STACK, atomic_add, atomic_swap, generation, global, switch_state,
     },
 };
 
@@ -211,9 +211,10 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
         // if the CPU's last reading was at or after its switch-in, which is what a traced
         // owner means (`topdown_common::reading_owner`).
         let state = CPU_STATE.get_ptr_mut(0)?;
-        // SAFETY: a per-CPU map value; volatile because a switch (or a flush's IPI) may change
-        // it under us.
-        let owner = unsafe { core::ptr::read_volatile(&(*state).owner) };
+        let switch = switch_state();
+        // SAFETY: this CPU's entry (the probe runs with migration disabled); volatile because
+        // a switch (or a flush's IPI) may change it under us.
+        let owner = unsafe { core::ptr::read_volatile(&(*switch).owner) };
         let owned = reading_owner::pack(reading_owner::TRACED, tid);
         if owner == owned {
             return Some((tid, tgid));
@@ -226,19 +227,19 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
             // and this traced one runs instead: a switch sched_switch did not report. What ran
             // since that reading is the stretches before this task and its own: claim it
             // (`delta_belongs_to`).
-            // SAFETY: an aligned u64 of a live per-CPU map value. Atomic, and checked again:
+            // SAFETY: an aligned u64 of this CPU's entry. Atomic, and checked again:
             // on preemptible kernels a switch may run between the load above and this.
-            let before = unsafe { atomic_swap(&raw mut (*state).owner, owned) };
+            let before = unsafe { atomic_swap(&raw mut (*switch).owner, owned) };
             if before == owner || before == owned || reading_owner::claimable_by(before, tid) {
                 if reading_owner::kind(before) == reading_owner::NONE {
-                    // SAFETY: as above; a switch on this CPU adds to it non-atomically, but
-                    // cannot run inside this one instruction.
+                    // SAFETY: a per-CPU map value's aligned u64; a switch on this CPU adds to it
+                    // non-atomically, but cannot run inside this one instruction.
                     unsafe { atomic_add(&raw mut (*state).unseen_arrivals, 1) };
                 }
                 return Some((tid, tgid));
             }
             // SAFETY: as above. Put back what the switch left.
-            unsafe { core::ptr::write_volatile(&raw mut (*state).owner, before) };
+            unsafe { core::ptr::write_volatile(&raw mut (*switch).owner, before) };
         } else if recover_reading(state, tid) {
             // Another traced task left unseen: the delta spanning both went to `untracked`.
             return Some((tid, tgid));

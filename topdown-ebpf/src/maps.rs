@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, GoStack, GoroutineKey,
-    IndirectJump, MAX_COUNTERS, ProbeStats, ShadowStack, TaskCounters, kernel_offset, pid_flags,
-    slot_source,
+    IndirectJump, MAX_COUNTERS, MAX_CPUS, ProbeStats, ShadowStack, SwitchState, TaskCounters,
+    kernel_offset, pid_flags, slot_source, unseen_leavers::Arrival,
 };
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
@@ -58,9 +58,9 @@ pub(crate) static RENAME_COMM_OFFSET: u32 = FIELD_ABSENT;
 /// Nonzero: only tasks in the cgroups of `CGROUP_FILTER` or their descendants count (`-G`).
 #[unsafe(no_mangle)]
 pub(crate) static FILTER_CGROUPS: u32 = 0;
-/// Nonzero: sched_switch reads the counters only at switches where the task leaving or the task
-/// arriving is traced (filters on, and `KERNEL_OFFSETS` found by user space; see
-/// `topdown_common::reading_owner`).
+/// Nonzero (`topdown_common::skip_untraced`): sched_switch reads the counters only at switches
+/// where the task leaving or the task arriving is traced (filters on, and `KERNEL_OFFSETS`
+/// found by user space; see `topdown_common::reading_owner`).
 #[unsafe(no_mangle)]
 pub(crate) static SKIP_UNTRACED: u32 = 0;
 /// Byte offsets of kernel structure fields (`topdown_common::kernel_offset`), from the kernel's
@@ -131,6 +131,14 @@ pub(crate) static TRACKED: HashMap<u32, u8> = HashMap::with_max_entries(8192, 0)
 /// straight from their address, so the test at every switch costs no map lookup.
 #[unsafe(no_mangle)]
 pub(crate) static mut PID_FLAGS: [u64; pid_flags::WORDS] = [0; pid_flags::WORDS];
+
+/// Per CPU number: the skip path's state (`topdown_common::SwitchState`), zeroed at load.
+#[unsafe(no_mangle)]
+pub(crate) static mut SWITCH_STATES: [SwitchState; MAX_CPUS] = [SwitchState {
+    owner: 0,
+    arrived: Arrival::NONE,
+    _pad: 0,
+}; MAX_CPUS];
 
 /// Per-cgroup totals, keyed by cgroup v2 id (the cgroup directory's inode number).
 #[map]
@@ -205,6 +213,20 @@ pub(crate) static RETURN_TARGETS: HashMap<FileAddress, u8> =
 
 #[map]
 pub(crate) static PROBE_STATS: PerCpuArray<ProbeStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's `SWITCH_STATES` entry. Programs run on one CPU throughout (uprobes with
+/// migration disabled), so it stays this CPU's while the program runs.
+#[inline(always)]
+pub(crate) fn switch_state() -> *mut SwitchState {
+    // SAFETY: a helper without preconditions (inlined by the verifier).
+    let cpu = unsafe { bpf_get_smp_processor_id() } as usize;
+    // SAFETY: masked below `MAX_CPUS`, which no CPU number reaches: an entry of the array.
+    unsafe {
+        (&raw mut SWITCH_STATES)
+            .cast::<SwitchState>()
+            .add(cpu & (MAX_CPUS - 1))
+    }
+}
 
 /// `pid`'s word of `PID_FLAGS`.
 #[inline(always)]

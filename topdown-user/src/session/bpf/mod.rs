@@ -38,7 +38,7 @@ use aya::{
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FileAddress, GoroutineKey, HistogramBucket,
     HistogramKey, IndirectJump, MAX_COUNTERS, ProbeStats, TaskCounters, flush_mode, flush_result,
-    kernel_offset, names, thread_exit_field,
+    kernel_offset, names, skip_untraced, thread_exit_field,
 };
 
 use crate::{
@@ -257,7 +257,11 @@ impl Session {
         drop(kernel_types);
 
         // Set at load: from then on only the BPF side changes it, a word at a time, atomically.
+        // Idle (pid 0) is marked as a process that leaves unseen: a switch to it is always
+        // read (`reading_owner`), and sched_switch's skip path then tests one word, not the
+        // tid too.
         let mut pid_flags = vec![0u64; topdown_common::pid_flags::WORDS];
+        topdown_common::pid_flags::set(&mut pid_flags, 0, topdown_common::pid_flags::UNSEEN_LEAVER);
         for tgid in config.tracked_tgids.iter().flatten() {
             topdown_common::pid_flags::set(
                 &mut pid_flags,
@@ -1486,7 +1490,12 @@ fn skip_untraced_switches(
     match offsets {
         Ok(offsets) => {
             log::info!("counters are read only at context switches of traced tasks");
-            (1, offsets)
+            let mode = skip_untraced::mode(
+                true,
+                config.tracked_tgids.is_some(),
+                config.cgroup_filter.is_some(),
+            );
+            (mode, offsets)
         }
         Err(err) => {
             log::info!(
