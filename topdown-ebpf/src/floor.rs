@@ -1,7 +1,8 @@
 //! The benchmark's floor instrument (`cargo xtask bench`, run by `topdown-floor`).
 //!
 //! `empty_switch` does nothing: what it adds per context switch is what any `tp_btf/sched_switch`
-//! program costs. `empty_uprobe` does nothing either: attached where topdown hooks a Go
+//! program costs. `filter_switch` does what any process filter must at a switch between
+//! untracked tasks (who arrives, and is it or the task leaving tracked), and reads nothing. `empty_uprobe` does nothing either: attached where topdown hooks a Go
 //! runtime's goroutine switches, it is what any probe there costs. The others read every counter of this CPU the way topdown's `read_slots`
 //! (counters.rs) does, from a map laid out as topdown's (`COUNTERS[cpu * MAX_COUNTERS + fd
 //! slot]`, `NUM_COUNTERS`, `SLOT_SOURCES`), into a per-CPU scratch, and do nothing else: what
@@ -18,14 +19,14 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
     macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray},
     programs::{
         BtfTracePointContext, PerfEventContext, ProbeContext, RetProbeContext, TracePointContext,
     },
 };
-use topdown_common::{MAX_COUNTERS, slot_source};
+use topdown_common::{MAX_COUNTERS, MAX_CPUS, pid_flags, slot_source};
 
 /// Counter slots in use per CPU, as topdown's global of the same name.
 #[unsafe(no_mangle)]
@@ -60,6 +61,50 @@ static ZERO: PerCpuArray<[u64; MAX_COUNTERS]> = PerCpuArray::with_max_entries(1,
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn empty_switch(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+/// `task_struct.pid`'s offset, from the kernel's BTF (`tgid` follows it), for `filter_switch`.
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: u32 = 0;
+
+/// `filter_switch`'s tracked processes, a bit per pid below the kernel's `PID_MAX_LIMIT`: none
+/// (the floor's filter lets no switch through, as `-p` of an idle process).
+#[unsafe(no_mangle)]
+static mut TRACKED_PIDS: [u64; PID_WORDS] = [0; PID_WORDS];
+const PID_WORDS: usize = pid_flags::PID_LIMIT as usize / 64;
+
+/// `filter_switch`'s per CPU number: nonzero while a tracked task runs there.
+#[unsafe(no_mangle)]
+static mut TRACKED_RUNNING: [u64; MAX_CPUS] = [0; MAX_CPUS];
+
+/// The least a process filter (`-p`) does at a switch between untracked tasks: who arrives
+/// (its tgid, from its `task_struct`), whether its process is tracked (its bit in a global
+/// indexed by pid), and whether the task leaving is (its CPU's word); no reading. A tracked
+/// task arriving or leaving would be read; none is.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn filter_switch(ctx: BtfTracePointContext) -> i32 {
+    let next: u64 = ctx.arg(2);
+    // SAFETY: a constant of the frozen .rodata; `next` is a BTF pointer, so the verifier
+    // turns the load at the pid's offset into a fault-safe one (as topdown's `task_ids`).
+    let tgid = unsafe {
+        let offset = u64::from(core::ptr::read_volatile(&TASK_PID_OFFSET));
+        core::ptr::read_volatile((next.wrapping_add(offset) + 4) as *const u32)
+    };
+    // SAFETY: indexes masked into the arrays (below `PID_LIMIT` and `MAX_CPUS` anyway).
+    unsafe {
+        let word = core::ptr::read_volatile(
+            (&raw const TRACKED_PIDS)
+                .cast::<u64>()
+                .add((tgid as usize / 64) & (PID_WORDS - 1)),
+        );
+        let cpu = bpf_get_smp_processor_id() as usize & (MAX_CPUS - 1);
+        let running = (&raw mut TRACKED_RUNNING).cast::<u64>().add(cpu);
+        if (word >> (tgid % 64)) & 1 != 0 || core::ptr::read_volatile(running) != 0 {
+            // Where topdown would read; never taken here.
+            core::ptr::write_volatile(running, word);
+        }
+    }
     0
 }
 

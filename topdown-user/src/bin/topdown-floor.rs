@@ -3,7 +3,8 @@
 //! attached until SIGINT or SIGTERM (the kernel detaches them when the process ends, as with
 //! topdown).
 //!
-//! Without options: the empty `tp_btf/sched_switch` program. `--pmu MODEL` opens the counter
+//! Without options: the empty `tp_btf/sched_switch` program (`--filter-pids`: one that does what
+//! a process filter must at a switch, and no more). `--pmu MODEL` opens the counter
 //! groups topdown would open for MODEL (its counter plan and `CounterGroups::open`) and hands
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
 //! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC; `-U
@@ -29,12 +30,12 @@ use topdown::{
     error::{Failure, fail, failure_of},
     functions::symbols::{self, ProbeSpec},
     session::{
-        bpf::attach_to_cgroup_switches,
+        bpf::{attach_to_cgroup_switches, switch_offsets},
         counters::{CounterGroups, Privilege, online_cpus, pmu_cpus, resolve},
         tracefs::Tracefs,
     },
 };
-use topdown_common::MAX_COUNTERS;
+use topdown_common::{MAX_COUNTERS, kernel_offset};
 
 /// Built by build.rs with the eBPF crate (its `floor` binary).
 static FLOOR_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/floor"));
@@ -49,6 +50,12 @@ struct Args {
     /// program is empty.
     #[arg(long)]
     read: bool,
+    /// Instead of the empty program, the least a process filter (`-p`) does at each context
+    /// switch between untracked tasks: the arriving task's tgid from its `task_struct` (offset
+    /// from the kernel's BTF), its bit in a global of tracked pids (none are), and the CPU's
+    /// word saying whether the task leaving is tracked. Reads no counter.
+    #[arg(long, conflicts_with = "read")]
+    filter_pids: bool,
     /// BINARY:FUNC (a symbol or glob, as topdown's -u) or BINARY:OFFSET (0x-prefixed file
     /// offset): read every counter at entry and return (needs --pmu).
     #[arg(short = 'u')]
@@ -212,8 +219,15 @@ fn attach(
         .map_err(|(path, err)| anyhow!("reading {path}: {err}"))?
         .get();
     let (num_slots, slot_sources) = counters.map_or((0, [0; MAX_COUNTERS]), |(n, s, _)| (*n, *s));
+    let task_pid_offset = if args.filter_pids {
+        switch_offsets().context("--filter-pids reads the pid from task_struct")?
+            [kernel_offset::TASK_PID]
+    } else {
+        0
+    };
     let mut ebpf = EbpfLoader::new()
         .override_global("NUM_COUNTERS", &num_slots, true)
+        .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
         .override_global("SLOT_SOURCES", &slot_sources, true)
         .map_max_entries("COUNTERS", possible_cpus * MAX_COUNTERS as u32)
         .map_max_entries("TASK_TOTALS", MAX_TASKS)
@@ -235,6 +249,7 @@ fn attach(
             let task = args.add_to.contains(&AddTo::Task);
             let cgroup = args.add_to.contains(&AddTo::Cgroup);
             let switch = match (args.read, task, cgroup) {
+                (false, _, _) if args.filter_pids => "filter_switch",
                 (false, _, _) => "empty_switch",
                 (true, false, false) => "floor_switch",
                 (true, true, false) => "floor_switch_task",
@@ -442,6 +457,7 @@ fn run(args: Args) -> Result<()> {
     let what = match (args.trigger, args.read) {
         (FloorTrigger::CgroupSwitch, _) => "cgroup-switch and cpu_idle programs",
         (FloorTrigger::SchedSwitch, true) => "reading sched_switch program",
+        (FloorTrigger::SchedSwitch, false) if args.filter_pids => "filtering sched_switch program",
         (FloorTrigger::SchedSwitch, false) => "empty sched_switch program",
     };
     eprintln!("topdown-floor: counting with the {what}");
