@@ -1909,6 +1909,18 @@ fn write_switches(
                 interval_text(&by_program)
             );
         }
+        if !measured.program[idle_p].is_empty() && !measured.program[empty].is_empty() {
+            // Issue 28 restates the bound on the programs' own run times (paired by round).
+            let programs = added_ratio(
+                &measured.program[idle_p],
+                &measured.program[empty],
+                BOOTSTRAP_RESAMPLES,
+            );
+            section += &format!(
+                "; the programs' run times alone, {}",
+                interval_text(&programs)
+            );
+        }
         section += ".\n";
     }
     section += "\nThe measured ratio is what this run shows. The program-time estimate also \
