@@ -1330,6 +1330,21 @@ mod tests {
         );
     }
 
+    /// The sched_switch program's one-test skip path is only for processes filtered alone: a
+    /// cgroup filter needs the walk, and no skipping without a filter or with it turned off.
+    #[test]
+    fn skip_mode_follows_the_filters() {
+        use super::skip_untraced::{BY_PID_FLAGS, BY_TASK, OFF, mode};
+        assert_eq!(mode(true, true, false), BY_PID_FLAGS);
+        assert_eq!(mode(true, true, true), BY_TASK);
+        assert_eq!(mode(true, false, true), BY_TASK);
+        assert_eq!(mode(true, false, false), OFF);
+        for (by_process, by_cgroup) in [(false, false), (true, false), (false, true), (true, true)]
+        {
+            assert_eq!(mode(false, by_process, by_cgroup), OFF);
+        }
+    }
+
     /// Each pid's two flags are its own: no neighbour's, no other flag, up to the kernel's limit.
     #[test]
     fn pid_flags_are_per_pid_and_per_flag() {
