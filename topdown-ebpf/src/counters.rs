@@ -14,8 +14,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use topdown_common::{
-    CpuState, FIELD_ABSENT, MAX_CGROUP_LEVEL, MAX_COUNTERS, SwitchState, TASK_DEAD, TaskCounters,
-    TaskExit, flush_mode, flush_result, kernel_offset, pid_flags, reading_owner, skip_untraced,
+    CpuState, MAX_CGROUP_LEVEL, MAX_COUNTERS, SwitchState, TASK_DEAD, TaskCounters, TaskExit,
+    flush_mode, flush_result, kernel_offset, pid_flags, reading_owner, skip_untraced,
     unseen_leavers::Arrival,
 };
 
@@ -24,7 +24,7 @@ use crate::maps::{
     FILTER_CGROUPS, FILTER_TGIDS, IDLE_STATE_OFFSET, NUM_COUNTERS, PROBE_STATS, PROCESS_CGROUPS,
     SKIP_UNTRACED, SLOT_SOURCES, STACKS, TASKS, TRACKED, ZERO_CGROUP, ZERO_TASK, atomic_add,
     atomic_or, atomic_swap, flags_of, generation, global, kernel_field_offset, pid_flags_word,
-    switch_state, untrack,
+    record_field, switch_state, untrack,
 };
 
 /// Reads every counter slot of this CPU into `out`; returns the enabled and running times of the
@@ -721,34 +721,28 @@ fn read_kernel<T>(base: u64, index: usize) -> Option<T> {
 /// `task->cgroups->dfl_cgrp->ancestors[level]->kn->id`.
 #[inline(always)]
 fn task_in_chosen_cgroup(task: u64) -> bool {
-    let Some(css_set) = read_kernel::<u64>(task, kernel_offset::TASK_CGROUPS) else {
-        return false;
-    };
-    let Some(cgroup) = read_kernel::<u64>(css_set, kernel_offset::CSS_SET_DFL_CGRP) else {
-        return false;
-    };
-    let Some(level) = read_kernel::<i32>(cgroup, kernel_offset::CGROUP_LEVEL) else {
-        return false;
-    };
+    // A field that cannot be read answers "not in a chosen cgroup".
+    chosen_ancestor_of(task).unwrap_or(false)
+}
+
+#[inline(always)]
+fn chosen_ancestor_of(task: u64) -> Option<bool> {
+    let css_set = read_kernel::<u64>(task, kernel_offset::TASK_CGROUPS)?;
+    let cgroup = read_kernel::<u64>(css_set, kernel_offset::CSS_SET_DFL_CGRP)?;
+    let level = read_kernel::<i32>(cgroup, kernel_offset::CGROUP_LEVEL)?;
     let mut at = 0;
     while at <= MAX_CGROUP_LEVEL && at <= level {
         let slot = cgroup.wrapping_add(8 * at as u64);
-        let Some(ancestor) = read_kernel::<u64>(slot, kernel_offset::CGROUP_ANCESTORS) else {
-            return false;
-        };
-        let Some(node) = read_kernel::<u64>(ancestor, kernel_offset::CGROUP_KN) else {
-            return false;
-        };
-        let Some(id) = read_kernel::<u64>(node, kernel_offset::KERNFS_NODE_ID) else {
-            return false;
-        };
+        let ancestor = read_kernel::<u64>(slot, kernel_offset::CGROUP_ANCESTORS)?;
+        let node = read_kernel::<u64>(ancestor, kernel_offset::CGROUP_KN)?;
+        let id = read_kernel::<u64>(node, kernel_offset::KERNFS_NODE_ID)?;
         // SAFETY: tested for presence only.
         if unsafe { CGROUP_FILTER.get(&id) }.is_some() {
-            return true;
+            return Some(true);
         }
         at += 1;
     }
-    false
+    Some(false)
 }
 
 /// `--by cgroup` alone: run only when the CPU switches between cgroups (the
@@ -775,12 +769,7 @@ pub fn cgroup_switch(_ctx: PerfEventContext) -> u32 {
 /// Both run on an idle CPU, where the reading costs nothing anyone waits for but the wake-up.
 #[tracepoint(category = "power", name = "cpu_idle")]
 pub fn cpu_idle(ctx: TracePointContext) -> i32 {
-    let offset = global(&IDLE_STATE_OFFSET);
-    if offset == FIELD_ABSENT {
-        return 0;
-    }
-    // SAFETY: the offset comes from this kernel's tracefs format file.
-    let Ok(idle_state) = (unsafe { ctx.read_at::<u32>(offset as usize) }) else {
+    let Some(idle_state) = record_field::<u32>(&ctx, &IDLE_STATE_OFFSET) else {
         return 0;
     };
     let Some(state) = CPU_STATE.get_ptr_mut(0) else {

@@ -14,11 +14,8 @@
 //! instead of sched_switch.
 #![no_std]
 #![no_main]
-#![allow(internal_features)]
-#![feature(core_intrinsics)]
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id},
     macros::{btf_tracepoint, map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, PerfEventArray},
@@ -27,6 +24,7 @@ use aya_ebpf::{
     },
 };
 use topdown_common::{MAX_COUNTERS, MAX_CPUS, pid_flags, slot_source};
+use topdown_ebpf::{atomic_add, entry_or_zeroed};
 
 /// Counter slots in use per CPU, as topdown's global of the same name.
 #[unsafe(no_mangle)]
@@ -283,34 +281,13 @@ fn add_to_cgroup(delta: &[u64; MAX_COUNTERS]) {
 /// `map[key]`, inserted zeroed if absent.
 #[inline(always)]
 fn entry<K>(map: &HashMap<K, [u64; MAX_COUNTERS]>, key: &K) -> Option<*mut [u64; MAX_COUNTERS]> {
-    if let Some(entry) = map.get_ptr_mut(key) {
-        return Some(entry);
-    }
-    let zero = ZERO.get_ptr(0)?;
-    // SAFETY: a per-CPU map value nobody writes: all zeroes.
-    let _ = map.insert(key, unsafe { &*zero }, BPF_NOEXIST as u64);
-    map.get_ptr_mut(key)
+    entry_or_zeroed(map, key, || ZERO.get_ptr(0))
 }
 
 #[inline(always)]
 fn used() -> usize {
     // SAFETY: reading a static the loader patched; volatile keeps the load.
     unsafe { core::ptr::read_volatile(&NUM_COUNTERS) as usize }
-}
-
-/// # Safety
-/// `target` must be a valid, 8-byte aligned u64 in a map value.
-#[inline(always)]
-unsafe fn atomic_add(target: *mut u64, value: u64) {
-    use core::intrinsics::{AtomicOrdering, atomic_xadd};
-    // SAFETY: guaranteed by the caller.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
-}
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
 }
 
 #[unsafe(link_section = "license")]

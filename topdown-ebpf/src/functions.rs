@@ -5,10 +5,10 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_NOEXIST, pt_regs},
+    bindings::pt_regs,
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id,
-        bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_loop,
+        bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{tracepoint, uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
@@ -25,9 +25,10 @@ use crate::{
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
         SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, THREAD_EXIT_FIELDS, ZERO_CALL,
-        ZERO_STACK, atomic_add, atomic_swap, generation, global, switch_state,
+        ZERO_STACK, atomic_add, atomic_swap, entry_or_zeroed, generation, global, switch_state,
     },
 };
+use topdown_ebpf::repeat;
 
 /// How far the stack pointer moves between a function's entry and its return probe: x86-64's
 /// `ret` pops the return address; arm64's does not touch sp.
@@ -300,16 +301,22 @@ pub(crate) fn attach_cookie(ctx: *mut core::ffi::c_void) -> u64 {
 
 #[inline(always)]
 fn on_exit(ctx: &ProbeContext) -> u32 {
+    let Some((function, kind)) = exit_of(ctx) else {
+        return 0;
+    };
+    on_return(ctx.regs, 0, function, kind)
+}
+
+/// The function and `exit_point` kind of an exit site's probe, from its attach cookie; `None`
+/// for an indirect jump that stays inside its function this time.
+#[inline(always)]
+pub(crate) fn exit_of(ctx: &ProbeContext) -> Option<(u32, u64)> {
     let cookie = attach_cookie(ctx.as_ptr());
-    let function = exit_point::function(cookie);
     let mut kind = exit_point::kind(cookie);
     if kind == exit_point::INDIRECT {
-        match indirect_jump(ctx.regs, exit_point::index(cookie)) {
-            Some(decided) => kind = decided,
-            None => return 0,
-        }
+        kind = indirect_jump(ctx.regs, exit_point::index(cookie))?;
     }
-    on_return(ctx.regs, 0, function, kind)
+    Some((exit_point::function(cookie), kind))
 }
 
 /// What an indirect jump does this time: `None` when it stays inside its function (a jump
@@ -320,14 +327,13 @@ pub(crate) fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
     // SAFETY: a map value nobody changes while probes are attached.
     let jump = unsafe { INDIRECT_JUMPS.get(&index) }?;
     let ip = register(regs, pt_regs_word::IP)?;
-    let mut operand = jump.displacement as u64;
-    if jump.base != pt_regs_word::NONE {
-        operand = operand.wrapping_add(register(regs, jump.base)?);
-    }
-    if jump.index != pt_regs_word::NONE {
-        let scaled = register(regs, jump.index)?.wrapping_mul(u64::from(jump.scale));
-        operand = operand.wrapping_add(scaled);
-    }
+    let operand = effective_address(
+        regs,
+        jump.displacement as u64,
+        jump.base,
+        jump.index,
+        jump.scale,
+    )?;
     let target = if jump.memory != 0 {
         // SAFETY: a user address read through the helper, which fails cleanly.
         match unsafe { bpf_probe_read_user(operand as *const u64) } {
@@ -368,6 +374,26 @@ pub(crate) fn indirect_jump(regs: *mut pt_regs, index: u32) -> Option<u64> {
     })
 }
 
+/// An x86 memory operand's address, `displacement + base + index * scale` (`pt_regs_word::NONE`:
+/// no base or no index): an indirect jump's operand, a USDT argument's location.
+#[inline(always)]
+pub(crate) fn effective_address(
+    regs: *mut pt_regs,
+    displacement: u64,
+    base: u8,
+    index: u8,
+    scale: u8,
+) -> Option<u64> {
+    let mut address = displacement;
+    if base != pt_regs_word::NONE {
+        address = address.wrapping_add(register(regs, base)?);
+    }
+    if index != pt_regs_word::NONE {
+        address = address.wrapping_add(register(regs, index)?.wrapping_mul(u64::from(scale)));
+    }
+    Some(address)
+}
+
 /// A register of the probe's context by its `pt_regs_word` index. The registers are copied
 /// to the stack first (volatile, so the compiler cannot fold the copy back into one context
 /// read at a variable offset, which the verifier refuses).
@@ -396,27 +422,11 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     let cookie = attach_cookie(ctx.as_ptr());
     let sp = stack_pointer(ctx.regs);
-    let stack = match STACKS.get_ptr_mut(&tid) {
-        Some(stack) => stack,
-        None => {
-            let Some(zero) = ZERO_STACK.get_ptr(0) else {
-                return 0;
-            };
-            // SAFETY: a map value of the right type.
-            if STACKS
-                .insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64)
-                .is_err()
-            {
-                if let Some(stats) = probe_stats() {
-                    stats.map_full += 1;
-                }
-                return 0;
-            }
-            let Some(stack) = STACKS.get_ptr_mut(&tid) else {
-                return 0;
-            };
-            stack
+    let Some(stack) = entry_or_zeroed(&STACKS, &tid, || ZERO_STACK.get_ptr(0)) else {
+        if let Some(stats) = probe_stats() {
+            stats.map_full += 1;
         }
+        return 0;
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
@@ -631,23 +641,11 @@ pub(crate) fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bo
         },
         _pad: 0,
     };
-    let stats = match CALLS.get_ptr_mut(&key) {
-        Some(stats) => stats,
-        None => {
-            if let Some(zero) = ZERO_CALL.get_ptr(0) {
-                // SAFETY: a per-CPU map value nobody writes: all zeroes.
-                let _ = CALLS.insert(&key, unsafe { &*zero }, BPF_NOEXIST as u64);
-            }
-            match CALLS.get_ptr_mut(&key) {
-                Some(stats) => stats,
-                None => {
-                    if let Some(stats) = probe_stats() {
-                        stats.map_full += 1;
-                    }
-                    return true;
-                }
-            }
+    let Some(stats) = entry_or_zeroed(&CALLS, &key, || ZERO_CALL.get_ptr(0)) else {
+        if let Some(stats) = probe_stats() {
+            stats.map_full += 1;
         }
+        return true;
     };
     // Two CPUs may update one function's totals at once: add atomically (BPF atomic add).
     // SAFETY: naturally aligned u64 fields of a live map value.
@@ -710,16 +708,7 @@ fn close_unwound(limit_sp: u64) {
         tgid,
         limit_sp,
     };
-    // SAFETY: `unwind_step` has the callback signature bpf_loop expects, and `unwinding`
-    // outlives the call.
-    unsafe {
-        bpf_loop(
-            MAX_DEPTH as u32,
-            unwind_step as *mut core::ffi::c_void,
-            (&raw mut unwinding).cast(),
-            0,
-        );
-    }
+    repeat(MAX_DEPTH as u32, unwind_step, &mut unwinding);
 }
 
 /// What `unwind_step` closes: the thread's frames whose entry stack pointer is at or below

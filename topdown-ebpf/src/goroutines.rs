@@ -18,25 +18,22 @@
 //!   close those frames as unwound calls, with the goroutine's counters at that moment.
 
 use aya_ebpf::{
-    EbpfContext as _,
-    bindings::{BPF_NOEXIST, pt_regs},
-    helpers::{bpf_probe_read_user, generated::bpf_loop},
-    macros::uprobe,
+    EbpfContext as _, bindings::pt_regs, helpers::bpf_probe_read_user, macros::uprobe,
     programs::ProbeContext,
 };
 use topdown_common::{
-    GoStack, GoroutineKey, MAX_COUNTERS, MAX_DEPTH, ShadowStack, exit_point, frame_flags, go_hook,
-    go_layout,
+    GoStack, GoroutineKey, MAX_COUNTERS, MAX_DEPTH, ShadowStack, frame_flags, go_hook, go_layout,
 };
 
 use crate::{
     counters::current_ids,
     functions::{
-        ReadCounters, attach_cookie, close_top, enter, frame_index, indirect_jump, leave,
-        probe_stats, probed_task, virtual_counters,
+        ReadCounters, attach_cookie, close_top, enter, exit_of, frame_index, leave, probe_stats,
+        probed_task, virtual_counters,
     },
-    maps::{GO_STACKS, NUM_COUNTERS, ZERO_GO_STACK, global},
+    maps::{GO_STACKS, NUM_COUNTERS, ZERO_GO_STACK, entry_or_zeroed, global},
 };
+use topdown_ebpf::repeat;
 
 /// The registers the Go probes read.
 struct GoRegisters {
@@ -98,21 +95,14 @@ fn existing(g: u64) -> Option<&'static mut GoStack> {
 
 #[inline(always)]
 fn existing_or_new(g: u64) -> Option<&'static mut GoStack> {
-    if let Some(stack) = existing(g) {
-        return Some(stack);
-    }
-    let zero = ZERO_GO_STACK.get_ptr(0)?;
-    // SAFETY: a map value of the right type.
-    if GO_STACKS
-        .insert(&key(g), unsafe { &*zero }, BPF_NOEXIST as u64)
-        .is_err()
-    {
+    let Some(stack) = entry_or_zeroed(&GO_STACKS, &key(g), || ZERO_GO_STACK.get_ptr(0)) else {
         if let Some(stats) = probe_stats() {
             stats.map_full += 1;
         }
         return None;
-    }
-    existing(g)
+    };
+    // SAFETY: as in `existing`.
+    Some(unsafe { &mut *stack })
 }
 
 /// The goroutine's virtual counters into `stack.virtual_now`, joining it to thread `tid`
@@ -241,16 +231,7 @@ fn close_frames(key: GoroutineKey, tgid: u32, limit_sp: u64) {
         _pad: 0,
         limit_sp,
     };
-    // SAFETY: `close_step` has the callback signature bpf_loop expects, and `closing` outlives
-    // the call.
-    unsafe {
-        bpf_loop(
-            MAX_DEPTH as u32,
-            close_step as *mut core::ffi::c_void,
-            (&raw mut closing).cast(),
-            0,
-        );
-    }
+    repeat(MAX_DEPTH as u32, close_step, &mut closing);
 }
 
 /// One step of `close_frames`: 0 to go on, 1 to stop.
@@ -280,6 +261,25 @@ struct GoroutineCounters<'a> {
     clock: &'a mut [u64; MAX_COUNTERS],
     joined: &'a mut [u64; MAX_COUNTERS],
     tid: u32,
+}
+
+/// The goroutine's shadow stack, and how its counters are read on thread `tid`.
+#[inline(always)]
+fn counters_on(go: &mut GoStack, tid: u32) -> (&mut ShadowStack, GoroutineCounters<'_>) {
+    let GoStack {
+        stack,
+        thread,
+        clock,
+        joined,
+        ..
+    } = go;
+    let counters = GoroutineCounters {
+        thread,
+        clock,
+        joined,
+        tid,
+    };
+    (stack, counters)
 }
 
 impl ReadCounters for GoroutineCounters<'_> {
@@ -325,38 +325,16 @@ fn on_go_entry(ctx: &ProbeContext) -> u32 {
             return 0;
         }
     }
-    let GoStack {
-        stack,
-        thread,
-        clock,
-        joined,
-        ..
-    } = go;
-    enter(
-        stack,
-        cookie,
-        position,
-        GoroutineCounters {
-            thread,
-            clock,
-            joined,
-            tid,
-        },
-    );
+    let (stack, counters) = counters_on(go, tid);
+    enter(stack, cookie, position, counters);
     0
 }
 
 #[inline(always)]
 fn on_go_exit(ctx: &ProbeContext) -> u32 {
-    let cookie = attach_cookie(ctx.as_ptr());
-    let function = exit_point::function(cookie);
-    let mut kind = exit_point::kind(cookie);
-    if kind == exit_point::INDIRECT {
-        match indirect_jump(ctx.regs, exit_point::index(cookie)) {
-            Some(decided) => kind = decided,
-            None => return 0,
-        }
-    }
+    let Some((function, kind)) = exit_of(ctx) else {
+        return 0;
+    };
     let Some((tid, tgid)) = probed_task() else {
         return 0;
     };
@@ -372,26 +350,8 @@ fn on_go_exit(ctx: &ProbeContext) -> u32 {
     let Some(position) = frame_position(registers.g, registers.sp) else {
         return 0;
     };
-    let GoStack {
-        stack,
-        thread,
-        clock,
-        joined,
-        ..
-    } = go;
-    leave(
-        stack,
-        tgid,
-        position,
-        function,
-        kind,
-        GoroutineCounters {
-            thread,
-            clock,
-            joined,
-            tid,
-        },
-    );
+    let (stack, counters) = counters_on(go, tid);
+    leave(stack, tgid, position, function, kind, counters);
     0
 }
 
@@ -407,14 +367,8 @@ fn joins(sp: u64) -> ToClose {
         return None;
     }
     let (tid, tgid) = probed_task()?;
-    let GoStack {
-        stack,
-        thread,
-        clock,
-        joined,
-        ..
-    } = go;
-    if !goroutine_counters(stack, thread, clock, joined, tid) {
+    let (stack, counters) = counters_on(go, tid);
+    if !counters.read(stack) {
         // Not joined: its next probe joins it, and what it runs until then is not in its
         // calls.
         if let Some(stats) = probe_stats() {
@@ -484,14 +438,8 @@ fn ends(g: u64) -> ToClose {
         return None;
     }
     let (tid, tgid) = probed_task()?;
-    let GoStack {
-        stack,
-        thread,
-        clock,
-        joined,
-        ..
-    } = go;
-    if goroutine_counters(stack, thread, clock, joined, tid) {
+    let (stack, counters) = counters_on(go, tid);
+    if counters.read(stack) {
         Some((g, tgid, u64::MAX))
     } else {
         if let Some(stats) = probe_stats() {

@@ -4,10 +4,10 @@
 //! (`topdown_common::usdt::SpanKey::bucket`), picked by the same `weight_bucket`.
 
 use aya_ebpf::maps::PerCpuArray;
-use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, bindings::BPF_NOEXIST, macros::map, maps::HashMap};
+use aya_ebpf::{bindings::BPF_F_NO_PREALLOC, macros::map, maps::HashMap};
 use topdown_common::{HistogramBucket, HistogramKey, MAX_COUNTERS, histogram};
 
-use crate::maps::{atomic_add, global};
+use crate::maps::{atomic_add, entry_or_zeroed, global};
 
 /// The counter slot whose per-call count picks the bucket (the model's weight counter).
 #[unsafe(no_mangle)]
@@ -48,19 +48,8 @@ pub(crate) fn record(
         tgid,
         bucket: weight_bucket(deltas),
     };
-    let bucket = match HISTOGRAMS.get_ptr_mut(&key) {
-        Some(bucket) => bucket,
-        None => {
-            if let Some(zero) = ZERO_BUCKET.get_ptr(0) {
-                // SAFETY: a per-CPU map value nobody writes: all zeroes. Another CPU may insert
-                // the same key first (BPF_NOEXIST fails then): the lookup below finds its entry.
-                let _ = HISTOGRAMS.insert(&key, unsafe { &*zero }, BPF_NOEXIST as u64);
-            }
-            match HISTOGRAMS.get_ptr_mut(&key) {
-                Some(bucket) => bucket,
-                None => return false,
-            }
-        }
+    let Some(bucket) = entry_or_zeroed(&HISTOGRAMS, &key, || ZERO_BUCKET.get_ptr(0)) else {
+        return false;
     };
     // Several CPUs may add to one bucket at once, as to a function's totals.
     // SAFETY: naturally aligned u64 fields of a live map value.

@@ -31,12 +31,6 @@ mod process;
 mod spans;
 mod usdt;
 
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
 /// `bpf_perf_event_read_value` is GPL-only.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]

@@ -5,12 +5,14 @@ use aya_ebpf::{
     helpers::bpf_get_smp_processor_id,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
+    programs::TracePointContext,
 };
 use topdown_common::{
     CallKey, CallStats, CgroupCounters, CpuState, FIELD_ABSENT, FileAddress, GoStack, GoroutineKey,
     IndirectJump, MAX_COUNTERS, MAX_CPUS, ProbeStats, ShadowStack, SwitchState, TaskCounters,
     kernel_offset, pid_flags, slot_source, unseen_leavers::Arrival,
 };
+pub(crate) use topdown_ebpf::{atomic_add, entry_or_zeroed};
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
 #[unsafe(no_mangle)]
@@ -77,6 +79,19 @@ pub(crate) static SPLIT_FUNCTIONS_BY_PROCESS: u32 = 0;
 pub(crate) fn global(value: &'static u32) -> u32 {
     // SAFETY: reading a static the loader patched; volatile keeps the load.
     unsafe { core::ptr::read_volatile(value) }
+}
+
+/// The field at `offset` (one of the `*_OFFSET` globals) of a classic tracepoint's record:
+/// `None` where user space found no such field in this kernel's tracefs format, or the read
+/// failed.
+#[inline(always)]
+pub(crate) fn record_field<T>(ctx: &TracePointContext, offset: &'static u32) -> Option<T> {
+    let offset = global(offset);
+    if offset == FIELD_ABSENT {
+        return None;
+    }
+    // SAFETY: the offset comes from this kernel's tracefs format file.
+    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
 }
 
 /// One of `KERNEL_OFFSETS` (`index` is a `kernel_offset` constant).
@@ -292,15 +307,6 @@ pub(crate) unsafe fn atomic_and(target: *mut u64, value: u64) {
     use core::intrinsics::{AtomicOrdering, atomic_and};
     // SAFETY: guaranteed by the caller.
     unsafe { atomic_and::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
-}
-
-/// # Safety
-/// `target` must be a valid, 8-byte aligned u64 in a map value.
-#[inline(always)]
-pub(crate) unsafe fn atomic_add(target: *mut u64, value: u64) {
-    use core::intrinsics::{AtomicOrdering, atomic_xadd};
-    // SAFETY: guaranteed by the caller.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(target, value) };
 }
 
 /// Stores `new` at `target` and returns what it held.

@@ -5,7 +5,6 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use aya_log_ebpf::warn;
-use topdown_common::FIELD_ABSENT;
 
 use crate::{
     counters::{
@@ -16,7 +15,7 @@ use crate::{
         ATTACH_DST_ID_OFFSET, ATTACH_DST_ROOT_OFFSET, ATTACH_PID_OFFSET, BY_CGROUP, BY_TASK,
         CPU_STATE, EXIT_GROUP_DEAD_OFFSET, FILTER_TGIDS, FOLLOW_FORKS, FORK_CHILD_PID_OFFSET,
         PROCESS_CGROUPS, RENAME_COMM_OFFSET, RENAME_PID_OFFSET, SKIP_UNTRACED, TASKS, TRACKED,
-        ZERO_TASK, global, track, untrack,
+        ZERO_TASK, global, record_field, track, untrack,
     },
 };
 
@@ -25,12 +24,7 @@ use crate::{
 /// run, so none of its counts are missed.
 #[tracepoint(category = "sched", name = "sched_process_fork")]
 pub fn process_fork(ctx: TracePointContext) -> i32 {
-    let offset = global(&FORK_CHILD_PID_OFFSET);
-    if offset == FIELD_ABSENT {
-        return 0;
-    }
-    // SAFETY: the offset comes from this kernel's tracefs format file.
-    let Ok(child) = (unsafe { ctx.read_at::<i32>(offset as usize) }) else {
+    let Some(child) = record_field::<i32>(&ctx, &FORK_CHILD_PID_OFFSET) else {
         return 0;
     };
     let child = child as u32;
@@ -59,12 +53,10 @@ pub fn process_fork(ctx: TracePointContext) -> i32 {
 /// command that never switched out before exiting would otherwise count as untracked.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn process_exit(ctx: TracePointContext) -> i32 {
-    let group_dead_offset = global(&EXIT_GROUP_DEAD_OFFSET);
-    if global(&FILTER_TGIDS) == 0 || group_dead_offset == FIELD_ABSENT {
+    if global(&FILTER_TGIDS) == 0 {
         return 0;
     }
-    // SAFETY: the offset comes from this kernel's tracefs format file.
-    let group_dead = unsafe { ctx.read_at::<u8>(group_dead_offset as usize) }.unwrap_or(0);
+    let group_dead = record_field::<u8>(&ctx, &EXIT_GROUP_DEAD_OFFSET).unwrap_or(0);
     if group_dead == 0 {
         return 0;
     }
@@ -97,20 +89,13 @@ pub fn process_exit(ctx: TracePointContext) -> i32 {
 /// cannot tear its counts.
 #[tracepoint(category = "task", name = "task_rename")]
 pub fn task_rename(ctx: TracePointContext) -> i32 {
-    let pid_offset = global(&RENAME_PID_OFFSET);
-    let comm_offset = global(&RENAME_COMM_OFFSET);
-    if pid_offset == FIELD_ABSENT || comm_offset == FIELD_ABSENT {
-        return 0;
-    }
-    // SAFETY: the offsets come from this kernel's tracefs format file.
-    let Ok(pid) = (unsafe { ctx.read_at::<i32>(pid_offset as usize) }) else {
+    let Some(pid) = record_field::<i32>(&ctx, &RENAME_PID_OFFSET) else {
         return 0;
     };
     let Some(task) = TASKS.get_ptr_mut(&(pid as u32)) else {
         return 0;
     };
-    // SAFETY: as above.
-    if let Ok(comm) = unsafe { ctx.read_at::<[u8; 16]>(comm_offset as usize) } {
+    if let Some(comm) = record_field::<[u8; 16]>(&ctx, &RENAME_COMM_OFFSET) {
         // SAFETY: a live map value.
         unsafe { (*task).comm = comm };
     }
@@ -140,21 +125,11 @@ pub fn task_rename(ctx: TracePointContext) -> i32 {
 /// Classic `cgroup:cgroup_attach_task`, only attached when cgroups are counted.
 #[tracepoint(category = "cgroup", name = "cgroup_attach_task")]
 pub fn cgroup_attach(ctx: TracePointContext) -> i32 {
-    let root_offset = global(&ATTACH_DST_ROOT_OFFSET);
-    let id_offset = global(&ATTACH_DST_ID_OFFSET);
-    let pid_offset = global(&ATTACH_PID_OFFSET);
-    if root_offset == FIELD_ABSENT || id_offset == FIELD_ABSENT || pid_offset == FIELD_ABSENT {
-        return 0;
-    }
-    // SAFETY: the offsets come from this kernel's tracefs format file.
-    let fields = unsafe {
-        (
-            ctx.read_at::<i32>(root_offset as usize),
-            ctx.read_at::<u64>(id_offset as usize),
-            ctx.read_at::<i32>(pid_offset as usize),
-        )
-    };
-    let (Ok(root), Ok(destination), Ok(moved)) = fields else {
+    let (Some(root), Some(destination), Some(moved)) = (
+        record_field::<i32>(&ctx, &ATTACH_DST_ROOT_OFFSET),
+        record_field::<u64>(&ctx, &ATTACH_DST_ID_OFFSET),
+        record_field::<i32>(&ctx, &ATTACH_PID_OFFSET),
+    ) else {
         return 0;
     };
     // Hierarchy 0 is cgroup v2; the others are v1 hierarchies, whose moves do not change the

@@ -11,7 +11,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},
-    helpers::generated::{bpf_loop, bpf_probe_read_user_str},
+    helpers::generated::bpf_probe_read_user_str,
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -28,9 +28,10 @@ use crate::{
     counters::{current_ids, current_is_traced},
     functions::{probed_task, stack_pointer, virtual_counters_cached},
     histogram::weight_bucket,
-    maps::{NUM_COUNTERS, atomic_add, global},
+    maps::{NUM_COUNTERS, atomic_add, entry_or_zeroed, global},
     usdt::decode,
 };
+use topdown_ebpf::repeat;
 
 /// Open spans and the note of each thread that hit a span or note site, keyed by tid.
 /// Allocated on demand; sized by user space (`--max-stacks`).
@@ -88,28 +89,19 @@ fn kind_flags_of(kind: u32) -> u32 {
 /// The thread's span stack, created if `create`.
 #[inline(always)]
 fn stack_of(tid: u32, create: bool) -> Option<&'static mut SpanStack> {
-    if let Some(stack) = SPAN_STACKS.get_ptr_mut(&tid) {
-        // SAFETY: this thread's stack; only its own probes (and its last switch) touch it.
-        return Some(unsafe { &mut *stack });
-    }
-    if !create {
-        return None;
-    }
-    let zero = ZERO_SPAN_STACK.get_ptr(0)?;
-    // SAFETY: a map value of the right type.
-    if SPAN_STACKS
-        .insert(&tid, unsafe { &*zero }, BPF_NOEXIST as u64)
-        .is_err()
-    {
-        if let Some(stats) = stats() {
+    let stack = if create {
+        let stack = entry_or_zeroed(&SPAN_STACKS, &tid, || ZERO_SPAN_STACK.get_ptr(0));
+        if stack.is_none()
+            && let Some(stats) = stats()
+        {
             stats.map_full += 1;
         }
-        return None;
-    }
-    // SAFETY: as above.
-    SPAN_STACKS
-        .get_ptr_mut(&tid)
-        .map(|stack| unsafe { &mut *stack })
+        stack
+    } else {
+        SPAN_STACKS.get_ptr_mut(&tid)
+    };
+    // SAFETY: this thread's stack; only its own probes (and its last switch) touch it.
+    stack.map(|stack| unsafe { &mut *stack })
 }
 
 /// Reads the thread's virtual counters into `stack.virtual_now`.
@@ -372,16 +364,7 @@ fn close_frames(tid: u32, abandoned: u32, ended: u32) {
         return;
     }
     let mut closing = Closing { tid, abandoned };
-    // SAFETY: `close_step` has the callback signature bpf_loop expects, and `closing` outlives
-    // the call.
-    unsafe {
-        bpf_loop(
-            total,
-            close_step as *mut core::ffi::c_void,
-            (&raw mut closing).cast(),
-            0,
-        );
-    }
+    repeat(total, close_step, &mut closing);
 }
 
 /// One step of `close_frames`: 0 to go on, 1 to stop.

@@ -12,15 +12,12 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::ProbeContext,
 };
-use topdown_common::{
-    pt_regs_word,
-    usdt::{UsdtArg, UsdtSite, action, arg_kind},
-};
+use topdown_common::usdt::{UsdtArg, UsdtSite, action, arg_kind};
 
 use crate::{
     counters::current_ids,
     counters::current_is_traced,
-    functions::{attach_cookie, register},
+    functions::{attach_cookie, effective_address, register},
     maps::atomic_add,
     spans,
 };
@@ -82,14 +79,8 @@ pub(crate) fn decode(regs: *mut pt_regs, arg: &UsdtArg) -> Option<u64> {
         arg_kind::CONSTANT => return Some(arg.value as u64),
         arg_kind::REGISTER => register(regs, arg.base)? >> (arg.shift & 63),
         arg_kind::MEMORY => {
-            let mut address = arg.value as u64;
-            if arg.base != pt_regs_word::NONE {
-                address = address.wrapping_add(register(regs, arg.base)?);
-            }
-            if arg.index != pt_regs_word::NONE {
-                let scaled = register(regs, arg.index)?.wrapping_mul(u64::from(arg.scale));
-                address = address.wrapping_add(scaled);
-            }
+            let address =
+                effective_address(regs, arg.value as u64, arg.base, arg.index, arg.scale)?;
             read_user(address, arg.size)?
         }
         _ => return None,
