@@ -11,7 +11,7 @@
 //! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
 //! Neoverse cores have no SMT.
 
-use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
@@ -292,7 +292,6 @@ impl Model for ArmNeoverse {
                 // 1 - SS/(S*c): the slots that were not stalled.
                 let issued = ratio(ss, total_slots).map(|stalled| 1.0 - stalled);
                 let per_cycle = |value: f64| ratio(value, cycles);
-                let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
                 let plus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
                 let retiring = retired_share.zip(issued).map(|(r, issued)| r * issued);
                 let wasted = retired_share
@@ -302,7 +301,7 @@ impl Model for ArmNeoverse {
                     // §5.3 V1 row (S=8): FE = SSF/(8c) - 4*BR_MIS_PRED/c; BE = SSB/(8c);
                     // BadSpec = (1-r)(1 - SS/(8c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(8c)).
                     Core::V1 => (
-                        minus(ratio(ssf, total_slots), per_cycle(4.0 * mispredicts)),
+                        difference(ratio(ssf, total_slots), per_cycle(4.0 * mispredicts)),
                         ratio(ssb, total_slots),
                         plus(wasted, per_cycle(4.0 * mispredicts)),
                         retiring,
@@ -310,7 +309,7 @@ impl Model for ArmNeoverse {
                     // §5.3 V3/N3 row: FE = SSF/(S*c) - STALL_FRONTEND_FLUSH/c; BE = SSB/(S*c);
                     // BadSpec = (1 - SS/(S*c))(1-r) + STALL_FRONTEND_FLUSH/c; Retiring = (1 - SS/(S*c))*r.
                     Core::V3 | Core::N3 => (
-                        minus(ratio(ssf, total_slots), per_cycle(flush)),
+                        difference(ratio(ssf, total_slots), per_cycle(flush)),
                         ratio(ssb, total_slots),
                         plus(wasted, per_cycle(flush)),
                         retiring,
@@ -319,8 +318,8 @@ impl Model for ArmNeoverse {
                     // above: FE = SSF/(S*c) - BR_MIS_PRED/c; BE = SSB/(S*c) - 3*BR_MIS_PRED/c;
                     // BadSpec = (1-r)(1 - SS/(S*c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(S*c)).
                     _ => (
-                        minus(ratio(ssf, total_slots), per_cycle(mispredicts)),
-                        minus(ratio(ssb, total_slots), per_cycle(3.0 * mispredicts)),
+                        difference(ratio(ssf, total_slots), per_cycle(mispredicts)),
+                        difference(ratio(ssb, total_slots), per_cycle(3.0 * mispredicts)),
                         plus(wasted, per_cycle(4.0 * mispredicts)),
                         retiring,
                     ),
@@ -329,30 +328,33 @@ impl Model for ArmNeoverse {
         };
 
         // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
             backend_bound: backend,
-        }
-        .write(out);
-        if level >= 2 {
-            out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
-            if matches!(self.core, Core::V3 | Core::N3) {
-                // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
-                // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
-                // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
-                // level-1 backend slots by those cycle shares is our composition, not Arm's.
+        };
+        level_one.write_with_level_two(out, level, |_| {
+            if !matches!(self.core, Core::V3 | Core::N3) {
                 // Arm publishes no slot-based level 2 for N1/N2/V1/V2 at all.
-                let stalled = get(input::STALL_BACKEND);
-                let memory_share = ratio(get(input::STALL_BACKEND_MEMBOUND), stalled);
-                let core_share = ratio(get(input::STALL_BACKEND_CPUBOUND), stalled);
-                out[level_two_position("memory_bound")] =
-                    backend.zip(memory_share).map(|(be, share)| be * share);
-                out[level_two_position("core_bound")] =
-                    backend.zip(core_share).map(|(be, share)| be * share);
+                return LevelTwo::default();
             }
-        }
+            // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
+            // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
+            // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
+            // level-1 backend slots by those cycle shares is our composition, not Arm's.
+            let stalled = get(input::STALL_BACKEND);
+            let backend_share = |input: usize| {
+                backend
+                    .zip(ratio(get(input), stalled))
+                    .map(|(be, share)| be * share)
+            };
+            LevelTwo {
+                memory_bound: backend_share(input::STALL_BACKEND_MEMBOUND),
+                core_bound: backend_share(input::STALL_BACKEND_CPUBOUND),
+                ..LevelTwo::default()
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -293,9 +293,6 @@ mod tests {
     struct Pair;
 
     impl Model for Pair {
-        fn name(&self) -> String {
-            "pair".to_owned()
-        }
         fn base_name(&self) -> &'static str {
             "pair"
         }

@@ -163,9 +163,6 @@ mod tests {
     }
 
     impl Model for Simple {
-        fn name(&self) -> String {
-            self.name.to_owned()
-        }
         fn base_name(&self) -> &'static str {
             self.name
         }

@@ -8,7 +8,7 @@
 //! backend); topdown reports Resource_Bound in the `memory_bound` column and says so. E-cores
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
-use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,11 +56,6 @@ pub fn models() -> Vec<Box<dyn Model>> {
         .into_iter()
         .map(|core| Box::new(IntelAtom::new(core)) as Box<dyn Model>)
         .collect()
-}
-
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
 }
 
 impl IntelAtom {
@@ -167,10 +162,6 @@ impl IntelAtom {
 }
 
 impl Model for IntelAtom {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         match self.core {
             Core::Gracemont => "intel-grt",
@@ -222,19 +213,12 @@ impl Model for IntelAtom {
             Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
         };
         // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
             backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-        // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl cpu_atom) have
-        // no level-2 split of Retiring.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
+        };
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
@@ -242,19 +226,20 @@ impl Model for IntelAtom {
         // cpu_atom: tma_ifetch_latency, tma_ifetch_bandwidth, tma_branch_mispredicts,
         // tma_machine_clears = TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS / slots, tma_core_bound,
         // tma_resource_bound).
-        let machine_clears = per_slot(input::MACHINE_CLEARS);
-        let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
-        let resource_bound = backend.zip(core_bound).map(|(be, core)| be - core);
-        for (name, value) in [
-            ("fetch_latency", per_slot(input::FRONTEND_LATENCY)),
-            ("fetch_bandwidth", per_slot(input::FRONTEND_BANDWIDTH)),
-            ("branch_mispredicts", per_slot(input::MISPREDICT)),
-            ("machine_clears", machine_clears),
-            ("core_bound", core_bound),
-            ("memory_bound", resource_bound),
-        ] {
-            out[level_two_position(name)] = value;
-        }
+        level_one.write_with_level_two(out, level, |_| {
+            let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
+            LevelTwo {
+                fetch_latency: per_slot(input::FRONTEND_LATENCY),
+                fetch_bandwidth: per_slot(input::FRONTEND_BANDWIDTH),
+                branch_mispredicts: per_slot(input::MISPREDICT),
+                machine_clears: per_slot(input::MACHINE_CLEARS),
+                core_bound,
+                memory_bound: difference(backend, core_bound),
+                // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl
+                // cpu_atom) have no level-2 split of Retiring.
+                ..LevelTwo::default()
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -269,11 +254,12 @@ impl Model for IntelAtom {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::base_model;
 
     #[test]
     fn encodings_follow_the_reference() {
         let config = |model: &str, name: &str| {
-            by_name(model)
+            base_model(model)
                 .unwrap()
                 .counters()
                 .into_iter()
@@ -329,9 +315,9 @@ mod tests {
 
     #[test]
     fn slots_are_width_times_clocks() {
-        assert_eq!(by_name("intel-grt").unwrap().slots(&[200]), Some(1000.0));
-        assert_eq!(by_name("intel-cmt").unwrap().slots(&[200]), Some(1200.0));
-        assert_eq!(by_name("intel-skt").unwrap().slots(&[200]), Some(1600.0));
+        assert_eq!(base_model("intel-grt").unwrap().slots(&[200]), Some(1000.0));
+        assert_eq!(base_model("intel-cmt").unwrap().slots(&[200]), Some(1200.0));
+        assert_eq!(base_model("intel-skt").unwrap().slots(&[200]), Some(1600.0));
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
 //! counter 1, where the kernel would otherwise put it.
 
-use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,11 +131,6 @@ pub fn models() -> Vec<Box<dyn Model>> {
     .into_iter()
     .map(|(generation, smt)| Box::new(IntelCore::new(generation, smt)) as Box<dyn Model>)
     .collect()
-}
-
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
 }
 
 impl IntelCore {
@@ -287,10 +282,6 @@ impl IntelCore {
 }
 
 impl Model for IntelCore {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         match (self.generation, self.smt) {
             (Generation::SandyBridge, false) => "intel-snb",
@@ -370,95 +361,82 @@ impl Model for IntelCore {
         };
 
         // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
             backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-
-        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-        let cycles_0_uops = get(input::CYCLES_0_UOPS);
-        let fetch_latency = match self.generation {
-            // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
-            Generation::SandyBridge | Generation::IvyBridge => {
-                ratio(WIDTH * clks.min(cycles_0_uops), slots)
-            }
-            // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
-            Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
         };
-        // Fetch_Bandwidth = FE - Fetch_Latency
-        let fetch_bandwidth = minus(frontend, fetch_latency);
-        // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
-        //                      MACHINE_CLEARS.COUNT) * BadSpec
-        let branch_mispredicts = ratio(
-            get(input::BR_MISP),
-            get(input::BR_MISP) + get(input::MACHINE_CLEARS),
-        )
-        .zip(bad_speculation)
-        .map(|(share, bad)| share * bad);
-        // Machine_Clears = BadSpec - Branch_Mispredicts
-        let machine_clears = minus(bad_speculation, branch_mispredicts);
-        let (memory_bound, core_bound, heavy_operations) = match self.generation {
-            Generation::SandyBridge | Generation::IvyBridge => {
-                // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
-                //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
-                let heavy = ratio(retire_slots, issued)
-                    .zip(ratio(get(input::MS_UOPS), slots))
-                    .map(|(retired_share, ms)| retired_share * ms);
-                if self.generation == Generation::IvyBridge {
-                    // Memory_Bound needs per-generation stall events (ivb/hsw/bdw
-                    // metrics.json), not modelled yet: no memory/core split.
-                    (None, None, heavy)
-                } else {
-                    let memory_bound = self.snb_memory_bound(values, backend, fetch_latency);
-                    // snb-metrics.json tma_core_bound: tma_backend_bound - tma_memory_bound
-                    (memory_bound, minus(backend, memory_bound), heavy)
+        level_one.write_with_level_two(out, level, |level_one| {
+            let cycles_0_uops = get(input::CYCLES_0_UOPS);
+            let fetch_latency = match self.generation {
+                // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
+                Generation::SandyBridge | Generation::IvyBridge => {
+                    ratio(WIDTH * clks.min(cycles_0_uops), slots)
                 }
-            }
-            Generation::Skylake => {
-                // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
-                //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
-                //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
-                let stores = get(input::BOUND_ON_STORES);
-                let memory = retiring.and_then(|ret| {
-                    ratio(
-                        get(input::STALLS_MEM_ANY) + stores,
-                        get(input::STALLS_TOTAL)
-                            + get(input::ONE_PORT_UTIL)
-                            + ret * get(input::TWO_PORTS_UTIL)
-                            + stores,
-                    )
-                });
-                let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
-                // Core_Bound = BE - Memory_Bound
-                let core_bound = minus(backend, memory_bound);
-                // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
-                //   - INST_RETIRED.ANY)/SLOTS
-                let heavy = ratio(
-                    retire_slots + get(input::MACRO_FUSED) - get(input::INST_RETIRED),
-                    slots,
-                );
-                (memory_bound, core_bound, heavy)
-            }
-        };
-        // Light_Operations = Retiring - Heavy_Operations
-        let light_operations = minus(retiring, heavy_operations);
-        LevelTwo {
-            light_operations,
-            heavy_operations,
-            branch_mispredicts,
-            machine_clears,
-            fetch_latency,
-            fetch_bandwidth,
-            memory_bound,
-            core_bound,
-        }
-        .write(out);
+                // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
+                Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
+            };
+            // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
+            //                      MACHINE_CLEARS.COUNT) * BadSpec
+            let branch_mispredicts = ratio(
+                get(input::BR_MISP),
+                get(input::BR_MISP) + get(input::MACHINE_CLEARS),
+            )
+            .zip(bad_speculation)
+            .map(|(share, bad)| share * bad);
+            let (memory_bound, heavy_operations) = match self.generation {
+                Generation::SandyBridge | Generation::IvyBridge => {
+                    // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
+                    //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
+                    let heavy = ratio(retire_slots, issued)
+                        .zip(ratio(get(input::MS_UOPS), slots))
+                        .map(|(retired_share, ms)| retired_share * ms);
+                    if self.generation == Generation::IvyBridge {
+                        // Memory_Bound needs per-generation stall events (ivb/hsw/bdw
+                        // metrics.json), not modelled yet: no memory/core split.
+                        (None, heavy)
+                    } else {
+                        (self.snb_memory_bound(values, backend, fetch_latency), heavy)
+                    }
+                }
+                Generation::Skylake => {
+                    // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
+                    //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
+                    //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
+                    let stores = get(input::BOUND_ON_STORES);
+                    let memory = retiring.and_then(|ret| {
+                        ratio(
+                            get(input::STALLS_MEM_ANY) + stores,
+                            get(input::STALLS_TOTAL)
+                                + get(input::ONE_PORT_UTIL)
+                                + ret * get(input::TWO_PORTS_UTIL)
+                                + stores,
+                        )
+                    });
+                    let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
+                    // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
+                    //   - INST_RETIRED.ANY)/SLOTS
+                    let heavy = ratio(
+                        retire_slots + get(input::MACRO_FUSED) - get(input::INST_RETIRED),
+                        slots,
+                    );
+                    (memory_bound, heavy)
+                }
+            };
+            // Fetch_Bandwidth = FE - Fetch_Latency; Machine_Clears = BadSpec -
+            // Branch_Mispredicts; Core_Bound = BE - Memory_Bound (snb-metrics.json
+            // tma_core_bound: tma_backend_bound - tma_memory_bound); Light_Operations =
+            // Retiring - Heavy_Operations.
+            LevelTwo::with_siblings(
+                level_one,
+                difference,
+                fetch_latency,
+                branch_mispredicts,
+                memory_bound,
+                heavy_operations,
+            )
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -473,6 +451,7 @@ impl Model for IntelCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::base_model;
     use crate::model::values_of;
 
     /// `pairs` by event in `model`'s counter order.
@@ -522,7 +501,7 @@ mod tests {
     fn smt_uses_the_per_thread_core_clock_estimate() {
         // THREAD 1000, ONE_THREAD_ACTIVE 250, REF_XCLK 500: CORE_CLKS = 500 * 1.5 = 750,
         // SLOTS = 3000; FETCH 600 -> FE = 0.2.
-        let model = by_name("intel-skl-smt").unwrap();
+        let model = base_model("intel-skl-smt").unwrap();
         let metrics = model.metrics(
             &counts(
                 model.as_ref(),
@@ -546,7 +525,7 @@ mod tests {
 
     #[test]
     fn encodings_and_groups() {
-        let skl = by_name("intel-skl").unwrap().counters();
+        let skl = base_model("intel-skl").unwrap().counters();
         let config = |name: &str| {
             skl.iter()
                 .find(|spec| spec.name == name)
@@ -569,7 +548,7 @@ mod tests {
         );
         // Level 1: five events in group 0 (8 counters with SMT off).
         assert_eq!(skl.iter().filter(|spec| spec.group == 0).count(), 5);
-        let smt = by_name("intel-skl-smt").unwrap().counters();
+        let smt = base_model("intel-skl-smt").unwrap().counters();
         assert_eq!(smt.iter().filter(|spec| spec.group == 0).count(), 4);
         assert_eq!(smt.iter().filter(|spec| spec.group == 1).count(), 3);
         assert!(
@@ -577,9 +556,9 @@ mod tests {
                 .any(|spec| spec.name == "INT_MISC.RECOVERY_CYCLES_ANY")
         );
         for name in ["intel-snb", "intel-snb-smt", "intel-skl", "intel-skl-smt"] {
-            assert_eq!(by_name(name).unwrap().name(), name);
+            assert_eq!(base_model(name).unwrap().name(), name);
         }
-        assert!(by_name("intel-hsw").is_none());
+        assert!(base_model("intel-hsw").is_err());
     }
 
     #[test]
