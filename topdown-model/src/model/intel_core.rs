@@ -562,25 +562,6 @@ mod tests {
     }
 
     #[test]
-    fn zero_counts_mean_no_data() {
-        for model in models() {
-            let metrics = model.metrics(&[], 2);
-            assert!(
-                [
-                    "retiring",
-                    "frontend_bound",
-                    "bad_speculation",
-                    "backend_bound"
-                ]
-                .iter()
-                .all(|name| metrics[*name].is_none()),
-                "{}",
-                model.name()
-            );
-        }
-    }
-
-    #[test]
     fn each_input_is_read_from_its_own_counter() {
         // With SMT the level-2 events move back by the two clock-ratio events.
         let name_at = |model: &IntelCore, input: usize| {

@@ -515,3 +515,20 @@ pub fn bad_speculation_left_over(
 pub fn ratio(num: f64, den: f64) -> Option<f64> {
     if den == 0.0 { None } else { Some(num / den) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{all_models, base_model};
+
+    #[test]
+    fn no_counts_mean_no_data_in_every_model() {
+        let mut models = all_models();
+        models.push(base_model("hybrid:intel-spr+intel-grt").expect("hybrid pairing"));
+        for model in models {
+            for values in [&[][..], &vec![0; model.counters().len()][..]] {
+                let metrics = model.metrics(values, 2);
+                assert!(metrics.values().all(Option::is_none), "{}", model.name());
+            }
+        }
+    }
+}
