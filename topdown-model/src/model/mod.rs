@@ -216,6 +216,51 @@ pub trait Model: Send + Sync {
     }
 }
 
+/// The [`Model`] methods of a wrapper that changes which counters are opened but not the
+/// formulas over them (`synthetic:`, a model with `-e` events): each is its `self.inner`'s. The
+/// wrapper's values begin with the inner model's own counters (the same counters counted
+/// otherwise, or the events after them), so the formulas read them unchanged.
+macro_rules! formulas_of_inner {
+    () => {
+        fn base_name(&self) -> &'static str {
+            self.inner.base_name()
+        }
+
+        fn recorded_name(&self) -> String {
+            self.inner.recorded_name()
+        }
+
+        fn max_level(&self) -> u8 {
+            self.inner.max_level()
+        }
+
+        fn metrics(&self, values: &[u64], level: u8) -> $crate::model::Metrics {
+            self.inner.metrics(values, level)
+        }
+
+        fn metric_names(&self, level: u8) -> Vec<String> {
+            self.inner.metric_names(level)
+        }
+
+        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+            self.inner.metrics_into(values, level, out)
+        }
+
+        fn weight_counter(&self) -> &'static str {
+            self.inner.weight_counter()
+        }
+
+        fn extra_l1_metrics(&self) -> &'static [&'static str] {
+            self.inner.extra_l1_metrics()
+        }
+
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            self.inner.slots(values)
+        }
+    };
+}
+use formulas_of_inner;
+
 /// Every non-synthetic model, in `topdown list` order: software, then Intel, AMD, Arm.
 pub fn all_models() -> Vec<Box<dyn Model>> {
     let mut models: Vec<Box<dyn Model>> = vec![Box::new(software::Software)];
