@@ -1,7 +1,11 @@
 //! The C header and static library: a C program built against them (`cc`), with exact
 //! synthetic counts (root: tracepoints), and the C example run on the software model.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 /// The static library cargo built for this test run: in `target/<profile>/deps`, next to the
 /// test binary (the copy in `target/<profile>` is only refreshed by `cargo build`).
@@ -12,18 +16,14 @@ fn static_library() -> PathBuf {
         .join("libtopdown_region.a")
 }
 
-/// Compiles `source` against the header and the static library; panics with cc's output.
-fn build_c(source: &str, output: &std::path::Path) {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+/// Compiles `source` against the static library; panics with cc's output.
+fn build_c(source: &str, output: &Path) {
     let library = static_library();
     assert!(library.exists(), "{} was not built", library.display());
-    let result = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join(source))
-        .arg(&library)
-        // rustc --print native-static-libs for this crate.
-        .args([
+    let mut link: Vec<OsString> = vec![library.into()];
+    // rustc --print native-static-libs for this crate.
+    link.extend(
+        [
             "-ldl",
             "-lgcc_s",
             "-lutil",
@@ -31,16 +31,41 @@ fn build_c(source: &str, output: &std::path::Path) {
             "-lpthread",
             "-lm",
             "-lc",
-            "-o",
-        ])
+        ]
+        .map(OsString::from),
+    );
+    compile("cc", &crate_dir().join(source), &link, output);
+}
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Compiles `source` with `compiler` against the header, linking with `link`; panics with the
+/// compiler's output.
+fn compile(compiler: &str, source: &Path, link: &[OsString], output: &Path) {
+    let result = Command::new(compiler)
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(source)
+        .args(link)
+        .arg("-o")
         .arg(output)
         .output()
-        .expect("running cc (a C compiler is needed for this test)");
+        .unwrap_or_else(|err| {
+            panic!("running {compiler} (a C compiler is needed for this test): {err}")
+        });
     assert!(
         result.status.success(),
-        "cc {source} failed:\n{}",
+        "{compiler} {} failed:\n{}",
+        source.display(),
         String::from_utf8_lossy(&result.stderr)
     );
+}
+
+/// A report the program wrote.
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
 }
 
 #[test]
@@ -75,8 +100,7 @@ fn c_program_counts_exactly() {
         lines[3],
         "second init: topdown-region is already set up (init must come before the first region)"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let report = read_json(&json);
     let function = |symbol: &str| {
         report["functions"]
             .as_array()
@@ -112,8 +136,7 @@ fn c_example_runs_on_the_read_fallback() {
         stdout.contains("regions-c: counters read by path 1: counter cpu-clock: "),
         "{stdout}"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let report = read_json(&json);
     let functions = report["functions"].as_array().expect("functions");
     let calls: Vec<(&str, u64)> = functions
         .iter()
@@ -227,9 +250,6 @@ fn a_forked_child_counts_with_its_own_counters() {
         output.status.code(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let read = |path: &std::path::Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
-    };
     let regions = |report: &serde_json::Value| -> Vec<(String, u64, u64)> {
         report["functions"]
             .as_array()
@@ -246,16 +266,15 @@ fn a_forked_child_counts_with_its_own_counters() {
     };
     // The child: only its own region, on its own counters (not the parent thread's, which
     // would show the parent's 0 getppid calls during the child's region).
-    let child = read(&child_json);
+    let child = read_json(&child_json);
     assert_eq!(regions(&child), [("child".to_owned(), 1, 300)]);
     // The parent: 10 + 5 calls of its own; the child's 300 were another process's.
-    let parent = read(&parent_json);
+    let parent = read_json(&parent_json);
     assert_eq!(regions(&parent), [("parent".to_owned(), 1, 15)]);
 }
 
 #[test]
 fn c_and_cpp_programs_link_the_shared_library() {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let library_dir = static_library()
         .parent()
         .expect("deps directory")
@@ -269,23 +288,15 @@ fn c_and_cpp_programs_link_the_shared_library() {
          return td_region_path() == TD_REGION_PATH_READ && td_region_misuse_count() == 0 ? 0 : 1; }\n",
     )
     .expect("writing the C++ source");
-    for (compiler, source) in [("cc", crate_dir.join("examples/regions.c")), ("c++", cpp)] {
+    for (compiler, source) in [("cc", crate_dir().join("examples/regions.c")), ("c++", cpp)] {
         let program = dir.path().join(format!("linked-{compiler}"));
-        let result = Command::new(compiler)
-            .args(["-O2", "-Wall", "-Werror", "-I"])
-            .arg(crate_dir.join("include"))
-            .arg(&source)
-            .arg(format!("-L{}", library_dir.display()))
-            .arg(format!("-Wl,-rpath,{}", library_dir.display()))
-            .args(["-ltopdown_region", "-o"])
-            .arg(&program)
-            .output()
-            .unwrap_or_else(|err| panic!("running {compiler}: {err}"));
-        assert!(
-            result.status.success(),
-            "{compiler} failed:\n{}",
-            String::from_utf8_lossy(&result.stderr)
-        );
+        let link = [
+            format!("-L{}", library_dir.display()),
+            format!("-Wl,-rpath,{}", library_dir.display()),
+            "-ltopdown_region".to_owned(),
+        ]
+        .map(OsString::from);
+        compile(compiler, &source, &link, &program);
         let output = Command::new(&program)
             .env("TOPDOWN_REGION_MODEL", "software")
             .output()

@@ -71,6 +71,21 @@ fn counts(snapshot: &Snapshot, record: &ThreadRecord, region: &str, counter: &st
     )
 }
 
+/// Each `(region, counter, (inclusive, exclusive))` of `expected`, checked with [`counts`].
+fn assert_counts(
+    snapshot: &Snapshot,
+    record: &ThreadRecord,
+    expected: &[(&str, &str, (u64, u64))],
+) {
+    for &(region, counter, want) in expected {
+        assert_eq!(
+            counts(snapshot, record, region, counter),
+            want,
+            "{region} {counter}"
+        );
+    }
+}
+
 #[test]
 fn a_region_counts_exactly_its_1234_getppid_calls() {
     if !setup() {
@@ -89,17 +104,14 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
     let record = thread(&snapshot, tid);
     assert_eq!(record.path, ReadPath::Read, "{}", record.reason);
     assert_eq!(record.region("getppid-1234").unwrap().calls, 1);
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "slots"),
-        (1234, 1234)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "topdown-retiring"),
-        (5, 5)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "topdown-bad-spec"),
-        (0, 0)
+    assert_counts(
+        &snapshot,
+        record,
+        &[
+            ("getppid-1234", "slots", (1234, 1234)),
+            ("getppid-1234", "topdown-retiring", (5, 5)),
+            ("getppid-1234", "topdown-bad-spec", (0, 0)),
+        ],
     );
     assert_eq!(snapshot.value(&record.outermost, "slots"), Some(1234));
     assert_eq!(record.misuse, Default::default());
@@ -136,24 +148,18 @@ fn nested_regions_are_exact_inclusive_and_exclusive() {
         (calls("outer"), calls("inner"), calls("innermost")),
         (1, 2, 2)
     );
-    assert_eq!(counts(&snapshot, record, "outer", "slots"), (2111, 111));
-    assert_eq!(counts(&snapshot, record, "inner", "slots"), (2000, 2000));
-    assert_eq!(counts(&snapshot, record, "innermost", "slots"), (0, 0));
-    assert_eq!(
-        counts(&snapshot, record, "outer", "topdown-retiring"),
-        (7, 7)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "outer", "topdown-bad-spec"),
-        (46, 0)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "inner", "topdown-bad-spec"),
-        (46, 6)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "innermost", "topdown-bad-spec"),
-        (40, 40)
+    assert_counts(
+        &snapshot,
+        record,
+        &[
+            ("outer", "slots", (2111, 111)),
+            ("inner", "slots", (2000, 2000)),
+            ("innermost", "slots", (0, 0)),
+            ("outer", "topdown-retiring", (7, 7)),
+            ("outer", "topdown-bad-spec", (46, 0)),
+            ("inner", "topdown-bad-spec", (46, 6)),
+            ("innermost", "topdown-bad-spec", (40, 40)),
+        ],
     );
     // The region tree: caller -> callee, calls and inclusive slots / getsid.
     type Edge<'a> = (Option<&'a str>, &'a str, u64, Option<u64>, Option<u64>);
