@@ -154,23 +154,24 @@ impl Model for AmdZen {
         // Level 1, each divided by total_dispatch_slots (§4.2, amdzen4/5 pipeline.json,
         // group PipelineL1). perf uses d_ratio (0 for a zero denominator); here no slots
         // means no data (None).
-        let frontend = ratio(get(at::FRONTEND), slots);
-        let bad_speculation = ratio(get(at::DISPATCHED) - get(at::RETIRED), slots);
-        let backend = ratio(get(at::BACKEND), slots);
-        let smt_contention = ratio(get(at::SMT), slots);
-        let retiring = ratio(get(at::RETIRED), slots);
-
-        // The extra bucket, last at either level.
-        out[extras_at(level)] = smt_contention;
-        // In L1_METRICS order.
         let level_one = LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
+            retiring: ratio(get(at::RETIRED), slots),
+            bad_speculation: ratio(get(at::DISPATCHED) - get(at::RETIRED), slots),
+            frontend_bound: ratio(get(at::FRONTEND), slots),
+            backend_bound: ratio(get(at::BACKEND), slots),
         };
-        level_one.write_with_level_two(out, level, |_| {
-            // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets.
+        // The extra bucket, last at either level.
+        out[extras_at(level)] = ratio(get(at::SMT), slots);
+        level_one.write_with_level_two(out, level, |level_one| {
+            // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets. Each level-1
+            // bucket but the frontend splits by a share: (parent * share, parent * (1 - share)).
+            let split = |parent: Option<f64>, share: Option<f64>| {
+                let both = parent.zip(share);
+                (
+                    both.map(|(parent, share)| parent * share),
+                    both.map(|(parent, share)| parent * (1.0 - share)),
+                )
+            };
             let restarts = at::RESTARTS;
             let frontend_cmask = get(at::FRONTEND_CMASK);
             // frontend_bound_latency [frontend_bound_by_latency] = W * no_ops_from_frontend{cmask=W} / slots
@@ -182,31 +183,19 @@ impl Model for AmdZen {
                 ratio(get(at::MISPREDICTS), get(at::MISPREDICTS) + get(restarts));
             // bad_speculation_mispredicts [bad_speculation_from_mispredicts]
             //   = bad_speculation * ex_ret_brn_misp / (ex_ret_brn_misp + R)
-            let branch_mispredicts = bad_speculation
-                .zip(misprediction_share)
-                .map(|(bad, share)| bad * share);
             // bad_speculation_pipeline_restarts [bad_speculation_from_pipeline_restarts]
             //   = bad_speculation * R / (ex_ret_brn_misp + R)
-            let machine_clears = bad_speculation
-                .zip(misprediction_share)
-                .map(|(bad, share)| bad * (1.0 - share));
+            let (branch_mispredicts, machine_clears) =
+                split(level_one.bad_speculation, misprediction_share);
             let memory_share = ratio(get(at::LOAD_NOT_COMPLETE), get(at::NOT_COMPLETE));
             // backend_bound_memory [backend_bound_by_memory]
             //   = backend_bound * ex_no_retire.load_not_complete / ex_no_retire.not_complete
-            let memory_bound = backend.zip(memory_share).map(|(be, share)| be * share);
             // backend_bound_cpu [backend_bound_by_cpu] = backend_bound * (1 - load_not_complete/not_complete)
-            let core_bound = backend
-                .zip(memory_share)
-                .map(|(be, share)| be * (1.0 - share));
+            let (memory_bound, core_bound) = split(level_one.backend_bound, memory_share);
             let microcode_share = ratio(get(at::UCODE), get(at::RETIRED));
-            // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
-            let light_operations = retiring
-                .zip(microcode_share)
-                .map(|(ret, share)| ret * (1.0 - share));
             // retiring_microcode [retiring_from_microcode] = retiring * ex_ret_ucode_ops/ex_ret_ops
-            let heavy_operations = retiring
-                .zip(microcode_share)
-                .map(|(ret, share)| ret * share);
+            // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
+            let (heavy_operations, light_operations) = split(level_one.retiring, microcode_share);
 
             LevelTwo {
                 light_operations,

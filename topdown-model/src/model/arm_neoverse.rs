@@ -265,16 +265,15 @@ impl Model for ArmNeoverse {
         // r = OP_RETIRED / OP_SPEC: the share of issued operations that retired.
         let retired_share = ratio(get(input::OP_RETIRED), get(input::OP_SPEC));
 
-        let (frontend, backend, bad_speculation, retiring) = match self.core {
+        let level_one = match self.core {
             // Arm's N1 methodology stage 1, Cycle_Accounting (§5.3 N1 row):
             // frontend_stalled_cycles = STALL_FRONTEND/CPU_CYCLES,
             // backend_stalled_cycles = STALL_BACKEND/CPU_CYCLES.
-            Core::N1 => (
-                ratio(get(input::STALL_FRONTEND), cycles),
-                ratio(get(input::STALL_BACKEND), cycles),
-                None,
-                None,
-            ),
+            Core::N1 => LevelOne {
+                frontend_bound: ratio(get(input::STALL_FRONTEND), cycles),
+                backend_bound: ratio(get(input::STALL_BACKEND), cycles),
+                ..LevelOne::default()
+            },
             _ => {
                 let (ssf, ss) = if self.core == Core::N2Erratum {
                     // §5.3 N2 r0p0-r0p2 row and the Yitian 710 seed ("real stall_slot_frontend
@@ -291,50 +290,36 @@ impl Model for ArmNeoverse {
                 let flush = get(input::STALL_FRONTEND_FLUSH);
                 // 1 - SS/(S*c): the slots that were not stalled.
                 let issued = ratio(ss, total_slots).map(|stalled| 1.0 - stalled);
-                let per_cycle = |value: f64| ratio(value, cycles);
-                let plus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
-                let retiring = retired_share.zip(issued).map(|(r, issued)| r * issued);
                 let wasted = retired_share
                     .zip(issued)
                     .map(|(r, issued)| (1.0 - r) * issued);
-                match self.core {
+                // The rows differ only in the per-cycle terms taken off FE and BE and added to
+                // BadSpec: FE = SSF/(S*c) - fe_term/c; BE = SSB/(S*c) - be_term/c;
+                // BadSpec = (1-r)(1 - SS/(S*c)) + bad_term/c; Retiring = r(1 - SS/(S*c)).
+                let (fe_term, be_term, bad_term) = match self.core {
                     // §5.3 V1 row (S=8): FE = SSF/(8c) - 4*BR_MIS_PRED/c; BE = SSB/(8c);
                     // BadSpec = (1-r)(1 - SS/(8c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(8c)).
-                    Core::V1 => (
-                        difference(ratio(ssf, total_slots), per_cycle(4.0 * mispredicts)),
-                        ratio(ssb, total_slots),
-                        plus(wasted, per_cycle(4.0 * mispredicts)),
-                        retiring,
-                    ),
+                    Core::V1 => (4.0 * mispredicts, 0.0, 4.0 * mispredicts),
                     // §5.3 V3/N3 row: FE = SSF/(S*c) - STALL_FRONTEND_FLUSH/c; BE = SSB/(S*c);
                     // BadSpec = (1 - SS/(S*c))(1-r) + STALL_FRONTEND_FLUSH/c; Retiring = (1 - SS/(S*c))*r.
-                    Core::V3 | Core::N3 => (
-                        difference(ratio(ssf, total_slots), per_cycle(flush)),
-                        ratio(ssb, total_slots),
-                        plus(wasted, per_cycle(flush)),
-                        retiring,
-                    ),
+                    Core::V3 | Core::N3 => (flush, 0.0, flush),
                     // §5.3 N2 r0p3+/V2 row, and the N2 r0p0-r0p2 row with SSF and SS corrected
                     // above: FE = SSF/(S*c) - BR_MIS_PRED/c; BE = SSB/(S*c) - 3*BR_MIS_PRED/c;
                     // BadSpec = (1-r)(1 - SS/(S*c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(S*c)).
-                    _ => (
-                        difference(ratio(ssf, total_slots), per_cycle(mispredicts)),
-                        difference(ratio(ssb, total_slots), per_cycle(3.0 * mispredicts)),
-                        plus(wasted, per_cycle(4.0 * mispredicts)),
-                        retiring,
-                    ),
+                    _ => (mispredicts, 3.0 * mispredicts, 4.0 * mispredicts),
+                };
+                let per_cycle = |value: f64| ratio(value, cycles);
+                LevelOne {
+                    retiring: retired_share.zip(issued).map(|(r, issued)| r * issued),
+                    bad_speculation: wasted
+                        .zip(per_cycle(bad_term))
+                        .map(|(wasted, term)| wasted + term),
+                    frontend_bound: difference(ratio(ssf, total_slots), per_cycle(fe_term)),
+                    backend_bound: difference(ratio(ssb, total_slots), per_cycle(be_term)),
                 }
             }
         };
-
-        // In L1_METRICS order.
-        let level_one = LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
-        };
-        level_one.write_with_level_two(out, level, |_| {
+        level_one.write_with_level_two(out, level, |level_one| {
             if !matches!(self.core, Core::V3 | Core::N3) {
                 // Arm publishes no slot-based level 2 for N1/N2/V1/V2 at all.
                 return LevelTwo::default();
@@ -345,7 +330,8 @@ impl Model for ArmNeoverse {
             // level-1 backend slots by those cycle shares is our composition, not Arm's.
             let stalled = get(input::STALL_BACKEND);
             let backend_share = |input: usize| {
-                backend
+                level_one
+                    .backend_bound
                     .zip(ratio(get(input), stalled))
                     .map(|(be, share)| be * share)
             };

@@ -346,6 +346,7 @@ pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
 
 /// Level 1 of one evaluation, by name: [`LevelOne::write`] puts it in [`L1_METRICS`]' order, the
 /// one place that order is spelled out for the models' `evaluate_into`.
+#[derive(Default)]
 pub struct LevelOne {
     pub retiring: Option<f64>,
     pub bad_speculation: Option<f64>,
