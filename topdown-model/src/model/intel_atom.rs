@@ -169,24 +169,19 @@ impl Model for IntelAtom {
         // §3.3: S = width * CPU_CLK_UNHALTED.CORE.
         let slots = self.width() * get(input::CLOCKS);
         let per_slot = |input: usize| ratio(get(input), slots);
-        let frontend = per_slot(input::FRONTEND);
-        let backend = per_slot(input::BACKEND);
-        let retiring = per_slot(input::RETIRING);
-        let bad_speculation = match self.core {
-            // GRT: derived, (S - (FE_cnt + BE_cnt + RET_cnt))/S.
-            Core::Gracemont => ratio(
-                slots - (get(input::FRONTEND) + get(input::BACKEND) + get(input::RETIRING)),
-                slots,
-            ),
-            // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
-            Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
-        };
-        // In L1_METRICS order.
         let level_one = LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
+            retiring: per_slot(input::RETIRING),
+            bad_speculation: match self.core {
+                // GRT: derived, (S - (FE_cnt + BE_cnt + RET_cnt))/S.
+                Core::Gracemont => ratio(
+                    slots - (get(input::FRONTEND) + get(input::BACKEND) + get(input::RETIRING)),
+                    slots,
+                ),
+                // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
+                Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
+            },
+            frontend_bound: per_slot(input::FRONTEND),
+            backend_bound: per_slot(input::BACKEND),
         };
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
@@ -195,7 +190,7 @@ impl Model for IntelAtom {
         // cpu_atom: tma_ifetch_latency, tma_ifetch_bandwidth, tma_branch_mispredicts,
         // tma_machine_clears = TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS / slots, tma_core_bound,
         // tma_resource_bound).
-        level_one.write_with_level_two(out, level, |_| {
+        level_one.write_with_level_two(out, level, |level_one| {
             let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
             LevelTwo {
                 fetch_latency: per_slot(input::FRONTEND_LATENCY),
@@ -203,7 +198,7 @@ impl Model for IntelAtom {
                 branch_mispredicts: per_slot(input::MISPREDICT),
                 machine_clears: per_slot(input::MACHINE_CLEARS),
                 core_bound,
-                memory_bound: difference(backend, core_bound),
+                memory_bound: difference(level_one.backend_bound, core_bound),
                 // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl
                 // cpu_atom) have no level-2 split of Retiring.
                 ..LevelTwo::default()

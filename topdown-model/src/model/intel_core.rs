@@ -348,24 +348,21 @@ impl Model for IntelCore {
         let bad_speculation = ratio(issued - retire_slots + WIDTH * recovery, slots);
         // Retiring = UOPS_RETIRED.RETIRE_SLOTS / SLOTS
         let retiring = ratio(retire_slots, slots);
-        let backend = match self.generation {
-            // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
-            Generation::SandyBridge | Generation::IvyBridge => frontend
-                .zip(bad_speculation)
-                .zip(retiring)
-                .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
-            // SKL/SKX/CLX: Backend_Bound = 1 - FE - (UOPS_ISSUED.ANY + 4*Recovery_Cycles)/SLOTS
-            Generation::Skylake => frontend
-                .zip(ratio(issued + WIDTH * recovery, slots))
-                .map(|(fe, issued_share)| 1.0 - fe - issued_share),
-        };
-
-        // In L1_METRICS order.
         let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
-            backend_bound: backend,
+            backend_bound: match self.generation {
+                // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
+                Generation::SandyBridge | Generation::IvyBridge => frontend
+                    .zip(bad_speculation)
+                    .zip(retiring)
+                    .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
+                // SKL/SKX/CLX: Backend_Bound = 1 - FE - (UOPS_ISSUED.ANY + 4*Recovery_Cycles)/SLOTS
+                Generation::Skylake => frontend
+                    .zip(ratio(issued + WIDTH * recovery, slots))
+                    .map(|(fe, issued_share)| 1.0 - fe - issued_share),
+            },
         };
         level_one.write_with_level_two(out, level, |level_one| {
             let cycles_0_uops = get(input::CYCLES_0_UOPS);
@@ -397,7 +394,10 @@ impl Model for IntelCore {
                         // metrics.json), not modelled yet: no memory/core split.
                         (None, heavy)
                     } else {
-                        (self.snb_memory_bound(values, backend, fetch_latency), heavy)
+                        (
+                            self.snb_memory_bound(values, level_one.backend_bound, fetch_latency),
+                            heavy,
+                        )
                     }
                 }
                 Generation::Skylake => {
@@ -414,7 +414,9 @@ impl Model for IntelCore {
                                 + stores,
                         )
                     });
-                    let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
+                    let memory_bound = memory
+                        .zip(level_one.backend_bound)
+                        .map(|(share, be)| share * be);
                     // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
                     //   - INST_RETIRED.ANY)/SLOTS
                     let heavy = ratio(

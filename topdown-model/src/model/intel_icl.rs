@@ -128,14 +128,11 @@ impl Model for IntelIcl {
             .map(|(be, clears)| be + 5.0 * clears);
         // Retiring = ret/SUM
         let retiring = ratio(retiring_slots, sum);
-        // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived; the raw topdown-bad-spec
-        // only enters through SUM, as in perf.
-        let bad_speculation = bad_speculation_left_over(frontend, backend, retiring);
-
-        // In L1_METRICS order.
         let level_one = LevelOne {
             retiring,
-            bad_speculation,
+            // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived; the raw topdown-bad-spec
+            // only enters through SUM, as in perf.
+            bad_speculation: bad_speculation_left_over(frontend, backend, retiring),
             frontend_bound: frontend,
             backend_bound: backend,
         };
@@ -146,7 +143,7 @@ impl Model for IntelIcl {
             // tma_branch_mispredicts: BR_MISP_RETIRED.ALL_BRANCHES / (BR_MISP_RETIRED.ALL_BRANCHES
             //   + MACHINE_CLEARS.COUNT) * tma_bad_speculation
             let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
-                .zip(bad_speculation)
+                .zip(level_one.bad_speculation)
                 .map(|(share, bad)| share * bad);
             // tma_memory_bound: (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES) /
             //   (CYCLE_ACTIVITY.STALLS_TOTAL + (EXE_ACTIVITY.1_PORTS_UTIL + tma_retiring *

@@ -103,16 +103,14 @@ impl Model for IntelKnl {
         let frontend = ratio(get(at::NOT_DELIVERED), clocks);
         let bad_speculation = ratio(get(at::MISPREDICTS), clocks);
         let retiring = ratio(get(at::UOPS_RETIRED), WIDTH * clocks);
-        let backend = frontend
-            .zip(bad_speculation)
-            .zip(retiring)
-            .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret));
-        // In L1_METRICS order.
         let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
-            backend_bound: backend,
+            backend_bound: frontend
+                .zip(bad_speculation)
+                .zip(retiring)
+                .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret)),
         };
         level_one.write_with_level_two(out, level, |_| {
             // knl_ratios.py level 2 (FrontendLatency, from slm_ratios.py): ICacheMisses (KNL: only

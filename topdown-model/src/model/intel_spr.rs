@@ -116,17 +116,14 @@ impl Model for IntelPerfMetricsL2 {
         let frontend = difference(of_sum(FE_BOUND), dropping);
         let backend = of_sum(BE_BOUND);
         let retiring = of_sum(RETIRING);
-        let bad_speculation = match self.generation {
-            // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
-            Generation::GoldenCove => bad_speculation_left_over(frontend, backend, retiring),
-            // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
-            Generation::LionCove => of_sum(BAD_SPEC),
-        };
-
-        // In L1_METRICS order.
         let level_one = LevelOne {
             retiring,
-            bad_speculation,
+            bad_speculation: match self.generation {
+                // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
+                Generation::GoldenCove => bad_speculation_left_over(frontend, backend, retiring),
+                // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
+                Generation::LionCove => of_sum(BAD_SPEC),
+            },
             frontend_bound: frontend,
             backend_bound: backend,
         };
