@@ -69,20 +69,22 @@ const LOAD_NOT_COMPLETE: &str = "ex_no_retire.load_not_complete";
 const NOT_COMPLETE: &str = "ex_no_retire.not_complete";
 const UCODE: &str = "ex_ret_ucode_ops";
 
-/// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
-mod at {
-    pub const CYCLES: usize = 0;
-    pub const FRONTEND: usize = 1;
-    pub const DISPATCHED: usize = 2;
-    pub const RETIRED: usize = 3;
-    pub const BACKEND: usize = 4;
-    pub const SMT: usize = 5;
-    pub const FRONTEND_CMASK: usize = 6;
-    pub const MISPREDICTS: usize = 7;
-    pub const RESTARTS: usize = 8;
-    pub const LOAD_NOT_COMPLETE: usize = 9;
-    pub const NOT_COMPLETE: usize = 10;
-    pub const UCODE: usize = 11;
+super::input_ids! {
+    /// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
+    mod at {
+        CYCLES,
+        FRONTEND,
+        DISPATCHED,
+        RETIRED,
+        BACKEND,
+        SMT,
+        FRONTEND_CMASK,
+        MISPREDICTS,
+        RESTARTS,
+        LOAD_NOT_COMPLETE,
+        NOT_COMPLETE,
+        UCODE,
+    }
 }
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.

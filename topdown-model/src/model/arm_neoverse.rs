@@ -77,27 +77,28 @@ impl Core {
     }
 }
 
-/// The formulas' inputs: ids into [`EVENTS`] and `ArmNeoverse::at` (each core counts a
-/// different subset, so positions are resolved per core).
-mod input {
-    pub const CPU_CYCLES: usize = 0;
-    pub const BR_MIS_PRED: usize = 1;
-    pub const STALL_FRONTEND: usize = 2;
-    pub const STALL_BACKEND: usize = 3;
-    pub const OP_RETIRED: usize = 4;
-    pub const OP_SPEC: usize = 5;
-    pub const STALL_SLOT_BACKEND: usize = 6;
-    pub const STALL_SLOT_FRONTEND: usize = 7;
-    pub const STALL_SLOT: usize = 8;
-    pub const STALL_FRONTEND_FLUSH: usize = 9;
-    pub const STALL_BACKEND_MEMBOUND: usize = 10;
-    pub const STALL_BACKEND_CPUBOUND: usize = 11;
+super::input_ids! {
+    /// The formulas' inputs: ids into [`EVENTS`] and `ArmNeoverse::at` (each core counts a
+    /// different subset, so positions are resolved per core).
+    mod input {
+        CPU_CYCLES,
+        BR_MIS_PRED,
+        STALL_FRONTEND,
+        STALL_BACKEND,
+        OP_RETIRED,
+        OP_SPEC,
+        STALL_SLOT_BACKEND,
+        STALL_SLOT_FRONTEND,
+        STALL_SLOT,
+        STALL_FRONTEND_FLUSH,
+        STALL_BACKEND_MEMBOUND,
+        STALL_BACKEND_CPUBOUND,
+    }
 }
-const INPUTS: usize = 12;
 
 /// Architected PMUv3 event numbers (topdown-formulas.md §5.1), named as Linux's sysfs does, by
 /// input id.
-const EVENTS: [(&str, u64); INPUTS] = [
+const EVENTS: [(&str, u64); input::COUNT] = [
     ("cpu_cycles", 0x11),
     ("br_mis_pred", 0x10),
     ("stall_frontend", 0x23),
@@ -115,7 +116,7 @@ const EVENTS: [(&str, u64); INPUTS] = [
 pub struct ArmNeoverse {
     core: Core,
     slots: u32,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 impl ArmNeoverse {

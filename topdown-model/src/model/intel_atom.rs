@@ -20,7 +20,7 @@ enum Core {
 
 pub struct IntelAtom {
     core: Core,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 const CLOCKS: &str = "CPU_CLK_UNHALTED.CORE";
@@ -34,21 +34,22 @@ const MISPREDICT: &str = "TOPDOWN_BAD_SPECULATION.MISPREDICT";
 const MACHINE_CLEARS: &str = "TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS";
 const ALLOC_RESTRICTIONS: &str = "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS";
 
-/// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
-/// so the positions differ per core.
-mod input {
-    pub const CLOCKS: usize = 0;
-    pub const FRONTEND: usize = 1;
-    pub const BACKEND: usize = 2;
-    pub const RETIRING: usize = 3;
-    pub const BAD_SPECULATION: usize = 4;
-    pub const FRONTEND_LATENCY: usize = 5;
-    pub const FRONTEND_BANDWIDTH: usize = 6;
-    pub const MISPREDICT: usize = 7;
-    pub const MACHINE_CLEARS: usize = 8;
-    pub const ALLOC_RESTRICTIONS: usize = 9;
+super::input_ids! {
+    /// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
+    /// so the positions differ per core.
+    mod input {
+        CLOCKS,
+        FRONTEND,
+        BACKEND,
+        RETIRING,
+        BAD_SPECULATION,
+        FRONTEND_LATENCY,
+        FRONTEND_BANDWIDTH,
+        MISPREDICT,
+        MACHINE_CLEARS,
+        ALLOC_RESTRICTIONS,
+    }
 }
-const INPUTS: usize = 10;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {

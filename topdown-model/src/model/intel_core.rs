@@ -32,7 +32,7 @@ enum Generation {
 pub struct IntelCore {
     generation: Generation,
     smt: bool,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 /// Pipeline width of these cores (TMA `#Pipeline_Width`, §6.1 table: 4).
@@ -86,37 +86,38 @@ const DISPATCH_GE_2: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c2", 0x0200_01b1);
 const DISPATCH_GE_3: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c3", 0x0300_01b1);
 const RS_EMPTY_CYCLES: (&str, u64) = ("RS_EVENTS.EMPTY_CYCLES", 0x015e);
 
-/// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
-/// generation its own level-2 events, so the positions differ per model.
-mod input {
-    pub const THREAD: usize = 0;
-    pub const ISSUED: usize = 1;
-    pub const RETIRE_SLOTS: usize = 2;
-    pub const FETCH_BUBBLES: usize = 3;
-    /// INT_MISC.RECOVERY_CYCLES, or its AnyThread form with SMT.
-    pub const RECOVERY: usize = 4;
-    pub const ONE_THREAD_ACTIVE: usize = 5;
-    pub const REF_XCLK: usize = 6;
-    pub const CYCLES_0_UOPS: usize = 7;
-    pub const BR_MISP: usize = 8;
-    pub const MACHINE_CLEARS: usize = 9;
-    pub const MS_UOPS: usize = 10;
-    pub const MACRO_FUSED: usize = 11;
-    pub const INST_RETIRED: usize = 12;
-    pub const STALLS_MEM_ANY: usize = 13;
-    pub const STALLS_TOTAL: usize = 14;
-    pub const BOUND_ON_STORES: usize = 15;
-    pub const ONE_PORT_UTIL: usize = 16;
-    pub const TWO_PORTS_UTIL: usize = 17;
-    pub const STALLS_L1D_PENDING: usize = 18;
-    pub const STORE_BUFFER_STALLS: usize = 19;
-    pub const CYCLES_NO_DISPATCH: usize = 20;
-    pub const DISPATCH_GE_1: usize = 21;
-    pub const DISPATCH_GE_2: usize = 22;
-    pub const DISPATCH_GE_3: usize = 23;
-    pub const RS_EMPTY_CYCLES: usize = 24;
+super::input_ids! {
+    /// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
+    /// generation its own level-2 events, so the positions differ per model.
+    mod input {
+        THREAD,
+        ISSUED,
+        RETIRE_SLOTS,
+        FETCH_BUBBLES,
+        /// INT_MISC.RECOVERY_CYCLES, or its AnyThread form with SMT.
+        RECOVERY,
+        ONE_THREAD_ACTIVE,
+        REF_XCLK,
+        CYCLES_0_UOPS,
+        BR_MISP,
+        MACHINE_CLEARS,
+        MS_UOPS,
+        MACRO_FUSED,
+        INST_RETIRED,
+        STALLS_MEM_ANY,
+        STALLS_TOTAL,
+        BOUND_ON_STORES,
+        ONE_PORT_UTIL,
+        TWO_PORTS_UTIL,
+        STALLS_L1D_PENDING,
+        STORE_BUFFER_STALLS,
+        CYCLES_NO_DISPATCH,
+        DISPATCH_GE_1,
+        DISPATCH_GE_2,
+        DISPATCH_GE_3,
+        RS_EMPTY_CYCLES,
+    }
 }
-const INPUTS: usize = 25;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {

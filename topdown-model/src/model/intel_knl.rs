@@ -39,16 +39,18 @@ const MS_ENTRY: &str = "MS_DECODED.MS_ENTRY";
 /// 0xE6/0x01.
 const BACLEARS: &str = "BACLEARS.ALL";
 
-/// Positions in [`Model::counters`].
-mod at {
-    pub const CLOCKS: usize = 0;
-    pub const NOT_DELIVERED: usize = 1;
-    pub const MISPREDICTS: usize = 2;
-    pub const UOPS_RETIRED: usize = 3;
-    pub const ICACHE_FILL: usize = 4;
-    pub const ITLB_WALK_CYCLES: usize = 5;
-    pub const MS_ENTRY: usize = 6;
-    pub const BACLEARS: usize = 7;
+super::input_ids! {
+    /// Positions in [`Model::counters`].
+    mod at {
+        CLOCKS,
+        NOT_DELIVERED,
+        MISPREDICTS,
+        UOPS_RETIRED,
+        ICACHE_FILL,
+        ITLB_WALK_CYCLES,
+        MS_ENTRY,
+        BACLEARS,
+    }
 }
 
 /// Allocation width: toplev's Retiring divides UOPS_RETIRED.ALL by `2 * CLKS` (slm_ratios.py

@@ -261,6 +261,26 @@ macro_rules! formulas_of_inner {
 }
 use formulas_of_inner;
 
+/// A module `$module` of a model's input ids: `usize` consts numbered 0, 1, 2, ... in the order
+/// given, and `COUNT`, how many there are. Ids for [`Positions`] and for positions in a counter
+/// list, numbered by the compiler rather than by hand.
+macro_rules! input_ids {
+    ($(#[$module_meta:meta])* mod $module:ident { $($(#[$meta:meta])* $name:ident,)* }) => {
+        $(#[$module_meta])*
+        mod $module {
+            #[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+            enum Id {
+                $($name,)*
+            }
+            $($(#[$meta])* pub const $name: usize = Id::$name as usize;)*
+            // Only models whose variants count different inputs size a `Positions` with it.
+            #[allow(dead_code)]
+            pub const COUNT: usize = [$(stringify!($name),)*].len();
+        }
+    };
+}
+use input_ids;
+
 /// Every non-synthetic model, in `topdown list` order: software, then Intel, AMD, Arm.
 pub fn all_models() -> Vec<Box<dyn Model>> {
     let mut models: Vec<Box<dyn Model>> = vec![Box::new(software::Software)];
