@@ -16,8 +16,12 @@ fn static_library() -> PathBuf {
         .join("libtopdown_region.a")
 }
 
-/// Compiles `source` against the static library; panics with cc's output.
-fn build_c(source: &str, output: &Path) {
+/// Compiles `source` against the static library into a fresh temporary directory: the
+/// directory (the program lives as long as it) and the program's path; panics with cc's output.
+fn build_c(source: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let stem = Path::new(source).file_stem().expect("a source file name");
+    let output = dir.path().join(stem);
     let library = static_library();
     assert!(library.exists(), "{} was not built", library.display());
     let mut link: Vec<OsString> = vec![library.into()];
@@ -34,7 +38,8 @@ fn build_c(source: &str, output: &Path) {
         ]
         .map(OsString::from),
     );
-    compile("cc", &crate_dir().join(source), &link, output);
+    compile("cc", &crate_dir().join(source), &link, &output);
+    (dir, output)
 }
 
 fn crate_dir() -> PathBuf {
@@ -73,9 +78,7 @@ fn c_program_counts_exactly() {
     if !topdown_tests::privileged() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("exact");
-    build_c("tests/c/exact.c", &program);
+    let (dir, program) = build_c("tests/c/exact.c");
     let json = dir.path().join("exact.json");
     let output = Command::new(&program)
         .arg(&json)
@@ -120,9 +123,7 @@ fn c_program_counts_exactly() {
 #[test]
 fn c_example_runs_on_the_read_fallback() {
     // The software model (cpu-clock) needs no root.
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
+    let (dir, program) = build_c("examples/regions.c");
     let json = dir.path().join("regions.json");
     let output = Command::new(&program)
         .arg(&json)
@@ -155,9 +156,7 @@ fn c_example_runs_on_the_read_fallback() {
 fn c_example_counts_without_privileges() {
     // Regions are for programs that are not root: the software model as an ordinary user
     // (uid 65534 through setpriv when the test runs as root).
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
+    let (dir, program) = build_c("examples/regions.c");
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     // SAFETY: no preconditions.
@@ -202,9 +201,7 @@ fn c_example_counts_without_privileges() {
 
 #[test]
 fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
+    let (_dir, program) = build_c("examples/regions.c");
     let output = Command::new(&program)
         .env("TOPDOWN_REGION_MODEL", "no-such-model")
         .output()
@@ -232,9 +229,7 @@ fn a_forked_child_counts_with_its_own_counters() {
     if !topdown_tests::privileged() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("fork");
-    build_c("tests/c/fork.c", &program);
+    let (dir, program) = build_c("tests/c/fork.c");
     let (parent_json, child_json) = (
         dir.path().join("parent.json"),
         dir.path().join("child.json"),

@@ -44,14 +44,19 @@ fn getsid(times: u32) {
     }
 }
 
-/// Runs `work` on a fresh thread and returns its id.
-fn on_thread(work: impl FnOnce() + Send + 'static) -> u32 {
-    std::thread::spawn(move || {
+/// Sets up the synthetic model and runs `work` on a fresh thread: the thread's id, or `None`
+/// where privileged tests are skipped.
+fn on_thread(work: impl FnOnce() + Send + 'static) -> Option<u32> {
+    if !setup() {
+        return None;
+    }
+    let tid = std::thread::spawn(move || {
         work();
         topdown_region::regions::current_tid()
     })
     .join()
-    .expect("worker thread")
+    .expect("worker thread");
+    Some(tid)
 }
 
 fn thread(snapshot: &Snapshot, tid: u32) -> &ThreadRecord {
@@ -88,10 +93,7 @@ fn assert_counts(
 
 #[test]
 fn a_region_counts_exactly_its_1234_getppid_calls() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some(tid) = on_thread(|| {
         getppid(10);
         {
             let _region = topdown_region::region("getppid-1234");
@@ -99,7 +101,9 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
             getpgid(5);
         }
         getppid(10);
-    });
+    }) else {
+        return;
+    };
     let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     assert_eq!(record.path, ReadPath::Read, "{}", record.reason);
@@ -121,10 +125,7 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
 
 #[test]
 fn nested_regions_are_exact_inclusive_and_exclusive() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some(tid) = on_thread(|| {
         topdown_region::begin("outer");
         getppid(100);
         getpgid(7);
@@ -140,7 +141,9 @@ fn nested_regions_are_exact_inclusive_and_exclusive() {
         }
         getppid(11);
         topdown_region::end("outer");
-    });
+    }) else {
+        return;
+    };
     let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let calls = |name: &str| record.region(name).unwrap().calls;
@@ -220,10 +223,7 @@ fn each_thread_has_its_own_exact_counts() {
 
 #[test]
 fn misuse_is_counted_and_never_fatal() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some(tid) = on_thread(|| {
         // An end without a begin.
         topdown_region::end("never-begun");
         // An end naming a region that is not open, inside one that is.
@@ -243,7 +243,9 @@ fn misuse_is_counted_and_never_fatal() {
         }
         // Left open when the thread exits.
         topdown_region::begin("left-open");
-    });
+    }) else {
+        return;
+    };
     let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let misuse = record.misuse;
@@ -287,15 +289,12 @@ fn the_path_is_read_with_the_pages_reason() {
 
 #[test]
 fn level_one_metrics_come_from_the_models_formulas() {
-    if !setup() {
-        return;
-    }
     // intel-icl level 1 (topdown-formulas.md §1.4): SUM = ret + bad + fe + be; Frontend =
     // fe/SUM - UOP_DROPPING/slots; Backend = be/SUM + 5 * CLEARS_COUNT/slots; Retiring =
     // ret/SUM; Bad speculation = 1 - the others. Counters: slots=getppid,
     // topdown-retiring=getpgid, topdown-bad-spec=getsid, topdown-fe-bound=getpriority,
     // topdown-be-bound=getresuid.
-    let tid = on_thread(|| {
+    let Some(tid) = on_thread(|| {
         let _region = topdown_region::region("mix");
         getppid(1000);
         getpgid(400);
@@ -309,7 +308,9 @@ fn level_one_metrics_come_from_the_models_formulas() {
             // SAFETY: valid out-pointers.
             unsafe { libc::getresuid(&mut r, &mut e, &mut s) };
         }
-    });
+    }) else {
+        return;
+    };
     let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let json = topdown_region::report::to_json(&snapshot).unwrap();
