@@ -133,37 +133,39 @@ impl ArmNeoverse {
             } else {
                 slots
             },
-            at: Positions::new(Self::inputs(core).iter().copied()),
+            at: Positions::new(Self::inputs(core)),
         }
     }
 
     /// The inputs `core` counts, in counter order: CPU_CYCLES on its own counter, the level-1
     /// set on the six programmable ones, then V3/N3's level-2 group.
-    fn inputs(core: Core) -> &'static [usize] {
+    fn inputs(core: Core) -> Vec<usize> {
         use input::*;
+        // The slot-based level 1 of N2/V1/V2/V3/N3, but for the per-cycle term its FE and
+        // BadSpec take (BR_MIS_PRED, or STALL_FRONTEND_FLUSH on V3/N3).
+        let slot_level_one = [
+            CPU_CYCLES,
+            STALL_SLOT_FRONTEND,
+            STALL_SLOT_BACKEND,
+            STALL_SLOT,
+            OP_SPEC,
+            OP_RETIRED,
+        ];
         match core {
-            Core::N1 => &[CPU_CYCLES, STALL_FRONTEND, STALL_BACKEND],
-            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => &[
-                CPU_CYCLES,
-                STALL_SLOT_FRONTEND,
-                STALL_SLOT_BACKEND,
-                STALL_SLOT,
-                OP_SPEC,
-                OP_RETIRED,
-                BR_MIS_PRED,
-            ],
-            Core::V3 | Core::N3 => &[
-                CPU_CYCLES,
-                STALL_SLOT_FRONTEND,
-                STALL_SLOT_BACKEND,
-                STALL_SLOT,
-                OP_SPEC,
-                OP_RETIRED,
-                STALL_FRONTEND_FLUSH,
-                STALL_BACKEND,
-                STALL_BACKEND_MEMBOUND,
-                STALL_BACKEND_CPUBOUND,
-            ],
+            Core::N1 => vec![CPU_CYCLES, STALL_FRONTEND, STALL_BACKEND],
+            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => {
+                [&slot_level_one[..], &[BR_MIS_PRED]].concat()
+            }
+            Core::V3 | Core::N3 => [
+                &slot_level_one[..],
+                &[
+                    STALL_FRONTEND_FLUSH,
+                    STALL_BACKEND,
+                    STALL_BACKEND_MEMBOUND,
+                    STALL_BACKEND_CPUBOUND,
+                ],
+            ]
+            .concat(),
         }
     }
 }
@@ -231,8 +233,8 @@ impl Model for ArmNeoverse {
 
     fn counters(&self) -> Vec<CounterSpec> {
         Self::inputs(self.core)
-            .iter()
-            .map(|&input| {
+            .into_iter()
+            .map(|input| {
                 let (name, config) = EVENTS[input];
                 let spec = CounterSpec::raw(name, config);
                 match input {
