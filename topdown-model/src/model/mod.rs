@@ -261,6 +261,21 @@ macro_rules! formulas_of_inner {
 }
 use formulas_of_inner;
 
+/// [`Model::metric_names`] and [`Model::metrics_into`] of a model whose [`Model::metrics`]
+/// builds its own map ([`metric_names_of_map`], [`metrics_into_from_map`]).
+macro_rules! typed_metrics_from_map {
+    () => {
+        fn metric_names(&self, level: u8) -> Vec<String> {
+            $crate::model::metric_names_of_map(self, level)
+        }
+
+        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+            $crate::model::metrics_into_from_map(self, values, level, out)
+        }
+    };
+}
+use typed_metrics_from_map;
+
 /// A module `$module` of a model's input ids: `usize` consts numbered 0, 1, 2, ... in the order
 /// given, and `COUNT`, how many there are. Ids for [`Positions`] and for positions in a counter
 /// list, numbered by the compiler rather than by hand.
