@@ -46,26 +46,31 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Compiles `source` with `compiler` against the header, linking with `link`; panics with the
-/// compiler's output.
+/// Compiles `source` with `compiler` (a C compiler is needed for these tests) against the
+/// header, linking with `link`; panics with the compiler's output.
 fn compile(compiler: &str, source: &Path, link: &[OsString], output: &Path) {
-    let result = Command::new(compiler)
+    run(Command::new(compiler)
         .args(["-O2", "-Wall", "-Werror", "-I"])
         .arg(crate_dir().join("include"))
         .arg(source)
         .args(link)
         .arg("-o")
-        .arg(output)
+        .arg(output));
+}
+
+/// Runs `command` and checks that it succeeded: its standard output and standard error.
+fn run(command: &mut Command) -> (String, String) {
+    let output = command
         .output()
-        .unwrap_or_else(|err| {
-            panic!("running {compiler} (a C compiler is needed for this test): {err}")
-        });
+        .unwrap_or_else(|err| panic!("running {command:?}: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(
-        result.status.success(),
-        "{compiler} {} failed:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&result.stderr)
+        output.status.success(),
+        "{command:?}: exit {:?}\n{stdout}\n{stderr}",
+        output.status.code()
     );
+    (stdout, stderr)
 }
 
 /// A report the program wrote.
@@ -80,18 +85,9 @@ fn c_program_counts_exactly() {
     }
     let (dir, program) = build_c("tests/c/exact.c");
     let json = dir.path().join("exact.json");
-    let output = Command::new(&program)
+    let (stdout, _) = run(Command::new(&program)
         .arg(&json)
-        .env_remove("TOPDOWN_REGION_MODEL")
-        .output()
-        .expect("running the C program");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .env_remove("TOPDOWN_REGION_MODEL"));
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "path 1");
     assert_eq!(lines[1], "misuse 1");
@@ -125,13 +121,9 @@ fn c_example_runs_on_the_read_fallback() {
     // The software model (cpu-clock) needs no root.
     let (dir, program) = build_c("examples/regions.c");
     let json = dir.path().join("regions.json");
-    let output = Command::new(&program)
+    let (stdout, _) = run(Command::new(&program)
         .arg(&json)
-        .env("TOPDOWN_REGION_MODEL", "software")
-        .output()
-        .expect("running the C example");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+        .env("TOPDOWN_REGION_MODEL", "software"));
     // This VM has no PMU: cpu-clock is a software event, its page offers no user read.
     assert!(
         stdout.contains("regions-c: counters read by path 1: counter cpu-clock: "),
@@ -170,14 +162,10 @@ fn c_example_counts_without_privileges() {
     } else {
         Command::new(&program)
     };
-    let output = command
+    // (setpriv comes from util-linux.)
+    let (stdout, stderr) = run(command
         .env("TOPDOWN_REGION_MODEL", "software")
-        .current_dir(dir.path())
-        .output()
-        .expect("running the C example (setpriv from util-linux when root)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+        .current_dir(dir.path()));
     assert!(
         stdout.contains("regions-c: counters read by path 1: "),
         "{stdout}"
@@ -202,13 +190,7 @@ fn c_example_counts_without_privileges() {
 #[test]
 fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
     let (_dir, program) = build_c("examples/regions.c");
-    let output = Command::new(&program)
-        .env("TOPDOWN_REGION_MODEL", "no-such-model")
-        .output()
-        .expect("running the C example");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = run(Command::new(&program).env("TOPDOWN_REGION_MODEL", "no-such-model"));
     assert!(
         stderr.starts_with(
             "regions-c: no counters: unknown model 'no-such-model': expected one of software, "
@@ -234,17 +216,7 @@ fn a_forked_child_counts_with_its_own_counters() {
         dir.path().join("parent.json"),
         dir.path().join("child.json"),
     );
-    let output = Command::new(&program)
-        .arg(&parent_json)
-        .arg(&child_json)
-        .output()
-        .expect("running the fork program");
-    assert!(
-        output.status.success(),
-        "exit {:?}: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run(Command::new(&program).arg(&parent_json).arg(&child_json));
     let regions = |report: &serde_json::Value| -> Vec<(String, u64, u64)> {
         report["functions"]
             .as_array()
@@ -292,15 +264,6 @@ fn c_and_cpp_programs_link_the_shared_library() {
         ]
         .map(OsString::from);
         compile(compiler, &source, &link, &program);
-        let output = Command::new(&program)
-            .env("TOPDOWN_REGION_MODEL", "software")
-            .output()
-            .expect("running the linked program");
-        assert!(
-            output.status.success(),
-            "{compiler} program: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        run(Command::new(&program).env("TOPDOWN_REGION_MODEL", "software"));
     }
 }

@@ -44,9 +44,9 @@ fn getsid(times: u32) {
     }
 }
 
-/// Sets up the synthetic model and runs `work` on a fresh thread: the thread's id, or `None`
-/// where privileged tests are skipped.
-fn on_thread(work: impl FnOnce() + Send + 'static) -> Option<u32> {
+/// Sets up the synthetic model and runs `work` on a fresh thread: the snapshot after it and the
+/// thread's id, or `None` where privileged tests are skipped.
+fn on_thread(work: impl FnOnce() + Send + 'static) -> Option<(Snapshot, u32)> {
     if !setup() {
         return None;
     }
@@ -56,7 +56,7 @@ fn on_thread(work: impl FnOnce() + Send + 'static) -> Option<u32> {
     })
     .join()
     .expect("worker thread");
-    Some(tid)
+    Some((topdown_region::snapshot(), tid))
 }
 
 fn thread(snapshot: &Snapshot, tid: u32) -> &ThreadRecord {
@@ -93,7 +93,7 @@ fn assert_counts(
 
 #[test]
 fn a_region_counts_exactly_its_1234_getppid_calls() {
-    let Some(tid) = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         getppid(10);
         {
             let _region = topdown_region::region("getppid-1234");
@@ -104,7 +104,6 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
     }) else {
         return;
     };
-    let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     assert_eq!(record.path, ReadPath::Read, "{}", record.reason);
     assert_eq!(record.region("getppid-1234").unwrap().calls, 1);
@@ -125,7 +124,7 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
 
 #[test]
 fn nested_regions_are_exact_inclusive_and_exclusive() {
-    let Some(tid) = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         topdown_region::begin("outer");
         getppid(100);
         getpgid(7);
@@ -144,7 +143,6 @@ fn nested_regions_are_exact_inclusive_and_exclusive() {
     }) else {
         return;
     };
-    let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let calls = |name: &str| record.region(name).unwrap().calls;
     assert_eq!(
@@ -223,7 +221,7 @@ fn each_thread_has_its_own_exact_counts() {
 
 #[test]
 fn misuse_is_counted_and_never_fatal() {
-    let Some(tid) = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         // An end without a begin.
         topdown_region::end("never-begun");
         // An end naming a region that is not open, inside one that is.
@@ -246,7 +244,6 @@ fn misuse_is_counted_and_never_fatal() {
     }) else {
         return;
     };
-    let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let misuse = record.misuse;
     assert_eq!(misuse.unmatched_ends, 1);
@@ -294,7 +291,7 @@ fn level_one_metrics_come_from_the_models_formulas() {
     // ret/SUM; Bad speculation = 1 - the others. Counters: slots=getppid,
     // topdown-retiring=getpgid, topdown-bad-spec=getsid, topdown-fe-bound=getpriority,
     // topdown-be-bound=getresuid.
-    let Some(tid) = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         let _region = topdown_region::region("mix");
         getppid(1000);
         getpgid(400);
@@ -311,7 +308,6 @@ fn level_one_metrics_come_from_the_models_formulas() {
     }) else {
         return;
     };
-    let snapshot = topdown_region::snapshot();
     let record = thread(&snapshot, tid);
     let json = topdown_region::report::to_json(&snapshot).unwrap();
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
