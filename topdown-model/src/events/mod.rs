@@ -230,6 +230,17 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         Some((event, rest)) => (event, Some(rest)),
         None => (spec, None),
     };
+    // The forms below name the event as written and take the modifiers after ':'.
+    let perf_event = |pmu: Option<String>, perf_type: u32, words: (u64, u64, u64)| {
+        let exclude = exclusion(modifiers.unwrap_or(""))?;
+        Ok(EventAttr::perf(
+            name.clone(),
+            pmu,
+            perf_type,
+            words,
+            exclude,
+        ))
+    };
     // rNNNN: a raw config for the core PMU.
     if let Some(hex) = event.strip_prefix('r')
         && !hex.is_empty()
@@ -238,13 +249,7 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         let Ok(config) = u64::from_str_radix(hex, 16) else {
             bail!("raw config r{hex} does not fit 64 bits");
         };
-        return Ok(EventAttr::perf(
-            name,
-            None,
-            PERF_TYPE_RAW,
-            (config, 0, 0),
-            exclusion(modifiers.unwrap_or(""))?,
-        ));
+        return perf_event(None, PERF_TYPE_RAW, (config, 0, 0));
     }
     if event == "task-clock" {
         bail!(
@@ -253,26 +258,18 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         );
     }
     if let Some((perf_type, config)) = generic_event(event) {
-        return Ok(EventAttr::perf(
-            name,
-            None,
-            perf_type,
-            (config, 0, 0),
-            exclusion(modifiers.unwrap_or(""))?,
-        ));
+        return perf_event(None, perf_type, (config, 0, 0));
     }
     if let Some(pmu) = catalog
         .core_pmus()
         .into_iter()
         .find(|pmu| pmu.events.contains_key(event))
     {
-        return Ok(EventAttr::perf(
-            name,
+        return perf_event(
             Some(pmu.name.clone()),
             pmu.perf_type,
             apply_terms(pmu, event)?,
-            exclusion(modifiers.unwrap_or(""))?,
-        ));
+        );
     }
     match modifiers {
         Some(tracepoint) if is_identifier(event) && is_identifier(tracepoint) => Ok(EventAttr {
