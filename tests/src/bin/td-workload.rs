@@ -150,8 +150,7 @@ fn parse_spec(spec: &str) -> Result<Vec<(String, u64)>, String> {
                 .parse()
                 .map_err(|_| format!("bad count in '{part}'"))?;
             // Validated by name, not by calling it: every call counts.
-            if !["cpu", "move", "pause", "spin", "sleep", "rename"].contains(&name)
-                && !known(name)
+            if !["cpu", "move", "pause", "spin", "sleep", "rename"].contains(&name) && !known(name)
             {
                 return Err(format!("unknown syscall '{name}'"));
             }
