@@ -241,9 +241,6 @@ mod tests {
     struct Toy;
 
     impl Model for Toy {
-        fn name(&self) -> String {
-            "toy".to_owned()
-        }
         fn base_name(&self) -> &'static str {
             "toy"
         }

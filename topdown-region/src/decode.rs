@@ -169,6 +169,15 @@ mod tests {
     use super::*;
 
     /// Four bytes in PERF_METRICS order (retiring lowest).
+    /// The seed's Sapphire Rapids vector. Level 1: 0x66 0x33 0x33 0x33 (40/20/20/20%); level 2:
+    /// heavy 0x33, br_mispredict 0x1a, fetch_lat 0x22, mem_bound 0x11.
+    const SPR_METRICS: u64 = u64::from_le_bytes([0x66, 0x33, 0x33, 0x33, 0x33, 0x1a, 0x22, 0x11]);
+
+    /// A reading of `slots` and the PERF_METRICS word `metrics`.
+    fn reading(slots: u64, metrics: u64) -> MetricsReading {
+        MetricsReading { slots, metrics }
+    }
+
     fn l1(retiring: u8, bad_spec: u8, fe: u8, be: u8) -> u64 {
         u64::from_le_bytes([retiring, bad_spec, fe, be, 0, 0, 0, 0])
     }
@@ -217,14 +226,8 @@ mod tests {
         // From a reset (slots_a = 0, metric_a = 0): retiring 51/255 = 20%, bad spec 25.5/255
         // rounds to byte 26, fe 102/255 = 40%, be 76. The kernel's read() gives
         // floor(slots * byte / 255) for each metric event (topdown-formulas.md §1.2).
-        let zero = MetricsReading {
-            slots: 0,
-            metrics: 0,
-        };
-        let b = MetricsReading {
-            slots: 1_000_000,
-            metrics: l1(51, 26, 102, 76),
-        };
+        let zero = reading(0, 0);
+        let b = reading(1_000_000, l1(51, 26, 102, 76));
         let period = period_between(zero, b);
         assert_eq!(period.slots, 1_000_000);
         assert_eq!(&period.scaled[..4], &[200_000, 101_960, 400_000, 298_039]);
@@ -241,14 +244,8 @@ mod tests {
         // slots_a = 3000 at 0x33 0x1a 0x66 0x4c; slots_b = 9000 after a region that mostly
         // retired: bytes 0x88 0x11 0x44 0x22 (both sum to 0xff). retiring_slots =
         // 0x88*9000/255 - 0x33*3000/255 = 4800 - 600 = 4200 of slots_delta 6000 = 70%.
-        let a = MetricsReading {
-            slots: 3_000,
-            metrics: l1(0x33, 0x1a, 0x66, 0x4c),
-        };
-        let b = MetricsReading {
-            slots: 9_000,
-            metrics: l1(0x88, 0x11, 0x44, 0x22),
-        };
+        let a = reading(3_000, l1(0x33, 0x1a, 0x66, 0x4c));
+        let b = reading(9_000, l1(0x88, 0x11, 0x44, 0x22));
         let period = period_between(a, b);
         assert_eq!(period.slots, 6_000);
         // 0x11*9000/255 = 600 - 0x1a*3000/255 = 305 (305.88 floored) -> 295;
@@ -262,20 +259,7 @@ mod tests {
 
     #[test]
     fn sapphire_rapids_level_two_bytes_and_the_derived_four() {
-        // Level 1: 0x66 0x33 0x33 0x33 (40/20/20/20%); level 2: heavy 0x33, br_mispredict
-        // 0x1a, fetch_lat 0x22, mem_bound 0x11.
-        let metrics = u64::from_le_bytes([0x66, 0x33, 0x33, 0x33, 0x33, 0x1a, 0x22, 0x11]);
-        let zero = MetricsReading {
-            slots: 0,
-            metrics: 0,
-        };
-        let period = period_between(
-            zero,
-            MetricsReading {
-                slots: 2_550,
-                metrics,
-            },
-        );
+        let period = period_between(reading(0, 0), reading(2_550, SPR_METRICS));
         assert_eq!(period.scaled, [1020, 510, 510, 510, 510, 260, 340, 170]);
         let f = period.fractions().unwrap();
         let printed = format!(
@@ -304,17 +288,7 @@ mod tests {
         // The SPR vector above, as counts named like the model's counters: intel-spr's
         // formulas (topdown-formulas.md §1.4, SPR column, UOP_DROPPING 0) divide by SUM of the
         // four level-1 counts, which here equals slots, so they give the seed's fractions.
-        let metrics = u64::from_le_bytes([0x66, 0x33, 0x33, 0x33, 0x33, 0x1a, 0x22, 0x11]);
-        let period = period_between(
-            MetricsReading {
-                slots: 0,
-                metrics: 0,
-            },
-            MetricsReading {
-                slots: 2_550,
-                metrics,
-            },
-        );
+        let period = period_between(reading(0, 0), reading(2_550, SPR_METRICS));
         let mut counts: topdown_model::model::Counts = L1_FIELDS
             .iter()
             .chain(&L2_FIELDS)
@@ -351,14 +325,8 @@ mod tests {
 
     #[test]
     fn a_shrinking_byte_is_a_zero_delta_and_an_empty_period_has_no_fractions() {
-        let a = MetricsReading {
-            slots: 1_000,
-            metrics: l1(0x80, 0, 0x7f, 0),
-        };
-        let b = MetricsReading {
-            slots: 1_001,
-            metrics: l1(0x10, 0, 0xef, 0),
-        };
+        let a = reading(1_000, l1(0x80, 0, 0x7f, 0));
+        let b = reading(1_001, l1(0x10, 0, 0xef, 0));
         let period = period_between(a, b);
         assert_eq!(period.scaled[0], 0);
         assert_eq!(period.scaled[2], 0xef * 1001 / 255 - 0x7f * 1000 / 255);

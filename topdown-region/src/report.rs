@@ -140,6 +140,10 @@ pub fn to_json(snapshot: &Snapshot) -> Result<String, String> {
         let mut totals = vec![0u64; width];
         let mut diagnostics = Diagnostics::default();
         let mut paths: Vec<String> = Vec::new();
+        let pid = std::process::id();
+        let mut tasks: Vec<Task> = Vec::new();
+        let mut functions: Vec<Function> = Vec::new();
+        let mut call_tree: Vec<Edge> = Vec::new();
         for thread in &snapshot.threads {
             for (total, value) in totals.iter_mut().zip(&thread.outermost) {
                 *total = total.saturating_add(*value);
@@ -149,46 +153,29 @@ pub fn to_json(snapshot: &Snapshot) -> Result<String, String> {
             if !paths.contains(&path) {
                 paths.push(path);
             }
-        }
-        let pid = std::process::id();
-        let tasks: Vec<Task> = snapshot
-            .threads
-            .iter()
-            .map(|thread| Task {
+            tasks.push(Task {
                 tid: thread.tid,
                 tgid: pid,
                 comm: thread.comm.clone(),
                 exited: thread.exited,
                 entity: entity(&thread.outermost),
-            })
-            .collect();
-        let functions: Vec<Function> = snapshot
-            .threads
-            .iter()
-            .flat_map(|thread| {
-                thread.regions.iter().map(|region| Function {
-                    target: TARGET.to_owned(),
-                    symbol: region.name.clone(),
-                    pid: thread.tid,
-                    calls: region.calls,
-                    inclusive: entity(&region.inclusive),
-                    exclusive: entity(&region.exclusive),
-                })
-            })
-            .collect();
-        let call_tree: Vec<Edge> = snapshot
-            .threads
-            .iter()
-            .flat_map(|thread| {
-                thread.edges.iter().map(|edge| Edge {
-                    caller: edge.caller.clone(),
-                    callee: edge.callee.clone(),
-                    pid: thread.tid,
-                    calls: edge.calls,
-                    inclusive: entity(&edge.inclusive),
-                })
-            })
-            .collect();
+            });
+            functions.extend(thread.regions.iter().map(|region| Function {
+                target: TARGET.to_owned(),
+                symbol: region.name.clone(),
+                pid: thread.tid,
+                calls: region.calls,
+                inclusive: entity(&region.inclusive),
+                exclusive: entity(&region.exclusive),
+            }));
+            call_tree.extend(thread.edges.iter().map(|edge| Edge {
+                caller: edge.caller.clone(),
+                callee: edge.callee.clone(),
+                pid: thread.tid,
+                calls: edge.calls,
+                inclusive: entity(&edge.inclusive),
+            }));
+        }
         let report = Report {
             topdown_version: env!("CARGO_PKG_VERSION").to_owned(),
             model: model.recorded_name(),

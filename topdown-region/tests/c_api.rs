@@ -1,7 +1,11 @@
 //! The C header and static library: a C program built against them (`cc`), with exact
 //! synthetic counts (root: tracepoints), and the C example run on the software model.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 /// The static library cargo built for this test run: in `target/<profile>/deps`, next to the
 /// test binary (the copy in `target/<profile>` is only refreshed by `cargo build`).
@@ -12,18 +16,18 @@ fn static_library() -> PathBuf {
         .join("libtopdown_region.a")
 }
 
-/// Compiles `source` against the header and the static library; panics with cc's output.
-fn build_c(source: &str, output: &std::path::Path) {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+/// Compiles `source` against the static library into a fresh temporary directory: the
+/// directory (the program lives as long as it) and the program's path; panics with cc's output.
+fn build_c(source: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let stem = Path::new(source).file_stem().expect("a source file name");
+    let output = dir.path().join(stem);
     let library = static_library();
     assert!(library.exists(), "{} was not built", library.display());
-    let result = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join(source))
-        .arg(&library)
-        // rustc --print native-static-libs for this crate.
-        .args([
+    let mut link: Vec<OsString> = vec![library.into()];
+    // rustc --print native-static-libs for this crate.
+    link.extend(
+        [
             "-ldl",
             "-lgcc_s",
             "-lutil",
@@ -31,16 +35,47 @@ fn build_c(source: &str, output: &std::path::Path) {
             "-lpthread",
             "-lm",
             "-lc",
-            "-o",
-        ])
-        .arg(output)
-        .output()
-        .expect("running cc (a C compiler is needed for this test)");
-    assert!(
-        result.status.success(),
-        "cc {source} failed:\n{}",
-        String::from_utf8_lossy(&result.stderr)
+        ]
+        .map(OsString::from),
     );
+    compile("cc", &crate_dir().join(source), &link, &output);
+    (dir, output)
+}
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Compiles `source` with `compiler` (a C compiler is needed for these tests) against the
+/// header, linking with `link`; panics with the compiler's output.
+fn compile(compiler: &str, source: &Path, link: &[OsString], output: &Path) {
+    run(Command::new(compiler)
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(source)
+        .args(link)
+        .arg("-o")
+        .arg(output));
+}
+
+/// Runs `command` and checks that it succeeded: its standard output and standard error.
+fn run(command: &mut Command) -> (String, String) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("running {command:?}: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "{command:?}: exit {:?}\n{stdout}\n{stderr}",
+        output.status.code()
+    );
+    (stdout, stderr)
+}
+
+/// A report the program wrote.
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
 }
 
 #[test]
@@ -48,22 +83,11 @@ fn c_program_counts_exactly() {
     if !topdown_tests::privileged() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("exact");
-    build_c("tests/c/exact.c", &program);
+    let (dir, program) = build_c("tests/c/exact.c");
     let json = dir.path().join("exact.json");
-    let output = Command::new(&program)
+    let (stdout, _) = run(Command::new(&program)
         .arg(&json)
-        .env_remove("TOPDOWN_REGION_MODEL")
-        .output()
-        .expect("running the C program");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .env_remove("TOPDOWN_REGION_MODEL"));
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "path 1");
     assert_eq!(lines[1], "misuse 1");
@@ -75,8 +99,7 @@ fn c_program_counts_exactly() {
         lines[3],
         "second init: topdown-region is already set up (init must come before the first region)"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let report = read_json(&json);
     let function = |symbol: &str| {
         report["functions"]
             .as_array()
@@ -96,24 +119,17 @@ fn c_program_counts_exactly() {
 #[test]
 fn c_example_runs_on_the_read_fallback() {
     // The software model (cpu-clock) needs no root.
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
+    let (dir, program) = build_c("examples/regions.c");
     let json = dir.path().join("regions.json");
-    let output = Command::new(&program)
+    let (stdout, _) = run(Command::new(&program)
         .arg(&json)
-        .env("TOPDOWN_REGION_MODEL", "software")
-        .output()
-        .expect("running the C example");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
+        .env("TOPDOWN_REGION_MODEL", "software"));
     // This VM has no PMU: cpu-clock is a software event, its page offers no user read.
     assert!(
         stdout.contains("regions-c: counters read by path 1: counter cpu-clock: "),
         "{stdout}"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let report = read_json(&json);
     let functions = report["functions"].as_array().expect("functions");
     let calls: Vec<(&str, u64)> = functions
         .iter()
@@ -132,9 +148,7 @@ fn c_example_runs_on_the_read_fallback() {
 fn c_example_counts_without_privileges() {
     // Regions are for programs that are not root: the software model as an ordinary user
     // (uid 65534 through setpriv when the test runs as root).
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
+    let (dir, program) = build_c("examples/regions.c");
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     // SAFETY: no preconditions.
@@ -148,14 +162,10 @@ fn c_example_counts_without_privileges() {
     } else {
         Command::new(&program)
     };
-    let output = command
+    // (setpriv comes from util-linux.)
+    let (stdout, stderr) = run(command
         .env("TOPDOWN_REGION_MODEL", "software")
-        .current_dir(dir.path())
-        .output()
-        .expect("running the C example (setpriv from util-linux when root)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+        .current_dir(dir.path()));
     assert!(
         stdout.contains("regions-c: counters read by path 1: "),
         "{stdout}"
@@ -179,16 +189,8 @@ fn c_example_counts_without_privileges() {
 
 #[test]
 fn a_setup_failure_leaves_regions_counting_calls_with_the_reason() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("regions-c");
-    build_c("examples/regions.c", &program);
-    let output = Command::new(&program)
-        .env("TOPDOWN_REGION_MODEL", "no-such-model")
-        .output()
-        .expect("running the C example");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (_dir, program) = build_c("examples/regions.c");
+    let (stdout, stderr) = run(Command::new(&program).env("TOPDOWN_REGION_MODEL", "no-such-model"));
     assert!(
         stderr.starts_with(
             "regions-c: no counters: unknown model 'no-such-model': expected one of software, "
@@ -209,27 +211,12 @@ fn a_forked_child_counts_with_its_own_counters() {
     if !topdown_tests::privileged() {
         return;
     }
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let program = dir.path().join("fork");
-    build_c("tests/c/fork.c", &program);
+    let (dir, program) = build_c("tests/c/fork.c");
     let (parent_json, child_json) = (
         dir.path().join("parent.json"),
         dir.path().join("child.json"),
     );
-    let output = Command::new(&program)
-        .arg(&parent_json)
-        .arg(&child_json)
-        .output()
-        .expect("running the fork program");
-    assert!(
-        output.status.success(),
-        "exit {:?}: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let read = |path: &std::path::Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON")).expect("JSON")
-    };
+    run(Command::new(&program).arg(&parent_json).arg(&child_json));
     let regions = |report: &serde_json::Value| -> Vec<(String, u64, u64)> {
         report["functions"]
             .as_array()
@@ -246,16 +233,15 @@ fn a_forked_child_counts_with_its_own_counters() {
     };
     // The child: only its own region, on its own counters (not the parent thread's, which
     // would show the parent's 0 getppid calls during the child's region).
-    let child = read(&child_json);
+    let child = read_json(&child_json);
     assert_eq!(regions(&child), [("child".to_owned(), 1, 300)]);
     // The parent: 10 + 5 calls of its own; the child's 300 were another process's.
-    let parent = read(&parent_json);
+    let parent = read_json(&parent_json);
     assert_eq!(regions(&parent), [("parent".to_owned(), 1, 15)]);
 }
 
 #[test]
 fn c_and_cpp_programs_link_the_shared_library() {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let library_dir = static_library()
         .parent()
         .expect("deps directory")
@@ -269,32 +255,15 @@ fn c_and_cpp_programs_link_the_shared_library() {
          return td_region_path() == TD_REGION_PATH_READ && td_region_misuse_count() == 0 ? 0 : 1; }\n",
     )
     .expect("writing the C++ source");
-    for (compiler, source) in [("cc", crate_dir.join("examples/regions.c")), ("c++", cpp)] {
+    for (compiler, source) in [("cc", crate_dir().join("examples/regions.c")), ("c++", cpp)] {
         let program = dir.path().join(format!("linked-{compiler}"));
-        let result = Command::new(compiler)
-            .args(["-O2", "-Wall", "-Werror", "-I"])
-            .arg(crate_dir.join("include"))
-            .arg(&source)
-            .arg(format!("-L{}", library_dir.display()))
-            .arg(format!("-Wl,-rpath,{}", library_dir.display()))
-            .args(["-ltopdown_region", "-o"])
-            .arg(&program)
-            .output()
-            .unwrap_or_else(|err| panic!("running {compiler}: {err}"));
-        assert!(
-            result.status.success(),
-            "{compiler} failed:\n{}",
-            String::from_utf8_lossy(&result.stderr)
-        );
-        let output = Command::new(&program)
-            .env("TOPDOWN_REGION_MODEL", "software")
-            .output()
-            .expect("running the linked program");
-        assert!(
-            output.status.success(),
-            "{compiler} program: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let link = [
+            format!("-L{}", library_dir.display()),
+            format!("-Wl,-rpath,{}", library_dir.display()),
+            "-ltopdown_region".to_owned(),
+        ]
+        .map(OsString::from);
+        compile(compiler, &source, &link, &program);
+        run(Command::new(&program).env("TOPDOWN_REGION_MODEL", "software"));
     }
 }

@@ -36,20 +36,26 @@ fn topdown_report_renders_the_regions() {
     let path = dir.path().join("region.json");
     topdown_region::report::write_json(&topdown_region::snapshot(), &path).expect("write");
 
+    // `topdown report -i` on the JSON with `options`: its standard output.
+    let report_i = |options: [&str; 2]| -> Vec<u8> {
+        let output = Command::new(topdown_tests::topdown_bin())
+            .args(["report", "-i"])
+            .arg(&path)
+            .args(options)
+            .output()
+            .expect("running topdown report");
+        assert!(
+            output.status.success(),
+            "topdown report -i {options:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    };
+
     // The JSON, read back and re-written by the tool: the counts survive, the metrics are
     // recomputed by topdown from the counters.
-    let output = Command::new(topdown_tests::topdown_bin())
-        .args(["report", "-i"])
-        .arg(&path)
-        .args(["--format", "json"])
-        .output()
-        .expect("running topdown report");
-    assert!(
-        output.status.success(),
-        "topdown report -i failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let report: serde_json::Value =
+        serde_json::from_slice(&report_i(["--format", "json"])).expect("JSON");
     let function = |symbol: &str| {
         report["functions"]
             .as_array()
@@ -78,14 +84,7 @@ fn topdown_report_renders_the_regions() {
     assert_eq!(task["counters"]["slots"], 2000);
 
     // The table: one row per region and thread, with its calls and slots.
-    let output = Command::new(topdown_tests::topdown_bin())
-        .args(["report", "-i"])
-        .arg(&path)
-        .args(["--by", "function"])
-        .output()
-        .expect("running topdown report");
-    assert!(output.status.success());
-    let table = String::from_utf8_lossy(&output.stdout);
+    let table = String::from_utf8_lossy(&report_i(["--by", "function"])).into_owned();
     let row = |symbol: &str| -> Vec<String> {
         table
             .lines()

@@ -44,14 +44,19 @@ fn getsid(times: u32) {
     }
 }
 
-/// Runs `work` on a fresh thread and returns its id.
-fn on_thread(work: impl FnOnce() + Send + 'static) -> u32 {
-    std::thread::spawn(move || {
+/// Sets up the synthetic model and runs `work` on a fresh thread: the snapshot after it and the
+/// thread's id, or `None` where privileged tests are skipped.
+fn on_thread(work: impl FnOnce() + Send + 'static) -> Option<(Snapshot, u32)> {
+    if !setup() {
+        return None;
+    }
+    let tid = std::thread::spawn(move || {
         work();
         topdown_region::regions::current_tid()
     })
     .join()
-    .expect("worker thread")
+    .expect("worker thread");
+    Some((topdown_region::snapshot(), tid))
 }
 
 fn thread(snapshot: &Snapshot, tid: u32) -> &ThreadRecord {
@@ -71,12 +76,24 @@ fn counts(snapshot: &Snapshot, record: &ThreadRecord, region: &str, counter: &st
     )
 }
 
+/// Each `(region, counter, (inclusive, exclusive))` of `expected`, checked with [`counts`].
+fn assert_counts(
+    snapshot: &Snapshot,
+    record: &ThreadRecord,
+    expected: &[(&str, &str, (u64, u64))],
+) {
+    for &(region, counter, want) in expected {
+        assert_eq!(
+            counts(snapshot, record, region, counter),
+            want,
+            "{region} {counter}"
+        );
+    }
+}
+
 #[test]
 fn a_region_counts_exactly_its_1234_getppid_calls() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         getppid(10);
         {
             let _region = topdown_region::region("getppid-1234");
@@ -84,22 +101,20 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
             getpgid(5);
         }
         getppid(10);
-    });
-    let snapshot = topdown_region::snapshot();
+    }) else {
+        return;
+    };
     let record = thread(&snapshot, tid);
     assert_eq!(record.path, ReadPath::Read, "{}", record.reason);
     assert_eq!(record.region("getppid-1234").unwrap().calls, 1);
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "slots"),
-        (1234, 1234)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "topdown-retiring"),
-        (5, 5)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "getppid-1234", "topdown-bad-spec"),
-        (0, 0)
+    assert_counts(
+        &snapshot,
+        record,
+        &[
+            ("getppid-1234", "slots", (1234, 1234)),
+            ("getppid-1234", "topdown-retiring", (5, 5)),
+            ("getppid-1234", "topdown-bad-spec", (0, 0)),
+        ],
     );
     assert_eq!(snapshot.value(&record.outermost, "slots"), Some(1234));
     assert_eq!(record.misuse, Default::default());
@@ -109,10 +124,7 @@ fn a_region_counts_exactly_its_1234_getppid_calls() {
 
 #[test]
 fn nested_regions_are_exact_inclusive_and_exclusive() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         topdown_region::begin("outer");
         getppid(100);
         getpgid(7);
@@ -128,32 +140,27 @@ fn nested_regions_are_exact_inclusive_and_exclusive() {
         }
         getppid(11);
         topdown_region::end("outer");
-    });
-    let snapshot = topdown_region::snapshot();
+    }) else {
+        return;
+    };
     let record = thread(&snapshot, tid);
     let calls = |name: &str| record.region(name).unwrap().calls;
     assert_eq!(
         (calls("outer"), calls("inner"), calls("innermost")),
         (1, 2, 2)
     );
-    assert_eq!(counts(&snapshot, record, "outer", "slots"), (2111, 111));
-    assert_eq!(counts(&snapshot, record, "inner", "slots"), (2000, 2000));
-    assert_eq!(counts(&snapshot, record, "innermost", "slots"), (0, 0));
-    assert_eq!(
-        counts(&snapshot, record, "outer", "topdown-retiring"),
-        (7, 7)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "outer", "topdown-bad-spec"),
-        (46, 0)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "inner", "topdown-bad-spec"),
-        (46, 6)
-    );
-    assert_eq!(
-        counts(&snapshot, record, "innermost", "topdown-bad-spec"),
-        (40, 40)
+    assert_counts(
+        &snapshot,
+        record,
+        &[
+            ("outer", "slots", (2111, 111)),
+            ("inner", "slots", (2000, 2000)),
+            ("innermost", "slots", (0, 0)),
+            ("outer", "topdown-retiring", (7, 7)),
+            ("outer", "topdown-bad-spec", (46, 0)),
+            ("inner", "topdown-bad-spec", (46, 6)),
+            ("innermost", "topdown-bad-spec", (40, 40)),
+        ],
     );
     // The region tree: caller -> callee, calls and inclusive slots / getsid.
     type Edge<'a> = (Option<&'a str>, &'a str, u64, Option<u64>, Option<u64>);
@@ -214,10 +221,7 @@ fn each_thread_has_its_own_exact_counts() {
 
 #[test]
 fn misuse_is_counted_and_never_fatal() {
-    if !setup() {
-        return;
-    }
-    let tid = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         // An end without a begin.
         topdown_region::end("never-begun");
         // An end naming a region that is not open, inside one that is.
@@ -237,8 +241,9 @@ fn misuse_is_counted_and_never_fatal() {
         }
         // Left open when the thread exits.
         topdown_region::begin("left-open");
-    });
-    let snapshot = topdown_region::snapshot();
+    }) else {
+        return;
+    };
     let record = thread(&snapshot, tid);
     let misuse = record.misuse;
     assert_eq!(misuse.unmatched_ends, 1);
@@ -281,15 +286,12 @@ fn the_path_is_read_with_the_pages_reason() {
 
 #[test]
 fn level_one_metrics_come_from_the_models_formulas() {
-    if !setup() {
-        return;
-    }
     // intel-icl level 1 (topdown-formulas.md §1.4): SUM = ret + bad + fe + be; Frontend =
     // fe/SUM - UOP_DROPPING/slots; Backend = be/SUM + 5 * CLEARS_COUNT/slots; Retiring =
     // ret/SUM; Bad speculation = 1 - the others. Counters: slots=getppid,
     // topdown-retiring=getpgid, topdown-bad-spec=getsid, topdown-fe-bound=getpriority,
     // topdown-be-bound=getresuid.
-    let tid = on_thread(|| {
+    let Some((snapshot, tid)) = on_thread(|| {
         let _region = topdown_region::region("mix");
         getppid(1000);
         getpgid(400);
@@ -303,8 +305,9 @@ fn level_one_metrics_come_from_the_models_formulas() {
             // SAFETY: valid out-pointers.
             unsafe { libc::getresuid(&mut r, &mut e, &mut s) };
         }
-    });
-    let snapshot = topdown_region::snapshot();
+    }) else {
+        return;
+    };
     let record = thread(&snapshot, tid);
     let json = topdown_region::report::to_json(&snapshot).unwrap();
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();

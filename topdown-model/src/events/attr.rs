@@ -42,3 +42,26 @@ pub struct EventAttr {
     pub kind: EventKind,
     pub exclude: Option<Exclude>,
 }
+
+impl EventAttr {
+    /// A perf event of `perf_type` with its `(config, config1, config2)` words.
+    pub fn perf(
+        name: String,
+        pmu: Option<String>,
+        perf_type: u32,
+        (config, config1, config2): (u64, u64, u64),
+        exclude: Option<Exclude>,
+    ) -> Self {
+        Self {
+            name,
+            pmu,
+            kind: EventKind::Perf {
+                perf_type,
+                config,
+                config1,
+                config2,
+            },
+            exclude,
+        }
+    }
+}

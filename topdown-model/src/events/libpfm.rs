@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 
-use super::{EventAttr, EventKind, Exclude, PmuCatalog, pfm};
+use super::{EventAttr, Exclude, PmuCatalog, pfm};
 
 /// The libpfm PMU an unprefixed spec is encoded for: the model's, when libpfm has one.
 fn default_pmu(catalog: &PmuCatalog) -> Option<&'static str> {
@@ -67,16 +67,12 @@ pub fn parse_encoded(spec: &str, catalog: &PmuCatalog) -> Result<(EventAttr, pfm
         .into_iter()
         .find(|name| catalog.pmus.get(*name).map(|pmu| pmu.perf_type) == Some(encoding.perf_type))
         .map(str::to_owned);
-    let attr = EventAttr {
-        name: spec.to_owned(),
+    let attr = EventAttr::perf(
+        spec.to_owned(),
         pmu,
-        kind: EventKind::Perf {
-            perf_type: encoding.perf_type,
-            config: encoding.config,
-            config1: encoding.config1,
-            config2: encoding.config2,
-        },
+        encoding.perf_type,
+        (encoding.config, encoding.config1, encoding.config2),
         exclude,
-    };
+    );
     Ok((attr, encoding))
 }

@@ -218,22 +218,28 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
                 }
             );
         };
-        let (config, config1, config2) = apply_terms(pmu, terms)?;
-        return Ok(EventAttr {
+        return Ok(EventAttr::perf(
             name,
-            pmu: Some(pmu.name.clone()),
-            kind: EventKind::Perf {
-                perf_type: pmu.perf_type,
-                config,
-                config1,
-                config2,
-            },
-            exclude: exclusion(modifiers)?,
-        });
+            Some(pmu.name.clone()),
+            pmu.perf_type,
+            apply_terms(pmu, terms)?,
+            exclusion(modifiers)?,
+        ));
     }
     let (event, modifiers) = match spec.split_once(':') {
         Some((event, rest)) => (event, Some(rest)),
         None => (spec, None),
+    };
+    // The forms below name the event as written and take the modifiers after ':'.
+    let perf_event = |pmu: Option<String>, perf_type: u32, words: (u64, u64, u64)| {
+        let exclude = exclusion(modifiers.unwrap_or(""))?;
+        Ok(EventAttr::perf(
+            name.clone(),
+            pmu,
+            perf_type,
+            words,
+            exclude,
+        ))
     };
     // rNNNN: a raw config for the core PMU.
     if let Some(hex) = event.strip_prefix('r')
@@ -243,17 +249,7 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         let Ok(config) = u64::from_str_radix(hex, 16) else {
             bail!("raw config r{hex} does not fit 64 bits");
         };
-        return Ok(EventAttr {
-            name,
-            pmu: None,
-            kind: EventKind::Perf {
-                perf_type: PERF_TYPE_RAW,
-                config,
-                config1: 0,
-                config2: 0,
-            },
-            exclude: exclusion(modifiers.unwrap_or(""))?,
-        });
+        return perf_event(None, PERF_TYPE_RAW, (config, 0, 0));
     }
     if event == "task-clock" {
         bail!(
@@ -262,35 +258,18 @@ fn parse_perf(spec: &str, catalog: &PmuCatalog) -> Result<EventAttr> {
         );
     }
     if let Some((perf_type, config)) = generic_event(event) {
-        return Ok(EventAttr {
-            name,
-            pmu: None,
-            kind: EventKind::Perf {
-                perf_type,
-                config,
-                config1: 0,
-                config2: 0,
-            },
-            exclude: exclusion(modifiers.unwrap_or(""))?,
-        });
+        return perf_event(None, perf_type, (config, 0, 0));
     }
     if let Some(pmu) = catalog
         .core_pmus()
         .into_iter()
         .find(|pmu| pmu.events.contains_key(event))
     {
-        let (config, config1, config2) = apply_terms(pmu, event)?;
-        return Ok(EventAttr {
-            name,
-            pmu: Some(pmu.name.clone()),
-            kind: EventKind::Perf {
-                perf_type: pmu.perf_type,
-                config,
-                config1,
-                config2,
-            },
-            exclude: exclusion(modifiers.unwrap_or(""))?,
-        });
+        return perf_event(
+            Some(pmu.name.clone()),
+            pmu.perf_type,
+            apply_terms(pmu, event)?,
+        );
     }
     match modifiers {
         Some(tracepoint) if is_identifier(event) && is_identifier(tracepoint) => Ok(EventAttr {

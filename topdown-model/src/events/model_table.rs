@@ -121,17 +121,7 @@ pub fn lookup(spec: &str, catalog: &PmuCatalog) -> Option<Found> {
                 continue;
             }
             return Some(Found {
-                attr: EventAttr {
-                    name: spec.to_owned(),
-                    pmu: None,
-                    kind: EventKind::Perf {
-                        perf_type,
-                        config,
-                        config1: 0,
-                        config2: 0,
-                    },
-                    exclude,
-                },
+                attr: EventAttr::perf(spec.to_owned(), None, perf_type, (config, 0, 0), exclude),
                 model: model.name(),
                 counter: counter.name.clone(),
             });

@@ -10,16 +10,7 @@ fn catalog() -> PmuCatalog {
 }
 
 fn perf(spec: &str) -> (u32, u64, u64, Option<Exclude>) {
-    let attr = parse_event(spec, &catalog()).unwrap_or_else(|err| panic!("{spec}: {err:#}"));
-    match attr.kind {
-        EventKind::Perf {
-            perf_type,
-            config,
-            config1,
-            ..
-        } => (perf_type, config, config1, attr.exclude),
-        EventKind::Tracepoint { .. } => panic!("{spec}: tracepoint"),
-    }
+    libpfm(spec, &catalog())
 }
 
 fn error(spec: &str) -> String {
@@ -101,6 +92,8 @@ fn for_model(model: &str) -> PmuCatalog {
     catalog().with_model(model)
 }
 
+/// `spec`'s perf type, config words and exclusions on `catalog` (the fixture machine's, or one
+/// with a model's libpfm4 table).
 fn libpfm(spec: &str, catalog: &PmuCatalog) -> (u32, u64, u64, Option<Exclude>) {
     let attr = parse_event(spec, catalog).unwrap_or_else(|err| panic!("{spec}: {err:#}"));
     match attr.kind {

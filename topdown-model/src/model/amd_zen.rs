@@ -69,20 +69,22 @@ const LOAD_NOT_COMPLETE: &str = "ex_no_retire.load_not_complete";
 const NOT_COMPLETE: &str = "ex_no_retire.not_complete";
 const UCODE: &str = "ex_ret_ucode_ops";
 
-/// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
-mod at {
-    pub const CYCLES: usize = 0;
-    pub const FRONTEND: usize = 1;
-    pub const DISPATCHED: usize = 2;
-    pub const RETIRED: usize = 3;
-    pub const BACKEND: usize = 4;
-    pub const SMT: usize = 5;
-    pub const FRONTEND_CMASK: usize = 6;
-    pub const MISPREDICTS: usize = 7;
-    pub const RESTARTS: usize = 8;
-    pub const LOAD_NOT_COMPLETE: usize = 9;
-    pub const NOT_COMPLETE: usize = 10;
-    pub const UCODE: usize = 11;
+super::input_ids! {
+    /// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
+    mod at {
+        CYCLES,
+        FRONTEND,
+        DISPATCHED,
+        RETIRED,
+        BACKEND,
+        SMT,
+        FRONTEND_CMASK,
+        MISPREDICTS,
+        RESTARTS,
+        LOAD_NOT_COMPLETE,
+        NOT_COMPLETE,
+        UCODE,
+    }
 }
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
@@ -93,19 +95,7 @@ pub fn models() -> Vec<Box<dyn Model>> {
     ]
 }
 
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
-}
-
 impl Model for AmdZen {
-    fn name(&self) -> String {
-        match self.generation {
-            Zen::Zen4 => "amd-zen4".to_owned(),
-            Zen::Zen5 => "amd-zen5".to_owned(),
-        }
-    }
-
     fn base_name(&self) -> &'static str {
         match self.generation {
             Zen::Zen4 => "amd-zen4",
@@ -166,73 +156,60 @@ impl Model for AmdZen {
         // Level 1, each divided by total_dispatch_slots (§4.2, amdzen4/5 pipeline.json,
         // group PipelineL1). perf uses d_ratio (0 for a zero denominator); here no slots
         // means no data (None).
-        let frontend = ratio(get(at::FRONTEND), slots);
-        let bad_speculation = ratio(get(at::DISPATCHED) - get(at::RETIRED), slots);
-        let backend = ratio(get(at::BACKEND), slots);
-        let smt_contention = ratio(get(at::SMT), slots);
-        let retiring = ratio(get(at::RETIRED), slots);
+        let level_one = LevelOne {
+            retiring: ratio(get(at::RETIRED), slots),
+            bad_speculation: ratio(get(at::DISPATCHED) - get(at::RETIRED), slots),
+            frontend_bound: ratio(get(at::FRONTEND), slots),
+            backend_bound: ratio(get(at::BACKEND), slots),
+        };
+        // The extra bucket, last at either level.
+        out[extras_at(level)] = ratio(get(at::SMT), slots);
+        level_one.write_with_level_two(out, level, |level_one| {
+            // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets. Each level-1
+            // bucket but the frontend splits by a share: (parent * share, parent * (1 - share)).
+            let split = |parent: Option<f64>, share: Option<f64>| {
+                let both = parent.zip(share);
+                (
+                    both.map(|(parent, share)| parent * share),
+                    both.map(|(parent, share)| parent * (1.0 - share)),
+                )
+            };
+            let restarts = at::RESTARTS;
+            let frontend_cmask = get(at::FRONTEND_CMASK);
+            // frontend_bound_latency [frontend_bound_by_latency] = W * no_ops_from_frontend{cmask=W} / slots
+            let fetch_latency = ratio(width * frontend_cmask, slots);
+            // frontend_bound_bandwidth [frontend_bound_by_bandwidth]
+            //   = (no_ops_from_frontend - W * no_ops_from_frontend{cmask=W}) / slots
+            let fetch_bandwidth = ratio(get(at::FRONTEND) - width * frontend_cmask, slots);
+            let misprediction_share =
+                ratio(get(at::MISPREDICTS), get(at::MISPREDICTS) + get(restarts));
+            // bad_speculation_mispredicts [bad_speculation_from_mispredicts]
+            //   = bad_speculation * ex_ret_brn_misp / (ex_ret_brn_misp + R)
+            // bad_speculation_pipeline_restarts [bad_speculation_from_pipeline_restarts]
+            //   = bad_speculation * R / (ex_ret_brn_misp + R)
+            let (branch_mispredicts, machine_clears) =
+                split(level_one.bad_speculation, misprediction_share);
+            let memory_share = ratio(get(at::LOAD_NOT_COMPLETE), get(at::NOT_COMPLETE));
+            // backend_bound_memory [backend_bound_by_memory]
+            //   = backend_bound * ex_no_retire.load_not_complete / ex_no_retire.not_complete
+            // backend_bound_cpu [backend_bound_by_cpu] = backend_bound * (1 - load_not_complete/not_complete)
+            let (memory_bound, core_bound) = split(level_one.backend_bound, memory_share);
+            let microcode_share = ratio(get(at::UCODE), get(at::RETIRED));
+            // retiring_microcode [retiring_from_microcode] = retiring * ex_ret_ucode_ops/ex_ret_ops
+            // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
+            let (heavy_operations, light_operations) = split(level_one.retiring, microcode_share);
 
-        // In L1_METRICS order, then the extra bucket (last at either level).
-        LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
-        }
-        .write(out);
-        out[extras_at(level)] = smt_contention;
-        if level < 2 {
-            return;
-        }
-
-        // Level 2 (§4.2, group PipelineL2); AMD's names, Zen 5's in brackets.
-        let restarts = at::RESTARTS;
-        let frontend_cmask = get(at::FRONTEND_CMASK);
-        // frontend_bound_latency [frontend_bound_by_latency] = W * no_ops_from_frontend{cmask=W} / slots
-        let fetch_latency = ratio(width * frontend_cmask, slots);
-        // frontend_bound_bandwidth [frontend_bound_by_bandwidth]
-        //   = (no_ops_from_frontend - W * no_ops_from_frontend{cmask=W}) / slots
-        let fetch_bandwidth = ratio(get(at::FRONTEND) - width * frontend_cmask, slots);
-        let misprediction_share = ratio(get(at::MISPREDICTS), get(at::MISPREDICTS) + get(restarts));
-        // bad_speculation_mispredicts [bad_speculation_from_mispredicts]
-        //   = bad_speculation * ex_ret_brn_misp / (ex_ret_brn_misp + R)
-        let branch_mispredicts = bad_speculation
-            .zip(misprediction_share)
-            .map(|(bad, share)| bad * share);
-        // bad_speculation_pipeline_restarts [bad_speculation_from_pipeline_restarts]
-        //   = bad_speculation * R / (ex_ret_brn_misp + R)
-        let machine_clears = bad_speculation
-            .zip(misprediction_share)
-            .map(|(bad, share)| bad * (1.0 - share));
-        let memory_share = ratio(get(at::LOAD_NOT_COMPLETE), get(at::NOT_COMPLETE));
-        // backend_bound_memory [backend_bound_by_memory]
-        //   = backend_bound * ex_no_retire.load_not_complete / ex_no_retire.not_complete
-        let memory_bound = backend.zip(memory_share).map(|(be, share)| be * share);
-        // backend_bound_cpu [backend_bound_by_cpu] = backend_bound * (1 - load_not_complete/not_complete)
-        let core_bound = backend
-            .zip(memory_share)
-            .map(|(be, share)| be * (1.0 - share));
-        let microcode_share = ratio(get(at::UCODE), get(at::RETIRED));
-        // retiring_fastpath [retiring_from_fastpath] = retiring * (1 - ex_ret_ucode_ops/ex_ret_ops)
-        let light_operations = retiring
-            .zip(microcode_share)
-            .map(|(ret, share)| ret * (1.0 - share));
-        // retiring_microcode [retiring_from_microcode] = retiring * ex_ret_ucode_ops/ex_ret_ops
-        let heavy_operations = retiring
-            .zip(microcode_share)
-            .map(|(ret, share)| ret * share);
-
-        LevelTwo {
-            light_operations,
-            heavy_operations,
-            branch_mispredicts,
-            machine_clears,
-            fetch_latency,
-            fetch_bandwidth,
-            memory_bound,
-            core_bound,
-        }
-        .write(out);
+            LevelTwo {
+                light_operations,
+                heavy_operations,
+                branch_mispredicts,
+                machine_clears,
+                fetch_latency,
+                fetch_bandwidth,
+                memory_bound,
+                core_bound,
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -248,6 +225,7 @@ impl Model for AmdZen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::base_model;
 
     #[test]
     fn encodings_match_the_reference_table() {
@@ -281,9 +259,9 @@ mod tests {
                 6
             );
         }
-        assert!(by_name("amd-zen4").is_some());
-        assert!(by_name("amd-zen5").is_some());
-        assert!(by_name("amd-zen3").is_none());
+        assert!(base_model("amd-zen4").is_ok());
+        assert!(base_model("amd-zen5").is_ok());
+        assert!(base_model("amd-zen3").is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! level-1 set exactly (§5.4 "Counters and SMT"), so V3/N3's level-2 events form a second group.
 //! Neoverse cores have no SMT.
 
-use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 /// The Neoverse cores with a TopDown model.
@@ -77,27 +77,28 @@ impl Core {
     }
 }
 
-/// The formulas' inputs: ids into [`EVENTS`] and `ArmNeoverse::at` (each core counts a
-/// different subset, so positions are resolved per core).
-mod input {
-    pub const CPU_CYCLES: usize = 0;
-    pub const BR_MIS_PRED: usize = 1;
-    pub const STALL_FRONTEND: usize = 2;
-    pub const STALL_BACKEND: usize = 3;
-    pub const OP_RETIRED: usize = 4;
-    pub const OP_SPEC: usize = 5;
-    pub const STALL_SLOT_BACKEND: usize = 6;
-    pub const STALL_SLOT_FRONTEND: usize = 7;
-    pub const STALL_SLOT: usize = 8;
-    pub const STALL_FRONTEND_FLUSH: usize = 9;
-    pub const STALL_BACKEND_MEMBOUND: usize = 10;
-    pub const STALL_BACKEND_CPUBOUND: usize = 11;
+super::input_ids! {
+    /// The formulas' inputs: ids into [`EVENTS`] and `ArmNeoverse::at` (each core counts a
+    /// different subset, so positions are resolved per core).
+    mod input {
+        CPU_CYCLES,
+        BR_MIS_PRED,
+        STALL_FRONTEND,
+        STALL_BACKEND,
+        OP_RETIRED,
+        OP_SPEC,
+        STALL_SLOT_BACKEND,
+        STALL_SLOT_FRONTEND,
+        STALL_SLOT,
+        STALL_FRONTEND_FLUSH,
+        STALL_BACKEND_MEMBOUND,
+        STALL_BACKEND_CPUBOUND,
+    }
 }
-const INPUTS: usize = 12;
 
 /// Architected PMUv3 event numbers (topdown-formulas.md §5.1), named as Linux's sysfs does, by
 /// input id.
-const EVENTS: [(&str, u64); INPUTS] = [
+const EVENTS: [(&str, u64); input::COUNT] = [
     ("cpu_cycles", 0x11),
     ("br_mis_pred", 0x10),
     ("stall_frontend", 0x23),
@@ -115,7 +116,7 @@ const EVENTS: [(&str, u64); INPUTS] = [
 pub struct ArmNeoverse {
     core: Core,
     slots: u32,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 impl ArmNeoverse {
@@ -132,37 +133,39 @@ impl ArmNeoverse {
             } else {
                 slots
             },
-            at: Positions::new(Self::inputs(core).iter().copied()),
+            at: Positions::new(Self::inputs(core)),
         }
     }
 
     /// The inputs `core` counts, in counter order: CPU_CYCLES on its own counter, the level-1
     /// set on the six programmable ones, then V3/N3's level-2 group.
-    fn inputs(core: Core) -> &'static [usize] {
+    fn inputs(core: Core) -> Vec<usize> {
         use input::*;
+        // The slot-based level 1 of N2/V1/V2/V3/N3, but for the per-cycle term its FE and
+        // BadSpec take (BR_MIS_PRED, or STALL_FRONTEND_FLUSH on V3/N3).
+        let slot_level_one = [
+            CPU_CYCLES,
+            STALL_SLOT_FRONTEND,
+            STALL_SLOT_BACKEND,
+            STALL_SLOT,
+            OP_SPEC,
+            OP_RETIRED,
+        ];
         match core {
-            Core::N1 => &[CPU_CYCLES, STALL_FRONTEND, STALL_BACKEND],
-            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => &[
-                CPU_CYCLES,
-                STALL_SLOT_FRONTEND,
-                STALL_SLOT_BACKEND,
-                STALL_SLOT,
-                OP_SPEC,
-                OP_RETIRED,
-                BR_MIS_PRED,
-            ],
-            Core::V3 | Core::N3 => &[
-                CPU_CYCLES,
-                STALL_SLOT_FRONTEND,
-                STALL_SLOT_BACKEND,
-                STALL_SLOT,
-                OP_SPEC,
-                OP_RETIRED,
-                STALL_FRONTEND_FLUSH,
-                STALL_BACKEND,
-                STALL_BACKEND_MEMBOUND,
-                STALL_BACKEND_CPUBOUND,
-            ],
+            Core::N1 => vec![CPU_CYCLES, STALL_FRONTEND, STALL_BACKEND],
+            Core::N2 | Core::N2Erratum | Core::V1 | Core::V2 => {
+                [&slot_level_one[..], &[BR_MIS_PRED]].concat()
+            }
+            Core::V3 | Core::N3 => [
+                &slot_level_one[..],
+                &[
+                    STALL_FRONTEND_FLUSH,
+                    STALL_BACKEND,
+                    STALL_BACKEND_MEMBOUND,
+                    STALL_BACKEND_CPUBOUND,
+                ],
+            ]
+            .concat(),
         }
     }
 }
@@ -230,8 +233,8 @@ impl Model for ArmNeoverse {
 
     fn counters(&self) -> Vec<CounterSpec> {
         Self::inputs(self.core)
-            .iter()
-            .map(|&input| {
+            .into_iter()
+            .map(|input| {
                 let (name, config) = EVENTS[input];
                 let spec = CounterSpec::raw(name, config);
                 match input {
@@ -265,16 +268,15 @@ impl Model for ArmNeoverse {
         // r = OP_RETIRED / OP_SPEC: the share of issued operations that retired.
         let retired_share = ratio(get(input::OP_RETIRED), get(input::OP_SPEC));
 
-        let (frontend, backend, bad_speculation, retiring) = match self.core {
+        let level_one = match self.core {
             // Arm's N1 methodology stage 1, Cycle_Accounting (§5.3 N1 row):
             // frontend_stalled_cycles = STALL_FRONTEND/CPU_CYCLES,
             // backend_stalled_cycles = STALL_BACKEND/CPU_CYCLES.
-            Core::N1 => (
-                ratio(get(input::STALL_FRONTEND), cycles),
-                ratio(get(input::STALL_BACKEND), cycles),
-                None,
-                None,
-            ),
+            Core::N1 => LevelOne {
+                frontend_bound: ratio(get(input::STALL_FRONTEND), cycles),
+                backend_bound: ratio(get(input::STALL_BACKEND), cycles),
+                ..LevelOne::default()
+            },
             _ => {
                 let (ssf, ss) = if self.core == Core::N2Erratum {
                     // §5.3 N2 r0p0-r0p2 row and the Yitian 710 seed ("real stall_slot_frontend
@@ -291,68 +293,57 @@ impl Model for ArmNeoverse {
                 let flush = get(input::STALL_FRONTEND_FLUSH);
                 // 1 - SS/(S*c): the slots that were not stalled.
                 let issued = ratio(ss, total_slots).map(|stalled| 1.0 - stalled);
-                let per_cycle = |value: f64| ratio(value, cycles);
-                let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-                let plus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a + b);
-                let retiring = retired_share.zip(issued).map(|(r, issued)| r * issued);
                 let wasted = retired_share
                     .zip(issued)
                     .map(|(r, issued)| (1.0 - r) * issued);
-                match self.core {
+                // The rows differ only in the per-cycle terms taken off FE and BE and added to
+                // BadSpec: FE = SSF/(S*c) - fe_term/c; BE = SSB/(S*c) - be_term/c;
+                // BadSpec = (1-r)(1 - SS/(S*c)) + bad_term/c; Retiring = r(1 - SS/(S*c)).
+                let (fe_term, be_term, bad_term) = match self.core {
                     // §5.3 V1 row (S=8): FE = SSF/(8c) - 4*BR_MIS_PRED/c; BE = SSB/(8c);
                     // BadSpec = (1-r)(1 - SS/(8c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(8c)).
-                    Core::V1 => (
-                        minus(ratio(ssf, total_slots), per_cycle(4.0 * mispredicts)),
-                        ratio(ssb, total_slots),
-                        plus(wasted, per_cycle(4.0 * mispredicts)),
-                        retiring,
-                    ),
+                    Core::V1 => (4.0 * mispredicts, 0.0, 4.0 * mispredicts),
                     // §5.3 V3/N3 row: FE = SSF/(S*c) - STALL_FRONTEND_FLUSH/c; BE = SSB/(S*c);
                     // BadSpec = (1 - SS/(S*c))(1-r) + STALL_FRONTEND_FLUSH/c; Retiring = (1 - SS/(S*c))*r.
-                    Core::V3 | Core::N3 => (
-                        minus(ratio(ssf, total_slots), per_cycle(flush)),
-                        ratio(ssb, total_slots),
-                        plus(wasted, per_cycle(flush)),
-                        retiring,
-                    ),
+                    Core::V3 | Core::N3 => (flush, 0.0, flush),
                     // §5.3 N2 r0p3+/V2 row, and the N2 r0p0-r0p2 row with SSF and SS corrected
                     // above: FE = SSF/(S*c) - BR_MIS_PRED/c; BE = SSB/(S*c) - 3*BR_MIS_PRED/c;
                     // BadSpec = (1-r)(1 - SS/(S*c)) + 4*BR_MIS_PRED/c; Retiring = r(1 - SS/(S*c)).
-                    _ => (
-                        minus(ratio(ssf, total_slots), per_cycle(mispredicts)),
-                        minus(ratio(ssb, total_slots), per_cycle(3.0 * mispredicts)),
-                        plus(wasted, per_cycle(4.0 * mispredicts)),
-                        retiring,
-                    ),
+                    _ => (mispredicts, 3.0 * mispredicts, 4.0 * mispredicts),
+                };
+                let per_cycle = |value: f64| ratio(value, cycles);
+                LevelOne {
+                    retiring: retired_share.zip(issued).map(|(r, issued)| r * issued),
+                    bad_speculation: wasted
+                        .zip(per_cycle(bad_term))
+                        .map(|(wasted, term)| wasted + term),
+                    frontend_bound: difference(ratio(ssf, total_slots), per_cycle(fe_term)),
+                    backend_bound: difference(ratio(ssb, total_slots), per_cycle(be_term)),
                 }
             }
         };
-
-        // In L1_METRICS order.
-        LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
-        }
-        .write(out);
-        if level >= 2 {
-            out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
-            if matches!(self.core, Core::V3 | Core::N3) {
-                // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
-                // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
-                // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
-                // level-1 backend slots by those cycle shares is our composition, not Arm's.
+        level_one.write_with_level_two(out, level, |level_one| {
+            if !matches!(self.core, Core::V3 | Core::N3) {
                 // Arm publishes no slot-based level 2 for N1/N2/V1/V2 at all.
-                let stalled = get(input::STALL_BACKEND);
-                let memory_share = ratio(get(input::STALL_BACKEND_MEMBOUND), stalled);
-                let core_share = ratio(get(input::STALL_BACKEND_CPUBOUND), stalled);
-                out[level_two_position("memory_bound")] =
-                    backend.zip(memory_share).map(|(be, share)| be * share);
-                out[level_two_position("core_bound")] =
-                    backend.zip(core_share).map(|(be, share)| be * share);
+                return LevelTwo::default();
             }
-        }
+            // Arm publishes the backend split of V3/N3 in stall *cycles* (§5.4,
+            // Topdown_Backend: backend_mem_bound = STALL_BACKEND_MEMBOUND/STALL_BACKEND,
+            // backend_core_bound = STALL_BACKEND_CPUBOUND/STALL_BACKEND). Weighting the
+            // level-1 backend slots by those cycle shares is our composition, not Arm's.
+            let stalled = get(input::STALL_BACKEND);
+            let backend_share = |input: usize| {
+                level_one
+                    .backend_bound
+                    .zip(ratio(get(input), stalled))
+                    .map(|(be, share)| be * share)
+            };
+            LevelTwo {
+                memory_bound: backend_share(input::STALL_BACKEND_MEMBOUND),
+                core_bound: backend_share(input::STALL_BACKEND_CPUBOUND),
+                ..LevelTwo::default()
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -466,14 +457,6 @@ mod tests {
         assert!(by_name("arm-neoverse-v2@slots=x").is_none());
         assert!(by_name("arm-neoverse-v2@slots=0").is_none());
         assert!(by_name("arm-neoverse-e1").is_none());
-    }
-
-    #[test]
-    fn zero_counts_mean_no_data() {
-        for model in models() {
-            let metrics = model.metrics(&[], 2);
-            assert!(metrics.values().all(Option::is_none), "{}", model.name());
-        }
     }
 
     #[test]

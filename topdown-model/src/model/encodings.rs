@@ -18,7 +18,9 @@
 //! (`intel-icl`'s `slots` and `topdown-*` pseudo-events are the kernel's fixed-counter and
 //! PERF_METRICS encodings, not perf JSON events: only its general-purpose counters are rows.)
 
-use super::{CounterSource, CounterUse, PERF_TYPE_RAW, intel_atom, intel_core, intel_icl};
+use super::{
+    CounterSource, CounterUse, PERF_TYPE_RAW, base_model, intel_atom, intel_core, intel_icl,
+};
 
 /// One event as perf's JSON encodes it.
 struct Row {
@@ -563,7 +565,7 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
 
 #[test]
 fn skylake_bound_on_stores_has_no_counter_mask() {
-    let skl = intel_core::by_name("intel-skl").unwrap().counters();
+    let skl = base_model("intel-skl").unwrap().counters();
     let stores = skl
         .iter()
         .find(|spec| spec.name == "EXE_ACTIVITY.BOUND_ON_STORES")

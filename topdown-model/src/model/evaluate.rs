@@ -293,9 +293,6 @@ mod tests {
     struct Pair;
 
     impl Model for Pair {
-        fn name(&self) -> String {
-            "pair".to_owned()
-        }
         fn base_name(&self) -> &'static str {
             "pair"
         }
@@ -331,12 +328,7 @@ mod tests {
             }
             metrics
         }
-        fn metric_names(&self, level: u8) -> Vec<String> {
-            crate::model::metric_names_of_map(self, level)
-        }
-        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-            crate::model::metrics_into_from_map(self, values, level, out)
-        }
+        crate::model::typed_metrics_from_map!();
         fn slots(&self, values: &[u64]) -> Option<f64> {
             Some(value(values, 0))
         }

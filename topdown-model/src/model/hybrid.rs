@@ -124,13 +124,7 @@ impl Model for Hybrid {
         metrics
     }
 
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        super::metric_names_of_map(self, level)
-    }
-
-    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-        super::metrics_into_from_map(self, values, level, out)
-    }
+    super::typed_metrics_from_map!();
 
     fn weight_counter(&self) -> &'static str {
         // Reports sort by the P-core model's weight counter; the per-core-type split is in JSON.
@@ -163,9 +157,6 @@ mod tests {
     }
 
     impl Model for Simple {
-        fn name(&self) -> String {
-            self.name.to_owned()
-        }
         fn base_name(&self) -> &'static str {
             self.name
         }
@@ -192,12 +183,7 @@ mod tests {
             metrics.insert("retiring".to_owned(), ratio(ret, slots));
             metrics
         }
-        fn metric_names(&self, level: u8) -> Vec<String> {
-            crate::model::metric_names_of_map(self, level)
-        }
-        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-            crate::model::metrics_into_from_map(self, values, level, out)
-        }
+        crate::model::typed_metrics_from_map!();
         fn weight_counter(&self) -> &'static str {
             "cycles"
         }

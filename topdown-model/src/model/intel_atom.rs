@@ -8,7 +8,7 @@
 //! backend); topdown reports Resource_Bound in the `memory_bound` column and says so. E-cores
 //! have no SMT. Gracemont has 6 general-purpose counters, Crestmont and Skymont 8.
 
-use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, Positions, level_two_position, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ enum Core {
 
 pub struct IntelAtom {
     core: Core,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 const CLOCKS: &str = "CPU_CLK_UNHALTED.CORE";
@@ -34,21 +34,22 @@ const MISPREDICT: &str = "TOPDOWN_BAD_SPECULATION.MISPREDICT";
 const MACHINE_CLEARS: &str = "TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS";
 const ALLOC_RESTRICTIONS: &str = "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS";
 
-/// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
-/// so the positions differ per core.
-mod input {
-    pub const CLOCKS: usize = 0;
-    pub const FRONTEND: usize = 1;
-    pub const BACKEND: usize = 2;
-    pub const RETIRING: usize = 3;
-    pub const BAD_SPECULATION: usize = 4;
-    pub const FRONTEND_LATENCY: usize = 5;
-    pub const FRONTEND_BANDWIDTH: usize = 6;
-    pub const MISPREDICT: usize = 7;
-    pub const MACHINE_CLEARS: usize = 8;
-    pub const ALLOC_RESTRICTIONS: usize = 9;
+super::input_ids! {
+    /// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
+    /// so the positions differ per core.
+    mod input {
+        CLOCKS,
+        FRONTEND,
+        BACKEND,
+        RETIRING,
+        BAD_SPECULATION,
+        FRONTEND_LATENCY,
+        FRONTEND_BANDWIDTH,
+        MISPREDICT,
+        MACHINE_CLEARS,
+        ALLOC_RESTRICTIONS,
+    }
 }
-const INPUTS: usize = 10;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
@@ -56,11 +57,6 @@ pub fn models() -> Vec<Box<dyn Model>> {
         .into_iter()
         .map(|core| Box::new(IntelAtom::new(core)) as Box<dyn Model>)
         .collect()
-}
-
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
 }
 
 impl IntelAtom {
@@ -73,87 +69,56 @@ impl IntelAtom {
 
     /// The counters of `core`, each with the input it feeds, in counter order.
     fn layout(core: Core) -> Vec<(usize, CounterSpec)> {
-        let level_two = LEVEL_TWO_GROUP;
-        match core {
+        let level_one: &[(usize, &str, u64)] = match core {
             // §3.2: GRT TOPDOWN_RETIRING.ALL is 0xC2/0x00 (the UOPS_RETIRED.ALL code); BadSpec
             // is derived, so its counter is not needed.
-            Core::Gracemont | Core::Crestmont => {
-                let mut specs = vec![
-                    (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
-                    (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x0071)),
-                    (input::BACKEND, CounterSpec::raw(BACKEND, 0x0074)),
-                ];
-                if core == Core::Gracemont {
-                    specs.push((input::RETIRING, CounterSpec::raw(RETIRING, 0x00c2)));
-                } else {
-                    specs.push((input::RETIRING, CounterSpec::raw(RETIRING, 0x0072)));
-                    specs.push((
-                        input::BAD_SPECULATION,
-                        CounterSpec::raw(BAD_SPECULATION, 0x0073),
-                    ));
-                }
-                specs.extend([
-                    (
-                        input::FRONTEND_LATENCY,
-                        CounterSpec::raw(FRONTEND_LATENCY, 0x7271).in_group(level_two),
-                    ),
-                    (
-                        input::FRONTEND_BANDWIDTH,
-                        CounterSpec::raw(FRONTEND_BANDWIDTH, 0x8d71).in_group(level_two),
-                    ),
-                    (
-                        input::MISPREDICT,
-                        CounterSpec::raw(MISPREDICT, 0x0473).in_group(level_two),
-                    ),
-                    (
-                        input::MACHINE_CLEARS,
-                        CounterSpec::raw(MACHINE_CLEARS, 0x0373).in_group(level_two),
-                    ),
-                    (
-                        input::ALLOC_RESTRICTIONS,
-                        CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
-                    ),
-                ]);
-                specs
-            }
+            Core::Gracemont => &[
+                (input::CLOCKS, CLOCKS, 0x003c),
+                (input::FRONTEND, FRONTEND, 0x0071),
+                (input::BACKEND, BACKEND, 0x0074),
+                (input::RETIRING, RETIRING, 0x00c2),
+            ],
+            Core::Crestmont => &[
+                (input::CLOCKS, CLOCKS, 0x003c),
+                (input::FRONTEND, FRONTEND, 0x0071),
+                (input::BACKEND, BACKEND, 0x0074),
+                (input::RETIRING, RETIRING, 0x0072),
+                (input::BAD_SPECULATION, BAD_SPECULATION, 0x0073),
+            ],
             // §3.4 ARL-H atom (Skymont) encodings: retiring 0xc2/0x02, bad-spec 0x73/0x0,
             // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
-            // Level 2 (lunarlake/pipeline.json, cpu_atom): FRONTEND_LATENCY 0x71/0x72,
-            // FRONTEND_BANDWIDTH 0x71/0x8d, MISPREDICT 0x73/0x04, ALLOC_RESTRICTIONS 0x74/0x01.
-            // MACHINE_CLEARS 0x73/0x03 (lunarlake/pipeline.json, cpu_atom
-            // TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS), last so the other counters keep their
-            // places (and their synthetic syscalls).
-            Core::Skymont => vec![
-                (input::CLOCKS, CounterSpec::raw(CLOCKS, 0x003c)),
-                (input::FRONTEND, CounterSpec::raw(FRONTEND, 0x019c)),
-                (input::BACKEND, CounterSpec::raw(BACKEND, 0x02a4)),
-                (input::RETIRING, CounterSpec::raw(RETIRING, 0x02c2)),
-                (
-                    input::BAD_SPECULATION,
-                    CounterSpec::raw(BAD_SPECULATION, 0x0073),
-                ),
-                (
-                    input::FRONTEND_LATENCY,
-                    CounterSpec::raw(FRONTEND_LATENCY, 0x7271).in_group(level_two),
-                ),
-                (
-                    input::FRONTEND_BANDWIDTH,
-                    CounterSpec::raw(FRONTEND_BANDWIDTH, 0x8d71).in_group(level_two),
-                ),
-                (
-                    input::MISPREDICT,
-                    CounterSpec::raw(MISPREDICT, 0x0473).in_group(level_two),
-                ),
-                (
-                    input::ALLOC_RESTRICTIONS,
-                    CounterSpec::raw(ALLOC_RESTRICTIONS, 0x0174).in_group(level_two),
-                ),
-                (
-                    input::MACHINE_CLEARS,
-                    CounterSpec::raw(MACHINE_CLEARS, 0x0373).in_group(level_two),
-                ),
+            Core::Skymont => &[
+                (input::CLOCKS, CLOCKS, 0x003c),
+                (input::FRONTEND, FRONTEND, 0x019c),
+                (input::BACKEND, BACKEND, 0x02a4),
+                (input::RETIRING, RETIRING, 0x02c2),
+                (input::BAD_SPECULATION, BAD_SPECULATION, 0x0073),
             ],
+        };
+        // The same level-2 encodings on all three (Skymont's from lunarlake/pipeline.json,
+        // cpu_atom: FRONTEND_LATENCY 0x71/0x72, FRONTEND_BANDWIDTH 0x71/0x8d, MISPREDICT
+        // 0x73/0x04, MACHINE_CLEARS 0x73/0x03 (TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS),
+        // ALLOC_RESTRICTIONS 0x74/0x01).
+        let mut level_two = [
+            (input::FRONTEND_LATENCY, FRONTEND_LATENCY, 0x7271),
+            (input::FRONTEND_BANDWIDTH, FRONTEND_BANDWIDTH, 0x8d71),
+            (input::MISPREDICT, MISPREDICT, 0x0473),
+            (input::MACHINE_CLEARS, MACHINE_CLEARS, 0x0373),
+            (input::ALLOC_RESTRICTIONS, ALLOC_RESTRICTIONS, 0x0174),
+        ];
+        if core == Core::Skymont {
+            // Skymont's MACHINE_CLEARS came last, so the other counters keep their places (and
+            // their synthetic syscalls).
+            level_two[3..].rotate_left(1);
         }
+        level_one
+            .iter()
+            .map(|entry| (entry, 0))
+            .chain(level_two.iter().map(|entry| (entry, LEVEL_TWO_GROUP)))
+            .map(|(&(input, name, config), group)| {
+                (input, CounterSpec::raw(name, config).in_group(group))
+            })
+            .collect()
     }
 
     /// Pipeline width (§3.1: E-core TMA `#Pipeline_Width`, perf adl/mtl/arl-metrics.json).
@@ -167,10 +132,6 @@ impl IntelAtom {
 }
 
 impl Model for IntelAtom {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         match self.core {
             Core::Gracemont => "intel-grt",
@@ -209,32 +170,20 @@ impl Model for IntelAtom {
         // §3.3: S = width * CPU_CLK_UNHALTED.CORE.
         let slots = self.width() * get(input::CLOCKS);
         let per_slot = |input: usize| ratio(get(input), slots);
-        let frontend = per_slot(input::FRONTEND);
-        let backend = per_slot(input::BACKEND);
-        let retiring = per_slot(input::RETIRING);
-        let bad_speculation = match self.core {
-            // GRT: derived, (S - (FE_cnt + BE_cnt + RET_cnt))/S.
-            Core::Gracemont => ratio(
-                slots - (get(input::FRONTEND) + get(input::BACKEND) + get(input::RETIRING)),
-                slots,
-            ),
-            // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
-            Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
+        let level_one = LevelOne {
+            retiring: per_slot(input::RETIRING),
+            bad_speculation: match self.core {
+                // GRT: derived, (S - (FE_cnt + BE_cnt + RET_cnt))/S.
+                Core::Gracemont => ratio(
+                    slots - (get(input::FRONTEND) + get(input::BACKEND) + get(input::RETIRING)),
+                    slots,
+                ),
+                // CMT (and Skymont, whose bad-spec event the kernel exposes): BAD_SPECULATION.ALL_P/S.
+                Core::Crestmont | Core::Skymont => per_slot(input::BAD_SPECULATION),
+            },
+            frontend_bound: per_slot(input::FRONTEND),
+            backend_bound: per_slot(input::BACKEND),
         };
-        // In L1_METRICS order.
-        LevelOne {
-            retiring,
-            bad_speculation,
-            frontend_bound: frontend,
-            backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-        // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl cpu_atom) have
-        // no level-2 split of Retiring.
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
         // §3.3 level 2: IFetch_Latency = FRONTEND_LATENCY/S; IFetch_Bandwidth =
         // FRONTEND_BANDWIDTH/S; Branch_Mispredicts = MISPREDICT/S; Machine_Clears =
         // MACHINE_CLEARS/S; Core_Bound = ALLOC_RESTRICTIONS/S; Resource_Bound = BE - Core_Bound.
@@ -242,19 +191,20 @@ impl Model for IntelAtom {
         // cpu_atom: tma_ifetch_latency, tma_ifetch_bandwidth, tma_branch_mispredicts,
         // tma_machine_clears = TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS / slots, tma_core_bound,
         // tma_resource_bound).
-        let machine_clears = per_slot(input::MACHINE_CLEARS);
-        let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
-        let resource_bound = backend.zip(core_bound).map(|(be, core)| be - core);
-        for (name, value) in [
-            ("fetch_latency", per_slot(input::FRONTEND_LATENCY)),
-            ("fetch_bandwidth", per_slot(input::FRONTEND_BANDWIDTH)),
-            ("branch_mispredicts", per_slot(input::MISPREDICT)),
-            ("machine_clears", machine_clears),
-            ("core_bound", core_bound),
-            ("memory_bound", resource_bound),
-        ] {
-            out[level_two_position(name)] = value;
-        }
+        level_one.write_with_level_two(out, level, |level_one| {
+            let core_bound = per_slot(input::ALLOC_RESTRICTIONS);
+            LevelTwo {
+                fetch_latency: per_slot(input::FRONTEND_LATENCY),
+                fetch_bandwidth: per_slot(input::FRONTEND_BANDWIDTH),
+                branch_mispredicts: per_slot(input::MISPREDICT),
+                machine_clears: per_slot(input::MACHINE_CLEARS),
+                core_bound,
+                memory_bound: difference(level_one.backend_bound, core_bound),
+                // light/heavy operations stay null: the E-core trees (perf adl/mtl/lnl
+                // cpu_atom) have no level-2 split of Retiring.
+                ..LevelTwo::default()
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -269,11 +219,12 @@ impl Model for IntelAtom {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::base_model;
 
     #[test]
     fn encodings_follow_the_reference() {
         let config = |model: &str, name: &str| {
-            by_name(model)
+            base_model(model)
                 .unwrap()
                 .counters()
                 .into_iter()
@@ -329,17 +280,9 @@ mod tests {
 
     #[test]
     fn slots_are_width_times_clocks() {
-        assert_eq!(by_name("intel-grt").unwrap().slots(&[200]), Some(1000.0));
-        assert_eq!(by_name("intel-cmt").unwrap().slots(&[200]), Some(1200.0));
-        assert_eq!(by_name("intel-skt").unwrap().slots(&[200]), Some(1600.0));
-    }
-
-    #[test]
-    fn zero_counts_mean_no_data() {
-        for model in models() {
-            let metrics = model.metrics(&[], 2);
-            assert!(metrics.values().all(Option::is_none), "{}", model.name());
-        }
+        assert_eq!(base_model("intel-grt").unwrap().slots(&[200]), Some(1000.0));
+        assert_eq!(base_model("intel-cmt").unwrap().slots(&[200]), Some(1200.0));
+        assert_eq!(base_model("intel-skt").unwrap().slots(&[200]), Some(1600.0));
     }
 
     #[test]

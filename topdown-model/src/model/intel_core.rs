@@ -17,7 +17,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general because the NMI watchdog usually holds fixed
 //! counter 1, where the kernel would otherwise put it.
 
-use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, ratio};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, Positions, difference, ratio};
 use crate::groups::LEVEL_TWO_GROUP;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ enum Generation {
 pub struct IntelCore {
     generation: Generation,
     smt: bool,
-    at: Positions<INPUTS>,
+    at: Positions<{ input::COUNT }>,
 }
 
 /// Pipeline width of these cores (TMA `#Pipeline_Width`, §6.1 table: 4).
@@ -86,37 +86,38 @@ const DISPATCH_GE_2: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c2", 0x0200_01b1);
 const DISPATCH_GE_3: (&str, u64) = ("UOPS_DISPATCHED.THREAD:c3", 0x0300_01b1);
 const RS_EMPTY_CYCLES: (&str, u64) = ("RS_EVENTS.EMPTY_CYCLES", 0x015e);
 
-/// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
-/// generation its own level-2 events, so the positions differ per model.
-mod input {
-    pub const THREAD: usize = 0;
-    pub const ISSUED: usize = 1;
-    pub const RETIRE_SLOTS: usize = 2;
-    pub const FETCH_BUBBLES: usize = 3;
-    /// INT_MISC.RECOVERY_CYCLES, or its AnyThread form with SMT.
-    pub const RECOVERY: usize = 4;
-    pub const ONE_THREAD_ACTIVE: usize = 5;
-    pub const REF_XCLK: usize = 6;
-    pub const CYCLES_0_UOPS: usize = 7;
-    pub const BR_MISP: usize = 8;
-    pub const MACHINE_CLEARS: usize = 9;
-    pub const MS_UOPS: usize = 10;
-    pub const MACRO_FUSED: usize = 11;
-    pub const INST_RETIRED: usize = 12;
-    pub const STALLS_MEM_ANY: usize = 13;
-    pub const STALLS_TOTAL: usize = 14;
-    pub const BOUND_ON_STORES: usize = 15;
-    pub const ONE_PORT_UTIL: usize = 16;
-    pub const TWO_PORTS_UTIL: usize = 17;
-    pub const STALLS_L1D_PENDING: usize = 18;
-    pub const STORE_BUFFER_STALLS: usize = 19;
-    pub const CYCLES_NO_DISPATCH: usize = 20;
-    pub const DISPATCH_GE_1: usize = 21;
-    pub const DISPATCH_GE_2: usize = 22;
-    pub const DISPATCH_GE_3: usize = 23;
-    pub const RS_EMPTY_CYCLES: usize = 24;
+super::input_ids! {
+    /// The formulas' inputs (ids into `IntelCore::at`): SMT adds a level-1 group and each
+    /// generation its own level-2 events, so the positions differ per model.
+    mod input {
+        THREAD,
+        ISSUED,
+        RETIRE_SLOTS,
+        FETCH_BUBBLES,
+        /// INT_MISC.RECOVERY_CYCLES, or its AnyThread form with SMT.
+        RECOVERY,
+        ONE_THREAD_ACTIVE,
+        REF_XCLK,
+        CYCLES_0_UOPS,
+        BR_MISP,
+        MACHINE_CLEARS,
+        MS_UOPS,
+        MACRO_FUSED,
+        INST_RETIRED,
+        STALLS_MEM_ANY,
+        STALLS_TOTAL,
+        BOUND_ON_STORES,
+        ONE_PORT_UTIL,
+        TWO_PORTS_UTIL,
+        STALLS_L1D_PENDING,
+        STORE_BUFFER_STALLS,
+        CYCLES_NO_DISPATCH,
+        DISPATCH_GE_1,
+        DISPATCH_GE_2,
+        DISPATCH_GE_3,
+        RS_EMPTY_CYCLES,
+    }
 }
-const INPUTS: usize = 25;
 
 /// Every model of this file, for `--pmu`, `topdown list` and `report -i`.
 pub fn models() -> Vec<Box<dyn Model>> {
@@ -131,11 +132,6 @@ pub fn models() -> Vec<Box<dyn Model>> {
     .into_iter()
     .map(|(generation, smt)| Box::new(IntelCore::new(generation, smt)) as Box<dyn Model>)
     .collect()
-}
-
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
 }
 
 impl IntelCore {
@@ -287,10 +283,6 @@ impl IntelCore {
 }
 
 impl Model for IntelCore {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         match (self.generation, self.smt) {
             (Generation::SandyBridge, false) => "intel-snb",
@@ -357,108 +349,97 @@ impl Model for IntelCore {
         let bad_speculation = ratio(issued - retire_slots + WIDTH * recovery, slots);
         // Retiring = UOPS_RETIRED.RETIRE_SLOTS / SLOTS
         let retiring = ratio(retire_slots, slots);
-        let backend = match self.generation {
-            // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
-            Generation::SandyBridge | Generation::IvyBridge => frontend
-                .zip(bad_speculation)
-                .zip(retiring)
-                .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
-            // SKL/SKX/CLX: Backend_Bound = 1 - FE - (UOPS_ISSUED.ANY + 4*Recovery_Cycles)/SLOTS
-            Generation::Skylake => frontend
-                .zip(ratio(issued + WIDTH * recovery, slots))
-                .map(|(fe, issued_share)| 1.0 - fe - issued_share),
-        };
-
-        // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
-            backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-
-        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-        let cycles_0_uops = get(input::CYCLES_0_UOPS);
-        let fetch_latency = match self.generation {
-            // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
-            Generation::SandyBridge | Generation::IvyBridge => {
-                ratio(WIDTH * clks.min(cycles_0_uops), slots)
-            }
-            // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
-            Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
+            backend_bound: match self.generation {
+                // SNB-BDX: Backend_Bound = 1 - (FE + BadSpec + Retiring)
+                Generation::SandyBridge | Generation::IvyBridge => frontend
+                    .zip(bad_speculation)
+                    .zip(retiring)
+                    .map(|((fe, bad), ret)| 1.0 - (fe + bad + ret)),
+                // SKL/SKX/CLX: Backend_Bound = 1 - FE - (UOPS_ISSUED.ANY + 4*Recovery_Cycles)/SLOTS
+                Generation::Skylake => frontend
+                    .zip(ratio(issued + WIDTH * recovery, slots))
+                    .map(|(fe, issued_share)| 1.0 - fe - issued_share),
+            },
         };
-        // Fetch_Bandwidth = FE - Fetch_Latency
-        let fetch_bandwidth = minus(frontend, fetch_latency);
-        // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
-        //                      MACHINE_CLEARS.COUNT) * BadSpec
-        let branch_mispredicts = ratio(
-            get(input::BR_MISP),
-            get(input::BR_MISP) + get(input::MACHINE_CLEARS),
-        )
-        .zip(bad_speculation)
-        .map(|(share, bad)| share * bad);
-        // Machine_Clears = BadSpec - Branch_Mispredicts
-        let machine_clears = minus(bad_speculation, branch_mispredicts);
-        let (memory_bound, core_bound, heavy_operations) = match self.generation {
-            Generation::SandyBridge | Generation::IvyBridge => {
-                // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
-                //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
-                let heavy = ratio(retire_slots, issued)
-                    .zip(ratio(get(input::MS_UOPS), slots))
-                    .map(|(retired_share, ms)| retired_share * ms);
-                if self.generation == Generation::IvyBridge {
-                    // Memory_Bound needs per-generation stall events (ivb/hsw/bdw
-                    // metrics.json), not modelled yet: no memory/core split.
-                    (None, None, heavy)
-                } else {
-                    let memory_bound = self.snb_memory_bound(values, backend, fetch_latency);
-                    // snb-metrics.json tma_core_bound: tma_backend_bound - tma_memory_bound
-                    (memory_bound, minus(backend, memory_bound), heavy)
+        level_one.write_with_level_two(out, level, |level_one| {
+            let cycles_0_uops = get(input::CYCLES_0_UOPS);
+            let fetch_latency = match self.generation {
+                // SNB-HSW: Fetch_Latency = 4*min(CLKS, CYCLES_0_UOPS_DELIV.CORE)/SLOTS
+                Generation::SandyBridge | Generation::IvyBridge => {
+                    ratio(WIDTH * clks.min(cycles_0_uops), slots)
                 }
-            }
-            Generation::Skylake => {
-                // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
-                //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
-                //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
-                let stores = get(input::BOUND_ON_STORES);
-                let memory = retiring.and_then(|ret| {
-                    ratio(
-                        get(input::STALLS_MEM_ANY) + stores,
-                        get(input::STALLS_TOTAL)
-                            + get(input::ONE_PORT_UTIL)
-                            + ret * get(input::TWO_PORTS_UTIL)
-                            + stores,
-                    )
-                });
-                let memory_bound = memory.zip(backend).map(|(share, be)| share * be);
-                // Core_Bound = BE - Memory_Bound
-                let core_bound = minus(backend, memory_bound);
-                // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
-                //   - INST_RETIRED.ANY)/SLOTS
-                let heavy = ratio(
-                    retire_slots + get(input::MACRO_FUSED) - get(input::INST_RETIRED),
-                    slots,
-                );
-                (memory_bound, core_bound, heavy)
-            }
-        };
-        // Light_Operations = Retiring - Heavy_Operations
-        let light_operations = minus(retiring, heavy_operations);
-        LevelTwo {
-            light_operations,
-            heavy_operations,
-            branch_mispredicts,
-            machine_clears,
-            fetch_latency,
-            fetch_bandwidth,
-            memory_bound,
-            core_bound,
-        }
-        .write(out);
+                // SKL/CLX/BDW: Fetch_Latency = 4*IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE/SLOTS
+                Generation::Skylake => ratio(WIDTH * cycles_0_uops, slots),
+            };
+            // Branch_Mispredicts = BR_MISP_RETIRED.ALL_BRANCHES/(BR_MISP_RETIRED.ALL_BRANCHES +
+            //                      MACHINE_CLEARS.COUNT) * BadSpec
+            let branch_mispredicts = ratio(
+                get(input::BR_MISP),
+                get(input::BR_MISP) + get(input::MACHINE_CLEARS),
+            )
+            .zip(bad_speculation)
+            .map(|(share, bad)| share * bad);
+            let (memory_bound, heavy_operations) = match self.generation {
+                Generation::SandyBridge | Generation::IvyBridge => {
+                    // Heavy_Operations (SNB-BDW) = Microcode_Sequencer =
+                    //   RETIRE_SLOTS/UOPS_ISSUED.ANY * IDQ.MS_UOPS/SLOTS
+                    let heavy = ratio(retire_slots, issued)
+                        .zip(ratio(get(input::MS_UOPS), slots))
+                        .map(|(retired_share, ms)| retired_share * ms);
+                    if self.generation == Generation::IvyBridge {
+                        // Memory_Bound needs per-generation stall events (ivb/hsw/bdw
+                        // metrics.json), not modelled yet: no memory/core split.
+                        (None, heavy)
+                    } else {
+                        (
+                            self.snb_memory_bound(values, level_one.backend_bound, fetch_latency),
+                            heavy,
+                        )
+                    }
+                }
+                Generation::Skylake => {
+                    // Memory_Bound (SKL/CLX) = (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES)
+                    //   / (CYCLE_ACTIVITY.STALLS_TOTAL + EXE_ACTIVITY.1_PORTS_UTIL
+                    //      + Retiring*EXE_ACTIVITY.2_PORTS_UTIL + EXE_ACTIVITY.BOUND_ON_STORES) * BE
+                    let stores = get(input::BOUND_ON_STORES);
+                    let memory = retiring.and_then(|ret| {
+                        ratio(
+                            get(input::STALLS_MEM_ANY) + stores,
+                            get(input::STALLS_TOTAL)
+                                + get(input::ONE_PORT_UTIL)
+                                + ret * get(input::TWO_PORTS_UTIL)
+                                + stores,
+                        )
+                    });
+                    let memory_bound = memory
+                        .zip(level_one.backend_bound)
+                        .map(|(share, be)| share * be);
+                    // Heavy_Operations (SKL/CLX) = (UOPS_RETIRED.RETIRE_SLOTS + UOPS_RETIRED.MACRO_FUSED
+                    //   - INST_RETIRED.ANY)/SLOTS
+                    let heavy = ratio(
+                        retire_slots + get(input::MACRO_FUSED) - get(input::INST_RETIRED),
+                        slots,
+                    );
+                    (memory_bound, heavy)
+                }
+            };
+            // Fetch_Bandwidth = FE - Fetch_Latency; Machine_Clears = BadSpec -
+            // Branch_Mispredicts; Core_Bound = BE - Memory_Bound (snb-metrics.json
+            // tma_core_bound: tma_backend_bound - tma_memory_bound); Light_Operations =
+            // Retiring - Heavy_Operations.
+            LevelTwo::with_siblings(
+                level_one,
+                difference,
+                fetch_latency,
+                branch_mispredicts,
+                memory_bound,
+                heavy_operations,
+            )
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -473,6 +454,7 @@ impl Model for IntelCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::base_model;
     use crate::model::values_of;
 
     /// `pairs` by event in `model`'s counter order.
@@ -522,7 +504,7 @@ mod tests {
     fn smt_uses_the_per_thread_core_clock_estimate() {
         // THREAD 1000, ONE_THREAD_ACTIVE 250, REF_XCLK 500: CORE_CLKS = 500 * 1.5 = 750,
         // SLOTS = 3000; FETCH 600 -> FE = 0.2.
-        let model = by_name("intel-skl-smt").unwrap();
+        let model = base_model("intel-skl-smt").unwrap();
         let metrics = model.metrics(
             &counts(
                 model.as_ref(),
@@ -546,7 +528,7 @@ mod tests {
 
     #[test]
     fn encodings_and_groups() {
-        let skl = by_name("intel-skl").unwrap().counters();
+        let skl = base_model("intel-skl").unwrap().counters();
         let config = |name: &str| {
             skl.iter()
                 .find(|spec| spec.name == name)
@@ -569,7 +551,7 @@ mod tests {
         );
         // Level 1: five events in group 0 (8 counters with SMT off).
         assert_eq!(skl.iter().filter(|spec| spec.group == 0).count(), 5);
-        let smt = by_name("intel-skl-smt").unwrap().counters();
+        let smt = base_model("intel-skl-smt").unwrap().counters();
         assert_eq!(smt.iter().filter(|spec| spec.group == 0).count(), 4);
         assert_eq!(smt.iter().filter(|spec| spec.group == 1).count(), 3);
         assert!(
@@ -577,28 +559,9 @@ mod tests {
                 .any(|spec| spec.name == "INT_MISC.RECOVERY_CYCLES_ANY")
         );
         for name in ["intel-snb", "intel-snb-smt", "intel-skl", "intel-skl-smt"] {
-            assert_eq!(by_name(name).unwrap().name(), name);
+            assert_eq!(base_model(name).unwrap().name(), name);
         }
-        assert!(by_name("intel-hsw").is_none());
-    }
-
-    #[test]
-    fn zero_counts_mean_no_data() {
-        for model in models() {
-            let metrics = model.metrics(&[], 2);
-            assert!(
-                [
-                    "retiring",
-                    "frontend_bound",
-                    "bad_speculation",
-                    "backend_bound"
-                ]
-                .iter()
-                .all(|name| metrics[*name].is_none()),
-                "{}",
-                model.name()
-            );
-        }
+        assert!(base_model("intel-hsw").is_err());
     }
 
     #[test]

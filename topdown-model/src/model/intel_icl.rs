@@ -76,16 +76,7 @@ pub fn models() -> Vec<Box<dyn Model>> {
     vec![Box::new(IntelIcl)]
 }
 
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
-}
-
 impl Model for IntelIcl {
-    fn name(&self) -> String {
-        "intel-icl".to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         "intel-icl"
     }
@@ -137,75 +128,61 @@ impl Model for IntelIcl {
             .map(|(be, clears)| be + 5.0 * clears);
         // Retiring = ret/SUM
         let retiring = ratio(retiring_slots, sum);
-        // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived; the raw topdown-bad-spec
-        // only enters through SUM, as in perf.
-        let bad_speculation = bad_speculation_left_over(frontend, backend, retiring);
-
-        // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
-            bad_speculation,
+            // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived; the raw topdown-bad-spec
+            // only enters through SUM, as in perf.
+            bad_speculation: bad_speculation_left_over(frontend, backend, retiring),
             frontend_bound: frontend,
             backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-        // icl-metrics.json tma_fetch_latency:
-        //   (5 * IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE - INT_MISC.UOP_DROPPING) / SLOTS
-        let fetch_latency = ratio(5.0 * get(CYCLES_0_UOPS) - get(UOP_DROPPING), slots);
-        // tma_fetch_bandwidth: max(0, tma_frontend_bound - tma_fetch_latency)
-        let fetch_bandwidth = floored_difference(frontend, fetch_latency);
-        // tma_branch_mispredicts: BR_MISP_RETIRED.ALL_BRANCHES / (BR_MISP_RETIRED.ALL_BRANCHES
-        //   + MACHINE_CLEARS.COUNT) * tma_bad_speculation
-        let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
-            .zip(bad_speculation)
-            .map(|(share, bad)| share * bad);
-        // tma_machine_clears: max(0, tma_bad_speculation - tma_branch_mispredicts)
-        let machine_clears = floored_difference(bad_speculation, branch_mispredicts);
-        // tma_memory_bound: (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES) /
-        //   (CYCLE_ACTIVITY.STALLS_TOTAL + (EXE_ACTIVITY.1_PORTS_UTIL + tma_retiring *
-        //   EXE_ACTIVITY.2_PORTS_UTIL) + EXE_ACTIVITY.BOUND_ON_STORES) * tma_backend_bound
-        let stores = get(BOUND_ON_STORES);
-        let memory_bound = retiring
-            .and_then(|ret| {
-                ratio(
-                    get(STALLS_MEM_ANY) + stores,
-                    get(STALLS_TOTAL) + get(ONE_PORT_UTIL) + ret * get(TWO_PORTS_UTIL) + stores,
-                )
-            })
-            .zip(backend)
-            .map(|(share, be)| share * be);
-        // tma_core_bound: max(0, tma_backend_bound - tma_memory_bound)
-        let core_bound = floored_difference(backend, memory_bound);
-        // tma_microcode_sequencer: tma_retiring * tma_info_thread_slots / UOPS_ISSUED.ANY *
-        //   IDQ.MS_UOPS / tma_info_thread_slots
-        let microcode_sequencer = retiring
-            .zip(ratio(get(MS_UOPS), get(UOPS_ISSUED)))
-            .map(|(ret, ms_share)| ret * ms_share);
-        // tma_heavy_operations: tma_microcode_sequencer + tma_retiring * (UOPS_DECODED.DEC0 -
-        //   cpu@UOPS_DECODED.DEC0,cmask=1@) / IDQ.MITE_UOPS
-        let heavy_operations = microcode_sequencer
-            .zip(retiring)
-            .zip(ratio(
-                get(DECODED_DEC0) - get(DECODED_DEC0_CYCLES),
-                get(MITE_UOPS),
-            ))
-            .map(|((ms, ret), few_uops)| ms + ret * few_uops);
-        // tma_light_operations: max(0, tma_retiring - tma_heavy_operations)
-        let light_operations = floored_difference(retiring, heavy_operations);
-        LevelTwo {
-            light_operations,
-            heavy_operations,
-            branch_mispredicts,
-            machine_clears,
-            fetch_latency,
-            fetch_bandwidth,
-            memory_bound,
-            core_bound,
-        }
-        .write(out);
+        };
+        level_one.write_with_level_two(out, level, |level_one| {
+            // icl-metrics.json tma_fetch_latency:
+            //   (5 * IDQ_UOPS_NOT_DELIVERED.CYCLES_0_UOPS_DELIV.CORE - INT_MISC.UOP_DROPPING) / SLOTS
+            let fetch_latency = ratio(5.0 * get(CYCLES_0_UOPS) - get(UOP_DROPPING), slots);
+            // tma_branch_mispredicts: BR_MISP_RETIRED.ALL_BRANCHES / (BR_MISP_RETIRED.ALL_BRANCHES
+            //   + MACHINE_CLEARS.COUNT) * tma_bad_speculation
+            let branch_mispredicts = ratio(get(BR_MISP), get(BR_MISP) + get(MACHINE_CLEARS))
+                .zip(level_one.bad_speculation)
+                .map(|(share, bad)| share * bad);
+            // tma_memory_bound: (CYCLE_ACTIVITY.STALLS_MEM_ANY + EXE_ACTIVITY.BOUND_ON_STORES) /
+            //   (CYCLE_ACTIVITY.STALLS_TOTAL + (EXE_ACTIVITY.1_PORTS_UTIL + tma_retiring *
+            //   EXE_ACTIVITY.2_PORTS_UTIL) + EXE_ACTIVITY.BOUND_ON_STORES) * tma_backend_bound
+            let stores = get(BOUND_ON_STORES);
+            let memory_bound = retiring
+                .and_then(|ret| {
+                    ratio(
+                        get(STALLS_MEM_ANY) + stores,
+                        get(STALLS_TOTAL) + get(ONE_PORT_UTIL) + ret * get(TWO_PORTS_UTIL) + stores,
+                    )
+                })
+                .zip(backend)
+                .map(|(share, be)| share * be);
+            // tma_microcode_sequencer: tma_retiring * tma_info_thread_slots / UOPS_ISSUED.ANY *
+            //   IDQ.MS_UOPS / tma_info_thread_slots
+            let microcode_sequencer = retiring
+                .zip(ratio(get(MS_UOPS), get(UOPS_ISSUED)))
+                .map(|(ret, ms_share)| ret * ms_share);
+            // tma_heavy_operations: tma_microcode_sequencer + tma_retiring * (UOPS_DECODED.DEC0 -
+            //   cpu@UOPS_DECODED.DEC0,cmask=1@) / IDQ.MITE_UOPS
+            let heavy_operations = microcode_sequencer
+                .zip(retiring)
+                .zip(ratio(
+                    get(DECODED_DEC0) - get(DECODED_DEC0_CYCLES),
+                    get(MITE_UOPS),
+                ))
+                .map(|((ms, ret), few_uops)| ms + ret * few_uops);
+            // tma_fetch_bandwidth, tma_machine_clears, tma_core_bound and tma_light_operations:
+            // max(0, parent - sibling).
+            LevelTwo::with_siblings(
+                level_one,
+                floored_difference,
+                fetch_latency,
+                branch_mispredicts,
+                memory_bound,
+                heavy_operations,
+            )
+        });
     }
 
     fn weight_counter(&self) -> &'static str {

@@ -14,7 +14,7 @@
 //! CPU_CLK_UNHALTED.THREAD is declared general like the other Intel models' cycle events: the
 //! NMI watchdog holds fixed counter 1. So every scheduling group holds two events.
 
-use super::{CounterSpec, LEVEL_TWO_AT, LevelOne, Model, level_two_position, ratio, value};
+use super::{CounterSpec, LevelOne, LevelTwo, Model, ratio, value};
 use crate::groups::LEVEL_TWO_GROUP;
 
 pub struct IntelKnl;
@@ -39,16 +39,18 @@ const MS_ENTRY: &str = "MS_DECODED.MS_ENTRY";
 /// 0xE6/0x01.
 const BACLEARS: &str = "BACLEARS.ALL";
 
-/// Positions in [`Model::counters`].
-mod at {
-    pub const CLOCKS: usize = 0;
-    pub const NOT_DELIVERED: usize = 1;
-    pub const MISPREDICTS: usize = 2;
-    pub const UOPS_RETIRED: usize = 3;
-    pub const ICACHE_FILL: usize = 4;
-    pub const ITLB_WALK_CYCLES: usize = 5;
-    pub const MS_ENTRY: usize = 6;
-    pub const BACLEARS: usize = 7;
+super::input_ids! {
+    /// Positions in [`Model::counters`].
+    mod at {
+        CLOCKS,
+        NOT_DELIVERED,
+        MISPREDICTS,
+        UOPS_RETIRED,
+        ICACHE_FILL,
+        ITLB_WALK_CYCLES,
+        MS_ENTRY,
+        BACLEARS,
+    }
 }
 
 /// Allocation width: toplev's Retiring divides UOPS_RETIRED.ALL by `2 * CLKS` (slm_ratios.py
@@ -65,16 +67,7 @@ pub fn models() -> Vec<Box<dyn Model>> {
     vec![Box::new(IntelKnl)]
 }
 
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
-}
-
 impl Model for IntelKnl {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         "intel-knl"
     }
@@ -112,33 +105,32 @@ impl Model for IntelKnl {
         let frontend = ratio(get(at::NOT_DELIVERED), clocks);
         let bad_speculation = ratio(get(at::MISPREDICTS), clocks);
         let retiring = ratio(get(at::UOPS_RETIRED), WIDTH * clocks);
-        let backend = frontend
-            .zip(bad_speculation)
-            .zip(retiring)
-            .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret));
-        // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
             bad_speculation,
             frontend_bound: frontend,
-            backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + 8].fill(None);
-        // knl_ratios.py level 2 (FrontendLatency, from slm_ratios.py): ICacheMisses (KNL: only
-        // FETCH_STALL.ICACHE_FILL_PENDING_CYCLES / CLKS, no PDCACHE_WRONG) + ITLBMisses
-        // (PAGE_WALKS.I_SIDE_CYCLES / CLKS) + MSSwitches (5 * MS_ENTRY / CLKS) + 5 * BACLEARS.ALL
-        // / CLKS. slm_ratios.py sums those per-cycle fractions and divides by CLKS once more,
-        // which leaves a 1/cycles quantity; topdown takes the evident intent, the sum itself.
-        // toplev has no Frontend Bandwidth or other level-2 node for KNL: they stay null.
-        let latency_cycles = get(at::ICACHE_FILL)
-            + get(at::ITLB_WALK_CYCLES)
-            + MS_ENTRY_CYCLES * get(at::MS_ENTRY)
-            + BACLEAR_CYCLES * get(at::BACLEARS);
-        out[level_two_position("fetch_latency")] = ratio(latency_cycles, clocks);
+            backend_bound: frontend
+                .zip(bad_speculation)
+                .zip(retiring)
+                .map(|((fe, bs), ret)| 1.0 - (fe + bs + ret)),
+        };
+        level_one.write_with_level_two(out, level, |_| {
+            // knl_ratios.py level 2 (FrontendLatency, from slm_ratios.py): ICacheMisses (KNL: only
+            // FETCH_STALL.ICACHE_FILL_PENDING_CYCLES / CLKS, no PDCACHE_WRONG) + ITLBMisses
+            // (PAGE_WALKS.I_SIDE_CYCLES / CLKS) + MSSwitches (5 * MS_ENTRY / CLKS) + 5 *
+            // BACLEARS.ALL / CLKS. slm_ratios.py sums those per-cycle fractions and divides by
+            // CLKS once more, which leaves a 1/cycles quantity; topdown takes the evident intent,
+            // the sum itself. toplev has no Frontend Bandwidth or other level-2 node for KNL:
+            // they stay null.
+            let latency_cycles = get(at::ICACHE_FILL)
+                + get(at::ITLB_WALK_CYCLES)
+                + MS_ENTRY_CYCLES * get(at::MS_ENTRY)
+                + BACLEAR_CYCLES * get(at::BACLEARS);
+            LevelTwo {
+                fetch_latency: ratio(latency_cycles, clocks),
+                ..LevelTwo::default()
+            }
+        });
     }
 
     fn weight_counter(&self) -> &'static str {

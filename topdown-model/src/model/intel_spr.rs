@@ -8,8 +8,8 @@
 //! divides by the sum of the four level-1 counts rather than by `slots`; so do we.
 
 use super::{
-    CounterSpec, LevelOne, LevelTwo, Model, bad_speculation_left_over, floored_difference, ratio,
-    value,
+    CounterSpec, LevelOne, LevelTwo, Model, bad_speculation_left_over, difference,
+    floored_difference, ratio, value,
 };
 
 /// Which P-core generation.
@@ -64,16 +64,7 @@ pub fn models() -> Vec<Box<dyn Model>> {
     ]
 }
 
-/// The model named `name` (as [`Model::name`] returns it), if this file has it.
-pub fn by_name(name: &str) -> Option<Box<dyn Model>> {
-    models().into_iter().find(|model| model.name() == name)
-}
-
 impl Model for IntelPerfMetricsL2 {
-    fn name(&self) -> String {
-        self.base_name().to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         match self.generation {
             Generation::GoldenCove => "intel-spr",
@@ -118,60 +109,42 @@ impl Model for IntelPerfMetricsL2 {
             Generation::GoldenCove => ratio(get(UOP_DROPPING), slots),
             Generation::LionCove => Some(0.0),
         };
-        let minus = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
 
         // §1.4, SPR/EMR/GNR column (P-json-x86 spr-metrics.json):
         // Frontend_Bound = fe/SUM - INT_MISC.UOP_DROPPING/SLOTS; Backend_Bound = be/SUM;
         // Retiring = ret/SUM.
-        let frontend = minus(of_sum(FE_BOUND), dropping);
+        let frontend = difference(of_sum(FE_BOUND), dropping);
         let backend = of_sum(BE_BOUND);
         let retiring = of_sum(RETIRING);
-        let bad_speculation = match self.generation {
-            // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
-            Generation::GoldenCove => bad_speculation_left_over(frontend, backend, retiring),
-            // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
-            Generation::LionCove => of_sum(BAD_SPEC),
-        };
-
-        // In L1_METRICS order.
-        LevelOne {
+        let level_one = LevelOne {
             retiring,
-            bad_speculation,
+            bad_speculation: match self.generation {
+                // Bad_Speculation = max(1 - (FE + BE + RET), 0): derived, as perf does.
+                Generation::GoldenCove => bad_speculation_left_over(frontend, backend, retiring),
+                // Lion Cove: Bad_Speculation = bad_spec/SUM directly (TMA 5.2, §1.4 notes).
+                Generation::LionCove => of_sum(BAD_SPEC),
+            },
             frontend_bound: frontend,
             backend_bound: backend,
-        }
-        .write(out);
-        if level < 2 {
-            return;
-        }
-
+        };
         // §1.4 level 2, SPR column; Lion Cove the same without the UOP_DROPPING term (the
         // reference gives no other difference for these eight).
-        // Fetch_Latency = fetch_lat/SUM - INT_MISC.UOP_DROPPING/SLOTS
-        let fetch_latency = minus(of_sum(FETCH_LAT), dropping);
-        // Fetch_Bandwidth = max(0, FE - Fetch_Latency)
-        let fetch_bandwidth = floored_difference(frontend, fetch_latency);
-        // Branch_Mispredicts = br_mispredict/SUM
-        let branch_mispredicts = of_sum(BR_MISPREDICT);
-        // Machine_Clears = max(0, BadSpec - Branch_Mispredicts)
-        let machine_clears = floored_difference(bad_speculation, branch_mispredicts);
-        // Memory_Bound = mem_bound/SUM; Core_Bound = max(0, BE - Memory_Bound)
-        let memory_bound = of_sum(MEM_BOUND);
-        let core_bound = floored_difference(backend, memory_bound);
-        // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
-        let heavy_operations = of_sum(HEAVY_OPS);
-        let light_operations = floored_difference(retiring, heavy_operations);
-        LevelTwo {
-            light_operations,
-            heavy_operations,
-            branch_mispredicts,
-            machine_clears,
-            fetch_latency,
-            fetch_bandwidth,
-            memory_bound,
-            core_bound,
-        }
-        .write(out);
+        level_one.write_with_level_two(out, level, |level_one| {
+            LevelTwo::with_siblings(
+                level_one,
+                floored_difference,
+                // Fetch_Latency = fetch_lat/SUM - INT_MISC.UOP_DROPPING/SLOTS;
+                // Fetch_Bandwidth = max(0, FE - Fetch_Latency)
+                difference(of_sum(FETCH_LAT), dropping),
+                // Branch_Mispredicts = br_mispredict/SUM;
+                // Machine_Clears = max(0, BadSpec - Branch_Mispredicts)
+                of_sum(BR_MISPREDICT),
+                // Memory_Bound = mem_bound/SUM; Core_Bound = max(0, BE - Memory_Bound)
+                of_sum(MEM_BOUND),
+                // Heavy_Operations = heavy_ops/SUM; Light_Operations = max(0, RET - Heavy)
+                of_sum(HEAVY_OPS),
+            )
+        });
     }
 
     fn weight_counter(&self) -> &'static str {
@@ -185,12 +158,11 @@ impl Model for IntelPerfMetricsL2 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::model::{CounterSource, CounterUse};
+    use crate::model::{CounterSource, CounterUse, base_model};
 
     #[test]
     fn every_topdown_event_is_on_the_fixed_counter() {
-        let spr = by_name("intel-spr").unwrap();
+        let spr = base_model("intel-spr").unwrap();
         let counters = spr.counters();
         assert_eq!(counters.len(), 10);
         assert!(
@@ -206,8 +178,8 @@ mod tests {
                 config: 0x8400
             }
         );
-        assert_eq!(by_name("intel-lnc").unwrap().counters().len(), 9);
-        assert!(by_name("intel-xyz").is_none());
+        assert_eq!(base_model("intel-lnc").unwrap().counters().len(), 9);
+        assert!(base_model("intel-xyz").is_err());
     }
 
     #[test]
@@ -216,7 +188,7 @@ mod tests {
         // slots, retiring, bad-spec, fe, be, heavy-ops, br-mispredict, fetch-lat, mem-bound,
         // UOP_DROPPING.
         let values = [1000, 100, 100, 300, 500, 200, 150, 400, 100, 0];
-        let metrics = by_name("intel-spr").unwrap().metrics(&values, 2);
+        let metrics = base_model("intel-spr").unwrap().metrics(&values, 2);
         assert_eq!(metrics["light_operations"], Some(0.0));
         // BadSpec = 1 - (0.3 + 0.5 + 0.1) = 0.1 (derived); BrMisp 0.15 > 0.1 -> clears 0.
         assert_eq!(metrics["machine_clears"], Some(0.0));

@@ -135,8 +135,11 @@ impl CounterSpec {
 
 /// A TopDown model: a set of counters and the formulas over them.
 pub trait Model: Send + Sync {
-    /// The model's name as `--pmu` takes it (`intel-icl`, `software`, `synthetic:intel-icl`).
-    fn name(&self) -> String;
+    /// The model's name as `--pmu` takes it (`intel-icl`, `software`, `synthetic:intel-icl`);
+    /// by default its [`Model::base_name`], for models that take no parameters.
+    fn name(&self) -> String {
+        self.base_name().to_owned()
+    }
 
     /// The underlying hardware model's name (`intel-icl` for `synthetic:intel-icl`); the name a
     /// recording stores so `report -i` can rebuild the formulas.
@@ -213,6 +216,86 @@ pub trait Model: Send + Sync {
     }
 }
 
+/// The [`Model`] methods of a wrapper that changes which counters are opened but not the
+/// formulas over them (`synthetic:`, a model with `-e` events): each is its `self.inner`'s. The
+/// wrapper's values begin with the inner model's own counters (the same counters counted
+/// otherwise, or the events after them), so the formulas read them unchanged.
+macro_rules! formulas_of_inner {
+    () => {
+        fn base_name(&self) -> &'static str {
+            self.inner.base_name()
+        }
+
+        fn recorded_name(&self) -> String {
+            self.inner.recorded_name()
+        }
+
+        fn max_level(&self) -> u8 {
+            self.inner.max_level()
+        }
+
+        fn metrics(&self, values: &[u64], level: u8) -> $crate::model::Metrics {
+            self.inner.metrics(values, level)
+        }
+
+        fn metric_names(&self, level: u8) -> Vec<String> {
+            self.inner.metric_names(level)
+        }
+
+        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+            self.inner.metrics_into(values, level, out)
+        }
+
+        fn weight_counter(&self) -> &'static str {
+            self.inner.weight_counter()
+        }
+
+        fn extra_l1_metrics(&self) -> &'static [&'static str] {
+            self.inner.extra_l1_metrics()
+        }
+
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            self.inner.slots(values)
+        }
+    };
+}
+use formulas_of_inner;
+
+/// [`Model::metric_names`] and [`Model::metrics_into`] of a model whose [`Model::metrics`]
+/// builds its own map ([`metric_names_of_map`], [`metrics_into_from_map`]).
+macro_rules! typed_metrics_from_map {
+    () => {
+        fn metric_names(&self, level: u8) -> Vec<String> {
+            $crate::model::metric_names_of_map(self, level)
+        }
+
+        fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
+            $crate::model::metrics_into_from_map(self, values, level, out)
+        }
+    };
+}
+use typed_metrics_from_map;
+
+/// A module `$module` of a model's input ids: `usize` consts numbered 0, 1, 2, ... in the order
+/// given, and `COUNT`, how many there are. Ids for [`Positions`] and for positions in a counter
+/// list, numbered by the compiler rather than by hand.
+macro_rules! input_ids {
+    ($(#[$module_meta:meta])* mod $module:ident { $($(#[$meta:meta])* $name:ident,)* }) => {
+        $(#[$module_meta])*
+        mod $module {
+            #[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+            enum Id {
+                $($name,)*
+            }
+            $($(#[$meta])* pub const $name: usize = Id::$name as usize;)*
+            // Only models whose variants count different inputs size a `Positions` with it.
+            #[allow(dead_code)]
+            pub const COUNT: usize = [$(stringify!($name),)*].len();
+        }
+    };
+}
+use input_ids;
+
 /// Every non-synthetic model, in `topdown list` order: software, then Intel, AMD, Arm.
 pub fn all_models() -> Vec<Box<dyn Model>> {
     let mut models: Vec<Box<dyn Model>> = vec![Box::new(software::Software)];
@@ -244,16 +327,11 @@ pub fn base_model(name: &str) -> Result<Box<dyn Model>> {
             "bad hybrid model '{name}': expected hybrid:<P-core model>+<E-core model>, e.g. hybrid:intel-spr+intel-grt"
         );
     }
-    let found = match name {
-        "software" => Some(Box::new(software::Software) as Box<dyn Model>),
-        _ => intel_core::by_name(name)
-            .or_else(|| intel_icl::by_name(name))
-            .or_else(|| intel_spr::by_name(name))
-            .or_else(|| intel_atom::by_name(name))
-            .or_else(|| intel_knl::by_name(name))
-            .or_else(|| amd_zen::by_name(name))
-            .or_else(|| arm_neoverse::by_name(name)),
-    };
+    // Arm's names also take a PMU's own slots per cycle (`@slots=N`), which no listed model has.
+    let found = all_models()
+        .into_iter()
+        .find(|model| model.name() == name)
+        .or_else(|| arm_neoverse::by_name(name));
     match found {
         Some(model) => Ok(model),
         None => bail!(
@@ -303,6 +381,7 @@ pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
 
 /// Level 1 of one evaluation, by name: [`LevelOne::write`] puts it in [`L1_METRICS`]' order, the
 /// one place that order is spelled out for the models' `evaluate_into`.
+#[derive(Default)]
 pub struct LevelOne {
     pub retiring: Option<f64>,
     pub bad_speculation: Option<f64>,
@@ -311,7 +390,22 @@ pub struct LevelOne {
 }
 
 impl LevelOne {
-    pub fn write(self, out: &mut [Option<f64>]) {
+    /// Writes this level 1 into `out` and, at `level` 2, the level 2 that `level_two` computes
+    /// from it: the level test of every model's [`Model::metrics_into`], so that level 2 is only
+    /// computed when it is asked for.
+    pub fn write_with_level_two(
+        &self,
+        out: &mut [Option<f64>],
+        level: u8,
+        level_two: impl FnOnce(&LevelOne) -> LevelTwo,
+    ) {
+        self.write(out);
+        if level >= 2 {
+            level_two(self).write(out);
+        }
+    }
+
+    fn write(&self, out: &mut [Option<f64>]) {
         out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
             self.retiring,
             self.bad_speculation,
@@ -322,6 +416,8 @@ impl LevelOne {
 }
 
 /// Level 2 of one evaluation, by name: [`LevelTwo::write`] puts it in [`L2_METRICS`]' order.
+/// A model without some of these nodes leaves them at the default, `None`.
+#[derive(Default)]
 pub struct LevelTwo {
     pub light_operations: Option<f64>,
     pub heavy_operations: Option<f64>,
@@ -334,7 +430,34 @@ pub struct LevelTwo {
 }
 
 impl LevelTwo {
-    pub fn write(self, out: &mut [Option<f64>]) {
+    /// Level 2 where the formulas give one child of each level-1 node and derive its sibling
+    /// as what the parent leaves over it: `remainder(parent, child)`, [`floored_difference`]
+    /// where perf clamps at zero (icl- and spr-metrics.json: tma_fetch_bandwidth =
+    /// `max(0, tma_frontend_bound - tma_fetch_latency)`, likewise tma_machine_clears,
+    /// tma_core_bound and tma_light_operations), [`difference`] where TMA does not (§2.2
+    /// SNB-SKL: Fetch_Bandwidth = FE - Fetch_Latency, likewise Machine_Clears, Core_Bound and
+    /// Light_Operations).
+    pub fn with_siblings(
+        parents: &LevelOne,
+        remainder: fn(Option<f64>, Option<f64>) -> Option<f64>,
+        fetch_latency: Option<f64>,
+        branch_mispredicts: Option<f64>,
+        memory_bound: Option<f64>,
+        heavy_operations: Option<f64>,
+    ) -> Self {
+        Self {
+            light_operations: remainder(parents.retiring, heavy_operations),
+            heavy_operations,
+            branch_mispredicts,
+            machine_clears: remainder(parents.bad_speculation, branch_mispredicts),
+            fetch_latency,
+            fetch_bandwidth: remainder(parents.frontend_bound, fetch_latency),
+            memory_bound,
+            core_bound: remainder(parents.backend_bound, memory_bound),
+        }
+    }
+
+    fn write(&self, out: &mut [Option<f64>]) {
         out[LEVEL_TWO_AT..LEVEL_TWO_AT + L2_METRICS.len()].copy_from_slice(&[
             self.light_operations,
             self.heavy_operations,
@@ -346,14 +469,6 @@ impl LevelTwo {
             self.core_bound,
         ]);
     }
-}
-
-/// Where the level-2 metric `name` (one of [`L2_METRICS`]) is in [`standard_metric_names`]'
-/// order at level 2; a name that is not one of them is a bug in a model's formulas.
-pub fn level_two_position(name: &str) -> usize {
-    let position = L2_METRICS.iter().position(|metric| *metric == name);
-    debug_assert!(position.is_some(), "{name} is not a level-2 metric");
-    LEVEL_TWO_AT + position.unwrap_or(0)
 }
 
 /// Where a model's [`standard_metric_names`] extras start at `level`.
@@ -451,6 +566,12 @@ pub(crate) fn values_of(model: &dyn Model, counts: &[(&str, u64)]) -> Vec<u64> {
         .collect()
 }
 
+/// `a - b`: a child TMA derives as what its parent leaves over its sibling, unclamped (§2.2
+/// SNB-SKL: Fetch_Bandwidth = FE - Fetch_Latency); `None` if either is unknown.
+pub fn difference(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    a.zip(b).map(|(a, b)| a - b)
+}
+
 /// `max(0, a - b)`: a child perf derives as what its parent leaves over its sibling,
 /// clamped at zero as perf's metrics do (e.g. icl-metrics.json tma_fetch_bandwidth:
 /// `max(0, tma_frontend_bound - tma_fetch_latency)`); `None` if either is unknown.
@@ -474,4 +595,21 @@ pub fn bad_speculation_left_over(
 /// clearer with "no data").
 pub fn ratio(num: f64, den: f64) -> Option<f64> {
     if den == 0.0 { None } else { Some(num / den) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{all_models, base_model};
+
+    #[test]
+    fn no_counts_mean_no_data_in_every_model() {
+        let mut models = all_models();
+        models.push(base_model("hybrid:intel-spr+intel-grt").expect("hybrid pairing"));
+        for model in models {
+            for values in [&[][..], &vec![0; model.counters().len()][..]] {
+                let metrics = model.metrics(values, 2);
+                assert!(metrics.values().all(Option::is_none), "{}", model.name());
+            }
+        }
+    }
 }

@@ -13,10 +13,6 @@ const CPU_CLOCK: usize = 0;
 pub struct Software;
 
 impl Model for Software {
-    fn name(&self) -> String {
-        "software".to_owned()
-    }
-
     fn base_name(&self) -> &'static str {
         "software"
     }

@@ -7,7 +7,7 @@
 
 use anyhow::{Result, bail};
 
-use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
+use super::{CounterSource, CounterSpec, CounterUse, Model};
 
 /// Syscalls standing in for a model's counters, slot 1 first. Chosen because they are cheap,
 /// have no side effects, and neither Rust's std runtime nor glibc's start-up calls them, so a
@@ -144,12 +144,10 @@ pub fn parse_synthetic_overrides(text: &str) -> Result<Vec<(String, String)>> {
 }
 
 impl Model for Synthetic {
+    super::formulas_of_inner!();
+
     fn name(&self) -> String {
         format!("synthetic:{}", self.inner.name())
-    }
-
-    fn base_name(&self) -> &'static str {
-        self.inner.base_name()
     }
 
     fn description(&self) -> &'static str {
@@ -172,38 +170,6 @@ impl Model for Synthetic {
                 },
             )
             .collect()
-    }
-
-    fn max_level(&self) -> u8 {
-        self.inner.max_level()
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        self.inner.metrics(values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        self.inner.metric_names(level)
-    }
-
-    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-        self.inner.metrics_into(values, level, out)
-    }
-
-    fn weight_counter(&self) -> &'static str {
-        self.inner.weight_counter()
-    }
-
-    fn recorded_name(&self) -> String {
-        self.inner.recorded_name()
-    }
-
-    fn extra_l1_metrics(&self) -> &'static [&'static str] {
-        self.inner.extra_l1_metrics()
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        self.inner.slots(values)
     }
 
     fn is_synthetic(&self) -> bool {

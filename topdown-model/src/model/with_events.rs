@@ -1,7 +1,7 @@
 //! A model plus the user's `-e` events: counted and attributed with the model's counters,
 //! reported as raw counts beside its metrics, never part of its formulas.
 
-use super::{CounterSource, CounterSpec, CounterUse, Metrics, Model};
+use super::{CounterSource, CounterSpec, CounterUse, Model};
 use crate::events::attr::{EventAttr, EventKind, PERF_TYPE_SOFTWARE};
 
 /// `PERF_TYPE_TRACEPOINT` (include/uapi/linux/perf_event.h).
@@ -99,16 +99,10 @@ pub fn missing_pmu_message(model: &dyn Model) -> String {
 }
 
 impl Model for WithEvents {
+    super::formulas_of_inner!();
+
     fn name(&self) -> String {
         self.inner.name()
-    }
-
-    fn base_name(&self) -> &'static str {
-        self.inner.base_name()
-    }
-
-    fn recorded_name(&self) -> String {
-        self.inner.recorded_name()
     }
 
     fn description(&self) -> &'static str {
@@ -133,35 +127,6 @@ impl Model for WithEvents {
             }
         }));
         specs
-    }
-
-    fn max_level(&self) -> u8 {
-        self.inner.max_level()
-    }
-
-    fn metrics(&self, values: &[u64], level: u8) -> Metrics {
-        // The events follow the model's counters, so `values` begins with the model's own.
-        self.inner.metrics(values, level)
-    }
-
-    fn metric_names(&self, level: u8) -> Vec<String> {
-        self.inner.metric_names(level)
-    }
-
-    fn metrics_into(&self, values: &[u64], level: u8, out: &mut [Option<f64>]) {
-        self.inner.metrics_into(values, level, out)
-    }
-
-    fn weight_counter(&self) -> &'static str {
-        self.inner.weight_counter()
-    }
-
-    fn extra_l1_metrics(&self) -> &'static [&'static str] {
-        self.inner.extra_l1_metrics()
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        self.inner.slots(values)
     }
 
     fn is_synthetic(&self) -> bool {

@@ -1,25 +1,15 @@
 /* The C API with exact synthetic counts (slots = getppid calls), its misuse counting and its
  * error returns; run by tests/c_api.rs. Argument: where to write the JSON report. */
-#include <stdio.h>
-#include <unistd.h>
-
-#include "topdown_region.h"
+#include "synthetic.h"
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: exact OUT.json\n");
-        return 2;
-    }
-    if (td_region_init("synthetic:intel-icl", 1) != 0) {
-        fprintf(stderr, "init: %s\n", td_region_message());
-        return 2;
-    }
+    int failed = start_synthetic(argc, 2, "exact OUT.json");
+    if (failed)
+        return failed;
     td_region_begin("c-outer");
-    for (int i = 0; i < 1234; i++)
-        getppid();
+    getppid_times(1234);
     td_region_begin("c-inner");
-    for (int i = 0; i < 100; i++)
-        getppid();
+    getppid_times(100);
     td_region_end("c-inner");
     td_region_end("c-outer");
     /* Misuse: counted, not fatal; NULL names are ignored. */

@@ -1,26 +1,14 @@
 /* Regions across fork(): the child's counters must be its own (pid-0 counters follow the
  * thread that opened them, so the child cannot reuse the parent's). Run by tests/c_api.rs.
  * Arguments: the parent's and the child's JSON report paths. */
-#include <stdio.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include "topdown_region.h"
-
-static void getppid_times(int times) {
-    for (int i = 0; i < times; i++)
-        getppid();
-}
+#include "synthetic.h"
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: fork PARENT.json CHILD.json\n");
-        return 2;
-    }
-    if (td_region_init("synthetic:intel-icl", 1) != 0) {
-        fprintf(stderr, "init: %s\n", td_region_message());
-        return 2;
-    }
+    int failed = start_synthetic(argc, 3, "fork PARENT.json CHILD.json");
+    if (failed)
+        return failed;
     td_region_begin("parent");
     getppid_times(10);
     pid_t child = fork();
