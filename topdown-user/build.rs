@@ -38,5 +38,25 @@ fn main() -> anyhow::Result<()> {
         root_dir: &root_dir,
         ..Default::default()
     };
+    // aya-build asks for a rerun when the eBPF crate's directory changes, which cargo judged by
+    // the directory alone here: an edit to one of the programs' modules (`src/usdt.rs`) left the
+    // embedded object stale, built from the sources before it. Each file is named as well.
+    rerun_if_any_file_changes(std::path::Path::new(&root_dir))?;
     aya_build::build_ebpf([package], aya_build::Toolchain::Custom(EBPF_TOOLCHAIN))
+}
+
+/// `cargo::rerun-if-changed` for every file below `dir`.
+fn rerun_if_any_file_changes(dir: &std::path::Path) -> anyhow::Result<()> {
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("reading {}", dir.display()))?
+            .path();
+        if path.is_dir() {
+            rerun_if_any_file_changes(&path)?;
+        } else {
+            println!("cargo::rerun-if-changed={}", path.display());
+        }
+    }
+    Ok(())
 }
