@@ -109,7 +109,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
     // With `-- CMD` shares are of the command's run; what was counted around it is listed
     // apart, labelled, without a share.
     let share_base = report.command.as_ref().unwrap_or(&report.totals);
-    let total_weight = share_base.counters.get(weight).copied().unwrap_or(0);
+    let total_weight = share_base.count(weight);
     let weight_title = if weight == "cpu-clock" {
         "cpu ms".to_owned()
     } else {
@@ -118,7 +118,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
 
     // Each entity's figures, as cells of its row.
     let cells_of = |rows: &mut dyn Cells, entity: &Entity, shared: bool| {
-        let value = entity.counters.get(weight).copied().unwrap_or(0);
+        let value = entity.count(weight);
         if weight == "cpu-clock" {
             rows.cell_fmt(format_args!("{:.3}", value as f64 / 1e6));
         } else {
@@ -142,7 +142,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
             }
         }
         for event in &report.extra_events {
-            let count = entity.counters.get(event).copied().unwrap_or(0);
+            let count = entity.count(event);
             rows.cell_fmt(format_args!("{count}"));
         }
         for figure in &report.derived {
@@ -401,7 +401,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
 /// the call tree of probed functions.
 fn functions_text(report: &Report, columns: &Columns<'_>) -> String {
     let weight = columns.weight;
-    let amount = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
+    let amount = |entity: &Entity| entity.count(weight);
     let show = |value: u64| weight_cell(weight, value);
     let split = report
         .functions
