@@ -1028,22 +1028,24 @@ impl Session {
         read_whole(&histogram_map, &mut bucket_keys, &mut buckets)
             .context("reading the per-call histogram map")?;
         let histograms = bucket_keys.into_iter().zip(buckets).collect();
-        let probe_map: PerCpuArray<&MapData, ProbeStats> =
-            map(loaded_ref(&self.ebpf)?, names::PROBE_STATS)?;
-        let probes = probe_map
-            .get(&0, 0)
-            .context("reading function-probe statistics")?
-            .iter()
-            .fold(ProbeStats::default(), |sum, cpu| ProbeStats {
-                overflows: sum.overflows + cpu.overflows,
-                missed_returns: sum.missed_returns + cpu.missed_returns,
-                unmatched_returns: sum.unmatched_returns + cpu.unmatched_returns,
-                map_full: sum.map_full + cpu.map_full,
-                read_failures: sum.read_failures + cpu.read_failures,
-                tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
-                histogram_full: sum.histogram_full + cpu.histogram_full,
-                goroutine_switches_lost: sum.goroutine_switches_lost + cpu.goroutine_switches_lost,
-            });
+        let probes = summed_per_cpu(
+            loaded_ref(&self.ebpf)?,
+            names::PROBE_STATS,
+            "reading function-probe statistics",
+            add_fields!(
+                ProbeStats,
+                [
+                    overflows,
+                    missed_returns,
+                    unmatched_returns,
+                    map_full,
+                    read_failures,
+                    tail_calls_cut,
+                    histogram_full,
+                    goroutine_switches_lost,
+                ]
+            ),
+        )?;
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(loaded_ref(&self.ebpf)?, names::CGROUPS)?;
         let (mut cgroup_ids, mut cgroup_counters) = (Vec::new(), Vec::new());
@@ -1425,6 +1427,31 @@ where
         .map_mut(name)
         .ok_or_else(|| anyhow!("BPF object has no map {name}"))?;
     T::try_from(map).with_context(|| format!("opening map {name}"))
+}
+
+/// `|sum, cpu| sum + cpu` for a statistics struct of counts, field by field.
+macro_rules! add_fields {
+    ($stats:ident, [$($field:ident),+ $(,)?]) => {
+        |sum: $stats, cpu: &$stats| $stats {
+            $($field: sum.$field + cpu.$field),+
+        }
+    };
+}
+use add_fields;
+
+/// A one-entry per-CPU statistics map: its CPUs' copies summed with `add`.
+fn summed_per_cpu<T: aya::Pod + Default>(
+    ebpf: &Ebpf,
+    name: &str,
+    what: &'static str,
+    add: impl Fn(T, &T) -> T,
+) -> Result<T> {
+    let per_cpu: PerCpuArray<&MapData, T> = map(ebpf, name)?;
+    Ok(per_cpu
+        .get(&0, 0)
+        .context(what)?
+        .iter()
+        .fold(T::default(), add))
 }
 
 fn map<'a, T>(ebpf: &'a Ebpf, name: &str) -> Result<T>

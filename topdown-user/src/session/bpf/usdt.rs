@@ -17,7 +17,8 @@ use topdown_common::{
 };
 
 use super::{
-    AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, read_whole,
+    AttachMode, Session, add_fields, load_error, loaded, loaded_ref, map, map_mut, program_mut,
+    read_whole, summed_per_cpu,
 };
 use crate::spans::usdt::{PlannedSite, SitePlan, attach};
 
@@ -251,20 +252,22 @@ impl Session {
             let per_cpu = hits_map.get(&id, 0).context("reading USDT hits")?;
             hits.push(per_cpu.iter().sum());
         }
-        let stats_map: PerCpuArray<&MapData, SpanStats> =
-            map(loaded_ref(&self.ebpf)?, names::SPAN_STATS)?;
-        let stats = stats_map
-            .get(&0, 0)
-            .context("reading span statistics")?
-            .iter()
-            .fold(SpanStats::default(), |sum, cpu| SpanStats {
-                overflows: sum.overflows + cpu.overflows,
-                unmatched_ends: sum.unmatched_ends + cpu.unmatched_ends,
-                read_failures: sum.read_failures + cpu.read_failures,
-                map_full: sum.map_full + cpu.map_full,
-                arg_read_failures: sum.arg_read_failures + cpu.arg_read_failures,
-                open_at_exit: sum.open_at_exit + cpu.open_at_exit,
-            });
+        let stats = summed_per_cpu(
+            loaded_ref(&self.ebpf)?,
+            names::SPAN_STATS,
+            "reading span statistics",
+            add_fields!(
+                SpanStats,
+                [
+                    overflows,
+                    unmatched_ends,
+                    read_failures,
+                    map_full,
+                    arg_read_failures,
+                    open_at_exit,
+                ]
+            ),
+        )?;
         Ok(SpanSnapshot {
             totals,
             texts: Arc::clone(&self.span_texts),
