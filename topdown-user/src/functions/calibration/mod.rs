@@ -942,6 +942,15 @@ mod tests {
         }
     }
 
+    /// `cpu-clock` alone, `mechanism` calibrated at P = 10 ns per call and T = 30 ns per callee.
+    fn calibrated(mechanism: ReturnMechanism) -> Calibration {
+        Calibration::new(
+            vec![cost(mechanism, 10.0, 30.0)],
+            &["cpu-clock".to_owned()],
+            &[None],
+        )
+    }
+
     fn edge(
         function: u32,
         parent: u32,
@@ -968,11 +977,7 @@ mod tests {
     /// which runs 50 ns; P = 10, T = 30. The raw figures are what the BPF side records.
     #[test]
     fn subtracts_per_call_and_per_callee_costs() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         // leaf: inclusive = exclusive = 50 + P = 60 per call, 4 calls.
         // mid: inclusive = 100 + 2·50 + P + 2·T = 270 per call, 2 calls;
         // exclusive = 270 - 2·60 = 150.
@@ -1000,11 +1005,7 @@ mod tests {
     fn histogram_buckets_lose_what_their_calls_carry() {
         use crate::session::aggregate::HistogramCounts;
         use topdown_common::{HistogramKey, histogram};
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let calls = vec![
             edge(0, ROOT_FUNCTION, 2, 4, 540, 300),
             edge(1, 0, 4, 0, 240, 240),
@@ -1043,11 +1044,7 @@ mod tests {
 
     #[test]
     fn clamps_at_zero_and_counts_it() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Uretprobe, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Uretprobe);
         let mut calls = vec![edge(0, ROOT_FUNCTION, 3, 0, 25, 25)];
         let clamped =
             calibration.compensate_calls(&mut calls, &|_| Some(ReturnMechanism::Uretprobe));
@@ -1059,11 +1056,7 @@ mod tests {
     /// A function attached with another mechanism than the one calibrated is left as it was.
     #[test]
     fn uncalibrated_mechanism_is_left_raw() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let mut calls = vec![edge(0, ROOT_FUNCTION, 3, 0, 90, 90)];
         calibration.compensate_calls(&mut calls, &|_| Some(ReturnMechanism::Uretprobe));
         assert_eq!(calls[0].inclusive.0[0], 90);
@@ -1072,11 +1065,7 @@ mod tests {
     /// The report keeps each function's figures from before the subtraction, named.
     #[test]
     fn report_keeps_raw_figures() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let aggregate = Aggregate {
             calls: vec![edge(0, ROOT_FUNCTION, 2, 0, 100, 100)],
             ..Aggregate::default()
