@@ -586,7 +586,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::report::{Diagnostics, TaskEntry, tests::empty_report};
+    use crate::report::{
+        Diagnostics, TaskEntry,
+        tests::{empty_report, words_of_line},
+    };
 
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
@@ -678,14 +681,7 @@ mod tests {
             ..empty_report()
         };
         let text = table_text(&report, &[By::Function, By::Span]);
-        let words = |start: &str| -> Vec<String> {
-            text.lines()
-                .find(|line| line.starts_with(start))
-                .unwrap_or_else(|| panic!("no line starting {start}: {text}"))
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
-        };
+        let words = |start: &str| words_of_line(&text, |line| line.starts_with(start));
         assert_eq!(
             words("FUNCTION"),
             [
@@ -838,14 +834,11 @@ mod tests {
             ..report
         };
         let text = table_text(&command, &[By::Task]);
+        // A row's shares: its words that end in % or are "-".
         let row = |label: &str| {
-            text.lines()
-                .find(|line| line.contains(label))
-                .unwrap_or_else(|| panic!("no {label} row: {text}"))
-                .split_whitespace()
-                .filter(|word| word.ends_with('%') || *word == "-")
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
+            let mut words = words_of_line(&text, |line| line.contains(label));
+            words.retain(|word| word.ends_with('%') || *word == "-");
+            words
         };
         assert_eq!(row("big")[0], "75.0%", "{text}");
         assert_eq!(row("command total")[0], "100.0%", "{text}");
