@@ -336,22 +336,14 @@ impl Session {
             }
         }
         if let Some(tgids) = &config.tracked_tgids {
-            let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
-                map_mut(&mut ebpf, names::TRACKED)?;
-            for tgid in tgids {
-                tracked
-                    .insert(tgid, &1, 0)
-                    .with_context(|| format!("tracking pid {tgid}"))?;
-            }
+            fill_set(&mut ebpf, names::TRACKED, tgids, |tgid| {
+                format!("tracking pid {tgid}")
+            })?;
         }
         if let Some(ids) = &config.cgroup_filter {
-            let mut filter: BpfHashMap<&mut MapData, u64, u8> =
-                map_mut(&mut ebpf, names::CGROUP_FILTER)?;
-            for id in ids {
-                filter
-                    .insert(id, &1, 0)
-                    .with_context(|| format!("adding cgroup {id} to the filter"))?;
-            }
+            fill_set(&mut ebpf, names::CGROUP_FILTER, ids, |id| {
+                format!("adding cgroup {id} to the filter")
+            })?;
         }
         let exits: RingBuf<MapData> = ebpf
             .take_map(names::EXITS)
@@ -1091,33 +1083,18 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             format!("reading kernel BTF failed: {err}"),
         )
     })?;
-    let mut loaded = Vec::new();
     program_mut::<BtfTracePoint>(&mut ebpf, names::PROG_SCHED_SWITCH)?
         .load("sched_switch", &btf)
         .map_err(load_error(names::PROG_SCHED_SWITCH))?;
-    loaded.push(names::PROG_SCHED_SWITCH);
-    program_mut::<RawTracePoint>(&mut ebpf, names::PROG_FLUSH)?
-        .load()
-        .map_err(load_error(names::PROG_FLUSH))?;
-    loaded.push(names::PROG_FLUSH);
-    for name in [
+    let tracepoints = [
         names::PROG_FORK,
         names::PROG_EXIT,
         names::PROG_TASK_RENAME,
         names::PROG_CGROUP_ATTACH,
         names::PROG_CPU_IDLE,
         names::PROG_THREAD_EXIT,
-    ] {
-        program_mut::<TracePoint>(&mut ebpf, name)?
-            .load()
-            .map_err(load_error(name))?;
-        loaded.push(name);
-    }
-    program_mut::<aya::programs::PerfEvent>(&mut ebpf, names::PROG_CGROUP_SWITCH)?
-        .load()
-        .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
-    loaded.push(names::PROG_CGROUP_SWITCH);
-    for name in [
+    ];
+    let uprobes = [
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
@@ -1126,16 +1103,19 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_GO_ENTRY,
         names::PROG_GO_EXIT,
         names::PROG_GO_RUNTIME,
-    ] {
-        program_mut::<UProbe>(&mut ebpf, name)?
-            .load()
-            .map_err(load_error(name))?;
-        loaded.push(name);
-    }
+    ];
+    load_each(&mut ebpf, &[names::PROG_FLUSH], RawTracePoint::load)?;
+    load_each(&mut ebpf, &tracepoints, TracePoint::load)?;
+    load_each(
+        &mut ebpf,
+        &[names::PROG_CGROUP_SWITCH],
+        aya::programs::PerfEvent::load,
+    )?;
+    load_each(&mut ebpf, &uprobes, UProbe::load)?;
     // The uprobe.multi variants: the same code, verified with their own attach type, where the
     // kernel has them (listed apart: `check` names the programs above).
     if uprobe_multi_supported() {
-        for name in [
+        let uprobe_multis = [
             names::PROG_FUNC_ENTRY_MULTI,
             names::PROG_FUNC_RETURN_MULTI,
             names::PROG_FUNC_EXIT_MULTI,
@@ -1144,13 +1124,31 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             names::PROG_GO_EXIT_MULTI,
             names::PROG_GO_RUNTIME_MULTI,
             names::PROG_FUNC_CATCH_MULTI,
-        ] {
-            program_mut::<UProbe>(&mut ebpf, name)?
-                .load()
-                .map_err(load_error(name))?;
-        }
+        ];
+        load_each(&mut ebpf, &uprobe_multis, UProbe::load)?;
     }
-    Ok(loaded)
+    Ok([
+        &[names::PROG_SCHED_SWITCH, names::PROG_FLUSH][..],
+        &tracepoints,
+        &[names::PROG_CGROUP_SWITCH],
+        &uprobes,
+    ]
+    .concat())
+}
+
+/// Loads each of `names` as a `P` with `load` (the verifier runs), without attaching it.
+fn load_each<P>(
+    ebpf: &mut Ebpf,
+    names: &[&'static str],
+    load: impl Fn(&mut P) -> Result<(), aya::programs::ProgramError>,
+) -> Result<()>
+where
+    for<'a> &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    for &name in names {
+        load(program_mut(ebpf, name)?).map_err(load_error(name))?;
+    }
+    Ok(())
 }
 
 /// Whether the kernel can attach many uprobes with one uprobe.multi link (Linux 6.6+).
@@ -1427,6 +1425,20 @@ where
         .map_mut(name)
         .ok_or_else(|| anyhow!("BPF object has no map {name}"))?;
     T::try_from(map).with_context(|| format!("opening map {name}"))
+}
+
+/// Puts each of `keys` in the set map `name` (a hash map to 1); `what` says which failed.
+fn fill_set<K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    keys: &[K],
+    what: impl Fn(&K) -> String,
+) -> Result<()> {
+    let mut set: BpfHashMap<&mut MapData, K, u8> = map_mut(ebpf, name)?;
+    for key in keys {
+        set.insert(key, &1, 0).with_context(|| what(key))?;
+    }
+    Ok(())
 }
 
 /// `|sum, cpu| sum + cpu` for a statistics struct of counts, field by field.
