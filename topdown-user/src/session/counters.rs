@@ -16,6 +16,7 @@ use perf_event_open_sys::bindings;
 
 use crate::{
     error::{Failure, fail, read_or_fail},
+    events::EventKind,
     model::{CounterSource, CounterSpec},
     schedule::Plan,
     session::tracefs::Tracefs,
@@ -73,7 +74,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                     }
                 }
                 CounterSource::Event(event) => match &event.kind {
-                    crate::events::EventKind::Perf {
+                    EventKind::Perf {
                         perf_type,
                         config,
                         config1,
@@ -90,9 +91,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                             _ => (*perf_type, *config),
                         }
                     }
-                    crate::events::EventKind::Tracepoint { group, name } => {
-                        tracepoint("event", group, name)?
-                    }
+                    EventKind::Tracepoint { group, name } => tracepoint("event", group, name)?,
                 },
                 CounterSource::Tracepoint { group, name } => tracepoint("counter", group, name)?,
             };
