@@ -264,11 +264,8 @@ fn keep_probes(
         probes.replaced_targets()
     };
     if !replaced.is_empty() {
-        let names: Vec<String> = replaced
-            .iter()
-            .map(|path| path.display().to_string())
-            .collect();
-        probes.reattach(session, &format!("replaced on disk: {}", names.join(", ")))?;
+        let names = crate::ui::path_list(&replaced);
+        probes.reattach(session, &format!("replaced on disk: {names}"))?;
     }
     let overhead = guard.measure(session);
     // A measurement restarted after a detach has no value yet: keep exporting the last one
