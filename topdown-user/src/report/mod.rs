@@ -177,44 +177,54 @@ impl DerivedEntry {
     }
 }
 
-/// Every entity of a report, mutably: totals, idle, untracked, dropped, tasks, processes,
-/// cgroups, functions (inclusive and exclusive) and call-tree edges.
-fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) {
-    visit(&mut report.totals);
-    visit(&mut report.idle);
-    visit(&mut report.untracked);
-    visit(&mut report.dropped);
-    report.command.iter_mut().for_each(&mut visit);
-    report.before_command.iter_mut().for_each(&mut visit);
-    report
-        .tasks
-        .iter_mut()
-        .for_each(|task| visit(&mut task.entity));
-    report
-        .processes
-        .iter_mut()
-        .for_each(|process| visit(&mut process.entity));
-    report
-        .cgroups
-        .iter_mut()
-        .for_each(|cgroup| visit(&mut cgroup.entity));
-    for function in &mut report.functions {
-        visit(&mut function.inclusive);
-        visit(&mut function.exclusive);
-        if let Some(distribution) = &mut function.distribution {
-            distribution.entities_mut().for_each(&mut visit);
-        }
-    }
-    report
-        .call_tree
-        .iter_mut()
-        .for_each(|edge| visit(&mut edge.inclusive));
-    for span in &mut report.spans {
-        visit(&mut span.entity);
-        if let Some(distribution) = &mut span.distribution {
-            distribution.entities_mut().for_each(&mut visit);
-        }
-    }
+/// Every entity of a report, mutably: totals, idle, untracked, dropped, the command's, tasks,
+/// processes, cgroups, functions (inclusive and exclusive) and call-tree edges, spans, and
+/// the buckets of every distribution.
+fn for_each_entity_mut(report: &mut Report, visit: impl FnMut(&mut Entity)) {
+    use crate::functions::distribution::Distribution;
+    let Report {
+        totals,
+        idle,
+        untracked,
+        dropped,
+        command,
+        before_command,
+        tasks,
+        processes,
+        cgroups,
+        functions,
+        call_tree,
+        spans,
+        ..
+    } = report;
+    let functions = functions.iter_mut().flat_map(|function| {
+        [&mut function.inclusive, &mut function.exclusive]
+            .into_iter()
+            .chain(
+                function
+                    .distribution
+                    .iter_mut()
+                    .flat_map(Distribution::entities_mut),
+            )
+    });
+    let spans = spans.iter_mut().flat_map(|span| {
+        std::iter::once(&mut span.entity).chain(
+            span.distribution
+                .iter_mut()
+                .flat_map(Distribution::entities_mut),
+        )
+    });
+    [totals, idle, untracked, dropped]
+        .into_iter()
+        .chain(command.as_mut())
+        .chain(before_command.as_mut())
+        .chain(tasks.iter_mut().map(|task| &mut task.entity))
+        .chain(processes.iter_mut().map(|process| &mut process.entity))
+        .chain(cgroups.iter_mut().map(|cgroup| &mut cgroup.entity))
+        .chain(functions)
+        .chain(call_tree.iter_mut().map(|edge| &mut edge.inclusive))
+        .chain(spans)
+        .for_each(visit);
 }
 
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
