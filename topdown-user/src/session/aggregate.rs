@@ -72,6 +72,21 @@ impl Sub for Diagnostics {
 /// hash, where the standard one (SipHash) measured a tenth of the aggregate at 100000 tasks.
 type FastMap<K, V> = HashMap<K, V, FastHash>;
 
+/// An earlier reading's entries by key (none without one): what a delta subtracts.
+pub(crate) fn earlier_by_key<'e, K: Copy + 'e, V: 'e, T, M: Default + FromIterator<(K, T)>>(
+    entries: Option<&'e [(K, V)]>,
+    value: impl Fn(&'e V) -> T,
+) -> M {
+    entries
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|(key, entry)| (*key, value(entry)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One thread's counts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskCounts {
@@ -198,15 +213,10 @@ impl Aggregate {
         let tasks = task_deltas(current, previous, only_active);
         let processes = processes_of(&tasks);
 
-        let cgroups_before: FastMap<u64, SlotCounts> = previous
-            .map(|previous| {
-                previous
-                    .cgroups
-                    .iter()
-                    .map(|(id, cgroup)| (*id, SlotCounts(cgroup.counters)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let cgroups_before: FastMap<u64, SlotCounts> = earlier_by_key(
+            previous.map(|previous| previous.cgroups.as_slice()),
+            |cgroup| SlotCounts(cgroup.counters),
+        );
         let mut cgroups: Vec<(u64, SlotCounts)> = current
             .cgroups
             .iter()
@@ -223,15 +233,10 @@ impl Aggregate {
         }
 
         // By index: an edge's stats are larger than the map's other bookkeeping.
-        let calls_before: FastMap<CallKey, &CallStats> = previous
-            .map(|previous| {
-                previous
-                    .calls
-                    .iter()
-                    .map(|(key, stats)| (*key, stats))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let calls_before: FastMap<CallKey, &CallStats> = earlier_by_key(
+            previous.map(|previous| previous.calls.as_slice()),
+            |stats| stats,
+        );
         let calls = current
             .calls
             .iter()

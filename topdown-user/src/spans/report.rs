@@ -17,6 +17,7 @@ use crate::{
     model::{Counts, Evaluator, Model},
     report::entity::Entity,
     session::{
+        aggregate::earlier_by_key,
         bpf::SpanSnapshot,
         slot_counts::{SlotCounts, SlotNamer},
     },
@@ -45,15 +46,10 @@ pub struct SpanAggregate {
 impl SpanAggregate {
     /// Everything in `current`, or what happened since `previous`.
     pub fn since(current: &SpanSnapshot, previous: Option<&SpanSnapshot>) -> Self {
-        let before: HashMap<SpanKey, (u64, SlotCounts)> = previous
-            .map(|previous| {
-                previous
-                    .totals
-                    .iter()
-                    .map(|(key, totals)| (*key, (totals.spans, SlotCounts(totals.counters))))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let before: HashMap<SpanKey, (u64, SlotCounts)> = earlier_by_key(
+            previous.map(|previous| previous.totals.as_slice()),
+            |totals| (totals.spans, SlotCounts(totals.counters)),
+        );
         let spans = current
             .totals
             .iter()
