@@ -623,7 +623,18 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         })
         .collect();
 
-    let cgroups = cgroup_entries(ctx, aggregate, weight_slot, &entity);
+    // Flat (each cgroup's own counts, which add up to the non-idle total), or with
+    // `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
+    let cgroups = aggregate
+        .cgroup_rows_by_weight(ctx.cgroup_paths, ctx.cgroup_depth, weight_slot)
+        .into_iter()
+        .map(|(id, path, counts)| CgroupEntry {
+            id,
+            container: crate::cgroup::container::describe_cgroup(path.as_deref()),
+            path,
+            entity: entity(&counts),
+        })
+        .collect();
     let (functions, call_tree) = function_entries(ctx, aggregate, weight_slot, &entity);
     let cpus = aggregate
         .cpus
@@ -950,26 +961,6 @@ fn heaviest_first<T>(
             .then(a_id.cmp(&b_id))
     });
     sorted
-}
-
-/// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
-/// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
-fn cgroup_entries(
-    ctx: &ReportContext<'_>,
-    aggregate: &Aggregate,
-    weight_slot: usize,
-    entity: &dyn Fn(&SlotCounts) -> Entity,
-) -> Vec<CgroupEntry> {
-    aggregate
-        .cgroup_rows_by_weight(ctx.cgroup_paths, ctx.cgroup_depth, weight_slot)
-        .into_iter()
-        .map(|(id, path, counts)| CgroupEntry {
-            id,
-            container: crate::cgroup::container::describe_cgroup(path.as_deref()),
-            path,
-            entity: entity(&counts),
-        })
-        .collect()
 }
 
 #[cfg(test)]
