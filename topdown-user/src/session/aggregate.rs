@@ -33,38 +33,31 @@ impl Sub for Diagnostics {
     type Output = Self;
     /// What happened between two cumulative readings.
     fn sub(self, earlier: Self) -> Self {
-        Self {
-            readings: self.readings.saturating_sub(earlier.readings),
-            not_running_readings: self
-                .not_running_readings
-                .saturating_sub(earlier.not_running_readings),
-            read_errors: self.read_errors.saturating_sub(earlier.read_errors),
-            task_map_full: self.task_map_full.saturating_sub(earlier.task_map_full),
-            exit_records_lost: self
-                .exit_records_lost
-                .saturating_sub(earlier.exit_records_lost),
-            cgroup_map_full: self.cgroup_map_full.saturating_sub(earlier.cgroup_map_full),
-            overflows: self.overflows.saturating_sub(earlier.overflows),
-            missed_returns: self.missed_returns.saturating_sub(earlier.missed_returns),
-            unmatched_returns: self
-                .unmatched_returns
-                .saturating_sub(earlier.unmatched_returns),
-            probe_read_failures: self
-                .probe_read_failures
-                .saturating_sub(earlier.probe_read_failures),
-            probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
-            tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
-            histogram_full: self.histogram_full.saturating_sub(earlier.histogram_full),
-            goroutine_switches_lost: self
-                .goroutine_switches_lost
-                .saturating_sub(earlier.goroutine_switches_lost),
-            unsplit_migrations: self
-                .unsplit_migrations
-                .saturating_sub(earlier.unsplit_migrations),
-            unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
-            unseen_arrivals: self.unseen_arrivals.saturating_sub(earlier.unseen_arrivals),
-            unsplit_tasks: self.unsplit_tasks.saturating_sub(earlier.unsplit_tasks),
-        }
+        fieldwise!(
+            u64::saturating_sub,
+            Diagnostics {
+                readings,
+                not_running_readings,
+                read_errors,
+                task_map_full,
+                exit_records_lost,
+                cgroup_map_full,
+                overflows,
+                missed_returns,
+                unmatched_returns,
+                probe_read_failures,
+                probe_map_full,
+                tail_calls_cut,
+                histogram_full,
+                goroutine_switches_lost,
+                unsplit_migrations,
+                unseen_switches,
+                unseen_arrivals,
+                unsplit_tasks
+            },
+            self,
+            earlier
+        )
     }
 }
 

@@ -1024,19 +1024,23 @@ impl Session {
             loaded_ref(&self.ebpf)?,
             names::PROBE_STATS,
             "reading function-probe statistics",
-            add_fields!(
-                ProbeStats,
-                [
-                    overflows,
-                    missed_returns,
-                    unmatched_returns,
-                    map_full,
-                    read_failures,
-                    tail_calls_cut,
-                    histogram_full,
-                    goroutine_switches_lost,
-                ]
-            ),
+            |sum: ProbeStats, cpu: &ProbeStats| {
+                fieldwise!(
+                    std::ops::Add::add,
+                    ProbeStats {
+                        overflows,
+                        missed_returns,
+                        unmatched_returns,
+                        map_full,
+                        read_failures,
+                        tail_calls_cut,
+                        histogram_full,
+                        goroutine_switches_lost
+                    },
+                    sum,
+                    cpu
+                )
+            },
         )?;
         let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
             map(loaded_ref(&self.ebpf)?, names::CGROUPS)?;
@@ -1440,16 +1444,6 @@ fn fill_set<K: aya::Pod>(
     }
     Ok(())
 }
-
-/// `|sum, cpu| sum + cpu` for a statistics struct of counts, field by field.
-macro_rules! add_fields {
-    ($stats:ident, [$($field:ident),+ $(,)?]) => {
-        |sum: $stats, cpu: &$stats| $stats {
-            $($field: sum.$field + cpu.$field),+
-        }
-    };
-}
-use add_fields;
 
 /// A one-entry per-CPU statistics map: its CPUs' copies summed with `add`.
 fn summed_per_cpu<T: aya::Pod + Default>(

@@ -17,10 +17,13 @@ use topdown_common::{
 };
 
 use super::{
-    AttachMode, Session, add_fields, load_error, loaded, loaded_ref, map, map_mut, program_mut,
-    read_whole, summed_per_cpu,
+    AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, read_whole,
+    summed_per_cpu,
 };
-use crate::spans::usdt::{PlannedSite, SitePlan, attach};
+use crate::spans::{
+    report::span_stats_fieldwise,
+    usdt::{PlannedSite, SitePlan, attach},
+};
 
 /// How the USDT program is linked to its sites.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -256,17 +259,7 @@ impl Session {
             loaded_ref(&self.ebpf)?,
             names::SPAN_STATS,
             "reading span statistics",
-            add_fields!(
-                SpanStats,
-                [
-                    overflows,
-                    unmatched_ends,
-                    read_failures,
-                    map_full,
-                    arg_read_failures,
-                    open_at_exit,
-                ]
-            ),
+            |sum, cpu| span_stats_fieldwise(std::ops::Add::add, &sum, cpu),
         )?;
         Ok(SpanSnapshot {
             totals,
