@@ -643,12 +643,8 @@ impl Session {
         let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
         let scopes = scopes_of(processes);
         for (target, offset) in points {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(*offset),
-                cookie: None,
-            };
-            for scope in &scopes {
-                match program.attach([point], target, *scope) {
+            for attached in attach_at(program, target, (*offset, None), &scopes) {
+                match attached {
                     Ok(link) => self.function_links.push((name, link)),
                     Err(err) => failed.push(format!("{} at {offset:#x}: {err}", target.display())),
                 }
@@ -679,12 +675,8 @@ impl Session {
         let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
         let scopes = scopes_of(processes);
         for (offset, kind) in hooks {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(*offset),
-                cookie: Some(*kind),
-            };
-            for scope in &scopes {
-                let link = program.attach([point], target, *scope).with_context(|| {
+            for attached in attach_at(program, target, (*offset, Some(*kind)), &scopes) {
+                let link = attached.with_context(|| {
                     format!(
                         "attaching the Go runtime hook at {offset:#x} of {}",
                         target.display()
@@ -1008,18 +1000,13 @@ impl Session {
             .cpus()
             .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
             .collect();
-        let calls_map: BpfHashMap<&MapData, CallKey, CallStats> =
-            map(loaded_ref(&self.ebpf)?, names::CALLS)?;
-        let (mut call_keys, mut call_stats) = (Vec::new(), Vec::new());
-        read_whole(&calls_map, &mut call_keys, &mut call_stats)
-            .context("reading the function map")?;
-        let calls = call_keys.into_iter().zip(call_stats).collect();
-        let histogram_map: BpfHashMap<&MapData, HistogramKey, HistogramBucket> =
-            map(loaded_ref(&self.ebpf)?, names::HISTOGRAMS)?;
-        let (mut bucket_keys, mut buckets) = (Vec::new(), Vec::new());
-        read_whole(&histogram_map, &mut bucket_keys, &mut buckets)
-            .context("reading the per-call histogram map")?;
-        let histograms = bucket_keys.into_iter().zip(buckets).collect();
+        let ebpf = loaded_ref(&self.ebpf)?;
+        let calls = whole_map(ebpf, names::CALLS, "reading the function map")?;
+        let histograms = whole_map(
+            ebpf,
+            names::HISTOGRAMS,
+            "reading the per-call histogram map",
+        )?;
         let probes = summed_per_cpu(
             loaded_ref(&self.ebpf)?,
             names::PROBE_STATS,
@@ -1042,12 +1029,7 @@ impl Session {
                 )
             },
         )?;
-        let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
-            map(loaded_ref(&self.ebpf)?, names::CGROUPS)?;
-        let (mut cgroup_ids, mut cgroup_counters) = (Vec::new(), Vec::new());
-        read_whole(&cgroup_map, &mut cgroup_ids, &mut cgroup_counters)
-            .context("reading the cgroup map")?;
-        let cgroups = cgroup_ids.into_iter().zip(cgroup_counters).collect();
+        let cgroups = whole_map(ebpf, names::CGROUPS, "reading the cgroup map")?;
         Ok(Snapshot {
             cpus,
             live,
@@ -1292,6 +1274,24 @@ fn shared_fd(program: &UProbe, name: &str) -> Result<std::sync::Arc<std::os::fd:
 }
 
 /// Where machine-wide or per-process (`-p`) uprobes go: every process, or each of `processes`.
+/// `program` attached at `offset` of `target`, with `cookie`, in each of `scopes`: per scope,
+/// its link or the kernel's refusal.
+fn attach_at<'p>(
+    program: &'p mut UProbe,
+    target: &'p std::path::Path,
+    (offset, cookie): (u64, Option<u64>),
+    scopes: &'p [UProbeScope],
+) -> impl Iterator<Item = Result<aya::programs::uprobe::UProbeLinkId, aya::programs::ProgramError>> + 'p
+{
+    let point = UProbeAttachPoint {
+        location: UProbeAttachLocation::AbsoluteOffset(offset),
+        cookie,
+    };
+    scopes
+        .iter()
+        .map(move |scope| program.attach([point], target, *scope))
+}
+
 fn scopes_of(processes: &[u32]) -> Vec<UProbeScope> {
     if processes.is_empty() {
         vec![UProbeScope::AllProcesses]
@@ -1443,6 +1443,18 @@ fn fill_set<K: aya::Pod>(
         set.insert(key, &1, 0).with_context(|| what(key))?;
     }
     Ok(())
+}
+
+/// Every entry of the hash map `name`, as `(key, value)` pairs ([`read_whole`]'s order).
+fn whole_map<K: aya::Pod, V: aya::Pod>(
+    ebpf: &Ebpf,
+    name: &str,
+    what: &'static str,
+) -> Result<Vec<(K, V)>> {
+    let whole: BpfHashMap<&MapData, K, V> = map(ebpf, name)?;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    read_whole(&whole, &mut keys, &mut values).context(what)?;
+    Ok(keys.into_iter().zip(values).collect())
 }
 
 /// A one-entry per-CPU statistics map: its CPUs' copies summed with `add`.
