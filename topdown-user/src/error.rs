@@ -59,6 +59,15 @@ pub fn fail(failure: Failure, message: impl Into<String>) -> anyhow::Error {
     })
 }
 
+/// The text of the file at `path`; one that cannot be read is a `failure`, told by `message`.
+pub fn read_or_fail(
+    path: &str,
+    failure: Failure,
+    message: impl FnOnce(&std::io::Error) -> String,
+) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).map_err(|err| fail(failure, message(&err)))
+}
+
 /// The category of an error, if any link of its chain has one.
 pub fn failure_of(err: &anyhow::Error) -> Option<Failure> {
     err.chain()

@@ -17,6 +17,16 @@
 //! - [`ui`]: `-o` files and terminal progress.
 //! - [`cli`], [`error`]: the command line and the failures that map to exit codes.
 
+/// `Type { field: combine(a.field, b.field), .. }` for each named field: the statistics
+/// structs of counts are summed and differenced field by field.
+macro_rules! fieldwise {
+    ($combine:path, $type:ident { $($field:ident),+ $(,)? }, $a:expr, $b:expr) => {
+        $type {
+            $($field: $combine($a.$field, $b.$field)),+
+        }
+    };
+}
+
 pub mod cgroup;
 pub mod cli;
 pub mod commands;

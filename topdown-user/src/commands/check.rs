@@ -116,22 +116,34 @@ fn paranoid(value: Option<i32>, privileged: bool) -> Item {
 
 fn btf(root: &Path) -> Item {
     let path = root.join("sys/kernel/btf/vmlinux");
+    let missing = format!(
+        "{} missing: the kernel needs CONFIG_DEBUG_INFO_BTF=y for topdown's \
+         tp_btf/sched_switch program",
+        path.display()
+    );
+    present(
+        &path,
+        "BTF",
+        "tp_btf programs can attach",
+        (Status::Fail, missing),
+    )
+}
+
+/// `requirement` met where `path` exists ("PATH present (what it allows)"), else `missing`.
+fn present(
+    path: &Path,
+    requirement: &'static str,
+    allows: &str,
+    (status, missing): (Status, String),
+) -> Item {
     if path.exists() {
         item(
             Status::Ok,
-            "BTF",
-            format!("{} present (tp_btf programs can attach)", path.display()),
+            requirement,
+            format!("{} present ({allows})", path.display()),
         )
     } else {
-        item(
-            Status::Fail,
-            "BTF",
-            format!(
-                "{} missing: the kernel needs CONFIG_DEBUG_INFO_BTF=y for topdown's \
-                 tp_btf/sched_switch program",
-                path.display()
-            ),
-        )
+        item(status, requirement, missing)
     }
 }
 
@@ -234,20 +246,15 @@ pub fn run(
         ));
     }
 
-    let uprobe_pmu = root.join("sys/bus/event_source/devices/uprobe");
-    items.push(if uprobe_pmu.exists() {
-        item(
-            Status::Ok,
-            "uprobes",
-            format!("{} present (-u function probes)", uprobe_pmu.display()),
-        )
-    } else {
-        item(
+    items.push(present(
+        &root.join("sys/bus/event_source/devices/uprobe"),
+        "uprobes",
+        "-u function probes",
+        (
             Status::Warn,
-            "uprobes",
-            "no uprobe PMU (CONFIG_UPROBE_EVENTS): -u function probes cannot attach",
-        )
-    });
+            "no uprobe PMU (CONFIG_UPROBE_EVENTS): -u function probes cannot attach".to_owned(),
+        ),
+    ));
     items.push(if !privileged {
         item(Status::Skip, "uprobe.multi", "needs privileges to probe")
     } else if crate::session::bpf::uprobe_multi_supported() {

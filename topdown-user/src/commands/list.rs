@@ -7,6 +7,7 @@ use anyhow::Result;
 
 use crate::{
     cli::ListFormat,
+    events::EventKind,
     model::{CounterSource, CounterUse, Model, all_models},
     schedule::{self, group_level},
 };
@@ -27,7 +28,7 @@ pub fn encoding(name: &str, source: &CounterSource) -> String {
         }
         CounterSource::Tracepoint { group, name } => format!("{group}:{name}"),
         CounterSource::Event(event) => match &event.kind {
-            crate::events::EventKind::Perf {
+            EventKind::Perf {
                 perf_type,
                 config,
                 config1,
@@ -48,7 +49,7 @@ pub fn encoding(name: &str, source: &CounterSource) -> String {
                 }
                 text + "/"
             }
-            crate::events::EventKind::Tracepoint { group, name } => format!("{group}:{name}"),
+            EventKind::Tracepoint { group, name } => format!("{group}:{name}"),
         },
     }
 }
@@ -180,13 +181,13 @@ pub fn write_events(
 /// whose type and id come from tracefs when opened).
 fn words(description: &crate::events::Description) -> Option<(u32, u64, u64, u64)> {
     match &description.attr.kind {
-        crate::events::EventKind::Perf {
+        EventKind::Perf {
             perf_type,
             config,
             config1,
             config2,
         } => Some((*perf_type, *config, *config1, *config2)),
-        crate::events::EventKind::Tracepoint { .. } => None,
+        EventKind::Tracepoint { .. } => None,
     }
 }
 
@@ -218,7 +219,7 @@ fn event_json(description: &crate::events::Description) -> serde_json::Value {
             value["config1"] = format!("{config1:#x}").into();
             value["config2"] = format!("{config2:#x}").into();
         }
-        (crate::events::EventKind::Tracepoint { group, name }, None) => {
+        (EventKind::Tracepoint { group, name }, None) => {
             value["tracepoint"] = format!("{group}:{name}").into();
         }
         _ => {}
@@ -238,7 +239,7 @@ fn write_event_table(description: &crate::events::Description, out: &mut dyn Wri
         description.pmu.as_deref().unwrap_or("-")
     )?;
     match &attr.kind {
-        crate::events::EventKind::Perf {
+        EventKind::Perf {
             perf_type,
             config,
             config1,
@@ -249,7 +250,7 @@ fn write_event_table(description: &crate::events::Description, out: &mut dyn Wri
             writeln!(out, "config1:         {config1:#x}")?;
             writeln!(out, "config2:         {config2:#x}")?;
         }
-        crate::events::EventKind::Tracepoint { group, name } => {
+        EventKind::Tracepoint { group, name } => {
             writeln!(out, "tracepoint:      {group}:{name}")?;
         }
     }

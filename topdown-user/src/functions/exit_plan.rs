@@ -403,6 +403,11 @@ mod tests {
         }
     }
 
+    /// The function under test: `f`, 32 bytes at 0x1000, leaving by `exits`.
+    fn function_f(exits: Vec<Exit>) -> FunctionSymbol {
+        symbol("f", 0x1000, 0x20, exits)
+    }
+
     fn resolved(symbol: &FunctionSymbol) -> ResolvedFunction {
         ResolvedFunction {
             target: PathBuf::from("/bin/app"),
@@ -418,22 +423,46 @@ mod tests {
         }
     }
 
+    /// The plan for `probed` (each symbol with its id, and whether a uretprobe closes it) in
+    /// `/bin/app`, whose functions are `functions` and whose image ends at `image_end`.
+    fn plan_app(
+        functions: Vec<FunctionSymbol>,
+        image_end: u64,
+        probed: &[(&FunctionSymbol, u32, bool)],
+    ) -> Plan {
+        let files = HashMap::from([(
+            PathBuf::from("/bin/app"),
+            FileFunctions {
+                functions,
+                image_end,
+                ..FileFunctions::default()
+            },
+        )]);
+        let resolved: Vec<ResolvedFunction> =
+            probed.iter().map(|(symbol, ..)| resolved(symbol)).collect();
+        let probed: Vec<Probed<'_>> = resolved
+            .iter()
+            .zip(probed)
+            .map(|(function, &(_, id, uretprobe))| Probed {
+                function,
+                id,
+                uretprobe,
+            })
+            .collect();
+        plan(&probed, &files)
+    }
+
     /// f tail-calls g (probed, into its middle), h (unprobed: return-only probes on its ret,
     /// and h's own tail call to i passes the call on to i's ret) and an address with no
     /// symbol (cut).
     #[test]
     fn tail_calls_keep_frames_open_only_where_the_callee_ends_are_probed() {
-        let f = symbol(
-            "f",
-            0x1000,
-            0x20,
-            vec![
-                exit(0x1004, ExitKind::Jump(0x2004)),
-                exit(0x1008, ExitKind::Jump(0x3000)),
-                exit(0x100c, ExitKind::Jump(0x5000)),
-                exit(0x1010, ExitKind::Return),
-            ],
-        );
+        let f = function_f(vec![
+            exit(0x1004, ExitKind::Jump(0x2004)),
+            exit(0x1008, ExitKind::Jump(0x3000)),
+            exit(0x100c, ExitKind::Jump(0x5000)),
+            exit(0x1010, ExitKind::Return),
+        ]);
         let g = symbol("g", 0x2000, 0x10, vec![exit(0x2008, ExitKind::Return)]);
         let h = symbol(
             "h",
@@ -445,29 +474,10 @@ mod tests {
             ],
         );
         let i = symbol("i", 0x4000, 0x10, vec![exit(0x400c, ExitKind::Return)]);
-        let files = HashMap::from([(
-            PathBuf::from("/bin/app"),
-            FileFunctions {
-                functions: vec![f.clone(), g.clone(), h, i],
-                image_end: 0x6000,
-                ..FileFunctions::default()
-            },
-        )]);
-        let (rf, rg) = (resolved(&f), resolved(&g));
-        let plan = plan(
-            &[
-                Probed {
-                    function: &rf,
-                    id: 0,
-                    uretprobe: false,
-                },
-                Probed {
-                    function: &rg,
-                    id: 1,
-                    uretprobe: false,
-                },
-            ],
-            &files,
+        let plan = plan_app(
+            vec![f.clone(), g.clone(), h, i],
+            0x6000,
+            &[(&f, 0, false), (&g, 1, false)],
         );
         let cookies: Vec<(u64, u64)> = plan.functions[0]
             .exits
@@ -495,33 +505,12 @@ mod tests {
     /// no return-only probes on the callee, no probe on its `ret`.
     #[test]
     fn uretprobe_functions_mark_their_tail_calls() {
-        let f = symbol(
-            "f",
-            0x1000,
-            0x20,
-            vec![
-                exit(0x1004, ExitKind::Jump(0x2000)),
-                exit(0x1010, ExitKind::Return),
-            ],
-        );
+        let f = function_f(vec![
+            exit(0x1004, ExitKind::Jump(0x2000)),
+            exit(0x1010, ExitKind::Return),
+        ]);
         let g = symbol("g", 0x2000, 0x10, vec![exit(0x2008, ExitKind::Return)]);
-        let files = HashMap::from([(
-            PathBuf::from("/bin/app"),
-            FileFunctions {
-                functions: vec![f.clone(), g],
-                image_end: 0x3000,
-                ..FileFunctions::default()
-            },
-        )]);
-        let rf = resolved(&f);
-        let plan = plan(
-            &[Probed {
-                function: &rf,
-                id: 3,
-                uretprobe: true,
-            }],
-            &files,
-        );
+        let plan = plan_app(vec![f.clone(), g], 0x3000, &[(&f, 3, true)]);
         let probes = &plan.functions[0];
         assert_eq!(
             probes.entry.as_ref().map(|entry| entry.cookie),
@@ -548,30 +537,9 @@ mod tests {
             memory: true,
             displacement: 0x80,
         };
-        let mut f = symbol(
-            "f",
-            0x1000,
-            0x20,
-            vec![exit(0x1004, ExitKind::Indirect(operand))],
-        );
+        let mut f = function_f(vec![exit(0x1004, ExitKind::Indirect(operand))]);
         f.ranges.push((0x9000, 0x9010));
-        let files = HashMap::from([(
-            PathBuf::from("/bin/app"),
-            FileFunctions {
-                functions: vec![f.clone()],
-                image_end: 0xa000,
-                ..FileFunctions::default()
-            },
-        )]);
-        let rf = resolved(&f);
-        let plan = plan(
-            &[Probed {
-                function: &rf,
-                id: 7,
-                uretprobe: false,
-            }],
-            &files,
-        );
+        let plan = plan_app(vec![f.clone()], 0xa000, &[(&f, 7, false)]);
         let (index, jump) = plan.indirect_jumps[0];
         assert_eq!(
             plan.functions[0].exits[0].cookie,

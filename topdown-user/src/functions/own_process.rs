@@ -70,11 +70,7 @@ pub fn leave_probed_files(probe_targets: &[String]) {
     let Err(err) = restart_on_copies(&mapped);
     log::warn!(
         "could not start again on private copies of {} (topdown's own calls will trap): {err:#}",
-        mapped
-            .iter()
-            .map(|path| path.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        crate::ui::path_list(&mapped)
     );
 }
 

@@ -83,7 +83,7 @@ pub fn write_csv(report: &Report, by: &[By], out: &mut dyn std::io::Write) -> Re
             report
                 .counter_names
                 .iter()
-                .map(|name| entity.counters.get(name).copied().unwrap_or(0).to_string()),
+                .map(|name| entity.count(name).to_string()),
         );
         // f64's Display is the shortest text that parses back to the same value, as JSON's is.
         cells.extend(metric_names.iter().map(|name| {

@@ -19,3 +19,10 @@ pub struct Entity {
     #[serde(default, skip_serializing_if = "NamedMap::is_empty")]
     pub derived: NamedMap<f64>,
 }
+
+impl Entity {
+    /// What `counter` counted (0 where it is not among the entity's counters).
+    pub fn count(&self, counter: &str) -> u64 {
+        self.counters.get(counter).copied().unwrap_or(0)
+    }
+}

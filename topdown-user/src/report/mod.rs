@@ -177,44 +177,54 @@ impl DerivedEntry {
     }
 }
 
-/// Every entity of a report, mutably: totals, idle, untracked, dropped, tasks, processes,
-/// cgroups, functions (inclusive and exclusive) and call-tree edges.
-fn for_each_entity_mut(report: &mut Report, mut visit: impl FnMut(&mut Entity)) {
-    visit(&mut report.totals);
-    visit(&mut report.idle);
-    visit(&mut report.untracked);
-    visit(&mut report.dropped);
-    report.command.iter_mut().for_each(&mut visit);
-    report.before_command.iter_mut().for_each(&mut visit);
-    report
-        .tasks
-        .iter_mut()
-        .for_each(|task| visit(&mut task.entity));
-    report
-        .processes
-        .iter_mut()
-        .for_each(|process| visit(&mut process.entity));
-    report
-        .cgroups
-        .iter_mut()
-        .for_each(|cgroup| visit(&mut cgroup.entity));
-    for function in &mut report.functions {
-        visit(&mut function.inclusive);
-        visit(&mut function.exclusive);
-        if let Some(distribution) = &mut function.distribution {
-            distribution.entities_mut().for_each(&mut visit);
-        }
-    }
-    report
-        .call_tree
-        .iter_mut()
-        .for_each(|edge| visit(&mut edge.inclusive));
-    for span in &mut report.spans {
-        visit(&mut span.entity);
-        if let Some(distribution) = &mut span.distribution {
-            distribution.entities_mut().for_each(&mut visit);
-        }
-    }
+/// Every entity of a report, mutably: totals, idle, untracked, dropped, the command's, tasks,
+/// processes, cgroups, functions (inclusive and exclusive) and call-tree edges, spans, and
+/// the buckets of every distribution.
+fn for_each_entity_mut(report: &mut Report, visit: impl FnMut(&mut Entity)) {
+    use crate::functions::distribution::Distribution;
+    let Report {
+        totals,
+        idle,
+        untracked,
+        dropped,
+        command,
+        before_command,
+        tasks,
+        processes,
+        cgroups,
+        functions,
+        call_tree,
+        spans,
+        ..
+    } = report;
+    let functions = functions.iter_mut().flat_map(|function| {
+        [&mut function.inclusive, &mut function.exclusive]
+            .into_iter()
+            .chain(
+                function
+                    .distribution
+                    .iter_mut()
+                    .flat_map(Distribution::entities_mut),
+            )
+    });
+    let spans = spans.iter_mut().flat_map(|span| {
+        std::iter::once(&mut span.entity).chain(
+            span.distribution
+                .iter_mut()
+                .flat_map(Distribution::entities_mut),
+        )
+    });
+    [totals, idle, untracked, dropped]
+        .into_iter()
+        .chain(command.as_mut())
+        .chain(before_command.as_mut())
+        .chain(tasks.iter_mut().map(|task| &mut task.entity))
+        .chain(processes.iter_mut().map(|process| &mut process.entity))
+        .chain(cgroups.iter_mut().map(|cgroup| &mut cgroup.entity))
+        .chain(functions)
+        .chain(call_tree.iter_mut().map(|edge| &mut edge.inclusive))
+        .chain(spans)
+        .for_each(visit);
 }
 
 /// Fills every entity's `derived` values from its counters (the report's figures, recomputed
@@ -550,6 +560,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// `report` rendered in `format` (a text one), by `by`, weighed by slots.
+    fn rendered(report: &Report, format: Format, by: &[By]) -> String {
+        let mut bytes = Vec::new();
+        render(report, format, by, Weight::Slots, &mut bytes).unwrap();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// The words of the first line of `text` that `pick` picks; the test fails, showing `text`,
+    /// where none does.
+    pub(crate) fn words_of_line(text: &str, pick: impl Fn(&str) -> bool) -> Vec<String> {
+        text.lines()
+            .find(|line| pick(line))
+            .unwrap_or_else(|| panic!("no such line in:\n{text}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// A system-wide second of `intel-icl` at level 1, weighed by `slots`, its one counter, in
     /// which nothing was counted: zero entities, every breakdown empty, no diagnostics. Tests
     /// fill in what they look at.
@@ -802,14 +830,12 @@ pub(crate) mod tests {
         assert!(report.idle.derived.is_empty());
 
         let by = [By::Task];
-        let mut json = Vec::new();
-        render(&report, Format::Json, &by, Weight::Slots, &mut json).unwrap();
-        let back: Report = serde_json::from_slice(&json).unwrap();
+        let json = rendered(&report, Format::Json, &by);
+        let back: Report = serde_json::from_str(&json).unwrap();
         assert_eq!(back.derived, report.derived);
         assert_eq!(back.totals.derived.get("offcore_latency"), Some(&250.0));
-        let mut csv = Vec::new();
-        render(&report, Format::Csv, &by, Weight::Slots, &mut csv).unwrap();
-        let mut reader = ::csv::Reader::from_reader(csv.as_slice());
+        let csv = rendered(&report, Format::Csv, &by);
+        let mut reader = ::csv::Reader::from_reader(csv.as_bytes());
         let header = reader.headers().unwrap().clone();
         let column = header
             .iter()
@@ -817,9 +843,7 @@ pub(crate) mod tests {
             .unwrap();
         let total = reader.records().next().unwrap().unwrap();
         assert_eq!(&total[column], "250");
-        let mut table = Vec::new();
-        render(&report, Format::Table, &by, Weight::Slots, &mut table).unwrap();
-        let text = String::from_utf8(table).unwrap();
+        let text = rendered(&report, Format::Table, &by);
         assert!(text.contains("offcore_latency (core cycles)"), "{text}");
         assert!(text.contains("250.0"), "{text}");
     }
@@ -831,11 +855,10 @@ pub(crate) mod tests {
         let mut report = report_of("intel-spr", 1);
         recompute(&mut report, model.as_ref(), 2);
 
-        let mut json = Vec::new();
-        render(&report, Format::Json, &by, Weight::Slots, &mut json).unwrap();
+        let json = rendered(&report, Format::Json, &by);
         // serde_json parses floats to within an ULP (no `float_roundtrip`): compare counters
         // exactly and metrics by key and value to 1e-12.
-        let back: Report = serde_json::from_slice(&json).unwrap();
+        let back: Report = serde_json::from_str(&json).unwrap();
         assert_eq!(back.level, 2);
         for ((name, read), (_, written)) in entities(&back).into_iter().zip(entities(&report)) {
             assert_eq!(read.counters, written.counters, "{name}");
@@ -852,9 +875,8 @@ pub(crate) mod tests {
             }
         }
 
-        let mut csv = Vec::new();
-        render(&report, Format::Csv, &by, Weight::Slots, &mut csv).unwrap();
-        let mut reader = ::csv::Reader::from_reader(csv.as_slice());
+        let csv = rendered(&report, Format::Csv, &by);
+        let mut reader = ::csv::Reader::from_reader(csv.as_bytes());
         let header = reader.headers().unwrap().clone();
         let memory = header.iter().position(|h| h == "memory_bound").unwrap();
         let kind = header.iter().position(|h| h == "kind").unwrap();
@@ -870,9 +892,7 @@ pub(crate) mod tests {
             report.cgroups[0].entity.metrics["memory_bound"]
         );
 
-        let mut table = Vec::new();
-        render(&report, Format::Table, &by, Weight::Slots, &mut table).unwrap();
-        let table = String::from_utf8(table).unwrap();
+        let table = rendered(&report, Format::Table, &by);
         assert!(table.contains("parse<i32>"), "{table}");
         assert!(table.contains("system.slice"), "{table}");
     }
@@ -920,16 +940,8 @@ pub(crate) mod tests {
             &entity,
         ));
         let written = report.functions[0].distribution.clone().unwrap();
-        let mut json = Vec::new();
-        render(
-            &report,
-            Format::Json,
-            &[By::Function],
-            Weight::Slots,
-            &mut json,
-        )
-        .unwrap();
-        let mut edited: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let json = rendered(&report, Format::Json, &[By::Function]);
+        let mut edited: serde_json::Value = serde_json::from_str(&json).unwrap();
         let distribution = &mut edited["functions"][0]["distribution"];
         assert_eq!(distribution["weight"], "slots");
         assert_eq!(distribution["buckets"][0]["low"], 10);
@@ -966,24 +978,11 @@ pub(crate) mod tests {
             assert_eq!(bucket.entity.metrics, expected.metrics);
         }
         // The table's fast and slow lines.
-        let mut table = Vec::new();
-        render(
-            &back,
-            Format::Table,
-            &[By::Function],
-            Weight::Slots,
-            &mut table,
-        )
-        .unwrap();
-        let table = String::from_utf8(table).unwrap();
-        let band = |label: &str| -> Vec<String> {
-            table
-                .lines()
-                .find(|line| line.starts_with("parse<i32>") && line.contains(&format!(" {label} ")))
-                .unwrap_or_else(|| panic!("no {label} line in {table}"))
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
+        let table = rendered(&back, Format::Table, &[By::Function]);
+        let band = |label: &str| {
+            words_of_line(&table, |line| {
+                line.starts_with("parse<i32>") && line.contains(&format!(" {label} "))
+            })
         };
         assert_eq!(
             band("p50")[1..7],

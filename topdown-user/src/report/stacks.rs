@@ -123,11 +123,7 @@ fn category_names(report: &Report) -> Vec<String> {
 }
 
 fn weight_of(report: &Report, entity: &Entity) -> u64 {
-    entity
-        .counters
-        .get(&report.weight_counter)
-        .copied()
-        .unwrap_or(0)
+    entity.count(&report.weight_counter)
 }
 
 /// Each category's part of `weight`: the metric (a fraction) times the weight, rounded; an

@@ -95,12 +95,7 @@ impl<'a> Graph<'a> {
     /// The edge's own value: its inclusive weight counter, or its calls.
     fn base(&self, edge: &CallEdge) -> f64 {
         match self.weight {
-            Weight::Slots => edge
-                .inclusive
-                .counters
-                .get(&self.report.weight_counter)
-                .copied()
-                .unwrap_or(0) as f64,
+            Weight::Slots => edge.inclusive.count(&self.report.weight_counter) as f64,
             Weight::Calls => edge.calls as f64,
         }
     }
@@ -275,12 +270,7 @@ fn frame_tooltip(
         edge.caller.as_deref().unwrap_or("no probed function")
     );
     let _ = write!(text, "\ncalls: {}", edge.calls);
-    let counted = edge
-        .inclusive
-        .counters
-        .get(&report.weight_counter)
-        .copied()
-        .unwrap_or(0);
+    let counted = edge.inclusive.count(&report.weight_counter);
     let _ = write!(text, "\ninclusive {}: {counted}", report.weight_counter);
     let unit = match weight {
         Weight::Slots => report.weight_counter.as_str(),
@@ -325,14 +315,7 @@ fn bars(report: &Report, y: f64, show_pid: bool, svg: &mut String) -> f64 {
         .iter()
         .filter(|function| function.calls > 0)
         .collect();
-    let own = |function: &FunctionEntry| {
-        function
-            .exclusive
-            .counters
-            .get(&report.weight_counter)
-            .copied()
-            .unwrap_or(0)
-    };
+    let own = |function: &FunctionEntry| function.exclusive.count(&report.weight_counter);
     functions.sort_by(|a, b| {
         own(b)
             .cmp(&own(a))
@@ -425,11 +408,7 @@ pub fn write_svg(
     );
     if let Some(command) = &report.command {
         // The figures are of the command's run, not of what topdown counted before it.
-        let counted = command
-            .counters
-            .get(&report.weight_counter)
-            .copied()
-            .unwrap_or(0);
+        let counted = command.count(&report.weight_counter);
         let amount = if report.weight_counter == "cpu-clock" {
             format!("{:.3} cpu ms", counted as f64 / 1e6)
         } else {

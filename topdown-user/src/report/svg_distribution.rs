@@ -233,7 +233,7 @@ fn tooltip(bucket: &Bucket, weight: &str) -> String {
         bucket.low,
         bucket.high,
         bucket.calls,
-        bucket.entity.counters.get(weight).copied().unwrap_or(0)
+        bucket.entity.count(weight)
     );
     for category in &CATEGORIES {
         if let Some(value) = bucket

@@ -22,13 +22,7 @@ pub fn bars_height(report: &Report) -> f64 {
 
 /// The span bars from `y`; returns where they end.
 pub fn span_bars(report: &Report, y: f64, svg: &mut String) -> f64 {
-    let weight = |entity: &super::Entity| {
-        entity
-            .counters
-            .get(&report.weight_counter)
-            .copied()
-            .unwrap_or(0)
-    };
+    let weight = |entity: &super::Entity| entity.count(&report.weight_counter);
     let _ = writeln!(
         svg,
         r#"<text class="heading" x="{MARGIN}" y="{}">{}</text>"#,

@@ -48,6 +48,15 @@ pub(crate) fn level_text(level: u8) -> String {
     }
 }
 
+/// Starts a row of a table with three key columns, whose key is `label` in key column `column`
+/// (the others empty).
+fn label_row(rows: &mut dyn Cells, column: usize, label: &str) {
+    rows.row();
+    for key_column in 0..3 {
+        rows.cell(if key_column == column { label } else { "" });
+    }
+}
+
 /// Writes `text` out and empties it: before a table laid out straight into `out`.
 fn spill(text: &mut String, out: &mut dyn Write) -> std::io::Result<()> {
     out.write_all(text.as_bytes())?;
@@ -109,7 +118,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
     // With `-- CMD` shares are of the command's run; what was counted around it is listed
     // apart, labelled, without a share.
     let share_base = report.command.as_ref().unwrap_or(&report.totals);
-    let total_weight = share_base.counters.get(weight).copied().unwrap_or(0);
+    let total_weight = share_base.count(weight);
     let weight_title = if weight == "cpu-clock" {
         "cpu ms".to_owned()
     } else {
@@ -118,7 +127,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
 
     // Each entity's figures, as cells of its row.
     let cells_of = |rows: &mut dyn Cells, entity: &Entity, shared: bool| {
-        let value = entity.counters.get(weight).copied().unwrap_or(0);
+        let value = entity.count(weight);
         if weight == "cpu-clock" {
             rows.cell_fmt(format_args!("{:.3}", value as f64 / 1e6));
         } else {
@@ -142,7 +151,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
             }
         }
         for event in &report.extra_events {
-            let count = entity.counters.get(event).copied().unwrap_or(0);
+            let count = entity.count(event);
             rows.cell_fmt(format_args!("{count}"));
         }
         for figure in &report.derived {
@@ -214,6 +223,26 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
         }
     }
 
+    // The summary's rows under a table with three key columns, labelled in key column
+    // `column`.
+    let summary_rows = |rows: &mut dyn Cells, column: usize| {
+        for (label, entity, shared) in &summary {
+            label_row(rows, column, label);
+            cells_of(rows, entity, *shared);
+        }
+    };
+    // A table whose three key columns are `keys`, `text_columns` of them text, after `title`.
+    let mut table = |title: &str, keys: [&str; 3], text_columns, rows: &dyn Fn(&mut dyn Cells)| {
+        let header: Vec<String> = keys
+            .iter()
+            .map(|key| (*key).to_owned())
+            .chain(header_tail.iter().cloned())
+            .collect();
+        text += title;
+        spill(&mut text, out)?;
+        layout_twice(out, &header, text_columns, rows)
+    };
+
     if by.contains(&By::Task) {
         let rows = |rows: &mut dyn Cells| {
             for task in &report.tasks {
@@ -227,19 +256,9 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
                 ));
                 cells_of(rows, &task.entity, true);
             }
-            for (label, entity, shared) in &summary {
-                rows.row();
-                rows.cell("");
-                rows.cell("");
-                rows.cell(label);
-                cells_of(rows, entity, *shared);
-            }
+            summary_rows(rows, 2);
         };
-        let mut header = vec!["TID".to_owned(), "PID".to_owned(), "COMM".to_owned()];
-        header.extend(header_tail.iter().cloned());
-        text += "\nTasks\n";
-        spill(&mut text, out)?;
-        layout_twice(out, &header, 2, &rows)?;
+        table("\nTasks\n", ["TID", "PID", "COMM"], 2, &rows)?;
     }
     if by.contains(&By::Process) {
         let rows = |rows: &mut dyn Cells| {
@@ -250,19 +269,9 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
                 rows.cell_fmt(format_args!("{}", process.threads));
                 cells_of(rows, &process.entity, true);
             }
-            for (label, entity, shared) in &summary {
-                rows.row();
-                rows.cell("");
-                rows.cell(label);
-                rows.cell("");
-                cells_of(rows, entity, *shared);
-            }
+            summary_rows(rows, 1);
         };
-        let mut header = vec!["PID".to_owned(), "COMM".to_owned(), "THREADS".to_owned()];
-        header.extend(header_tail.iter().cloned());
-        text += "\nProcesses\n";
-        spill(&mut text, out)?;
-        layout_twice(out, &header, 1, &rows)?;
+        table("\nProcesses\n", ["PID", "COMM", "THREADS"], 1, &rows)?;
     }
 
     if by.contains(&By::Cgroup) {
@@ -281,26 +290,16 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
                 }
                 cells_of(rows, &cgroup.entity, true);
             }
-            rows.row();
-            rows.cell("");
-            rows.cell("idle");
-            rows.cell("");
+            label_row(rows, 1, "idle");
             cells_of(rows, &report.idle, report.command.is_none());
         };
-        let mut header = vec![
-            "CGROUP ID".to_owned(),
-            "PATH".to_owned(),
-            "CONTAINER".to_owned(),
-        ];
-        header.extend(header_tail.iter().cloned());
-        text += &match report.cgroup_depth {
+        let title = match report.cgroup_depth {
             Some(depth) => {
                 format!("\nCgroups (rolled up to depth {depth}: each includes its descendants)\n")
             }
             None => "\nCgroups\n".to_owned(),
         };
-        spill(&mut text, out)?;
-        layout_twice(out, &header, 3, &rows)?;
+        table(&title, ["CGROUP ID", "PATH", "CONTAINER"], 3, &rows)?;
     }
 
     let columns = Columns {
@@ -401,7 +400,7 @@ fn write_table_text(report: &Report, by: &[By], out: &mut dyn Write) -> std::io:
 /// the call tree of probed functions.
 fn functions_text(report: &Report, columns: &Columns<'_>) -> String {
     let weight = columns.weight;
-    let amount = |entity: &Entity| entity.counters.get(weight).copied().unwrap_or(0);
+    let amount = |entity: &Entity| entity.count(weight);
     let show = |value: u64| weight_cell(weight, value);
     let split = report
         .functions
@@ -586,7 +585,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::report::{Diagnostics, TaskEntry, tests::empty_report};
+    use crate::report::{
+        Diagnostics, TaskEntry,
+        tests::{empty_report, words_of_line},
+    };
 
     fn entity(slots: u64, retiring: Option<f64>) -> Entity {
         Entity {
@@ -678,14 +680,7 @@ mod tests {
             ..empty_report()
         };
         let text = table_text(&report, &[By::Function, By::Span]);
-        let words = |start: &str| -> Vec<String> {
-            text.lines()
-                .find(|line| line.starts_with(start))
-                .unwrap_or_else(|| panic!("no line starting {start}: {text}"))
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
-        };
+        let words = |start: &str| words_of_line(&text, |line| line.starts_with(start));
         assert_eq!(
             words("FUNCTION"),
             [
@@ -838,14 +833,11 @@ mod tests {
             ..report
         };
         let text = table_text(&command, &[By::Task]);
+        // A row's shares: its words that end in % or are "-".
         let row = |label: &str| {
-            text.lines()
-                .find(|line| line.contains(label))
-                .unwrap_or_else(|| panic!("no {label} row: {text}"))
-                .split_whitespace()
-                .filter(|word| word.ends_with('%') || *word == "-")
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
+            let mut words = words_of_line(&text, |line| line.contains(label));
+            words.retain(|word| word.ends_with('%') || *word == "-");
+            words
         };
         assert_eq!(row("big")[0], "75.0%", "{text}");
         assert_eq!(row("command total")[0], "100.0%", "{text}");

@@ -59,7 +59,7 @@ pub(super) fn bands_text<'a>(
                     per_call(bucket.high as f64)
                 ),
                 bucket.calls.to_string(),
-                show(bucket.entity.counters.get(weight).copied().unwrap_or(0)),
+                show(bucket.entity.count(weight)),
                 dominant_categories(&bucket.entity).unwrap_or_else(|| "-".to_owned()),
             ]);
             rows.push(row);

@@ -39,7 +39,7 @@ pub(super) fn spans_text(report: &Report, columns: &Columns<'_>) -> String {
             .spans
             .iter()
             .map(|span| {
-                let amount = span.entity.counters.get(weight).copied().unwrap_or(0);
+                let amount = span.entity.count(weight);
                 let mut row = vec![
                     span.kind.clone(),
                     shown_key(span),

@@ -33,44 +33,52 @@ impl Sub for Diagnostics {
     type Output = Self;
     /// What happened between two cumulative readings.
     fn sub(self, earlier: Self) -> Self {
-        Self {
-            readings: self.readings.saturating_sub(earlier.readings),
-            not_running_readings: self
-                .not_running_readings
-                .saturating_sub(earlier.not_running_readings),
-            read_errors: self.read_errors.saturating_sub(earlier.read_errors),
-            task_map_full: self.task_map_full.saturating_sub(earlier.task_map_full),
-            exit_records_lost: self
-                .exit_records_lost
-                .saturating_sub(earlier.exit_records_lost),
-            cgroup_map_full: self.cgroup_map_full.saturating_sub(earlier.cgroup_map_full),
-            overflows: self.overflows.saturating_sub(earlier.overflows),
-            missed_returns: self.missed_returns.saturating_sub(earlier.missed_returns),
-            unmatched_returns: self
-                .unmatched_returns
-                .saturating_sub(earlier.unmatched_returns),
-            probe_read_failures: self
-                .probe_read_failures
-                .saturating_sub(earlier.probe_read_failures),
-            probe_map_full: self.probe_map_full.saturating_sub(earlier.probe_map_full),
-            tail_calls_cut: self.tail_calls_cut.saturating_sub(earlier.tail_calls_cut),
-            histogram_full: self.histogram_full.saturating_sub(earlier.histogram_full),
-            goroutine_switches_lost: self
-                .goroutine_switches_lost
-                .saturating_sub(earlier.goroutine_switches_lost),
-            unsplit_migrations: self
-                .unsplit_migrations
-                .saturating_sub(earlier.unsplit_migrations),
-            unseen_switches: self.unseen_switches.saturating_sub(earlier.unseen_switches),
-            unseen_arrivals: self.unseen_arrivals.saturating_sub(earlier.unseen_arrivals),
-            unsplit_tasks: self.unsplit_tasks.saturating_sub(earlier.unsplit_tasks),
-        }
+        fieldwise!(
+            u64::saturating_sub,
+            Diagnostics {
+                readings,
+                not_running_readings,
+                read_errors,
+                task_map_full,
+                exit_records_lost,
+                cgroup_map_full,
+                overflows,
+                missed_returns,
+                unmatched_returns,
+                probe_read_failures,
+                probe_map_full,
+                tail_calls_cut,
+                histogram_full,
+                goroutine_switches_lost,
+                unsplit_migrations,
+                unseen_switches,
+                unseen_arrivals,
+                unsplit_tasks
+            },
+            self,
+            earlier
+        )
     }
 }
 
 /// Maps on a refresh's path, keyed by ids the kernel gives, not by anyone's input: a fast
 /// hash, where the standard one (SipHash) measured a tenth of the aggregate at 100000 tasks.
 type FastMap<K, V> = HashMap<K, V, FastHash>;
+
+/// An earlier reading's entries by key (none without one): what a delta subtracts.
+pub(crate) fn earlier_by_key<'e, K: Copy + 'e, V: 'e, T, M: Default + FromIterator<(K, T)>>(
+    entries: Option<&'e [(K, V)]>,
+    value: impl Fn(&'e V) -> T,
+) -> M {
+    entries
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|(key, entry)| (*key, value(entry)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// One thread's counts.
 #[derive(Clone, Debug, PartialEq)]
@@ -198,15 +206,10 @@ impl Aggregate {
         let tasks = task_deltas(current, previous, only_active);
         let processes = processes_of(&tasks);
 
-        let cgroups_before: FastMap<u64, SlotCounts> = previous
-            .map(|previous| {
-                previous
-                    .cgroups
-                    .iter()
-                    .map(|(id, cgroup)| (*id, SlotCounts(cgroup.counters)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let cgroups_before: FastMap<u64, SlotCounts> = earlier_by_key(
+            previous.map(|previous| previous.cgroups.as_slice()),
+            |cgroup| SlotCounts(cgroup.counters),
+        );
         let mut cgroups: Vec<(u64, SlotCounts)> = current
             .cgroups
             .iter()
@@ -223,15 +226,10 @@ impl Aggregate {
         }
 
         // By index: an edge's stats are larger than the map's other bookkeeping.
-        let calls_before: FastMap<CallKey, &CallStats> = previous
-            .map(|previous| {
-                previous
-                    .calls
-                    .iter()
-                    .map(|(key, stats)| (*key, stats))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let calls_before: FastMap<CallKey, &CallStats> = earlier_by_key(
+            previous.map(|previous| previous.calls.as_slice()),
+            |stats| stats,
+        );
         let calls = current
             .calls
             .iter()
@@ -618,7 +616,18 @@ pub fn report_of(ctx: &ReportContext<'_>, aggregate: &Aggregate) -> Report {
         })
         .collect();
 
-    let cgroups = cgroup_entries(ctx, aggregate, weight_slot, &entity);
+    // Flat (each cgroup's own counts, which add up to the non-idle total), or with
+    // `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
+    let cgroups = aggregate
+        .cgroup_rows_by_weight(ctx.cgroup_paths, ctx.cgroup_depth, weight_slot)
+        .into_iter()
+        .map(|(id, path, counts)| CgroupEntry {
+            id,
+            container: crate::cgroup::container::describe_cgroup(path.as_deref()),
+            path,
+            entity: entity(&counts),
+        })
+        .collect();
     let (functions, call_tree) = function_entries(ctx, aggregate, weight_slot, &entity);
     let cpus = aggregate
         .cpus
@@ -945,26 +954,6 @@ fn heaviest_first<T>(
             .then(a_id.cmp(&b_id))
     });
     sorted
-}
-
-/// Per-cgroup entries: flat (each cgroup's own counts, which add up to the non-idle total),
-/// or with `--cgroup-depth N` one entry per cgroup down to depth N holding its whole subtree.
-fn cgroup_entries(
-    ctx: &ReportContext<'_>,
-    aggregate: &Aggregate,
-    weight_slot: usize,
-    entity: &dyn Fn(&SlotCounts) -> Entity,
-) -> Vec<CgroupEntry> {
-    aggregate
-        .cgroup_rows_by_weight(ctx.cgroup_paths, ctx.cgroup_depth, weight_slot)
-        .into_iter()
-        .map(|(id, path, counts)| CgroupEntry {
-            id,
-            container: crate::cgroup::container::describe_cgroup(path.as_deref()),
-            path,
-            entity: entity(&counts),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@ use anyhow::{Context as _, Result, bail};
 use perf_event_open_sys::bindings;
 
 use crate::{
-    error::{Failure, fail},
+    error::{Failure, fail, read_or_fail},
+    events::EventKind,
     model::{CounterSource, CounterSpec},
     schedule::Plan,
     session::tracefs::Tracefs,
@@ -73,7 +74,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                     }
                 }
                 CounterSource::Event(event) => match &event.kind {
-                    crate::events::EventKind::Perf {
+                    EventKind::Perf {
                         perf_type,
                         config,
                         config1,
@@ -90,9 +91,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
                             _ => (*perf_type, *config),
                         }
                     }
-                    crate::events::EventKind::Tracepoint { group, name } => {
-                        tracepoint("event", group, name)?
-                    }
+                    EventKind::Tracepoint { group, name } => tracepoint("event", group, name)?,
                 },
                 CounterSource::Tracepoint { group, name } => tracepoint("counter", group, name)?,
             };
@@ -110,13 +109,7 @@ pub fn resolve(specs: &[CounterSpec], tracefs: Option<&Tracefs>) -> Result<Vec<R
 
 /// The `perf_event_attr.type` of a hybrid core PMU (`cpu_core`, `cpu_atom`): dynamic, in sysfs.
 fn hybrid_pmu_type(pmu: &str) -> Result<u32> {
-    let path = format!("/sys/bus/event_source/devices/{pmu}/type");
-    let text = fs::read_to_string(&path).map_err(|err| {
-        fail(
-            Failure::PmuUnavailable,
-            format!("cannot read {path}: {err}: this machine has no {pmu} PMU (check --pmu)"),
-        )
-    })?;
+    let (path, text) = read_pmu_file(pmu, "type")?;
     text.trim()
         .parse()
         .with_context(|| format!("parsing {path}: expected a number, got '{}'", text.trim()))
@@ -124,14 +117,18 @@ fn hybrid_pmu_type(pmu: &str) -> Result<u32> {
 
 /// The CPUs a hybrid PMU covers (`/sys/bus/event_source/devices/<pmu>/cpus`).
 pub fn pmu_cpus(pmu: &str) -> Result<Vec<u32>> {
-    let path = format!("/sys/bus/event_source/devices/{pmu}/cpus");
-    let text = fs::read_to_string(&path).map_err(|err| {
-        fail(
-            Failure::PmuUnavailable,
-            format!("cannot read {path}: {err}: this machine has no {pmu} PMU (check --pmu)"),
-        )
-    })?;
+    let (path, text) = read_pmu_file(pmu, "cpus")?;
     parse_cpu_list(&text).with_context(|| format!("parsing {path}"))
+}
+
+/// `/sys/bus/event_source/devices/<pmu>/<file>`: its path and text. A PMU the machine lacks
+/// is the user's `--pmu` choice, reported as such.
+fn read_pmu_file(pmu: &str, file: &str) -> Result<(String, String)> {
+    let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+    let text = read_or_fail(&path, Failure::PmuUnavailable, |err| {
+        format!("cannot read {path}: {err}: this machine has no {pmu} PMU (check --pmu)")
+    })?;
+    Ok((path, text))
 }
 
 /// The CPUs in `/sys/devices/system/cpu/online`.

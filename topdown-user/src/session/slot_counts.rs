@@ -85,15 +85,24 @@ impl From<[u64; MAX_COUNTERS]> for SlotCounts {
     }
 }
 
-impl Add for SlotCounts {
-    type Output = Self;
-    #[inline]
-    fn add(self, other: Self) -> Self {
-        Self(std::array::from_fn(|slot| {
-            self.0[slot].wrapping_add(other.0[slot])
-        }))
-    }
+/// `impl $op for SlotCounts`: `$combine` slot by slot.
+macro_rules! slotwise_op {
+    ($op:ident, $method:ident, $combine:path) => {
+        impl $op for SlotCounts {
+            type Output = Self;
+            #[inline]
+            fn $method(self, other: Self) -> Self {
+                Self(std::array::from_fn(|slot| {
+                    $combine(self.0[slot], other.0[slot])
+                }))
+            }
+        }
+    };
 }
+
+slotwise_op!(Add, add, u64::wrapping_add);
+// Counters only grow: a later reading minus an earlier one saturates (type documentation).
+slotwise_op!(Sub, sub, u64::saturating_sub);
 
 impl AddAssign for SlotCounts {
     #[inline]
@@ -102,16 +111,6 @@ impl AddAssign for SlotCounts {
         for (sum, count) in self.0.iter_mut().zip(other.0) {
             *sum = sum.wrapping_add(count);
         }
-    }
-}
-
-impl Sub for SlotCounts {
-    type Output = Self;
-    #[inline]
-    fn sub(self, earlier: Self) -> Self {
-        Self(std::array::from_fn(|slot| {
-            self.0[slot].saturating_sub(earlier.0[slot])
-        }))
     }
 }
 

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
 
-use crate::error::{Failure, fail};
+use crate::error::{Failure, fail, read_or_fail};
 
 /// The scope the user asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,11 +56,8 @@ pub fn resolve_pids(pids: &[u32]) -> Result<Vec<u32>> {
     let mut tgids = Vec::with_capacity(pids.len());
     for &pid in pids {
         let status_path = format!("/proc/{pid}/status");
-        let status = fs::read_to_string(&status_path).map_err(|_| {
-            fail(
-                Failure::NoSuchProcess,
-                format!("no such process: {pid} (nothing at /proc/{pid}); check the -p list"),
-            )
+        let status = read_or_fail(&status_path, Failure::NoSuchProcess, |_| {
+            format!("no such process: {pid} (nothing at /proc/{pid}); check the -p list")
         })?;
         let tgid = status
             .lines()

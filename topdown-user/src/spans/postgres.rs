@@ -197,10 +197,7 @@ pub fn default_binary(pids: &[u32], command: Option<&Path>) -> Result<PathBuf> {
             Failure::Usage,
             format!(
                 "--postgres: servers of several binaries are running ({}): name one",
-                many.iter()
-                    .map(|path| path.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::ui::path_list(many)
             ),
         )),
     }

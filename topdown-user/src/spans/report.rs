@@ -17,6 +17,7 @@ use crate::{
     model::{Counts, Evaluator, Model},
     report::entity::Entity,
     session::{
+        aggregate::earlier_by_key,
         bpf::SpanSnapshot,
         slot_counts::{SlotCounts, SlotNamer},
     },
@@ -45,15 +46,10 @@ pub struct SpanAggregate {
 impl SpanAggregate {
     /// Everything in `current`, or what happened since `previous`.
     pub fn since(current: &SpanSnapshot, previous: Option<&SpanSnapshot>) -> Self {
-        let before: HashMap<SpanKey, (u64, SlotCounts)> = previous
-            .map(|previous| {
-                previous
-                    .totals
-                    .iter()
-                    .map(|(key, totals)| (*key, (totals.spans, SlotCounts(totals.counters))))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let before: HashMap<SpanKey, (u64, SlotCounts)> = earlier_by_key(
+            previous.map(|previous| previous.totals.as_slice()),
+            |totals| (totals.spans, SlotCounts(totals.counters)),
+        );
         let spans = current
             .totals
             .iter()
@@ -78,7 +74,9 @@ impl SpanAggregate {
             })
             .collect();
         let stats = match previous {
-            Some(previous) => difference(&current.stats, &previous.stats),
+            Some(previous) => {
+                span_stats_fieldwise(u64::saturating_sub, &current.stats, &previous.stats)
+            }
             None => current.stats,
         };
         Self {
@@ -90,17 +88,25 @@ impl SpanAggregate {
     }
 }
 
-fn difference(now: &SpanStats, earlier: &SpanStats) -> SpanStats {
-    SpanStats {
-        overflows: now.overflows.saturating_sub(earlier.overflows),
-        unmatched_ends: now.unmatched_ends.saturating_sub(earlier.unmatched_ends),
-        read_failures: now.read_failures.saturating_sub(earlier.read_failures),
-        map_full: now.map_full.saturating_sub(earlier.map_full),
-        arg_read_failures: now
-            .arg_read_failures
-            .saturating_sub(earlier.arg_read_failures),
-        open_at_exit: now.open_at_exit.saturating_sub(earlier.open_at_exit),
-    }
+/// `combine` of `a` and `b`, field by field.
+pub fn span_stats_fieldwise(
+    combine: fn(u64, u64) -> u64,
+    a: &SpanStats,
+    b: &SpanStats,
+) -> SpanStats {
+    fieldwise!(
+        combine,
+        SpanStats {
+            overflows,
+            unmatched_ends,
+            read_failures,
+            map_full,
+            arg_read_failures,
+            open_at_exit
+        },
+        a,
+        b
+    )
 }
 
 /// What a span entry's key is.

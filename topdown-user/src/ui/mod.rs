@@ -8,3 +8,12 @@
 
 pub mod output;
 pub mod progress;
+
+/// `a, b, c`: paths as messages list them.
+pub fn path_list(paths: &[std::path::PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|path| path.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

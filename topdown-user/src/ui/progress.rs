@@ -176,6 +176,16 @@ mod tests {
         }
     }
 
+    /// Attaching 500 functions' probes, with stderr an xterm or not a terminal.
+    fn attaching_500_functions(recorder: &Recorder, terminal: bool) -> Progress {
+        Progress::counting_to(
+            "attaching probes",
+            500,
+            "functions",
+            onto(recorder, draws(terminal, Some("xterm"))),
+        )
+    }
+
     #[test]
     fn progress_is_drawn_only_on_a_terminal_that_can_redraw() {
         assert!(draws(true, Some("xterm-256color")));
@@ -189,12 +199,7 @@ mod tests {
     fn nothing_is_written_when_stderr_is_not_a_terminal() {
         let recorder = Recorder::default();
         {
-            let progress = Progress::counting_to(
-                "attaching probes",
-                500,
-                "functions",
-                onto(&recorder, draws(false, Some("xterm"))),
-            );
+            let progress = attaching_500_functions(&recorder, false);
             assert!(!progress.is_visible());
             progress.inc(120);
             progress.inc(380);
@@ -212,12 +217,7 @@ mod tests {
     fn a_terminal_sees_the_count_and_the_bar_is_cleared_at_the_end() {
         let recorder = Recorder::default();
         {
-            let progress = Progress::counting_to(
-                "attaching probes",
-                500,
-                "functions",
-                onto(&recorder, draws(true, Some("xterm"))),
-            );
+            let progress = attaching_500_functions(&recorder, true);
             assert!(progress.is_visible());
             progress.inc(120);
         }

@@ -284,6 +284,14 @@ mod tests {
         }
     }
 
+    /// A sampler attached 1000 ms of each 4000, started `started_ms` after an instant, and the
+    /// clock it runs on: `ms(n)` is n ms after that instant.
+    fn one_second_in_four(started_ms: u64) -> (Sampler, impl Fn(u64) -> Instant) {
+        let start = Instant::now();
+        let ms = move |n: u64| start + Duration::from_millis(n);
+        (Sampler::new(cycle(1000, 4000), ms(started_ms)), ms)
+    }
+
     fn call(function: u32, calls: u64, slots: u64) -> CallCounts {
         let mut inclusive = SlotCounts::ZERO;
         inclusive.0[0] = slots;
@@ -304,9 +312,7 @@ mod tests {
 
     #[test]
     fn a_window_measures_attached_time_between_the_calls_and_merges_its_counts() {
-        let start = Instant::now();
-        let ms = |n: u64| start + Duration::from_millis(n);
-        let mut sampler = Sampler::new(cycle(1000, 4000), ms(5));
+        let (mut sampler, ms) = one_second_in_four(5);
         assert_eq!(sampler.next_switch(), (ms(1005), Switch::Detach));
         sampler.hold(&[call(0, 3, 30)]);
         sampler.hold(&[call(0, 2, 20), call(1, 1, 5)]);
@@ -343,9 +349,7 @@ mod tests {
 
     #[test]
     fn periods_keep_their_schedule_and_skip_what_was_missed() {
-        let start = Instant::now();
-        let ms = |n: u64| start + Duration::from_millis(n);
-        let mut sampler = Sampler::new(cycle(1000, 4000), ms(0));
+        let (mut sampler, ms) = one_second_in_four(0);
         sampler.detached_at(ms(1000));
         // Woken late: the period still starts when scheduled.
         sampler.begin_period(ms(4030));
@@ -367,9 +371,7 @@ mod tests {
 
     #[test]
     fn a_window_without_attached_time_runs_on_into_the_next() {
-        let start = Instant::now();
-        let ms = |n: u64| start + Duration::from_millis(n);
-        let mut sampler = Sampler::new(cycle(1000, 4000), ms(0));
+        let (mut sampler, ms) = one_second_in_four(0);
         sampler.detached_at(ms(1000));
         let first = sampler.close_window(ms(1000)).unwrap();
         assert_eq!(first.ratio(), 1.0);

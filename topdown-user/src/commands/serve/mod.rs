@@ -28,7 +28,7 @@ use crate::{
     session::{
         aggregate::Aggregate,
         bpf::Snapshot,
-        counting::{self, CountingSession, Targets, parse_probe_specs},
+        counting::{self, CalibrateAt, CountingSession, Targets, parse_probe_specs},
     },
 };
 
@@ -62,12 +62,7 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
         scope: "system-wide".to_owned(),
         ..Targets::default()
     };
-    let mut session = prepared.start(
-        &args.counting,
-        targets,
-        verbose,
-        crate::session::counting::CalibrateAt::Start,
-    )?;
+    let mut session = prepared.start(&args.counting, targets, verbose, CalibrateAt::Start)?;
     let attached = Instant::now();
     let mut guard = Guard {
         budget: None,
@@ -116,7 +111,11 @@ pub async fn run(command_line: ServeArgs, verbose: bool) -> Result<u8> {
             _ = hotplug.tick() => session.check_cpus(),
             _ = until(next_switch) => {
                 if let Some(sampler) = &mut sampler {
-                    if let Err(err) = switch_probes(&mut session, sampler, &mut exporter, &mut previous) {
+                    let switched = match sampler.next_switch().1 {
+                        Switch::Attach => begin_on_span(&mut session, sampler, &mut exporter),
+                        Switch::Detach => end_on_span(&mut session, sampler, &mut exporter, &mut previous),
+                    };
+                    if let Err(err) = switched {
                         log::warn!("--duty-cycle: {err:#}");
                     }
                     match exporter.encode() {
@@ -264,11 +263,8 @@ fn keep_probes(
         probes.replaced_targets()
     };
     if !replaced.is_empty() {
-        let names: Vec<String> = replaced
-            .iter()
-            .map(|path| path.display().to_string())
-            .collect();
-        probes.reattach(session, &format!("replaced on disk: {}", names.join(", ")))?;
+        let names = crate::ui::path_list(&replaced);
+        probes.reattach(session, &format!("replaced on disk: {names}"))?;
     }
     let overhead = guard.measure(session);
     // A measurement restarted after a detach has no value yet: keep exporting the last one
@@ -376,29 +372,22 @@ async fn until(next: Option<(Instant, Switch)>) {
     }
 }
 
-/// The duty cycle's due switch: attach at a period's start, detach at the end of its ON span.
-fn switch_probes(
+/// Begins a period of the duty cycle: attaches the function probes for its ON span.
+fn begin_on_span(
     session: &mut CountingSession,
     sampler: &mut Sampler,
     exporter: &mut exporter::Exporter,
-    previous: &mut Option<(Snapshot, Instant)>,
 ) -> Result<()> {
-    match sampler.next_switch().1 {
-        Switch::Attach => {
-            let before = Instant::now();
-            sampler.begin_period(before);
-            let Some(probes) = &mut session.probes else {
-                return Ok(());
-            };
-            probes
-                .resume(&mut session.bpf)
-                .context("attaching the function probes failed; the next period tries again")?;
-            sampler.attached_at(Instant::now());
-            exporter.set_attached(true);
-            Ok(())
-        }
-        Switch::Detach => end_on_span(session, sampler, exporter, previous),
-    }
+    sampler.begin_period(Instant::now());
+    let Some(probes) = &mut session.probes else {
+        return Ok(());
+    };
+    probes
+        .resume(&mut session.bpf)
+        .context("attaching the function probes failed; the next period tries again")?;
+    sampler.attached_at(Instant::now());
+    exporter.set_attached(true);
+    Ok(())
 }
 
 /// Ends the ON span now: detaches the function probes, reads what they counted up to the

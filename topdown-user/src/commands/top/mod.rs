@@ -30,7 +30,7 @@ use crate::{
     session::{
         aggregate::{Aggregate, Naming},
         bpf::Snapshot,
-        counting::{self, CountingSession, Traced, trace_scope},
+        counting::{self, CalibrateAt, CountingSession, Traced, trace_scope},
         event_loop::{first_exit, register, sleep_until},
         target::{ProcessWatch, Scope, reap},
     },
@@ -62,12 +62,7 @@ pub async fn run(args: TopArgs, verbose: bool) -> Result<u8> {
     } = trace_scope(&scope, args.counting.probes_processes(), false)?;
     // If the session cannot start, dropping `pending` closes its pipe and the held command
     // exits without ever running untraced.
-    let mut session = prepared.start(
-        &args.counting,
-        targets,
-        verbose,
-        crate::session::counting::CalibrateAt::Start,
-    )?;
+    let mut session = prepared.start(&args.counting, targets, verbose, CalibrateAt::Start)?;
     // The baseline before the command runs, so its first refresh holds all it did.
     let baseline = session.snapshot(false)?;
     let mut previous = (baseline.clone(), Instant::now());

@@ -214,7 +214,7 @@ pub fn rows(report: &Report, ui: &Ui, categories: &[String]) -> Vec<Row> {
     let row = |id: String, name: String, entity: &Entity| Row {
         id,
         name,
-        weight: entity.counters.get(weight).copied().unwrap_or(0),
+        weight: entity.count(weight),
         fractions: categories
             .iter()
             .map(|category| entity.metrics.get(category).copied().flatten())
@@ -494,12 +494,7 @@ pub fn draw(buf: &mut Buffer, area: Rect, report: &Report, header: &Header, ui: 
         );
         rows_bottom = panel_top;
     }
-    let total_weight = report
-        .totals
-        .counters
-        .get(&report.weight_counter)
-        .copied()
-        .unwrap_or(0);
+    let total_weight = report.totals.count(&report.weight_counter);
     for (index, row) in rows.into_iter().enumerate() {
         if y >= rows_bottom {
             break;

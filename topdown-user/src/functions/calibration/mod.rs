@@ -211,9 +211,9 @@ impl Calibration {
         slot_names: &[String],
     ) -> (Aggregate, CompensationReport) {
         let mut compensated = aggregate.clone();
-        let mut clamped = self.compensate_calls(&mut compensated.calls, mechanism_of);
-        clamped +=
-            self.compensate_histograms(&mut compensated.histograms, &aggregate.calls, mechanism_of);
+        let costs = RunCosts::new(self, &aggregate.calls, mechanism_of);
+        let clamped = costs.compensate_calls(&mut compensated.calls)
+            + costs.compensate_histograms(&mut compensated.histograms);
         let raw_functions = aggregate
             .function_totals()
             .into_iter()
@@ -263,63 +263,85 @@ impl Calibration {
             .and_then(|mechanism| self.by_mechanism.get(&mechanism))
             .unwrap_or(&NO_COSTS)
     }
+}
+
+/// The probes' costs in one run: each function's, by how its returns were probed, and the mix
+/// of each caller's probed callees (by their calls, which compensation leaves as they are).
+struct RunCosts<'c> {
+    calibration: &'c Calibration,
+    mechanism_of: &'c dyn Fn(u32) -> Option<ReturnMechanism>,
+    callee_mix: HashMap<(u32, u32), Vec<(u64, &'c SlotCosts)>>,
+}
+
+impl<'c> RunCosts<'c> {
+    fn new(
+        calibration: &'c Calibration,
+        calls: &[CallCounts],
+        mechanism_of: &'c dyn Fn(u32) -> Option<ReturnMechanism>,
+    ) -> Self {
+        let costs_of = |function: u32| calibration.slot_costs(mechanism_of(function));
+        Self {
+            calibration,
+            mechanism_of,
+            callee_mix: callee_mix(calls, &costs_of),
+        }
+    }
+
+    /// Per slot, what the probes added to `calls` calls of `function` in process `tgid`, whose
+    /// probed callees returned `callee_calls` times: `(slot, inclusive, exclusive)`, the
+    /// inclusive figures' `calls x P + callee_calls x T` and the exclusive figures' share of it.
+    fn added(
+        &self,
+        (function, tgid): (u32, u32),
+        calls: u64,
+        callee_calls: u64,
+    ) -> impl Iterator<Item = (usize, f64, f64)> + '_ {
+        let own = self.calibration.slot_costs((self.mechanism_of)(function));
+        let callees = self
+            .callee_mix
+            .get(&(function, tgid))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        (0..own.per_call.len().max(per_callee_len(callees))).map(move |slot| {
+            let per_call = own.per_call.get(slot).copied().unwrap_or(0.0);
+            let (callee_inclusive, callee_exclusive) = mean_callee_costs(callees, slot);
+            let (calls, callee_calls) = (calls as f64, callee_calls as f64);
+            (
+                slot,
+                calls * per_call + callee_calls * callee_inclusive,
+                calls * per_call + callee_calls * callee_exclusive,
+            )
+        })
+    }
 
     /// Takes the probes' cost out of each per-call histogram bucket of a function, as out of
     /// its inclusive figures (`calls x P + callee_calls x T`, T weighted by the mix of the
-    /// callees of the function's edges in `calls`), so the buckets still add up to them.
+    /// callees of the function's edges), so the buckets still add up to them.
     /// Returns how many figures were clamped at zero.
     fn compensate_histograms(
         &self,
         histograms: &mut [crate::session::aggregate::HistogramCounts],
-        calls: &[CallCounts],
-        mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
     ) -> u64 {
-        let costs_of = |function: u32| self.slot_costs(mechanism_of(function));
-        let mix = callee_mix(calls, &costs_of);
         let mut clamped = 0;
         for bucket in histograms.iter_mut() {
             if bucket.key.kind != topdown_common::histogram::FUNCTION {
                 continue;
             }
-            let function = bucket.key.owner;
-            let own = costs_of(function);
-            let callees = mix
-                .get(&(function, bucket.key.tgid))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            for slot in 0..own.per_call.len().max(per_callee_len(callees)) {
-                let per_call = own.per_call.get(slot).copied().unwrap_or(0.0);
-                let (per_callee, _) = mean_callee_costs(callees, slot);
-                let amount =
-                    bucket.calls as f64 * per_call + bucket.callee_calls as f64 * per_callee;
-                clamped += subtract(&mut bucket.counts.0, slot, amount);
+            let function = (bucket.key.owner, bucket.key.tgid);
+            for (slot, inclusive, _) in self.added(function, bucket.calls, bucket.callee_calls) {
+                clamped += subtract(&mut bucket.counts.0, slot, inclusive);
             }
         }
         clamped
     }
 
     /// Subtracts in place; returns how many figures were clamped at zero.
-    fn compensate_calls(
-        &self,
-        calls: &mut [CallCounts],
-        mechanism_of: &dyn Fn(u32) -> Option<ReturnMechanism>,
-    ) -> u64 {
-        let costs_of = |function: u32| self.slot_costs(mechanism_of(function));
-        let callee_mix = callee_mix(calls, &costs_of);
+    fn compensate_calls(&self, calls: &mut [CallCounts]) -> u64 {
         let mut clamped = 0;
         for call in calls.iter_mut() {
-            let own = costs_of(call.key.function);
-            let mix = callee_mix
-                .get(&(call.key.function, call.key.tgid))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            for slot in 0..own.per_call.len().max(per_callee_len(mix)) {
-                let per_call = own.per_call.get(slot).copied().unwrap_or(0.0);
-                let (callee_inclusive, callee_exclusive) = mean_callee_costs(mix, slot);
-                let calls_f = call.calls as f64;
-                let callees_f = call.callee_calls as f64;
-                let inclusive = calls_f * per_call + callees_f * callee_inclusive;
-                let exclusive = calls_f * per_call + callees_f * callee_exclusive;
+            let function = (call.key.function, call.key.tgid);
+            for (slot, inclusive, exclusive) in self.added(function, call.calls, call.callee_calls)
+            {
                 clamped += subtract(&mut call.inclusive.0, slot, inclusive);
                 clamped += subtract(&mut call.exclusive.0, slot, exclusive);
             }
@@ -942,6 +964,25 @@ mod tests {
         }
     }
 
+    /// `cpu-clock` alone, `mechanism` calibrated at P = 10 ns per call and T = 30 ns per callee.
+    fn calibrated(mechanism: ReturnMechanism) -> Calibration {
+        Calibration::new(
+            vec![cost(mechanism, 10.0, 30.0)],
+            &["cpu-clock".to_owned()],
+            &[None],
+        )
+    }
+
+    /// `calls` compensated as if every function's returns were probed with `mechanism`;
+    /// returns how many figures were clamped at zero.
+    fn compensate_calls(
+        calibration: &Calibration,
+        calls: &mut [CallCounts],
+        mechanism: ReturnMechanism,
+    ) -> u64 {
+        RunCosts::new(calibration, calls, &|_| Some(mechanism)).compensate_calls(calls)
+    }
+
     fn edge(
         function: u32,
         parent: u32,
@@ -968,11 +1009,7 @@ mod tests {
     /// which runs 50 ns; P = 10, T = 30. The raw figures are what the BPF side records.
     #[test]
     fn subtracts_per_call_and_per_callee_costs() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         // leaf: inclusive = exclusive = 50 + P = 60 per call, 4 calls.
         // mid: inclusive = 100 + 2·50 + P + 2·T = 270 per call, 2 calls;
         // exclusive = 270 - 2·60 = 150.
@@ -980,7 +1017,7 @@ mod tests {
             edge(0, ROOT_FUNCTION, 2, 4, 540, 300),
             edge(1, 0, 4, 0, 240, 240),
         ];
-        let clamped = calibration.compensate_calls(&mut calls, &|_| Some(ReturnMechanism::Exit));
+        let clamped = compensate_calls(&calibration, &mut calls, ReturnMechanism::Exit);
         assert_eq!(clamped, 0);
         assert_eq!(calls[0].inclusive.0[0], 2 * 200);
         assert_eq!(calls[0].exclusive.0[0], 2 * 100);
@@ -1000,11 +1037,7 @@ mod tests {
     fn histogram_buckets_lose_what_their_calls_carry() {
         use crate::session::aggregate::HistogramCounts;
         use topdown_common::{HistogramKey, histogram};
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let calls = vec![
             edge(0, ROOT_FUNCTION, 2, 4, 540, 300),
             edge(1, 0, 4, 0, 240, 240),
@@ -1025,8 +1058,8 @@ mod tests {
             }
         };
         let mut buckets = vec![bucket(0, 270, 2, 4), bucket(1, 60, 4, 0)];
-        let clamped = calibration
-            .compensate_histograms(&mut buckets, &calls, &|_| Some(ReturnMechanism::Exit));
+        let clamped = RunCosts::new(&calibration, &calls, &|_| Some(ReturnMechanism::Exit))
+            .compensate_histograms(&mut buckets);
         assert_eq!(clamped, 0);
         assert_eq!(buckets[0].counts.0[0], 2 * 200);
         assert_eq!(buckets[1].counts.0[0], 4 * 50);
@@ -1043,14 +1076,9 @@ mod tests {
 
     #[test]
     fn clamps_at_zero_and_counts_it() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Uretprobe, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Uretprobe);
         let mut calls = vec![edge(0, ROOT_FUNCTION, 3, 0, 25, 25)];
-        let clamped =
-            calibration.compensate_calls(&mut calls, &|_| Some(ReturnMechanism::Uretprobe));
+        let clamped = compensate_calls(&calibration, &mut calls, ReturnMechanism::Uretprobe);
         assert_eq!(clamped, 2);
         assert_eq!(calls[0].inclusive.0[0], 0);
         assert_eq!(calls[0].exclusive.0[0], 0);
@@ -1059,24 +1087,16 @@ mod tests {
     /// A function attached with another mechanism than the one calibrated is left as it was.
     #[test]
     fn uncalibrated_mechanism_is_left_raw() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let mut calls = vec![edge(0, ROOT_FUNCTION, 3, 0, 90, 90)];
-        calibration.compensate_calls(&mut calls, &|_| Some(ReturnMechanism::Uretprobe));
+        compensate_calls(&calibration, &mut calls, ReturnMechanism::Uretprobe);
         assert_eq!(calls[0].inclusive.0[0], 90);
     }
 
     /// The report keeps each function's figures from before the subtraction, named.
     #[test]
     fn report_keeps_raw_figures() {
-        let calibration = Calibration::new(
-            vec![cost(ReturnMechanism::Exit, 10.0, 30.0)],
-            &["cpu-clock".to_owned()],
-            &[None],
-        );
+        let calibration = calibrated(ReturnMechanism::Exit);
         let aggregate = Aggregate {
             calls: vec![edge(0, ROOT_FUNCTION, 2, 0, 100, 100)],
             ..Aggregate::default()

@@ -105,11 +105,7 @@ pub fn find_target(target: &str, pids: &[u32]) -> Result<PathBuf> {
             Failure::Usage,
             format!(
                 "-u {target} is ambiguous: {}; give the path of the one to probe",
-                canonical
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::ui::path_list(&canonical)
             ),
         )),
     }

@@ -336,22 +336,14 @@ impl Session {
             }
         }
         if let Some(tgids) = &config.tracked_tgids {
-            let mut tracked: BpfHashMap<&mut MapData, u32, u8> =
-                map_mut(&mut ebpf, names::TRACKED)?;
-            for tgid in tgids {
-                tracked
-                    .insert(tgid, &1, 0)
-                    .with_context(|| format!("tracking pid {tgid}"))?;
-            }
+            fill_set(&mut ebpf, names::TRACKED, tgids, |tgid| {
+                format!("tracking pid {tgid}")
+            })?;
         }
         if let Some(ids) = &config.cgroup_filter {
-            let mut filter: BpfHashMap<&mut MapData, u64, u8> =
-                map_mut(&mut ebpf, names::CGROUP_FILTER)?;
-            for id in ids {
-                filter
-                    .insert(id, &1, 0)
-                    .with_context(|| format!("adding cgroup {id} to the filter"))?;
-            }
+            fill_set(&mut ebpf, names::CGROUP_FILTER, ids, |id| {
+                format!("adding cgroup {id} to the filter")
+            })?;
         }
         let exits: RingBuf<MapData> = ebpf
             .take_map(names::EXITS)
@@ -651,12 +643,8 @@ impl Session {
         let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
         let scopes = scopes_of(processes);
         for (target, offset) in points {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(*offset),
-                cookie: None,
-            };
-            for scope in &scopes {
-                match program.attach([point], target, *scope) {
+            for attached in attach_at(program, target, (*offset, None), &scopes) {
+                match attached {
                     Ok(link) => self.function_links.push((name, link)),
                     Err(err) => failed.push(format!("{} at {offset:#x}: {err}", target.display())),
                 }
@@ -687,12 +675,8 @@ impl Session {
         let program = loaded_uprobe(&mut self.ebpf, &mut self.program_load_time, name)?;
         let scopes = scopes_of(processes);
         for (offset, kind) in hooks {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(*offset),
-                cookie: Some(*kind),
-            };
-            for scope in &scopes {
-                let link = program.attach([point], target, *scope).with_context(|| {
+            for attached in attach_at(program, target, (*offset, Some(*kind)), &scopes) {
+                let link = attached.with_context(|| {
                     format!(
                         "attaching the Go runtime hook at {offset:#x} of {}",
                         target.display()
@@ -1016,40 +1000,36 @@ impl Session {
             .cpus()
             .filter_map(|cpu| per_cpu.get(cpu as usize).map(|state| (cpu, *state)))
             .collect();
-        let calls_map: BpfHashMap<&MapData, CallKey, CallStats> =
-            map(loaded_ref(&self.ebpf)?, names::CALLS)?;
-        let (mut call_keys, mut call_stats) = (Vec::new(), Vec::new());
-        read_whole(&calls_map, &mut call_keys, &mut call_stats)
-            .context("reading the function map")?;
-        let calls = call_keys.into_iter().zip(call_stats).collect();
-        let histogram_map: BpfHashMap<&MapData, HistogramKey, HistogramBucket> =
-            map(loaded_ref(&self.ebpf)?, names::HISTOGRAMS)?;
-        let (mut bucket_keys, mut buckets) = (Vec::new(), Vec::new());
-        read_whole(&histogram_map, &mut bucket_keys, &mut buckets)
-            .context("reading the per-call histogram map")?;
-        let histograms = bucket_keys.into_iter().zip(buckets).collect();
-        let probe_map: PerCpuArray<&MapData, ProbeStats> =
-            map(loaded_ref(&self.ebpf)?, names::PROBE_STATS)?;
-        let probes = probe_map
-            .get(&0, 0)
-            .context("reading function-probe statistics")?
-            .iter()
-            .fold(ProbeStats::default(), |sum, cpu| ProbeStats {
-                overflows: sum.overflows + cpu.overflows,
-                missed_returns: sum.missed_returns + cpu.missed_returns,
-                unmatched_returns: sum.unmatched_returns + cpu.unmatched_returns,
-                map_full: sum.map_full + cpu.map_full,
-                read_failures: sum.read_failures + cpu.read_failures,
-                tail_calls_cut: sum.tail_calls_cut + cpu.tail_calls_cut,
-                histogram_full: sum.histogram_full + cpu.histogram_full,
-                goroutine_switches_lost: sum.goroutine_switches_lost + cpu.goroutine_switches_lost,
-            });
-        let cgroup_map: BpfHashMap<&MapData, u64, CgroupCounters> =
-            map(loaded_ref(&self.ebpf)?, names::CGROUPS)?;
-        let (mut cgroup_ids, mut cgroup_counters) = (Vec::new(), Vec::new());
-        read_whole(&cgroup_map, &mut cgroup_ids, &mut cgroup_counters)
-            .context("reading the cgroup map")?;
-        let cgroups = cgroup_ids.into_iter().zip(cgroup_counters).collect();
+        let ebpf = loaded_ref(&self.ebpf)?;
+        let calls = whole_map(ebpf, names::CALLS, "reading the function map")?;
+        let histograms = whole_map(
+            ebpf,
+            names::HISTOGRAMS,
+            "reading the per-call histogram map",
+        )?;
+        let probes = summed_per_cpu(
+            loaded_ref(&self.ebpf)?,
+            names::PROBE_STATS,
+            "reading function-probe statistics",
+            |sum: ProbeStats, cpu: &ProbeStats| {
+                fieldwise!(
+                    std::ops::Add::add,
+                    ProbeStats {
+                        overflows,
+                        missed_returns,
+                        unmatched_returns,
+                        map_full,
+                        read_failures,
+                        tail_calls_cut,
+                        histogram_full,
+                        goroutine_switches_lost
+                    },
+                    sum,
+                    cpu
+                )
+            },
+        )?;
+        let cgroups = whole_map(ebpf, names::CGROUPS, "reading the cgroup map")?;
         Ok(Snapshot {
             cpus,
             live,
@@ -1089,33 +1069,18 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             format!("reading kernel BTF failed: {err}"),
         )
     })?;
-    let mut loaded = Vec::new();
     program_mut::<BtfTracePoint>(&mut ebpf, names::PROG_SCHED_SWITCH)?
         .load("sched_switch", &btf)
         .map_err(load_error(names::PROG_SCHED_SWITCH))?;
-    loaded.push(names::PROG_SCHED_SWITCH);
-    program_mut::<RawTracePoint>(&mut ebpf, names::PROG_FLUSH)?
-        .load()
-        .map_err(load_error(names::PROG_FLUSH))?;
-    loaded.push(names::PROG_FLUSH);
-    for name in [
+    let tracepoints = [
         names::PROG_FORK,
         names::PROG_EXIT,
         names::PROG_TASK_RENAME,
         names::PROG_CGROUP_ATTACH,
         names::PROG_CPU_IDLE,
         names::PROG_THREAD_EXIT,
-    ] {
-        program_mut::<TracePoint>(&mut ebpf, name)?
-            .load()
-            .map_err(load_error(name))?;
-        loaded.push(name);
-    }
-    program_mut::<aya::programs::PerfEvent>(&mut ebpf, names::PROG_CGROUP_SWITCH)?
-        .load()
-        .map_err(load_error(names::PROG_CGROUP_SWITCH))?;
-    loaded.push(names::PROG_CGROUP_SWITCH);
-    for name in [
+    ];
+    let uprobes = [
         names::PROG_FUNC_ENTRY,
         names::PROG_FUNC_RETURN,
         names::PROG_FUNC_EXIT,
@@ -1124,16 +1089,19 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
         names::PROG_GO_ENTRY,
         names::PROG_GO_EXIT,
         names::PROG_GO_RUNTIME,
-    ] {
-        program_mut::<UProbe>(&mut ebpf, name)?
-            .load()
-            .map_err(load_error(name))?;
-        loaded.push(name);
-    }
+    ];
+    load_each(&mut ebpf, &[names::PROG_FLUSH], RawTracePoint::load)?;
+    load_each(&mut ebpf, &tracepoints, TracePoint::load)?;
+    load_each(
+        &mut ebpf,
+        &[names::PROG_CGROUP_SWITCH],
+        aya::programs::PerfEvent::load,
+    )?;
+    load_each(&mut ebpf, &uprobes, UProbe::load)?;
     // The uprobe.multi variants: the same code, verified with their own attach type, where the
     // kernel has them (listed apart: `check` names the programs above).
     if uprobe_multi_supported() {
-        for name in [
+        let uprobe_multis = [
             names::PROG_FUNC_ENTRY_MULTI,
             names::PROG_FUNC_RETURN_MULTI,
             names::PROG_FUNC_EXIT_MULTI,
@@ -1142,13 +1110,31 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
             names::PROG_GO_EXIT_MULTI,
             names::PROG_GO_RUNTIME_MULTI,
             names::PROG_FUNC_CATCH_MULTI,
-        ] {
-            program_mut::<UProbe>(&mut ebpf, name)?
-                .load()
-                .map_err(load_error(name))?;
-        }
+        ];
+        load_each(&mut ebpf, &uprobe_multis, UProbe::load)?;
     }
-    Ok(loaded)
+    Ok([
+        &[names::PROG_SCHED_SWITCH, names::PROG_FLUSH][..],
+        &tracepoints,
+        &[names::PROG_CGROUP_SWITCH],
+        &uprobes,
+    ]
+    .concat())
+}
+
+/// Loads each of `names` as a `P` with `load` (the verifier runs), without attaching it.
+fn load_each<P>(
+    ebpf: &mut Ebpf,
+    names: &[&'static str],
+    load: impl Fn(&mut P) -> Result<(), aya::programs::ProgramError>,
+) -> Result<()>
+where
+    for<'a> &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    for &name in names {
+        load(program_mut(ebpf, name)?).map_err(load_error(name))?;
+    }
+    Ok(())
 }
 
 /// Whether the kernel can attach many uprobes with one uprobe.multi link (Linux 6.6+).
@@ -1288,6 +1274,24 @@ fn shared_fd(program: &UProbe, name: &str) -> Result<std::sync::Arc<std::os::fd:
 }
 
 /// Where machine-wide or per-process (`-p`) uprobes go: every process, or each of `processes`.
+/// `program` attached at `offset` of `target`, with `cookie`, in each of `scopes`: per scope,
+/// its link or the kernel's refusal.
+fn attach_at<'p>(
+    program: &'p mut UProbe,
+    target: &'p std::path::Path,
+    (offset, cookie): (u64, Option<u64>),
+    scopes: &'p [UProbeScope],
+) -> impl Iterator<Item = Result<aya::programs::uprobe::UProbeLinkId, aya::programs::ProgramError>> + 'p
+{
+    let point = UProbeAttachPoint {
+        location: UProbeAttachLocation::AbsoluteOffset(offset),
+        cookie,
+    };
+    scopes
+        .iter()
+        .map(move |scope| program.attach([point], target, *scope))
+}
+
 fn scopes_of(processes: &[u32]) -> Vec<UProbeScope> {
     if processes.is_empty() {
         vec![UProbeScope::AllProcesses]
@@ -1425,6 +1429,47 @@ where
         .map_mut(name)
         .ok_or_else(|| anyhow!("BPF object has no map {name}"))?;
     T::try_from(map).with_context(|| format!("opening map {name}"))
+}
+
+/// Puts each of `keys` in the set map `name` (a hash map to 1); `what` says which failed.
+fn fill_set<K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    keys: &[K],
+    what: impl Fn(&K) -> String,
+) -> Result<()> {
+    let mut set: BpfHashMap<&mut MapData, K, u8> = map_mut(ebpf, name)?;
+    for key in keys {
+        set.insert(key, &1, 0).with_context(|| what(key))?;
+    }
+    Ok(())
+}
+
+/// Every entry of the hash map `name`, as `(key, value)` pairs ([`read_whole`]'s order).
+fn whole_map<K: aya::Pod, V: aya::Pod>(
+    ebpf: &Ebpf,
+    name: &str,
+    what: &'static str,
+) -> Result<Vec<(K, V)>> {
+    let whole: BpfHashMap<&MapData, K, V> = map(ebpf, name)?;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    read_whole(&whole, &mut keys, &mut values).context(what)?;
+    Ok(keys.into_iter().zip(values).collect())
+}
+
+/// A one-entry per-CPU statistics map: its CPUs' copies summed with `add`.
+fn summed_per_cpu<T: aya::Pod + Default>(
+    ebpf: &Ebpf,
+    name: &str,
+    what: &'static str,
+    add: impl Fn(T, &T) -> T,
+) -> Result<T> {
+    let per_cpu: PerCpuArray<&MapData, T> = map(ebpf, name)?;
+    Ok(per_cpu
+        .get(&0, 0)
+        .context(what)?
+        .iter()
+        .fold(T::default(), add))
 }
 
 fn map<'a, T>(ebpf: &'a Ebpf, name: &str) -> Result<T>

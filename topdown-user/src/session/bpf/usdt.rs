@@ -8,7 +8,7 @@ use std::{collections::HashMap, os::fd::AsFd as _, os::fd::OwnedFd, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray},
+    maps::{Array, MapData, PerCpuArray},
     programs::UProbe,
 };
 use topdown_common::{
@@ -17,9 +17,13 @@ use topdown_common::{
 };
 
 use super::{
-    AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, read_whole,
+    AttachMode, Session, load_error, loaded, loaded_ref, map, map_mut, program_mut, summed_per_cpu,
+    whole_map,
 };
-use crate::spans::usdt::{PlannedSite, SitePlan, attach};
+use crate::spans::{
+    report::span_stats_fieldwise,
+    usdt::{PlannedSite, SitePlan, attach},
+};
 
 /// How the USDT program is linked to its sites.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -219,11 +223,11 @@ impl Session {
     /// Reads hits, span totals and the texts not seen yet. `hit_probes`: how many `-U`
     /// probes there are.
     pub fn span_snapshot(&mut self, hit_probes: usize) -> Result<SpanSnapshot> {
-        let totals_map: BpfHashMap<&MapData, SpanKey, SpanTotals> =
-            map(loaded_ref(&self.ebpf)?, names::SPAN_TOTALS)?;
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        read_whole(&totals_map, &mut keys, &mut values).context("reading the span map")?;
-        let totals: Vec<(SpanKey, SpanTotals)> = keys.into_iter().zip(values).collect();
+        let totals: Vec<(SpanKey, SpanTotals)> = whole_map(
+            loaded_ref(&self.ebpf)?,
+            names::SPAN_TOTALS,
+            "reading the span map",
+        )?;
         let wanted = totals.iter().any(|(key, totals)| {
             let text = if key.key_type == topdown_common::usdt::key_type::TEXT {
                 key.key
@@ -233,12 +237,13 @@ impl Session {
             text != 0 && !self.span_texts.contains_key(&text)
         });
         if wanted {
-            let texts_map: BpfHashMap<&MapData, u64, SpanText> =
-                map(loaded_ref(&self.ebpf)?, names::SPAN_TEXTS)?;
-            let (mut hashes, mut texts) = (Vec::new(), Vec::new());
-            read_whole(&texts_map, &mut hashes, &mut texts).context("reading the span text map")?;
+            let texts: Vec<(u64, SpanText)> = whole_map(
+                loaded_ref(&self.ebpf)?,
+                names::SPAN_TEXTS,
+                "reading the span text map",
+            )?;
             let known = Arc::make_mut(&mut self.span_texts);
-            for (hash, text) in hashes.into_iter().zip(texts) {
+            for (hash, text) in texts {
                 known.entry(hash).or_insert_with(|| {
                     let length = (text.len as usize).min(text.bytes.len());
                     String::from_utf8_lossy(&text.bytes[..length]).into_owned()
@@ -251,20 +256,12 @@ impl Session {
             let per_cpu = hits_map.get(&id, 0).context("reading USDT hits")?;
             hits.push(per_cpu.iter().sum());
         }
-        let stats_map: PerCpuArray<&MapData, SpanStats> =
-            map(loaded_ref(&self.ebpf)?, names::SPAN_STATS)?;
-        let stats = stats_map
-            .get(&0, 0)
-            .context("reading span statistics")?
-            .iter()
-            .fold(SpanStats::default(), |sum, cpu| SpanStats {
-                overflows: sum.overflows + cpu.overflows,
-                unmatched_ends: sum.unmatched_ends + cpu.unmatched_ends,
-                read_failures: sum.read_failures + cpu.read_failures,
-                map_full: sum.map_full + cpu.map_full,
-                arg_read_failures: sum.arg_read_failures + cpu.arg_read_failures,
-                open_at_exit: sum.open_at_exit + cpu.open_at_exit,
-            });
+        let stats = summed_per_cpu(
+            loaded_ref(&self.ebpf)?,
+            names::SPAN_STATS,
+            "reading span statistics",
+            |sum, cpu| span_stats_fieldwise(std::ops::Add::add, &sum, cpu),
+        )?;
         Ok(SpanSnapshot {
             totals,
             texts: Arc::clone(&self.span_texts),

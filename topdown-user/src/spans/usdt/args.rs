@@ -393,69 +393,36 @@ mod tests {
         assert_eq!(parse("8@%rsp").unwrap().operand, Operand::Register(reg(19)));
         assert_eq!(parse("-4@$-5").unwrap().operand, Operand::Constant(-5));
         assert_eq!(parse("4@$0x10").unwrap().operand, Operand::Constant(16));
-        assert_eq!(
-            parse("8@-144(%rbp)").unwrap().operand,
-            Operand::Memory {
-                displacement: -144,
-                symbol: None,
-                base: Some(reg(4)),
-                index: None
-            }
-        );
-        assert_eq!(
-            parse("4@(%r12)").unwrap().operand,
-            Operand::Memory {
-                displacement: 0,
-                symbol: None,
-                base: Some(reg(3)),
-                index: None
-            }
-        );
-        assert_eq!(
-            parse("-2@8(%rax,%rcx,4)").unwrap().operand,
-            Operand::Memory {
-                displacement: 8,
-                symbol: None,
-                base: Some(reg(10)),
-                index: Some((reg(11), 4))
-            }
-        );
-        assert_eq!(
-            parse("8@(,%rdx,8)").unwrap().operand,
-            Operand::Memory {
-                displacement: 0,
-                symbol: None,
-                base: None,
-                index: Some((reg(12), 8))
-            }
-        );
-        assert_eq!(
-            parse("-4@40+CheckpointStats(%rip)").unwrap().operand,
-            Operand::Memory {
-                displacement: 40,
-                symbol: Some("CheckpointStats".into()),
-                base: Some(reg(pt_regs_word::IP)),
-                index: None
-            }
-        );
-        assert_eq!(
-            parse("-4@NBuffers(%rip)").unwrap().operand,
-            Operand::Memory {
-                displacement: 0,
-                symbol: Some("NBuffers".into()),
-                base: Some(reg(pt_regs_word::IP)),
-                index: None
-            }
-        );
-        assert_eq!(
-            parse("8@counter+8(%rip)").unwrap().operand,
-            Operand::Memory {
-                displacement: 8,
-                symbol: Some("counter".into()),
-                base: Some(reg(pt_regs_word::IP)),
-                index: None
-            }
-        );
+        let rip = Some(reg(pt_regs_word::IP));
+        for (spec, displacement, symbol, base, index) in [
+            ("8@-144(%rbp)", -144, None, Some(reg(4)), None),
+            ("4@(%r12)", 0, None, Some(reg(3)), None),
+            (
+                "-2@8(%rax,%rcx,4)",
+                8,
+                None,
+                Some(reg(10)),
+                Some((reg(11), 4)),
+            ),
+            ("8@(,%rdx,8)", 0, None, None, Some((reg(12), 8))),
+            (
+                "-4@40+CheckpointStats(%rip)",
+                40,
+                Some("CheckpointStats"),
+                rip,
+                None,
+            ),
+            ("-4@NBuffers(%rip)", 0, Some("NBuffers"), rip, None),
+            ("8@counter+8(%rip)", 8, Some("counter"), rip, None),
+        ] {
+            let memory = Operand::Memory {
+                displacement,
+                symbol: symbol.map(str::to_owned),
+                base,
+                index,
+            };
+            assert_eq!(parse(spec).unwrap().operand, memory, "{spec}");
+        }
         assert_eq!(parse_all("8@%rax -4@$0  1@-57(%rbp)").unwrap().len(), 3);
     }
 

@@ -237,23 +237,32 @@ mod tests {
 
     use super::*;
 
+    /// The notes and the bytes of `path`, or `None` (said: the test is skipped) where it is
+    /// not installed.
+    fn installed(path: &str) -> Option<(SdtFile, Vec<u8>)> {
+        let path = Path::new(path);
+        if !path.exists() {
+            eprintln!("SKIPPED: no {}", path.display());
+            return None;
+        }
+        Some((read(path).unwrap(), std::fs::read(path).unwrap()))
+    }
+
+    /// The first note of probe `name`.
+    fn note<'a>(file: &'a SdtFile, name: &str) -> &'a SdtNote {
+        file.notes.iter().find(|note| note.name == name).unwrap()
+    }
+
     /// Debian's python3.11 is a non-PIE executable: its code's file offsets and addresses
     /// differ by the image base (0x400000), and its semaphores (in `.probes`, a data segment)
     /// by another amount. Checked against `readelf -n` and the program headers.
     #[test]
     fn non_pie_python_offsets_follow_the_program_headers() {
-        let path = Path::new("/usr/bin/python3.11");
-        if !path.exists() {
-            eprintln!(
-                "SKIPPED non_pie_python_offsets_follow_the_program_headers: no {}",
-                path.display()
-            );
+        let Some((file, data)) = installed("/usr/bin/python3.11") else {
             return;
-        }
-        let file = read(path).unwrap();
+        };
         assert!(!file.position_independent && file.x86_64);
         assert_eq!(file.notes.len(), 8, "{:#?}", file.notes);
-        let data = std::fs::read(path).unwrap();
         let elf = object::File::parse(&*data).unwrap();
         for note in &file.notes {
             assert_eq!(note.provider, "python");
@@ -276,26 +285,17 @@ mod tests {
             let at = semaphore.offset as usize;
             assert_eq!(&data[at..at + 2], &[0, 0], "{}", note.name);
         }
-        let gc_start = file
-            .notes
-            .iter()
-            .find(|note| note.name == "gc__start")
-            .unwrap();
-        assert_eq!(gc_start.args, "-4@112(%rsp)");
+        assert_eq!(note(&file, "gc__start").args, "-4@112(%rsp)");
     }
 
     /// PostgreSQL 15 (Debian) is a PIE with 71 notes, all with semaphores, one probe (e.g.
     /// `query__execute__start`) at several sites.
     #[test]
     fn pie_postgres_has_every_site() {
-        let path = Path::new("/usr/lib/postgresql/15/bin/postgres");
-        if !path.exists() {
-            eprintln!("SKIPPED pie_postgres_has_every_site: no {}", path.display());
+        let Some((file, data)) = installed("/usr/lib/postgresql/15/bin/postgres") else {
             return;
-        }
-        let file = read(path).unwrap();
+        };
         assert!(file.position_independent);
-        let data = std::fs::read(path).unwrap();
         assert!(file.notes.len() >= 70, "{}", file.notes.len());
         for note in &file.notes {
             assert_eq!(data[note.offset as usize], 0x90, "{}", note.name);
@@ -307,12 +307,7 @@ mod tests {
             .filter(|note| note.name == "query__execute__start")
             .count();
         assert!(starts >= 2, "{starts}");
-        let start = file
-            .notes
-            .iter()
-            .find(|note| note.name == "query__start")
-            .unwrap();
-        assert_eq!(start.args, "8@%rbx");
+        assert_eq!(note(&file, "query__start").args, "8@%rbx");
         assert!(file.symbol("debug_query_string").is_some());
     }
 

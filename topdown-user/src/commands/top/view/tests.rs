@@ -1,7 +1,10 @@
 use ratatui::{buffer::Buffer, layout::Rect, style::Color};
 
 use super::*;
-use crate::report::{ProcessEntry, TaskEntry, tests::empty_report};
+use crate::report::{
+    ProcessEntry, TaskEntry,
+    tests::{empty_report, words_of_line},
+};
 
 fn entity(weight_counter: &str, weight: u64, metrics: &[(&str, f64)]) -> Entity {
     Entity {
@@ -91,6 +94,22 @@ fn bar(buf: &Buffer, y: u16, x: u16) -> Vec<(Color, u16)> {
     runs
 }
 
+/// The level-1 categories' hues.
+const RETIRING: Color = Color::Green;
+const BAD_SPECULATION: Color = Color::Red;
+const FRONTEND: Color = Color::Indexed(98);
+const BACKEND: Color = Color::Indexed(208);
+
+/// A 100-column screen's table: `header` on line 2, then a line per row: its figures in the
+/// first 75 columns, a space, and a bar of 24 columns in these runs of colour.
+fn assert_table(buf: &Buffer, header: &str, rows: &[(&str, &[(Color, u16)])]) {
+    assert_eq!(text(buf, 2), header);
+    for (y, (figures, runs)) in (3..).zip(rows) {
+        assert_eq!(text(buf, y), format!("{figures} {}", BAR.repeat(24)));
+        assert_eq!(bar(buf, y, 75), *runs);
+    }
+}
+
 #[test]
 fn the_screen_shows_header_legend_rows_and_proportional_bars() {
     let buf = screen(&report(), &Ui::new(1), 100, 7);
@@ -103,45 +122,33 @@ fn the_screen_shows_header_legend_rows_and_proportional_bars() {
         text(&buf, 1),
         "█ retiring  █ bad_speculation  █ frontend_bound  █ backend_bound  [processes, sort slots]"
     );
-    assert_eq!(buf[(0, 1)].fg, Color::Green);
-    assert_eq!(buf[(12, 1)].fg, Color::Red);
-    assert_eq!(
-        text(&buf, 2),
-        "    PID COMM                  slots  share  Retire BadSpec   Front    Back"
-    );
+    assert_eq!(buf[(0, 1)].fg, RETIRING);
+    assert_eq!(buf[(12, 1)].fg, BAD_SPECULATION);
     // Heaviest first; the process that counted nothing is left out. 100 columns leave 24 for
     // the bar (75 for the numbers, one space).
-    assert_eq!(
-        text(&buf, 3),
-        format!(
-            "    100 worker                  600  60.0%   50.0%   12.5%   12.5%   25.0% {}",
-            BAR.repeat(24)
-        )
-    );
-    assert_eq!(
-        bar(&buf, 3, 75),
-        [
-            (Color::Green, 12),
-            (Color::Red, 3),
-            (Color::Indexed(98), 3),
-            (Color::Indexed(208), 6)
-        ]
-    );
-    assert_eq!(
-        text(&buf, 4),
-        format!(
-            "    200 idler                   200  20.0%   25.0%   25.0%   25.0%   25.0% {}",
-            BAR.repeat(24)
-        )
-    );
-    assert_eq!(
-        bar(&buf, 4, 75),
-        [
-            (Color::Green, 6),
-            (Color::Red, 6),
-            (Color::Indexed(98), 6),
-            (Color::Indexed(208), 6)
-        ]
+    assert_table(
+        &buf,
+        "    PID COMM                  slots  share  Retire BadSpec   Front    Back",
+        &[
+            (
+                "    100 worker                  600  60.0%   50.0%   12.5%   12.5%   25.0%",
+                &[
+                    (RETIRING, 12),
+                    (BAD_SPECULATION, 3),
+                    (FRONTEND, 3),
+                    (BACKEND, 6),
+                ],
+            ),
+            (
+                "    200 idler                   200  20.0%   25.0%   25.0%   25.0%   25.0%",
+                &[
+                    (RETIRING, 6),
+                    (BAD_SPECULATION, 6),
+                    (FRONTEND, 6),
+                    (BACKEND, 6),
+                ],
+            ),
+        ],
     );
     assert_eq!(text(&buf, 5), "");
     assert_eq!(
@@ -326,24 +333,13 @@ fn function_rows_name_the_symbol_and_its_binary_and_count_calls() {
     let mut ui = Ui::new(1);
     ui.view = View::Functions;
     let buf = screen(&report, &ui, 100, 5);
-    assert_eq!(
-        text(&buf, 2),
-        "  CALLS FUNCTION              slots  share  Retire BadSpec   Front    Back"
-    );
-    assert_eq!(
-        text(&buf, 3),
-        format!(
-            "  24853 getppid (libc.…         500  50.0%   50.0%    0.0%   25.0%   25.0% {}",
-            BAR.repeat(24)
-        )
-    );
-    assert_eq!(
-        bar(&buf, 3, 75),
-        [
-            (Color::Green, 12),
-            (Color::Indexed(98), 6),
-            (Color::Indexed(208), 6)
-        ]
+    assert_table(
+        &buf,
+        "  CALLS FUNCTION              slots  share  Retire BadSpec   Front    Back",
+        &[(
+            "  24853 getppid (libc.…         500  50.0%   50.0%    0.0%   25.0%   25.0%",
+            &[(RETIRING, 12), (FRONTEND, 6), (BACKEND, 6)],
+        )],
     );
 }
 
@@ -431,16 +427,11 @@ fn the_spans_view_shows_the_selected_spans_distribution() {
         ..Ui::new(1)
     };
     let buf = screen(&report, &ui, 120, 16);
-    let lines: Vec<String> = (0..16).map(|y| text(&buf, y)).collect();
-    let line = |needle: &str| -> Vec<String> {
-        lines
-            .iter()
-            .find(|line| line.contains(needle))
-            .unwrap_or_else(|| panic!("no {needle:?} in {lines:#?}"))
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
-    };
+    let lines = (0..16)
+        .map(|y| text(&buf, y))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let line = |needle: &str| words_of_line(&lines, |line| line.contains(needle));
     assert_eq!(
         line("per span").join(" "),
         "request 6: slots per span p50 11 p90 12 p99 980"

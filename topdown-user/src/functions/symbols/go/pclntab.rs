@@ -91,19 +91,19 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn u32(&self, at: usize) -> Result<u32, TableError> {
-        self.data
-            .get(at..at.wrapping_add(4))
-            .and_then(|bytes| bytes.try_into().ok())
-            .map(u32::from_le_bytes)
-            .ok_or_else(|| TableError::Corrupt(format!("u32 at {at:#x} past the table's end")))
+        self.bytes(at, "u32").map(u32::from_le_bytes)
     }
 
     fn word(&self, at: usize) -> Result<u64, TableError> {
+        self.bytes(at, "word").map(u64::from_le_bytes)
+    }
+
+    /// The `N` bytes at `at`, or which `what` ran past the table's end.
+    fn bytes<const N: usize>(&self, at: usize, what: &str) -> Result<[u8; N], TableError> {
         self.data
-            .get(at..at.wrapping_add(8))
+            .get(at..at.wrapping_add(N))
             .and_then(|bytes| bytes.try_into().ok())
-            .map(u64::from_le_bytes)
-            .ok_or_else(|| TableError::Corrupt(format!("word at {at:#x} past the table's end")))
+            .ok_or_else(|| TableError::Corrupt(format!("{what} at {at:#x} past the table's end")))
     }
 
     fn byte(&self, at: usize) -> Result<u8, TableError> {
