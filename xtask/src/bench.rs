@@ -768,7 +768,57 @@ struct ProbeCost {
     program_ratio: Vec<Option<f64>>,
 }
 
+/// What a per-call or per-span section times: `argv` runs `per_run` units and prints its own
+/// ns per unit as `field` (`ns_per_call`); `what` names its rounds (`functions`), `unit` their
+/// figures (`ns/call`).
+struct ProbeWorkload<'a> {
+    argv: &'a [String],
+    per_run: f64,
+    field: &'a str,
+    what: &'a str,
+    unit: &'a str,
+    rounds: usize,
+}
+
 impl ProbeCost {
+    /// `workload.rounds` alternating rounds of `runs`, then [`PROGRAM_ROUNDS`] rounds with the
+    /// kernel's BPF statistics timing the programs of `timed`'s tracers; `after_round` runs
+    /// after each round of both.
+    fn measure(
+        configs: &[Config],
+        runs: &[TracedRun],
+        timed: &[Option<Vec<String>>],
+        workload: &ProbeWorkload,
+        bpftrace: &str,
+        after_round: &mut dyn FnMut(),
+    ) -> Result<Self> {
+        let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
+        let mut samples = measure_rounds(
+            configs,
+            &all,
+            workload.rounds,
+            &format!("{}, round", workload.what),
+            workload.unit,
+            &mut |run| measure_workload(run, workload.argv, workload.field),
+            after_round,
+        )?;
+        let mut program_samples = measure_rounds(
+            configs,
+            timed,
+            PROGRAM_ROUNDS,
+            &format!("{}, program round", workload.what),
+            workload.unit,
+            &mut |tracer| program_time_per_run(tracer, workload.argv, workload.per_run),
+            after_round,
+        )?;
+        Ok(Self::of(
+            configs,
+            &mut samples,
+            &mut program_samples,
+            bpftrace,
+        ))
+    }
+
     fn of(
         configs: &[Config],
         samples: &mut [Vec<f64>],
@@ -949,33 +999,22 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     runs.push(TracedRun::Alone(topdown_run(&td, SYNTHETIC, None)));
     timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
-    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
-    let workload = [bench.clone(), CALLS.to_owned()];
-    let mut samples = measure_rounds(
+    let workload = ProbeWorkload {
+        argv: &[bench.clone(), CALLS.to_owned()],
+        per_run: CALLS.parse()?,
+        field: "ns_per_call",
+        what: "functions",
+        unit: "ns/call",
+        rounds: CALL_ROUNDS,
+    };
+    let cost = ProbeCost::measure(
         &configs,
-        &all,
-        CALL_ROUNDS,
-        "functions, round",
-        "ns/call",
-        &mut |run| measure_workload(run, &workload, "ns_per_call"),
-        &mut || {},
-    )?;
-    let calls: f64 = CALLS.parse()?;
-    let mut program_samples = measure_rounds(
-        &configs,
+        &runs,
         &timed,
-        PROGRAM_ROUNDS,
-        "functions, program round",
-        "ns/call",
-        &mut |tracer| program_time_per_run(tracer, &workload, calls),
+        &workload,
+        BPFTRACE_CALL_NAME,
         &mut || {},
     )?;
-    let cost = ProbeCost::of(
-        &configs,
-        &mut samples,
-        &mut program_samples,
-        BPFTRACE_CALL_NAME,
-    );
 
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
