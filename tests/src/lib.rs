@@ -151,12 +151,23 @@ pub fn build_c_workload(target_tmpdir: &str, source: &str, binary: &str) -> Path
 /// Runs a topdown command that must be refused as a usage error (exit status 2, before
 /// anything is attached) and returns its stderr, for the test to check what it says.
 pub fn usage_error(command: &mut Command) -> String {
+    String::from_utf8_lossy(&exits_with(command, 2).stderr).into_owned()
+}
+
+/// Runs `command` to its end and returns its output, failing the test (with what it printed)
+/// unless it exited with `code`.
+pub fn exits_with(command: &mut Command, code: i32) -> Output {
     let output = command
         .output()
         .unwrap_or_else(|err| panic!("{command:?}: {err}"));
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(2), "{command:?}: {stderr}");
-    stderr
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    output
 }
 
 /// Runs topdown to completion and returns its output; fails with its stderr if it failed.
@@ -210,6 +221,19 @@ pub fn read_report(path: &std::path::Path) -> Value {
     parse_json(&text).unwrap_or_else(|err| panic!("{}: {err:#}", path.display()))
 }
 
+/// What `topdown report -i RECORDING ARGS` printed: a report rendered again from a recording.
+pub fn replay(recording: &std::path::Path, args: &[&str]) -> String {
+    let output = run_ok(topdown().arg("report").arg("-i").arg(recording).args(args))
+        .unwrap_or_else(|err| panic!("{}: {err:#}", recording.display()));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// [`replay`] as JSON: the report read back.
+pub fn replay_json(recording: &std::path::Path, args: &[&str]) -> Value {
+    let text = replay(recording, &[&["--format", "json"], args].concat());
+    parse_json(text.as_bytes()).unwrap_or_else(|err| panic!("{}: {err:#}", recording.display()))
+}
+
 /// Parses a JSON report (or the last object of JSON lines).
 pub fn parse_json(text: &[u8]) -> Result<Value> {
     let text = std::str::from_utf8(text).context("report is not UTF-8")?;
@@ -222,9 +246,21 @@ pub fn parse_json(text: &[u8]) -> Result<Value> {
 
 /// Runs a build command (a compiler, objcopy), failing with its stderr; returns its stdout.
 pub fn compile(command: &mut Command) -> String {
+    stdout_of(command, "")
+}
+
+/// [`compile`] for a tool `cargo xtask setup` installs (ldconfig, mount, the libraries'
+/// compilers): a missing one is named as setup's to install.
+pub fn setup_tool(command: &mut Command) -> String {
+    stdout_of(command, " (cargo xtask setup installs it)")
+}
+
+/// What `command` printed on stdout; fails the test with its stderr if it failed, and with
+/// `missing` after the error if it could not start.
+fn stdout_of(command: &mut Command, missing: &str) -> String {
     let output = command
         .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+        .unwrap_or_else(|err| panic!("{command:?}: {err}{missing}"));
     assert!(
         output.status.success(),
         "{command:?}: {}",
@@ -354,6 +390,18 @@ pub fn span<'a>(report: &'a Value, kind: &str, key: &str) -> Option<&'a Value> {
         .find(|span| span["kind"].as_str() == Some(kind) && span["key"].as_str() == Some(key))
 }
 
+/// The words of `table`'s row for band `band` (`p50`, `p99`) of the entity whose rows start with
+/// `entity`; fails the test, showing the table, if there is none.
+pub fn band_row(table: &str, entity: &str, band: &str) -> Vec<String> {
+    table
+        .lines()
+        .find(|line| line.starts_with(&format!("{entity} ")) && line.contains(&format!(" {band} ")))
+        .unwrap_or_else(|| panic!("no {entity} {band} line in {table}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `(low, high, calls, slots)` of each bucket of a function's or span's distribution.
 pub fn distribution_buckets(entry: &Value) -> Vec<(u64, u64, u64, u64)> {
     entry["distribution"]["buckets"]
@@ -368,6 +416,22 @@ pub fn distribution_buckets(entry: &Value) -> Vec<(u64, u64, u64, u64)> {
                 counter(bucket, "slots"),
             )
         })
+        .collect()
+}
+
+/// `(name, count)` of each entry of the JSON array `entries`, read from the fields `name` and
+/// `count`: a report's functions by symbol and calls, its USDT probes by probe and hits.
+pub fn name_counts<C: FromIterator<(String, u64)>>(entries: &Value, name: &str, count: &str) -> C {
+    entries
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {entries}"))
+        .iter()
+        .map(
+            |entry| match (entry[name].as_str(), entry[count].as_u64()) {
+                (Some(key), Some(value)) => (key.to_owned(), value),
+                _ => panic!("no {name} and {count} in {entry}"),
+            },
+        )
         .collect()
 }
 

@@ -279,6 +279,16 @@ const TRIGGERS: [(&str, &[&str]); 2] = [
     ),
 ];
 
+/// The tree `PREFIX-TRIGGER` with cgroups `a` and `b`, made afresh for one trigger of
+/// [`TRIGGERS`] (where each test of a move starts): its name, the tree, and the two cgroups'
+/// paths as reports name them.
+fn move_tree(prefix: &str, trigger: &str) -> (String, Tree, [String; 2]) {
+    let name = format!("{prefix}-{trigger}");
+    let tree = Tree::new(&name);
+    let cgroups = [tree.create("a"), tree.create("b")];
+    (name, tree, cgroups)
+}
+
 /// Runs a workload that starts in the tree's `a` and moves itself to `b` where `spec` says
 /// `move=0`.
 fn run_moving_itself(tree: &Tree, spec: &str) {
@@ -302,10 +312,7 @@ fn run_moving_itself(tree: &Tree, spec: &str) {
 fn a_process_moving_itself_splits_exactly_at_the_move() {
     let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
-        let name = format!("self-move-{trigger}");
-        let tree = Tree::new(&name);
-        let a = tree.create("a");
-        let b = tree.create("b");
+        let (name, tree, [a, b]) = move_tree("self-move", trigger);
         let (report, stderr) = traced_with("synthetic:intel-icl", &name, args, || {
             run_moving_itself(&tree, "getppid=1000,move=0,getppid=2000")
         });
@@ -321,10 +328,7 @@ fn a_process_moving_itself_splits_exactly_at_the_move() {
 fn a_process_moved_while_asleep_splits_exactly() {
     let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
-        let name = format!("asleep-move-{trigger}");
-        let tree = Tree::new(&name);
-        let a = tree.create("a");
-        let b = tree.create("b");
+        let (name, tree, [a, b]) = move_tree("asleep-move", trigger);
         let report = traced(&name, args, || {
             let mut child = Command::new(WORKLOAD)
                 .args(["--wait-stdin", "getppid=1000,pause=0,getppid=2000"])
@@ -366,10 +370,7 @@ fn a_process_moved_while_asleep_splits_exactly() {
 fn on_cpu_time_after_a_self_move_matches_cpu_stat() {
     let Some(_serial) = bpf_serial() else { return };
     for (trigger, args) in TRIGGERS {
-        let name = format!("cpu-move-{trigger}");
-        let tree = Tree::new(&name);
-        let a = tree.create("a");
-        let b = tree.create("b");
+        let (name, tree, [a, b]) = move_tree("cpu-move", trigger);
         let steal_before = steal_ns();
         let (report, stderr) = traced_with("software", &name, args, || {
             run_moving_itself(&tree, "spin=700,move=0,spin=700")

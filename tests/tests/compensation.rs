@@ -3,7 +3,10 @@
 //! and on the software model (`cpu-clock` ns) an empty function close to zero and known work
 //! close to the same work run unprobed in the same run.
 
-use std::{path::PathBuf, sync::OnceLock};
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use serde_json::Value;
 use topdown_tests::*;
@@ -30,6 +33,13 @@ fn binaries() -> &'static Binaries {
 fn stat(args: &[&str]) -> (Value, String) {
     let (report, output) = stat_report(args).unwrap();
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// [`stat`] with `options`, probing `binary`'s `symbol`, around `binary ARGS`.
+fn stat_probing(options: &[&str], binary: &Path, symbol: &str, args: &[&str]) -> (Value, String) {
+    let binary = path_str(binary);
+    let probe = format!("{binary}:{symbol}");
+    stat(&[options, &["-u", &probe, "--", binary], args].concat())
 }
 
 fn raw_function<'a>(report: &'a Value, symbol: &str) -> &'a Value {
@@ -185,22 +195,17 @@ fn interval_reports_are_calibrated_before_counting() {
 #[test]
 fn hybrid_models_calibrate_each_core_type() {
     let Some(_serial) = bpf_serial() else { return };
-    let c = path_str(&binaries().funcs);
-    let leaf = format!("{c}:leaf");
-    let (report, stderr) = stat(&[
-        "--pmu",
-        "synthetic:hybrid:intel-spr+intel-grt",
-        "--hybrid-cpus",
-        "cpu_core=0,cpu_atom=1",
-        "-u",
-        &leaf,
-        "--",
-        c,
-        "leafmid",
-        "3",
-        "10",
-        "0",
-    ]);
+    let (report, stderr) = stat_probing(
+        &[
+            "--pmu",
+            "synthetic:hybrid:intel-spr+intel-grt",
+            "--hybrid-cpus",
+            "cpu_core=0,cpu_atom=1",
+        ],
+        &binaries().funcs,
+        "leaf",
+        &["leafmid", "3", "10", "0"],
+    );
     // Failed once in 10 runs of cargo xtask repeat beside heavy load (issue 22), without its
     // reason: topdown says why on stderr, and a failure says it too now.
     calibrated(&report, &stderr).unwrap();
@@ -439,14 +444,8 @@ fn the_calibration_is_not_in_the_command_s_run() {
 
     // The table (of the recording, as a live run prints it): shares of the command, and what
     // was counted around it labelled, without a share.
-    let table = run_ok(
-        topdown()
-            .args(["report", "--by", "process", "-i"])
-            .arg(&recording),
-    )
-    .unwrap();
+    let table = replay(&recording, &["--by", "process"]);
     let _ = std::fs::remove_file(&recording);
-    let table = String::from_utf8_lossy(&table.stdout);
     let share = |label: &str| {
         table
             .lines()
@@ -465,19 +464,12 @@ fn the_calibration_is_not_in_the_command_s_run() {
 #[test]
 fn no_compensation_reports_raw_figures() {
     let Some(_serial) = bpf_serial() else { return };
-    let w = path_str(&binaries().compensation);
-    let empty = format!("{w}:empty");
-    let (report, stderr) = stat(&[
-        "--pmu",
-        "software",
-        "--no-compensation",
-        "-u",
-        &empty,
-        "--",
-        w,
+    let (report, stderr) = stat_probing(
+        &["--pmu", "software", "--no-compensation"],
+        &binaries().compensation,
         "empty",
-        "2000",
-    ]);
+        &["empty", "2000"],
+    );
     assert!(report.get("probe_compensation").is_none(), "{report}");
     assert!(!stderr.contains("probe cost"), "{stderr}");
     let empty = function(&report, "empty");

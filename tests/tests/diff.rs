@@ -37,10 +37,15 @@ fn record(name: &str, parse_slots: u32) -> PathBuf {
     out
 }
 
-/// Three runs at 100 slots per parse and two at 200, recorded once for every test here.
-fn recordings() -> &'static (Vec<PathBuf>, Vec<PathBuf>) {
+/// Three runs at 100 slots per parse and two at 200, recorded once for every test here;
+/// `None` where the test cannot load BPF (what every test here starts with: the recordings
+/// need it, even where the diff itself does not).
+fn recordings() -> Option<&'static (Vec<PathBuf>, Vec<PathBuf>)> {
     static RECORDED: OnceLock<(Vec<PathBuf>, Vec<PathBuf>)> = OnceLock::new();
-    RECORDED.get_or_init(|| {
+    if !privileged() {
+        return None;
+    }
+    Some(RECORDED.get_or_init(|| {
         let _serial = serial();
         let same = (1..=3)
             .map(|n| record(&format!("same{n}.json"), 100))
@@ -49,16 +54,46 @@ fn recordings() -> &'static (Vec<PathBuf>, Vec<PathBuf>) {
             .map(|n| record(&format!("doubled{n}.json"), 200))
             .collect();
         (same, doubled)
-    })
+    }))
 }
 
-fn diff(args: &[&Path], extra: &[&str]) -> Output {
-    topdown()
+/// Runs `topdown diff EXTRA FILES` and checks that it exits with `code` (the message shows
+/// what it printed).
+fn diff(files: &[&Path], extra: &[&str], code: i32) -> Output {
+    let output = topdown()
         .arg("diff")
         .args(extra)
-        .args(args)
+        .args(files)
         .output()
-        .unwrap()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{files:?} {extra:?}: {}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    output
+}
+
+/// [`diff`]'s stdout.
+fn diff_stdout(files: &[&Path], extra: &[&str], code: i32) -> String {
+    text(&diff(files, extra, code).stdout)
+}
+
+/// [`diff`] with `--format json`: the comparison.
+fn diff_json(files: &[&Path], extra: &[&str], code: i32) -> Value {
+    let extra = [extra, &["--format", "json"]].concat();
+    serde_json::from_slice(&diff(files, &extra, code).stdout).unwrap()
+}
+
+/// A copy of the recording `from` with `edit` made, written to `name`.
+fn edited_copy(from: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let mut report = read_report(from);
+    edit(&mut report);
+    let path = temp(name);
+    std::fs::write(&path, report.to_string()).unwrap();
+    path
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -76,27 +111,17 @@ fn change<'a>(comparison: &'a Value, kind: &str, name: &str) -> &'a Value {
 
 #[test]
 fn same_work_twice_exits_0() {
-    if !privileged() {
+    let Some((same, _)) = recordings() else {
         return;
-    }
-    let (same, _) = recordings();
-    let output = diff(&[&same[0], &same[1]], &[]);
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    };
+    let stdout = diff_stdout(&[&same[0], &same[1]], &[], 0);
     assert!(stdout.contains("no regression beyond 5%"), "{stdout}");
     assert!(
         stdout.contains("parse_request (regress)") && stdout.contains("100 -> 100"),
         "{stdout}"
     );
 
-    let output = diff(&[&same[0], &same[1]], &["--format", "json"]);
-    assert_eq!(output.status.code(), Some(0));
-    let comparison: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let comparison = diff_json(&[&same[0], &same[1]], &[], 0);
     let changes = comparison["changes"].as_array().unwrap();
     // 3 functions, 3 edges and the process, each exactly unchanged.
     assert_eq!(changes.len(), 7, "{comparison:#}");
@@ -111,18 +136,10 @@ fn same_work_twice_exits_0() {
 
 #[test]
 fn doubled_work_per_call_exits_1_naming_the_function() {
-    if !privileged() {
+    let Some((same, doubled)) = recordings() else {
         return;
-    }
-    let (same, doubled) = recordings();
-    let output = diff(&[&same[0], &doubled[0]], &[]);
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    };
+    let stdout = diff_stdout(&[&same[0], &doubled[0]], &[], 1);
     assert!(
         stdout.contains(
             "REGRESSED function parse_request (regress): slots/call 100 -> 200 (+100.0%)"
@@ -142,8 +159,7 @@ fn doubled_work_per_call_exits_1_naming_the_function() {
         "{stdout}"
     );
 
-    let output = diff(&[&same[0], &doubled[0]], &["--format", "json"]);
-    assert_eq!(output.status.code(), Some(1));
+    let output = diff(&[&same[0], &doubled[0]], &["--format", "json"], 1);
     let stderr = text(&output.stderr);
     assert!(
         stderr.contains("topdown diff: REGRESSED function parse_request (regress)"),
@@ -173,13 +189,8 @@ fn doubled_work_per_call_exits_1_naming_the_function() {
     assert_eq!(lookup["change_pct"], 0.0);
 
     // A threshold above the change lets it pass; --kinds narrows the gate.
-    let output = diff(&[&same[0], &doubled[0]], &["--threshold", "150"]);
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stdout));
-    let output = diff(
-        &[&same[0], &doubled[0]],
-        &["--kinds", "function", "--format", "json"],
-    );
-    let comparison: Value = serde_json::from_slice(&output.stdout).unwrap();
+    diff(&[&same[0], &doubled[0]], &["--threshold", "150"], 0);
+    let comparison = diff_json(&[&same[0], &doubled[0]], &["--kinds", "function"], 1);
     assert!(
         comparison["changes"]
             .as_array()
@@ -191,10 +202,9 @@ fn doubled_work_per_call_exits_1_naming_the_function() {
 
 #[test]
 fn several_runs_per_side_are_tested() {
-    if !privileged() {
+    let Some((same, doubled)) = recordings() else {
         return;
-    }
-    let (same, doubled) = recordings();
+    };
     // Exact synthetic counts: no scatter, so the doubling is certain (p = 0).
     let output = topdown()
         .args(["diff", "--format", "json"])
@@ -226,16 +236,13 @@ fn several_runs_per_side_are_tested() {
     // Scatter: parse_request's slots per call edited to {100, 140} in BASE and {110, 150} in
     // NEW: the mean grew 8.3%, beyond 5%, but the runs overlap (Welch: t = 0.354, p = 0.757).
     let edited = |from: &Path, name: &str, slots_per_call: u64| -> PathBuf {
-        let mut report: Value =
-            serde_json::from_str(&std::fs::read_to_string(from).unwrap()).unwrap();
-        for function in report["functions"].as_array_mut().unwrap() {
-            if function["symbol"] == "parse_request" {
-                function["inclusive"]["counters"]["slots"] = (slots_per_call * 20).into();
+        edited_copy(from, name, |report| {
+            for function in report["functions"].as_array_mut().unwrap() {
+                if function["symbol"] == "parse_request" {
+                    function["inclusive"]["counters"]["slots"] = (slots_per_call * 20).into();
+                }
             }
-        }
-        let path = temp(name);
-        std::fs::write(&path, report.to_string()).unwrap();
-        path
+        })
     };
     let base = [
         edited(&same[0], "scatter-b1.json", 100),
@@ -265,40 +272,32 @@ fn several_runs_per_side_are_tested() {
 
 #[test]
 fn spans_are_compared_when_present() {
-    if !privileged() {
+    let Some((same, _)) = recordings() else {
         return;
-    }
-    let (same, _) = recordings();
+    };
     // A spans[] entry as issue 23's --span/--postgres write it, added by hand.
     let with_span = |name: &str, slots: u64| -> PathBuf {
-        let mut report: Value =
-            serde_json::from_str(&std::fs::read_to_string(&same[0]).unwrap()).unwrap();
-        report["spans"] = serde_json::json!([{
-            "kind": "postgres",
-            "key": "SELECT 1",
-            "calls": 10,
-            "abandoned": 0,
-            "counters": {"slots": slots},
-            "metrics": {},
-            "some_future_field": [1, 2]
-        }]);
-        let path = temp(name);
-        std::fs::write(&path, report.to_string()).unwrap();
-        path
+        edited_copy(&same[0], name, |report| {
+            report["spans"] = serde_json::json!([{
+                "kind": "postgres",
+                "key": "SELECT 1",
+                "calls": 10,
+                "abandoned": 0,
+                "counters": {"slots": slots},
+                "metrics": {},
+                "some_future_field": [1, 2]
+            }]);
+        })
     };
     let base = with_span("span-base.json", 1000);
     let new = with_span("span-new.json", 1500);
-    let output = diff(&[&base, &new], &["--kinds", "span"]);
-    let stdout = text(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let stdout = diff_stdout(&[&base, &new], &["--kinds", "span"], 1);
     assert!(
         stdout.contains("REGRESSED span postgres: SELECT 1: slots/call 100 -> 150 (+50.0%)"),
         "{stdout}"
     );
     // A file without spans compares them as absent: removed, not a regression.
-    let output = diff(&[&base, &same[1]], &["--kinds", "span", "--format", "json"]);
-    assert_eq!(output.status.code(), Some(0));
-    let comparison: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let comparison = diff_json(&[&base, &same[1]], &["--kinds", "span"], 0);
     assert_eq!(
         change(&comparison, "span", "postgres: SELECT 1")["verdict"],
         "removed"
@@ -307,13 +306,10 @@ fn spans_are_compared_when_present() {
 
 #[test]
 fn differential_svg_colours_the_grown_edge_red() {
-    if !privileged() {
+    let Some((same, doubled)) = recordings() else {
         return;
-    }
-    let (same, doubled) = recordings();
-    let output = diff(&[&same[0], &doubled[0]], &["--format", "svg"]);
-    assert_eq!(output.status.code(), Some(1));
-    let svg = text(&output.stdout);
+    };
+    let svg = diff_stdout(&[&same[0], &doubled[0]], &["--format", "svg"], 1);
     let document = roxmltree::Document::parse(&svg).unwrap();
     let frame = |symbol: &str| {
         let group = document
@@ -345,30 +341,21 @@ fn differential_svg_colours_the_grown_edge_red() {
 
 #[test]
 fn bad_input_exits_2_with_one_line() {
-    // Needs no BPF, but the recordings do.
-    if !privileged() {
+    let Some((same, _)) = recordings() else {
         return;
-    }
-    let (same, _) = recordings();
+    };
     let missing = temp("missing.json");
     let not_topdown = temp("not-topdown.json");
     std::fs::write(&not_topdown, "{\"hello\": 1}\n").unwrap();
-    let mut other_model: Value =
-        serde_json::from_str(&std::fs::read_to_string(&same[0]).unwrap()).unwrap();
-    other_model["model"] = "intel-spr".into();
-    let other_model_path = temp("other-model.json");
-    std::fs::write(&other_model_path, other_model.to_string()).unwrap();
-    let mut other_weight: Value =
-        serde_json::from_str(&std::fs::read_to_string(&same[0]).unwrap()).unwrap();
-    other_weight["weight_counter"] = "cycles".into();
-    let other_weight_path = temp("other-weight.json");
-    std::fs::write(&other_weight_path, other_weight.to_string()).unwrap();
-
-    let mut other_counters: Value =
-        serde_json::from_str(&std::fs::read_to_string(&same[0]).unwrap()).unwrap();
-    other_counters["synthetic"] = false.into();
-    let other_counters_path = temp("other-counters.json");
-    std::fs::write(&other_counters_path, other_counters.to_string()).unwrap();
+    let other_model_path = edited_copy(&same[0], "other-model.json", |report| {
+        report["model"] = "intel-spr".into();
+    });
+    let other_weight_path = edited_copy(&same[0], "other-weight.json", |report| {
+        report["weight_counter"] = "cycles".into();
+    });
+    let other_counters_path = edited_copy(&same[0], "other-counters.json", |report| {
+        report["synthetic"] = false.into();
+    });
 
     for (files, expected) in [
         (vec![&same[0], &missing], "cannot read"),
@@ -390,10 +377,5 @@ fn bad_input_exits_2_with_one_line() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(stderr.contains(expected), "{expected}: {stderr}");
     }
-    let output = topdown()
-        .args(["diff", "--threshold", "-3"])
-        .args([&same[0], &same[1]])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    diff(&[&same[0], &same[1]], &["--threshold", "-3"], 2);
 }

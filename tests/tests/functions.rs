@@ -365,6 +365,20 @@ fn unwinding_figures(report: &Value, symbol: &str) -> (u64, u64, u64, u64, Strin
     )
 }
 
+/// `calls` calls of `outer` (2 getppid each) into `thrower` (3 getppid each), which throws or
+/// panics out of both: each call of each is unwound, ended by the exit probe.
+fn assert_unwound_through(report: &Value, outer: &str, thrower: &str, calls: u64) {
+    let exit = "exit".to_owned();
+    assert_eq!(
+        unwinding_figures(report, outer),
+        (calls, calls, 5 * calls, 2 * calls, exit.clone())
+    );
+    assert_eq!(
+        unwinding_figures(report, thrower),
+        (calls, calls, 3 * calls, 3 * calls, exit)
+    );
+}
+
 #[test]
 fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
     let Some(_serial) = bpf_serial() else { return };
@@ -375,15 +389,7 @@ fn cpp_exceptions_through_probed_functions_are_unwound_calls() {
         cpp,
         &["throw", "1000"],
     );
-    let exit = "exit".to_owned();
-    assert_eq!(
-        unwinding_figures(&report, "app::middle(int, int)"),
-        (1000, 1000, 5000, 2000, exit.clone())
-    );
-    assert_eq!(
-        unwinding_figures(&report, "app::thrower(int)"),
-        (1000, 1000, 3000, 3000, exit)
-    );
+    assert_unwound_through(&report, "app::middle(int, int)", "app::thrower(int)", 1000);
     assert!(
         function(&report, "app::thrower(int)")["return_probe_reason"]
             .as_str()
@@ -504,14 +510,11 @@ fn rust_panics_caught_by_catch_unwind_are_unwound_calls() {
         rust,
         &["panic", "100"],
     );
-    let exit = "exit".to_owned();
-    assert_eq!(
-        unwinding_figures(&report, "funcs_rs::unwind::outer"),
-        (100, 100, 500, 200, exit.clone())
-    );
-    assert_eq!(
-        unwinding_figures(&report, "funcs_rs::unwind::panicker"),
-        (100, 100, 300, 300, exit)
+    assert_unwound_through(
+        &report,
+        "funcs_rs::unwind::outer",
+        "funcs_rs::unwind::panicker",
+        100,
     );
 }
 
@@ -809,17 +812,8 @@ fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
             .args(["--", "/bin/sh", "-c", &format!("{c} leafmid 7 10 5; true")]),
     )
     .unwrap();
-    let replay = |format: &str| {
-        run_ok(
-            topdown()
-                .args(["report", "-i"])
-                .arg(&recording)
-                .args(["-l", "2", "--by", by, "--format", format]),
-        )
-        .unwrap()
-        .stdout
-    };
-    let report = parse_json(&replay("json")).unwrap();
+    let render = |format: &str| replay(&recording, &["-l", "2", "--by", by, "--format", format]);
+    let report = parse_json(render("json").as_bytes()).unwrap();
     assert_eq!(report["level"], 2);
     let level_two = |entity: &Value, what: &str| {
         let metrics = entity["metrics"].as_object().unwrap();
@@ -842,9 +836,9 @@ fn a_level_two_replay_recomputes_functions_edges_and_cgroups() {
         function(&report, "mid")["exclusive"]["metrics"]["retiring"].as_f64(),
         Some(1.0)
     );
-    let table = String::from_utf8(replay("table")).unwrap();
+    let table = render("table");
     assert!(table.contains("mid"), "{table}");
-    let csv = String::from_utf8(replay("csv")).unwrap();
+    let csv = render("csv");
     let mut reader = csv::Reader::from_reader(csv.as_bytes());
     let width = reader.headers().unwrap().len();
     let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
@@ -1033,38 +1027,15 @@ fn per_call_distributions_are_exact_and_survive_a_replay() {
         assert_eq!(report["diagnostics"]["histogram_full"], 0);
 
         // The replay keeps the distribution as recorded.
-        let replayed = run_ok(
-            topdown()
-                .args(["report", "--format", "json", "--by", "function", "-i"])
-                .arg(&recorded),
-        )
-        .unwrap();
-        let replayed = parse_json(&replayed.stdout).unwrap();
+        let replayed = replay_json(&recorded, &["--by", "function"]);
         assert_eq!(
             function(&replayed, "band")["distribution"],
             band["distribution"],
             "{returns}"
         );
         // And the table says which calls are slow, and why.
-        let table = String::from_utf8(
-            run_ok(
-                topdown()
-                    .args(["report", "--by", "function", "-i"])
-                    .arg(&recorded),
-            )
-            .unwrap()
-            .stdout,
-        )
-        .unwrap();
-        let line = |band: &str| -> Vec<String> {
-            table
-                .lines()
-                .find(|line| line.starts_with("band ") && line.contains(&format!(" {band} ")))
-                .unwrap_or_else(|| panic!("no {band} line in {table}"))
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
-        };
+        let table = replay(&recorded, &["--by", "function"]);
+        let line = |band: &str| band_row(&table, "band", band);
         let fast_line = line("p50");
         let slow_line = line("p99");
         assert_eq!(

@@ -44,24 +44,19 @@ fn programs() -> Option<&'static GoPrograms> {
             let cache = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/go-cache");
             let build = |source: &str, out: &str, flags: &[&str]| {
                 let path = dir.join(out);
-                let output = Command::new("go")
-                    .arg("build")
-                    .args(flags)
-                    .arg("-o")
-                    .arg(&path)
-                    .arg(source)
-                    .current_dir(workload_source(""))
-                    .env("GOCACHE", cache.join("build"))
-                    .env("GOPATH", cache.join("gopath"))
-                    .env("GOFLAGS", "")
-                    .env("GOPROXY", "off")
-                    .env("GO111MODULE", "off")
-                    .output()
-                    .unwrap_or_else(|err| panic!("go build {source}: {err}"));
-                assert!(
-                    output.status.success(),
-                    "go build {source}: {}",
-                    String::from_utf8_lossy(&output.stderr)
+                compile(
+                    Command::new("go")
+                        .arg("build")
+                        .args(flags)
+                        .arg("-o")
+                        .arg(&path)
+                        .arg(source)
+                        .current_dir(workload_source(""))
+                        .env("GOCACHE", cache.join("build"))
+                        .env("GOPATH", cache.join("gopath"))
+                        .env("GOFLAGS", "")
+                        .env("GOPROXY", "off")
+                        .env("GO111MODULE", "off"),
                 );
                 path
             };
@@ -178,8 +173,13 @@ fn expected(goroutines: u64) -> (BTreeMap<&'static str, Figures>, u64, u64) {
     (all, ppids, pgids)
 }
 
-/// Every probed function of goroutines.go, exact, with the program's output as untraced.
-fn goroutine_counts_are_exact(program: &Path) {
+/// Every probed function of goroutines.go, exact, with the program's output as untraced: for
+/// the build `build` picks.
+fn goroutine_counts_are_exact(build: fn(&GoPrograms) -> &Path) {
+    let Some((_serial, programs)) = ready() else {
+        return;
+    };
+    let program = build(programs);
     let untraced = Command::new(program)
         .arg(GOROUTINES.to_string())
         .env("GOMAXPROCS", "2")
@@ -259,18 +259,12 @@ fn goroutine_counts_are_exact(program: &Path) {
 
 #[test]
 fn goroutine_function_counts_are_exact() {
-    let Some((_serial, programs)) = ready() else {
-        return;
-    };
-    goroutine_counts_are_exact(&programs.goroutines);
+    goroutine_counts_are_exact(|programs| &programs.goroutines);
 }
 
 #[test]
 fn goroutine_function_counts_are_exact_stripped() {
-    let Some((_serial, programs)) = ready() else {
-        return;
-    };
-    goroutine_counts_are_exact(&programs.goroutines_stripped);
+    goroutine_counts_are_exact(|programs| &programs.goroutines_stripped);
 }
 
 /// Two processes of one Go program at once: their goroutines have the same `g` addresses
@@ -331,10 +325,7 @@ fn two_go_processes_keep_their_goroutines_apart() {
 /// A position-independent build keeps its function table in `.data.rel.ro.gopclntab`.
 #[test]
 fn goroutine_function_counts_are_exact_position_independent() {
-    let Some((_serial, programs)) = ready() else {
-        return;
-    };
-    goroutine_counts_are_exact(&programs.goroutines_pie);
+    goroutine_counts_are_exact(|programs| &programs.goroutines_pie);
 }
 
 /// Go names as written: a generic function's instantiations answer to its source name, a

@@ -12,6 +12,7 @@ use std::{
     os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
+    sync::MutexGuard,
     time::Duration,
 };
 
@@ -35,6 +36,18 @@ fn postgres_bin() -> Option<PathBuf> {
         }
     }
     Some(bin)
+}
+
+/// How each test starts: privileged, with the server binaries, holding the [`serial`] lock,
+/// and a server of its own with `settings` (bound after the lock, so stopped before it is let
+/// go); `None` where the test does not run here.
+fn serial_server(settings: &[&str]) -> Option<(MutexGuard<'static, ()>, Server)> {
+    if !privileged() {
+        return None;
+    }
+    let bin = postgres_bin()?;
+    let serial = serial();
+    Some((serial, Server::start(&bin, settings)))
 }
 
 /// The `postgres` user's uid and gid.
@@ -276,21 +289,16 @@ fn query_spans(report: &Value) -> Vec<&Value> {
 /// abandoned and takes nothing from the query after it.
 #[test]
 fn calls_per_query_equal_pg_stat_statements() {
-    if !privileged() {
-        return;
-    }
-    let Some(bin) = postgres_bin() else {
+    let Some((_serial, server)) = serial_server(&["compute_query_id = on"]) else {
         return;
     };
-    let _serial = serial();
-    let server = Server::start(&bin, &["compute_query_id = on"]);
     server.psql(&[
         "create extension pg_stat_statements",
         "create table items (id int primary key, name text)",
         "insert into items select g, 'item ' || g from generate_series(1, 1000) g",
     ]);
     server.psql(&["select pg_stat_statements_reset()"]);
-    let counting = Counting::start(&bin);
+    let counting = Counting::start(&server.bin);
     server.psql(&[
         "select count(*) from items",
         "select count(*) from items",
@@ -396,15 +404,10 @@ fn calls_per_query_equal_pg_stat_statements() {
 /// `select 1` and `select 22` are one query; pgbench's `select $1 + 1` another.
 #[test]
 fn without_query_ids_queries_are_keyed_by_normalised_text() {
-    if !privileged() {
-        return;
-    }
-    let Some(bin) = postgres_bin() else {
+    let Some((_serial, server)) = serial_server(&["compute_query_id = off"]) else {
         return;
     };
-    let _serial = serial();
-    let server = Server::start(&bin, &["compute_query_id = off"]);
-    let counting = Counting::start(&bin);
+    let counting = Counting::start(&server.bin);
     server.psql(&[
         "select 1",
         "select 22",
@@ -439,29 +442,21 @@ fn without_query_ids_queries_are_keyed_by_normalised_text() {
 /// the query's figures, one per worker the plan launched (EXPLAIN ANALYZE says how many).
 #[test]
 fn parallel_workers_fold_into_their_query() {
-    if !privileged() {
-        return;
-    }
-    let Some(bin) = postgres_bin() else {
+    let Some((_serial, server)) = serial_server(&[
+        "compute_query_id = on",
+        "max_parallel_workers_per_gather = 2",
+        "parallel_setup_cost = 0",
+        "parallel_tuple_cost = 0",
+        "min_parallel_table_scan_size = 0",
+    ]) else {
         return;
     };
-    let _serial = serial();
-    let server = Server::start(
-        &bin,
-        &[
-            "compute_query_id = on",
-            "max_parallel_workers_per_gather = 2",
-            "parallel_setup_cost = 0",
-            "parallel_tuple_cost = 0",
-            "min_parallel_table_scan_size = 0",
-        ],
-    );
     server.psql(&[
         "create extension pg_stat_statements",
         "create table big as select g from generate_series(1, 100000) g",
         "analyze big",
     ]);
-    let counting = Counting::start(&bin);
+    let counting = Counting::start(&server.bin);
     let explain = "explain (analyze, format json) select count(*) from big";
     let output = server.psql(&[explain, explain, explain]);
     let report = counting.stop();

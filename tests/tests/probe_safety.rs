@@ -44,21 +44,9 @@ fn workloads() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads/safety")
 }
 
-fn check(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err} (cargo xtask setup installs it)"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// Where the dynamic linker finds `soname` (`ldconfig -p`).
 fn system_library(soname: &str) -> PathBuf {
-    let listed = check(Command::new("/sbin/ldconfig").arg("-p"));
+    let listed = setup_tool(Command::new("/sbin/ldconfig").arg("-p"));
     listed
         .lines()
         .filter(|line| line.trim_start().starts_with(&format!("{soname} ")))
@@ -83,20 +71,20 @@ fn prepare(dir: &Path) -> (PathBuf, PathBuf) {
         std::fs::write(bin.join("tree").join(name), text).unwrap();
     }
     let sources = workloads();
-    check(
+    setup_tool(
         Command::new("g++")
             .args(["-O2", "-o"])
             .arg(bin.join("throw"))
             .arg(sources.join("throw.cpp")),
     );
-    check(
+    setup_tool(
         Command::new("cc")
             .args(["-O2", "-I/usr/include/python3.11", "-o"])
             .arg(bin.join("embed"))
             .arg(sources.join("embed.c"))
             .arg("-lpython3.11"),
     );
-    check(
+    setup_tool(
         Command::new("cc")
             .args(["-O2", "-o"])
             .arg(bin.join("beside"))
@@ -559,7 +547,7 @@ fn machine_wide_probes_on_a_noexec_tmpdir_say_why_topdown_stays_probed() {
     std::fs::create_dir_all(&mount).unwrap();
     let libc = dir.join("libc.so.6");
     std::fs::copy(system_library("libc.so.6"), &libc).unwrap();
-    check(
+    setup_tool(
         Command::new("mount")
             .args(["-t", "tmpfs", "-o", "noexec,size=16m", "tmpfs"])
             .arg(&mount),

@@ -52,6 +52,13 @@ fn stat(args: &[&str]) -> (Value, String) {
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// `exits MODE CALLS` with only `symbol` probed: the report.
+fn probed_alone(symbol: &str, mode: &str, calls: u64) -> Value {
+    let exe = path_str(exits_binary());
+    let probe = format!("{exe}:{symbol}");
+    stat(&["-u", &probe, "--", exe, mode, &calls.to_string()]).0
+}
+
 /// No call of the report lost its return, and no tail call was cut short.
 fn assert_every_return_and_tail_call_seen(report: &Value) {
     for name in ["missed_returns", "unmatched_returns", "tail_calls_cut"] {
@@ -79,7 +86,7 @@ fn cold_fragments_belong_to_their_function() {
     let exe = binary.to_str().unwrap();
     // 100,000 calls, 1,000 through the cold part: 1 getppid each, 2 more (h.cold's and
     // finish's) on the cold path.
-    let (report, _) = stat(&["-u", &format!("{exe}:h"), "--", exe, "cold", "100000"]);
+    let report = probed_alone("h", "cold", 100_000);
     assert_eq!(
         figures(function(&report, "h")),
         (100_000, 101_000, 0, 101_000, 0)
@@ -153,10 +160,9 @@ fn a_tail_call_through_the_plt_includes_the_library_callee() {
     let Some(_serial) = bpf_serial() else { return };
     let binary = exits_binary();
     assert_disassembly_contains(binary, "tail_libc", &["<getppid@plt>"]);
-    let exe = binary.to_str().unwrap();
-    let (report, _) = stat(&["-u", &format!("{exe}:tail_libc"), "--", exe, "plt", "500"]);
     // Its getpgid, then `jmp getppid@plt`: libc's getppid (return-only probes on its ret)
     // makes the getppid syscall inside tail_libc's call.
+    let report = probed_alone("tail_libc", "plt", 500);
     assert_eq!(
         figures(function(&report, "tail_libc")),
         (500, 500, 500, 500, 500)
@@ -328,18 +334,8 @@ fn libsqlite3_glob_matches_bpftrace_entry_counts_with_no_missed_returns() {
         script,
         ".quit",
     ]);
-    let counted: BTreeMap<String, u64> = report["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            (
-                f["symbol"].as_str().unwrap().to_owned(),
-                f["calls"].as_u64().unwrap(),
-            )
-        })
-        .filter(|(_, calls)| *calls > 0)
-        .collect();
+    let mut counted: BTreeMap<String, u64> = name_counts(&report["functions"], "symbol", "calls");
+    counted.retain(|_, calls| *calls > 0);
     let differing: Vec<(&String, Option<&u64>, Option<&u64>)> = oracle
         .keys()
         .chain(counted.keys())

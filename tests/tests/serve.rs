@@ -328,11 +328,13 @@ fn serve_command(port: u16, by: &str) -> Command {
     command
 }
 
-/// `topdown serve` on `port` with `options`, probing `functions` of `binary`, once healthy.
-fn start_serve(port: u16, options: &[&str], binary: &Path, functions: &[&str]) -> Reaped {
+/// `topdown serve` on a free port with `options`, probing `functions` of `binary`, once
+/// healthy: the exporter and its port.
+fn start_serve(options: &[&str], binary: &Path, functions: &[&str]) -> (Reaped, u16) {
+    let port = free_port();
     let mut command = serve_command(port, "process");
     command.args(options).args(probes(binary, functions));
-    start_healthy(port, command)
+    (start_healthy(port, command), port)
 }
 
 /// Starts a `topdown serve` command and waits until it answers /healthz on `port`.
@@ -469,8 +471,7 @@ fn a_target_replaced_on_disk_is_re_attached() {
     let built = funcs_binary("serve-replace");
     let target = built.with_file_name("deployed-funcs");
     std::fs::copy(&built, &target).unwrap();
-    let port = free_port();
-    let exporter = start_serve(port, &[], &target, &["leaf"]);
+    let (exporter, port) = start_serve(&[], &target, &["leaf"]);
     let calls = calls_series("leaf", &target);
     // leafmid 2 3 1: leaf runs 2 times from mid and once from main.
     run_ok(Command::new(&target).args(["leafmid", "2", "3", "1"])).unwrap();
@@ -502,14 +503,8 @@ fn a_target_replaced_on_disk_is_re_attached() {
 fn the_overhead_guard_detaches_the_busiest_function() {
     let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-overhead");
-    let port = free_port();
     // A budget no probe can meet: the guard must detach leaf (the most called), then mid.
-    let exporter = start_serve(
-        port,
-        &["--max-overhead", "0.000001"],
-        &binary,
-        &["leaf", "mid"],
-    );
+    let (exporter, port) = start_serve(&["--max-overhead", "0.000001"], &binary, &["leaf", "mid"]);
     let detached = function_series("topdown_probes_detached_total", "leaf", &binary);
     let found = wait_for(Duration::from_secs(30), || {
         run_ok(Command::new(&binary).args(["leafmid", "50", "20", "1"])).ok()?;
@@ -528,8 +523,7 @@ fn the_overhead_guard_detaches_the_busiest_function() {
 fn kill_9_leaves_no_probe_or_program_behind() {
     let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-kill");
-    let port = free_port();
-    let mut exporter = start_serve(port, &[], &binary, &["leaf"]);
+    let (mut exporter, _) = start_serve(&[], &binary, &["leaf"]);
     let events_before = uprobe_events();
     // The kernel keeps 15 bytes of a program's name (BPF_OBJ_NAME_LEN 16 with the NUL).
     let kernel_name = |name: &str| name[..name.len().min(15)].to_owned();
@@ -628,8 +622,7 @@ fn a_cpu_going_offline_and_back_keeps_counting() {
 fn sighup_re_resolves_and_re_attaches_the_function_probes() {
     let Some(_serial) = bpf_serial() else { return };
     let binary = funcs_binary("serve-sighup");
-    let port = free_port();
-    let exporter = start_serve(port, &[], &binary, &["leaf"]);
+    let (exporter, port) = start_serve(&[], &binary, &["leaf"]);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(exporter.0.id() as i32, libc::SIGHUP) };
     wait_for_sample(
@@ -818,10 +811,8 @@ fn every_query_of_the_grafana_dashboard_returns_data() {
     assert_eq!(exprs.len(), 16);
 
     let binary = funcs_binary("serve-dashboard");
-    let port = free_port();
     // --max-overhead: measured (and exported) only with a budget; this one is never exceeded.
-    let _exporter = start_serve(
-        port,
+    let (_exporter, port) = start_serve(
         &["--by", "cgroup,process", "--max-overhead", "100"],
         &binary,
         &["mid", "leaf"],
@@ -1021,8 +1012,7 @@ fn a_duty_cycled_window_counts_only_its_on_span_and_is_scaled_by_its_measured_fr
     let Some(_serial) = bpf_serial() else { return };
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-window", "td-duty-window");
-    let port = free_port();
-    let exporter = start_serve(port, &["--duty-cycle", "2s/4s"], &binary, &["leaf"]);
+    let (exporter, port) = start_serve(&["--duty-cycle", "2s/4s"], &binary, &["leaf"]);
     let calls = calls_series("leaf", &binary);
     let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let inclusive = format!(
@@ -1112,8 +1102,7 @@ fn duty_cycled_probes_sample_a_steady_workload_in_proportion_to_their_attached_t
     const RATE: f64 = 1000.0;
     // Its own name, so its process series is ours alone (serve counts the whole machine).
     let binary = funcs_binary_named("serve-duty-steady", "td-duty-steady");
-    let port = free_port();
-    let exporter = start_serve(port, &["--duty-cycle", "1s/2s"], &binary, &["leaf"]);
+    let (exporter, port) = start_serve(&["--duty-cycle", "1s/2s"], &binary, &["leaf"]);
     let calls = calls_series("leaf", &binary);
     let sampled_calls = function_series("topdown_function_sampled_calls_total", "leaf", &binary);
     let process =
@@ -1233,13 +1222,8 @@ fn duty_cycling_leaks_no_probe_and_leaves_nothing_attached_after_any_exit() {
     let binary = funcs_binary("serve-duty-leak");
     let events_before = uprobe_events();
     for exit in ["SIGTERM", "SIGINT", "error"] {
-        let port = free_port();
-        let mut exporter = start_serve(
-            port,
-            &["--duty-cycle", "200ms/500ms"],
-            &binary,
-            &["leaf", "mid"],
-        );
+        let (mut exporter, port) =
+            start_serve(&["--duty-cycle", "200ms/500ms"], &binary, &["leaf", "mid"]);
         let pid = exporter.0.id();
         // The function-probe links held at each moment, sampled every 10 ms until four whole ON
         // spans (an attach and its detach, between two samples without links) have been seen
@@ -1504,8 +1488,7 @@ fn serve_exports_each_functions_per_call_histogram_and_its_p99_band() {
     let Some(_serial) = bpf_serial() else { return };
     let funcs = funcs_binary("serve-distribution");
     let funcs = funcs.to_str().unwrap();
-    let port = free_port();
-    let exporter = start_serve(port, &[], Path::new(funcs), &["band"]);
+    let (exporter, port) = start_serve(&[], Path::new(funcs), &["band"]);
     run_ok(Command::new(funcs).args(["bands", "1000", "10", "30", "1000"])).unwrap();
     let labels = format!(r#"function="band",target="{funcs}""#);
     let count = format!("topdown_function_call_slots_count{{{labels}}}");

@@ -122,19 +122,12 @@ fn metrics_follow_the_model_formulas_exactly() {
     }
 
     // report -i recomputes the same numbers from the raw counters, and says it is synthetic.
-    let rerendered = run_ok(
-        topdown()
-            .args(["report", "--format", "json", "-i"])
-            .arg(&out),
-    )
-    .unwrap();
-    let again = parse_json(&rerendered.stdout).unwrap();
+    let again = replay_json(&out, &[]);
     assert_eq!(
         task(&again, threads[0].2).unwrap()["metrics"],
         worker["metrics"]
     );
-    let table = run_ok(topdown().args(["report", "-i"]).arg(&out)).unwrap();
-    assert!(String::from_utf8_lossy(&table.stdout).contains("SYNTHETIC"));
+    assert!(replay(&out, &[]).contains("SYNTHETIC"));
     let _ = std::fs::remove_file(out);
 }
 
@@ -407,9 +400,8 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
         ),
     ];
     for (args, status, needle) in cases {
-        let output = topdown().args(args).output().unwrap();
+        let output = exits_with(topdown().args(args), status);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(status), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
@@ -419,12 +411,11 @@ fn bad_input_gets_one_clear_line_and_its_own_exit_status() {
     let in_vm =
         std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| text.contains(" hypervisor"));
     if no_core_pmu && in_vm {
-        let output = topdown()
-            .args(["stat", "-a", "-d", "1", "--pmu", "intel-icl"])
-            .output()
-            .unwrap();
+        let output = exits_with(
+            topdown().args(["stat", "-a", "-d", "1", "--pmu", "intel-icl"]),
+            5,
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(5), "{stderr}");
         assert!(
             stderr.contains("this is a VM without a virtual PMU"),
             "{stderr}"
@@ -565,12 +556,7 @@ fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
     ])
     .unwrap();
     let tasks = report["tasks"].as_array().unwrap();
-    let renamed: Vec<&Value> = tasks
-        .iter()
-        .filter(|task| task["comm"] == "renamed-7")
-        .collect();
-    assert_eq!(renamed.len(), 1, "{tasks:?}");
-    assert_eq!(counter(renamed[0], "slots"), 8);
+    assert_eq!(counter(only_task_named(&report, "renamed-7"), "slots"), 8);
     assert!(
         tasks.iter().all(|task| task["comm"] != "td-workload"),
         "{tasks:?}"
@@ -581,24 +567,25 @@ fn tasks_renamed_after_their_first_reading_keep_their_new_names() {
     // shell makes calls of its own first (dash reads `$PPID` with getppid): measured alone.
     let shell_run = |script: &str| stat_json(["--", "sh", "-c", script]).unwrap().0;
     let alone = shell_run("sleep 0.1");
-    let shell_tasks = alone["tasks"].as_array().unwrap();
-    let shell: Vec<&Value> = shell_tasks
-        .iter()
-        .filter(|task| task["comm"] == "sh")
-        .collect();
-    assert_eq!(shell.len(), 1, "{shell_tasks:?}");
-    let own_calls = counter(shell[0], "slots");
+    let own_calls = counter(only_task_named(&alone, "sh"), "slots");
     let report = shell_run(&format!(
         "sleep 0.1; exec {WORKLOAD} --main-thread getppid=4"
     ));
     let tasks = report["tasks"].as_array().unwrap();
-    let execed: Vec<&Value> = tasks
-        .iter()
-        .filter(|task| task["comm"] == "td-workload")
-        .collect();
-    assert_eq!(execed.len(), 1, "{tasks:?}");
-    assert_eq!(counter(execed[0], "slots"), own_calls + 4);
+    assert_eq!(
+        counter(only_task_named(&report, "td-workload"), "slots"),
+        own_calls + 4
+    );
     assert!(tasks.iter().all(|task| task["comm"] != "sh"), "{tasks:?}");
+}
+
+/// The one task of `report` named `comm`; fails the test, showing the tasks, unless there is
+/// exactly one.
+fn only_task_named<'a>(report: &'a Value, comm: &str) -> &'a Value {
+    let tasks = report["tasks"].as_array().unwrap();
+    let named: Vec<&Value> = tasks.iter().filter(|task| task["comm"] == comm).collect();
+    assert_eq!(named.len(), 1, "one {comm}: {tasks:?}");
+    named[0]
 }
 
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");

@@ -56,6 +56,21 @@ fn stat(args: &[String], out: &Path) {
     .unwrap();
 }
 
+/// [`stat`] as `--format FORMAT` with every function of the tree probed.
+fn stat_probed(format: &str, out: &Path) {
+    let mut args = vec!["--format".to_owned(), format.to_owned()];
+    args.extend(probes(workload(), &FUNCTIONS));
+    stat(&args, out);
+}
+
+/// [`stat_probed`] as JSON to the scratch file `name`: the file and the report.
+fn recorded(name: &str) -> (PathBuf, Value) {
+    let json = temp(name);
+    stat_probed("json", &json);
+    let report = read_report(&json);
+    (json, report)
+}
+
 #[derive(Debug)]
 struct Frame {
     symbol: String,
@@ -193,33 +208,16 @@ fn check_slot_widths(svg: &str, report: &Value) {
 #[test]
 fn report_svg_draws_the_recorded_tree_to_scale() {
     let Some(_serial) = bpf_serial() else { return };
-    let json = temp("tree.json");
-    let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes(workload(), &FUNCTIONS));
-    stat(&args, &json);
-    let report = read_report(&json);
+    let (json, report) = recorded("tree.json");
 
     let svg = temp("tree.svg");
-    run_ok(
-        topdown()
-            .args(["report", "--format", "svg", "-i"])
-            .arg(&json)
-            .arg("-o")
-            .arg(&svg),
-    )
-    .unwrap();
+    replay(&json, &["--format", "svg", "-o", path_str(&svg)]);
     check_slot_widths(&std::fs::read_to_string(&svg).unwrap(), &report);
 
     // --weight calls: a frame is its own calls plus its callees', so handle_request is
     // 3 + parse_json 3 + lookup 3 + hash_key 6 + dispatch 3 = 18 of 23 (load_config 1 + 2,
     // render_page 2).
-    let output = run_ok(
-        topdown()
-            .args(["report", "--format", "svg", "--weight", "calls", "-i"])
-            .arg(&json),
-    )
-    .unwrap();
-    let frames = frames(&String::from_utf8(output.stdout).unwrap());
+    let frames = frames(&replay(&json, &["--format", "svg", "--weight", "calls"]));
     for (caller, callee, calls) in [
         (None, "handle_request", 18.0),
         (None, "load_config", 3.0),
@@ -245,16 +243,10 @@ fn stat_writes_svg_directly() {
     let Some(_serial) = bpf_serial() else { return };
     // The same run recorded as JSON too would be a second run; the synthetic counts are exact,
     // so the JSON of any run of the workload stands for this one.
-    let json = temp("direct.json");
-    let mut args = vec!["--format".to_owned(), "json".to_owned()];
-    args.extend(probes(workload(), &FUNCTIONS));
-    stat(&args, &json);
-    let report = read_report(&json);
+    let (json, report) = recorded("direct.json");
 
     let svg = temp("direct.svg");
-    let mut args = vec!["--format".to_owned(), "svg".to_owned()];
-    args.extend(probes(workload(), &FUNCTIONS));
-    stat(&args, &svg);
+    stat_probed("svg", &svg);
     let text = std::fs::read_to_string(&svg).unwrap();
     check_slot_widths(&text, &report);
     let document = roxmltree::Document::parse(&text).unwrap();
@@ -308,12 +300,12 @@ fn svg_without_probed_functions_is_a_usage_error() {
     let expected = "topdown: error: --format svg draws the probed call tree or spans, and this report has neither: record with -u TARGET:FUNC, --span or --postgres\n";
     let json = temp("plain.json");
     stat(&["--format".to_owned(), "json".to_owned()], &json);
-    let output = topdown()
-        .args(["report", "--format", "svg", "-i"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    let output = exits_with(
+        topdown()
+            .args(["report", "--format", "svg", "-i"])
+            .arg(&json),
+        2,
+    );
     assert_eq!(String::from_utf8_lossy(&output.stderr), expected);
     assert!(output.stdout.is_empty());
 

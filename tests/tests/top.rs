@@ -17,6 +17,21 @@ struct Pane {
 }
 
 impl Pane {
+    /// [`Pane::start`] of `topdown top --pmu PMU --refresh-ms REFRESH_MS ARGS`, waiting until
+    /// its command has exited (status 0): the pane and its screen then.
+    fn top_after_its_command(
+        name: &str,
+        pmu: &str,
+        refresh_ms: u32,
+        args: &[&str],
+    ) -> (Self, String) {
+        let refresh_ms = refresh_ms.to_string();
+        let top = ["top", "--pmu", pmu, "--refresh-ms", &refresh_ms];
+        let pane = Self::start(name, &[&top, args].concat());
+        let screen = pane.wait_for("the command exited (status 0)");
+        (pane, screen)
+    }
+
     /// Runs `topdown ARGS` in a new pane. The shell around it reports topdown's exit status
     /// and the terminal's mode after it, then stays so the pane can still be read.
     fn start(name: &str, args: &[&str]) -> Self {
@@ -117,21 +132,17 @@ fn row<'a>(screen: &'a str, text: &str) -> Vec<&'a str> {
 fn top_shows_the_commands_topdown_and_gives_the_terminal_back() {
     let Some(_serial) = bpf_serial() else { return };
     // Slots 1000 = retiring 400 + bad speculation 100 + frontend 200 + backend 300.
-    let pane = Pane::start(
+    let (pane, screen) = Pane::top_after_its_command(
         "command",
+        "synthetic:intel-icl",
+        5000,
         &[
-            "top",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--refresh-ms",
-            "5000",
             "--",
             WORKLOAD,
             "--main-thread",
             "getppid=1000,getpgid=400,getsid=100,getpriority=200,getresuid=300",
         ],
     );
-    let screen = pane.wait_for("the command exited (status 0)");
     let lines: Vec<&str> = screen.lines().collect();
     assert!(
         lines[0].starts_with("topdown top - model intel-icl (SYNTHETIC) | level 1 | "),
@@ -182,26 +193,14 @@ fn top_shows_the_selected_functions_distribution() {
     let funcs = build_c(&dir, "funcs.c", "funcs", &["-O0", "-g", "-pthread"]);
     let funcs = funcs.display().to_string();
     let probe = format!("{funcs}:band");
-    let pane = Pane::start(
+    let (pane, _) = Pane::top_after_its_command(
         "distribution",
+        "synthetic:intel-icl",
+        5000,
         &[
-            "top",
-            "--pmu",
-            "synthetic:intel-icl",
-            "--refresh-ms",
-            "5000",
-            "-u",
-            &probe,
-            "--",
-            &funcs,
-            "bands",
-            "1000",
-            "10",
-            "30",
-            "1000",
+            "-u", &probe, "--", &funcs, "bands", "1000", "10", "30", "1000",
         ],
     );
-    pane.wait_for("the command exited (status 0)");
     pane.keys(&["d"]);
     pane.wait_for(
         "d shows the selected function's or span's distribution: switch to functions with f or spans with r",
@@ -238,21 +237,12 @@ fn top_shows_the_selected_functions_distribution() {
 #[test]
 fn top_with_the_software_model_shows_on_cpu_time() {
     let Some(_serial) = bpf_serial() else { return };
-    let pane = Pane::start(
+    let (pane, screen) = Pane::top_after_its_command(
         "software",
-        &[
-            "top",
-            "--pmu",
-            "software",
-            "--refresh-ms",
-            "500",
-            "--",
-            WORKLOAD,
-            "--main-thread",
-            "spin=1500",
-        ],
+        "software",
+        500,
+        &["--", WORKLOAD, "--main-thread", "spin=1500"],
     );
-    let screen = pane.wait_for("the command exited (status 0)");
     assert!(
         screen.starts_with("topdown top - model software | on-CPU time (no TopDown) | "),
         "{screen}"

@@ -222,13 +222,7 @@ fn a_non_root_user_counts_a_command_per_thread_with_software_counters() {
     }
 
     // The recording reads back.
-    let replay = run_ok(
-        topdown()
-            .args(["report", "--format", "json", "-i"])
-            .arg(&out),
-    )
-    .unwrap();
-    let replayed = parse_json(&replay.stdout).unwrap();
+    let replayed = replay_json(&out, &[]);
     assert_eq!(replayed["processes"], report["processes"]);
     assert_eq!(replayed["tasks"], report["tasks"]);
 }

@@ -97,16 +97,17 @@ fn request_span(target: &str, more: &str) -> String {
     format!("request={target}:test:request_start..test:request_done,key=arg0{more}")
 }
 
+/// The report of `--span` [`request_span`]`(target, more)` around `target ARGS`.
+fn request_spans(target: &str, more: &str, args: &[&str]) -> Value {
+    let spec = request_span(target, more);
+    let mut all = vec!["--span", &spec, "--", target];
+    all.extend(args);
+    stat_json(all).unwrap().0
+}
+
 /// `topdown report -i RECORDING --by BY --format FORMAT`'s output.
 fn render(recording: &Path, by: &str, format: &str) -> String {
-    let output = run_ok(
-        topdown()
-            .args(["report", "-i"])
-            .arg(recording)
-            .args(["--by", by, "--format", format]),
-    )
-    .unwrap();
-    String::from_utf8(output.stdout).unwrap()
+    replay(recording, &["--by", by, "--format", format])
 }
 
 fn no_span_anomalies(report: &Value) {
@@ -205,12 +206,12 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
     const M: u64 = 300;
     for migrate in [false, true] {
         let target = programs().pie.display().to_string();
-        let (spec, n, m) = (request_span(&target, ""), N.to_string(), M.to_string());
-        let mut args = vec!["--span", &spec, "--", &target, "block", &n, &m];
+        let (n, m) = (N.to_string(), M.to_string());
+        let mut args = vec!["block", &n, &m];
         if migrate {
             args.push("migrate");
         }
-        let (report, _) = stat_json(args).unwrap();
+        let report = request_spans(&target, "", &args);
         let figures = |key: &str| {
             let span = span(&report, "request", key)
                 .unwrap_or_else(|| panic!("no request {key:?} in {}", report["spans"]));
@@ -240,18 +241,7 @@ fn span_distributions_are_exact_and_survive_a_replay() {
     let Some(_serial) = bpf_serial() else { return };
     for (build, program) in both() {
         let target = program.display().to_string();
-        let (report, _) = stat_json([
-            "--span",
-            &request_span(&target, ""),
-            "--",
-            &target,
-            "bands",
-            "1000",
-            "10",
-            "30",
-            "1000",
-        ])
-        .unwrap();
+        let report = request_spans(&target, "", &["bands", "1000", "10", "30", "1000"]);
         let request = span(&report, "request", "6")
             .unwrap_or_else(|| panic!("{build}: no request 6 in {}", report["spans"]));
         assert_eq!(request["calls"], 1030, "{build}");
@@ -296,15 +286,7 @@ fn span_distributions_are_exact_and_survive_a_replay() {
             "{build}"
         );
         let table = render("table");
-        let line = |band: &str| -> Vec<String> {
-            table
-                .lines()
-                .find(|line| line.starts_with("request ") && line.contains(&format!(" {band} ")))
-                .unwrap_or_else(|| panic!("no {band} line in {table}"))
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
-        };
+        let line = |band: &str| band_row(&table, "request", band);
         assert_eq!(
             line("p50"),
             [
@@ -393,17 +375,7 @@ fn every_argument_form_is_decoded_exactly() {
             "{build}: {}",
             report["spans"]
         );
-        let hits: Vec<(String, u64)> = report["usdt"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|probe| {
-                (
-                    probe["probe"].as_str().unwrap().to_owned(),
-                    probe["hits"].as_u64().unwrap(),
-                )
-            })
-            .collect();
+        let hits: Vec<(String, u64)> = name_counts(&report["usdt"], "probe", "hits");
         let sites = expected.len() as u64;
         assert_eq!(
             hits,
@@ -683,15 +655,7 @@ fn bad_usdt_input_is_one_line_and_exit_2() {
 fn span_reports_round_trip_through_report_input() {
     let Some(_serial) = bpf_serial() else { return };
     let target = programs().pie.display().to_string();
-    let (recorded, _) = stat_json([
-        "--span",
-        &request_span(&target, ",abort=test:reset"),
-        "--",
-        &target,
-        "spans",
-        "100",
-    ])
-    .unwrap();
+    let recorded = request_spans(&target, ",abort=test:reset", &["spans", "100"]);
     let recording = temp_path("usdt-rec.json");
     std::fs::write(&recording, recorded.to_string()).unwrap();
     let render = |format: &str| render(&recording, "query", format);

@@ -366,16 +366,19 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         )),
         Some(switch_floor_name(SYNTHETIC)),
     ));
-    for pmu in [SOFTWARE, SYNTHETIC] {
-        configs.push(
+    // `topdown stat -a` of a build (`td` or the baseline, named NAME) for each model, beside
+    // the model's switch floor and its work floor.
+    let machine_wide = |td: &str, name: &str| {
+        [SOFTWARE, SYNTHETIC].map(|pmu| {
             Config::new(
-                format!("topdown stat -a --pmu {pmu}"),
-                Some(stat_argv(&td, &["-a", "--pmu", pmu])),
+                format!("{name}topdown stat -a --pmu {pmu}"),
+                Some(stat_argv(td, &["-a", "--pmu", pmu])),
                 Some(switch_floor_name(pmu)),
             )
-            .with_work_floor(task_floor_name(pmu)),
-        );
-    }
+            .with_work_floor(task_floor_name(pmu))
+        })
+    };
+    configs.extend(machine_wide(&td, ""));
     configs.push(bpftrace_switch_config());
     if let Some(old) = baseline_build() {
         configs.push(
@@ -386,16 +389,7 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
             )
             .with_work_floor(FILTER_FLOOR_NAME),
         );
-        for pmu in [SOFTWARE, SYNTHETIC] {
-            configs.push(
-                Config::new(
-                    format!("baseline: topdown stat -a --pmu {pmu}"),
-                    Some(stat_argv(&old, &["-a", "--pmu", pmu])),
-                    Some(switch_floor_name(pmu)),
-                )
-                .with_work_floor(task_floor_name(pmu)),
-            );
-        }
+        configs.extend(machine_wide(&old, "baseline: "));
     }
     let mut machine = MachineLoad::start();
     // Issue 11's ratio is between these: measured more often, as the empty program's small
@@ -498,6 +492,14 @@ struct RatioInterval {
     estimate: f64,
     low: f64,
     high: f64,
+}
+
+/// [`added_ratio`] of configuration `num`'s program run times to `den`'s, paired as the
+/// bounds' ratios are (the k-th measurements share a round); `None` where either ran without
+/// statistics.
+fn program_ratio(measured: &rounds::Measured, num: usize, den: usize) -> Option<RatioInterval> {
+    let (num, den) = (&measured.program[num], &measured.program[den]);
+    (!num.is_empty() && !den.is_empty()).then(|| added_ratio(num, den, BOOTSTRAP_RESAMPLES))
 }
 
 /// `median(num) / median(den)` of added costs, with a bootstrap interval that resamples
@@ -766,7 +768,57 @@ struct ProbeCost {
     program_ratio: Vec<Option<f64>>,
 }
 
+/// What a per-call or per-span section times: `argv` runs `per_run` units and prints its own
+/// ns per unit as `field` (`ns_per_call`); `what` names its rounds (`functions`), `unit` their
+/// figures (`ns/call`).
+struct ProbeWorkload<'a> {
+    argv: &'a [String],
+    per_run: f64,
+    field: &'a str,
+    what: &'a str,
+    unit: &'a str,
+    rounds: usize,
+}
+
 impl ProbeCost {
+    /// `workload.rounds` alternating rounds of `runs`, then [`PROGRAM_ROUNDS`] rounds with the
+    /// kernel's BPF statistics timing the programs of `timed`'s tracers; `after_round` runs
+    /// after each round of both.
+    fn measure(
+        configs: &[Config],
+        runs: &[TracedRun],
+        timed: &[Option<Vec<String>>],
+        workload: &ProbeWorkload,
+        bpftrace: &str,
+        after_round: &mut dyn FnMut(),
+    ) -> Result<Self> {
+        let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
+        let mut samples = measure_rounds(
+            configs,
+            &all,
+            workload.rounds,
+            &format!("{}, round", workload.what),
+            workload.unit,
+            &mut |run| measure_workload(run, workload.argv, workload.field),
+            after_round,
+        )?;
+        let mut program_samples = measure_rounds(
+            configs,
+            timed,
+            PROGRAM_ROUNDS,
+            &format!("{}, program round", workload.what),
+            workload.unit,
+            &mut |tracer| program_time_per_run(tracer, workload.argv, workload.per_run),
+            after_round,
+        )?;
+        Ok(Self::of(
+            configs,
+            &mut samples,
+            &mut program_samples,
+            bpftrace,
+        ))
+    }
+
     fn of(
         configs: &[Config],
         samples: &mut [Vec<f64>],
@@ -947,33 +999,22 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
     runs.push(TracedRun::Alone(topdown_run(&td, SYNTHETIC, None)));
     timed.push(Some(topdown_beside(&td, SYNTHETIC, None)));
 
-    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
-    let workload = [bench.clone(), CALLS.to_owned()];
-    let mut samples = measure_rounds(
+    let workload = ProbeWorkload {
+        argv: &[bench.clone(), CALLS.to_owned()],
+        per_run: CALLS.parse()?,
+        field: "ns_per_call",
+        what: "functions",
+        unit: "ns/call",
+        rounds: CALL_ROUNDS,
+    };
+    let cost = ProbeCost::measure(
         &configs,
-        &all,
-        CALL_ROUNDS,
-        "functions, round",
-        "ns/call",
-        &mut |run| measure_workload(run, &workload, "ns_per_call"),
-        &mut || {},
-    )?;
-    let calls: f64 = CALLS.parse()?;
-    let mut program_samples = measure_rounds(
-        &configs,
+        &runs,
         &timed,
-        PROGRAM_ROUNDS,
-        "functions, program round",
-        "ns/call",
-        &mut |tracer| program_time_per_run(tracer, &workload, calls),
+        &workload,
+        BPFTRACE_CALL_NAME,
         &mut || {},
     )?;
-    let cost = ProbeCost::of(
-        &configs,
-        &mut samples,
-        &mut program_samples,
-        BPFTRACE_CALL_NAME,
-    );
 
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
@@ -1812,10 +1853,7 @@ fn write_switches(
     let figures = Figures::of(measured);
     let added_rounds = &measured.added;
     let run_times = &figures.program;
-    let mut section = String::new();
-    section += "## Context-switch cost (`cargo xtask bench`)\n\n";
-    section += &machine_text();
-    section += &load_text(load);
+    let mut section = section_start("Context-switch cost", load);
     let command = command_text();
     section += &format!(
         "Command: `{command}`. Two SCHED_FIFO threads pinned to CPU 0 alternate by \
@@ -1909,13 +1947,8 @@ fn write_switches(
                 interval_text(&by_program)
             );
         }
-        if !measured.program[idle_p].is_empty() && !measured.program[empty].is_empty() {
-            // Issue 28 restates the bound on the programs' own run times (paired by round).
-            let programs = added_ratio(
-                &measured.program[idle_p],
-                &measured.program[empty],
-                BOOTSTRAP_RESAMPLES,
-            );
+        // Issue 28 restates the bound on the programs' own run times (paired by round).
+        if let Some(programs) = program_ratio(measured, idle_p, empty) {
             section += &format!(
                 "; the programs' run times alone, {}",
                 interval_text(&programs)
@@ -1939,13 +1972,7 @@ fn write_switches(
              per switch",
             added_medians[new], added_medians[old]
         );
-        if !measured.program[new].is_empty() && !measured.program[old].is_empty() {
-            // Paired as the bounds' ratios are: the k-th measurements share a round.
-            let by_program = added_ratio(
-                &measured.program[new],
-                &measured.program[old],
-                BOOTSTRAP_RESAMPLES,
-            );
+        if let Some(by_program) = program_ratio(measured, new, old) {
             section += &format!(
                 "; program run time {:.1} against {:.1} ns, {}",
                 Spread::of(&measured.program[new]).median,
@@ -1956,6 +1983,12 @@ fn write_switches(
         section += ".\n";
     }
     write_section("## Context-switch cost", &section)
+}
+
+/// How a section measured on the shared machine begins: its heading `## TITLE (`cargo xtask
+/// bench`)`, the machine ([`machine_text`]) and its load over the run ([`load_text`]).
+fn section_start(title: &str, load: &LoadReport) -> String {
+    format!("## {title} (`cargo xtask bench`)\n\n") + &machine_text() + &load_text(load)
 }
 
 /// " The machine is shared: ... (1-minute load average A to B over the run; steal ...).\n\n"
@@ -2018,12 +2051,7 @@ impl Figures {
             self.added[floor],
             bound_text(&by_cpu, ISSUE_28_BOUND)
         );
-        if !measured.program[index].is_empty() && !measured.program[floor].is_empty() {
-            let by_program = added_ratio(
-                &measured.program[index],
-                &measured.program[floor],
-                BOOTSTRAP_RESAMPLES,
-            );
+        if let Some(by_program) = program_ratio(measured, index, floor) {
             text += &format!(
                 "; program run time {:.1} against {:.1} ns, {}",
                 self.program[index].unwrap_or(f64::NAN),

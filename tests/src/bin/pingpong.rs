@@ -126,6 +126,17 @@ fn usage() -> ! {
     std::process::exit(2);
 }
 
+/// Where one side runs: in `cgroup` (when given), on `cpu`, and as a real-time task when `fifo`.
+fn place(cgroup: Option<&str>, cpu: usize, fifo: bool) {
+    if let Some(dir) = cgroup {
+        join_cgroup(dir);
+    }
+    pin(cpu);
+    if fifo {
+        realtime();
+    }
+}
+
 /// Moves this process into a cgroup v2 directory.
 fn join_cgroup(dir: &str) {
     let pid = std::process::id().to_string();
@@ -246,10 +257,7 @@ fn main() {
     // Both sides pinned before either starts, so neither loop runs alone at first.
     let ready = Arc::new(Barrier::new(2));
     let side = move |first: bool, turn: Arc<AtomicU32>, ready: Arc<Barrier>| {
-        pin(cpu);
-        if fifo {
-            realtime();
-        }
+        place(None, cpu, fifo);
         ready.wait();
         let start = ThreadClock::now();
         for _ in 0..round_trips {
@@ -308,13 +316,7 @@ fn processes_pingpong(
     // SAFETY: the child runs only its loop before exiting.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        if let Some(dir) = &cgroups.1 {
-            join_cgroup(dir);
-        }
-        pin(cpu);
-        if fifo {
-            realtime();
-        }
+        place(cgroups.1.as_deref(), cpu, fifo);
         let start = ThreadClock::now();
         for _ in 0..round_trips {
             hop(ping[0], pong[1], false);
@@ -327,13 +329,7 @@ fn processes_pingpong(
         unsafe { libc::write(result[1], bytes.as_ptr().cast(), bytes.len()) };
         std::process::exit(0);
     }
-    if let Some(dir) = &cgroups.0 {
-        join_cgroup(dir);
-    }
-    pin(cpu);
-    if fifo {
-        realtime();
-    }
+    place(cgroups.0.as_deref(), cpu, fifo);
     let start = Instant::now();
     let clock = ThreadClock::now();
     for _ in 0..round_trips {

@@ -12,8 +12,8 @@ use anyhow::{Context as _, Result};
 
 use super::{
     BOOTSTRAP_RESAMPLES, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING, SOFTWARE,
-    STATS_ROUNDS, SYNTHETIC, bpftrace_switch_config, cgroup_v2_mount, command_text, load_text,
-    machine_text, remove_tree, rounds, stat_argv, stats_elsewhere_text, strings, switch_floor_name,
+    STATS_ROUNDS, SYNTHETIC, bpftrace_switch_config, cgroup_v2_mount, command_text, remove_tree,
+    rounds, section_start, stat_argv, stats_elsewhere_text, strings, switch_floor_name,
     write_section,
 };
 
@@ -224,9 +224,7 @@ fn write(
     measured: &[rounds::Measured],
     load: &super::LoadReport,
 ) -> Result<()> {
-    let mut section = String::from("## Per-cgroup attribution cost (`cargo xtask bench`)\n\n");
-    section += &machine_text();
-    section += &load_text(load);
+    let mut section = section_start("Per-cgroup attribution cost", load);
     section += &format!(
         "Command: `{}`. The ping-pong's two sides are processes pinned to CPU 0 that hand a \
          byte back and forth through pipes ({ROUND_TRIPS} round trips per ping-pong): both in \

@@ -14,8 +14,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    MachineLoad, Spread, command_text, load_text, machine_text, probed_functions, strings,
-    write_section,
+    MachineLoad, Spread, command_text, probed_functions, section_start, strings, write_section,
 };
 
 /// Rounds (each runs every row with each signal once, in turn), and the issue's bound.
@@ -162,9 +161,7 @@ fn bench_in(topdown: &Path, dir: &Path) -> Result<()> {
     }
     let load = machine.finish();
 
-    let mut section = String::from("## Ending on a signal (`cargo xtask bench`)\n\n");
-    section += &machine_text();
-    section += &load_text(&load);
+    let mut section = section_start("Ending on a signal", &load);
     section += &format!(
         "Command: `{}`. How long `topdown stat ... -- CMD` takes to end after SIGINT or \
          SIGTERM arrives while it counts (the issue's bound: within 1 s in every phase, with \

@@ -12,9 +12,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, SOFTWARE, SYNTHETIC, TracedRun,
-    command_text, machine_text, measure_rounds, measure_workload, median, program_time_per_run,
-    start_tracer, stat_argv, stop_tracer, strings, write_section,
+    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, ProbeWorkload, SOFTWARE, SYNTHETIC,
+    TracedRun, command_text, machine_text, median, start_tracer, stat_argv, stop_tracer, strings,
+    write_section,
 };
 use crate::cmd;
 
@@ -91,34 +91,23 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         }
     }
     let mut load = MachineLoad::start();
-    let all: Vec<Option<&TracedRun>> = runs.iter().map(Some).collect();
-    let workload = [bench.clone(), SPANS.to_owned()];
-    let mut samples = measure_rounds(
+    let workload = ProbeWorkload {
+        argv: &[bench.clone(), SPANS.to_owned()],
+        per_run: SPANS.parse()?,
+        field: "ns_per_span",
+        what: "spans",
+        unit: "ns/span",
+        rounds: SPAN_ROUNDS,
+    };
+    let cost = ProbeCost::measure(
         &configs,
-        &all,
-        SPAN_ROUNDS,
-        "spans, round",
-        "ns/span",
-        &mut |run| measure_workload(run, &workload, "ns_per_span"),
-        &mut || load.sample(),
-    )?;
-    let spans: f64 = SPANS.parse()?;
-    let mut program_samples = measure_rounds(
-        &configs,
+        &runs,
         &timed,
-        PROGRAM_ROUNDS,
-        "spans, program round",
-        "ns/span",
-        &mut |tracer| program_time_per_run(tracer, &workload, spans),
+        &workload,
+        BPFTRACE_SPAN_NAME,
         &mut || load.sample(),
     )?;
     let load = load.finish();
-    let cost = ProbeCost::of(
-        &configs,
-        &mut samples,
-        &mut program_samples,
-        BPFTRACE_SPAN_NAME,
-    );
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
     section += &machine_text();
     section += &format!(

@@ -11,8 +11,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    MachineLoad, Spread, command_text, load_text, machine_text, probed_functions, strings,
-    write_section,
+    MachineLoad, Spread, command_text, probed_functions, section_start, strings, write_section,
 };
 use crate::cmd;
 
@@ -190,9 +189,7 @@ pub(super) fn bench(topdown: &Path) -> Result<()> {
         machine.sample();
     }
     let load = machine.finish();
-    let mut section = String::from("## Start-up (`cargo xtask bench`)\n\n");
-    section += &machine_text();
-    section += &load_text(&load);
+    let mut section = section_start("Start-up", &load);
     section += &format!(
         "Command: `{}`. How long a traced command waits: from starting the tool to the \
          command's `main` (`tests/workloads/started.c` prints CLOCK_MONOTONIC there; with \
