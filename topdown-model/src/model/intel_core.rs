@@ -283,39 +283,32 @@ impl IntelCore {
 }
 
 impl Model for IntelCore {
-    fn base_name(&self) -> &'static str {
-        match (self.generation, self.smt) {
-            (Generation::SandyBridge, false) => "intel-snb",
-            (Generation::SandyBridge, true) => "intel-snb-smt",
-            (Generation::IvyBridge, false) => "intel-ivb",
-            (Generation::IvyBridge, true) => "intel-ivb-smt",
-            (Generation::Skylake, false) => "intel-skl",
-            (Generation::Skylake, true) => "intel-skl-smt",
-        }
-    }
-
-    fn description(&self) -> &'static str {
-        match (self.generation, self.smt) {
-            (Generation::SandyBridge, false) => {
-                "Intel Sandy Bridge (generic counters, SMT off): TopDown L1 + L2"
-            }
-            (Generation::SandyBridge, true) => {
-                "Intel Sandy Bridge with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
-            }
-            (Generation::IvyBridge, false) => {
-                "Intel Ivy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)"
-            }
-            (Generation::IvyBridge, true) => {
-                "Intel Ivy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
-            }
-            (Generation::Skylake, false) => {
-                "Intel Skylake..Cascade Lake (generic counters, SMT off): TopDown L1 + L2"
-            }
-            (Generation::Skylake, true) => {
-                "Intel Skylake..Cascade Lake with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
-            }
-        }
-    }
+    super::name_and_description!(self => match (self.generation, self.smt) {
+        (Generation::SandyBridge, false) => (
+            "intel-snb",
+            "Intel Sandy Bridge (generic counters, SMT off): TopDown L1 + L2",
+        ),
+        (Generation::SandyBridge, true) => (
+            "intel-snb-smt",
+            "Intel Sandy Bridge with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)",
+        ),
+        (Generation::IvyBridge, false) => (
+            "intel-ivb",
+            "Intel Ivy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)",
+        ),
+        (Generation::IvyBridge, true) => (
+            "intel-ivb-smt",
+            "Intel Ivy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)",
+        ),
+        (Generation::Skylake, false) => (
+            "intel-skl",
+            "Intel Skylake..Cascade Lake (generic counters, SMT off): TopDown L1 + L2",
+        ),
+        (Generation::Skylake, true) => (
+            "intel-skl-smt",
+            "Intel Skylake..Cascade Lake with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)",
+        ),
+    });
 
     fn counters(&self) -> Vec<CounterSpec> {
         self.layout().into_iter().map(|(_, spec)| spec).collect()

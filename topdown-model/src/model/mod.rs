@@ -276,11 +276,41 @@ macro_rules! typed_metrics_from_map {
 }
 use typed_metrics_from_map;
 
+/// [`Model::base_name`] and [`Model::description`] from one place: `"name", "description"` for
+/// a model with one variant, or `self => expression` giving the `(name, description)` pair of
+/// `self`'s variant, so that each variant's name and `topdown list` line stand together.
+macro_rules! name_and_description {
+    ($name:literal, $description:literal) => {
+        fn base_name(&self) -> &'static str {
+            $name
+        }
+
+        fn description(&self) -> &'static str {
+            $description
+        }
+    };
+    ($self:ident => $name_and_description:expr) => {
+        fn base_name(&$self) -> &'static str {
+            $name_and_description.0
+        }
+
+        fn description(&$self) -> &'static str {
+            $name_and_description.1
+        }
+    };
+}
+pub(crate) use name_and_description;
+
 /// A module `$module` of a model's input ids: `usize` consts numbered 0, 1, 2, ... in the order
 /// given, and `COUNT`, how many there are. Ids for [`Positions`] and for positions in a counter
-/// list, numbered by the compiler rather than by hand.
+/// list, numbered by the compiler rather than by hand. An input given as `NAME = "EVENT.NAME"`
+/// also gets a `&str` const `NAME` beside the module: the perf event name it is opened by, so
+/// that each input's id and event name are listed once (with the doc comments given for it).
 macro_rules! input_ids {
-    ($(#[$module_meta:meta])* mod $module:ident { $($(#[$meta:meta])* $name:ident,)* }) => {
+    ($(#[$module_meta:meta])* mod $module:ident {
+        $($(#[$meta:meta])* $name:ident $(= $event:literal)?,)*
+    }) => {
+        $($crate::model::input_ids!(@event_name [$(#[$meta])*] $name $($event)?);)*
         $(#[$module_meta])*
         mod $module {
             #[allow(clippy::upper_case_acronyms, non_camel_case_types)]
@@ -293,6 +323,11 @@ macro_rules! input_ids {
             pub const COUNT: usize = [$(stringify!($name),)*].len();
         }
     };
+    (@event_name [$($meta:tt)*] $name:ident $event:literal) => {
+        $($meta)*
+        const $name: &str = $event;
+    };
+    (@event_name [$($meta:tt)*] $name:ident) => {};
 }
 use input_ids;
 
