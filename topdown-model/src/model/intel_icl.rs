@@ -182,13 +182,7 @@ impl Model for IntelIcl {
         });
     }
 
-    fn weight_counter(&self) -> &'static str {
-        COUNTERS[SLOTS].0
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        Some(value(values, SLOTS))
-    }
+    super::weighed_by_slots_counter!(COUNTERS[SLOTS]);
 }
 
 #[cfg(test)]

@@ -140,13 +140,7 @@ impl Model for IntelPerfMetricsL2 {
         });
     }
 
-    fn weight_counter(&self) -> &'static str {
-        METRIC_EVENTS[SLOTS].0
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        Some(value(values, SLOTS))
-    }
+    super::weighed_by_slots_counter!(METRIC_EVENTS[SLOTS]);
 }
 
 #[cfg(test)]
