@@ -81,14 +81,11 @@ metric_level! {
     /// Level 2 of one evaluation, by name, written in [`L2_METRICS`]' order. A model without
     /// some of these nodes leaves them at the default, `None`.
     pub struct LevelTwo at LEVEL_TWO_AT {
-        light_operations,
-        heavy_operations,
-        branch_mispredicts,
-        machine_clears,
-        fetch_latency,
-        fetch_bandwidth,
-        memory_bound,
-        core_bound,
+        // One line per level-1 parent, in L1_METRICS' order.
+        light_operations, heavy_operations,
+        branch_mispredicts, machine_clears,
+        fetch_latency, fetch_bandwidth,
+        memory_bound, core_bound,
     }
 }
 
