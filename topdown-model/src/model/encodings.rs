@@ -30,6 +30,8 @@ struct Encoding {
     cmask: u64,
     edge: u64,
     any: u64,
+    /// What else than its source file's entry of the same name the event was read from.
+    note: &'static str,
 }
 
 impl Encoding {
@@ -47,6 +49,12 @@ impl Encoding {
     const fn any_thread(self) -> Self {
         Self { any: 1, ..self }
     }
+
+    /// The same event, read from `note` in its source file (another entry, another file's
+    /// counter mask).
+    const fn note(self, note: &'static str) -> Self {
+        Self { note, ..self }
+    }
 }
 
 /// An event with EventCode `event`, UMask `umask` and CounterMask `cmask`.
@@ -58,6 +66,7 @@ const fn encoding(name: &'static str, event: u64, umask: u64, cmask: u64) -> Enc
         cmask,
         edge: 0,
         any: 0,
+        note: "",
     }
 }
 
@@ -76,25 +85,34 @@ const SKL: &[&str] = &["skl"];
 const BOTH_CORES: &[&str] = &["snb", "skl"];
 const E_CORES: &[&str] = &["grt", "cmt", "skt"];
 
+/// Sandy Bridge's UOPS_DISPATCHED.THREAD with the counter masks snb-metrics.json gives it.
+const DISPATCHED_CMASK: &str = "UOPS_DISPATCHED.THREAD, cmask from snb-metrics.json";
+
+/// Skylake's JSON has no counter mask for INT_MISC.RECOVERY_CYCLES(_ANY) (0x0d/0x01, AnyThread 1);
+/// topdown keeps the kernel's own Skylake alias `topdown-recovery-bubbles` =
+/// event=0xd,umask=0x1,cmask=1 (arch/x86/events/intel/core.c, topdown-formulas.md §2.1), which
+/// counts the same per-cycle condition.
+const RECOVERY_BUBBLES: &str = "kernel alias topdown-recovery-bubbles";
+
 const TABLE: &[Source] = &[
-    // The model names TMA's CLKS (CPU_CLK_UNHALTED.THREAD, fixed counter 1 in the JSON) but
-    // opens the architectural CPU_CLK_UNHALTED.THREAD_P encoding, which the kernel may still
-    // place on fixed counter 1 (arch/x86/events/intel/core.c FIXED_EVENT_CONSTRAINT(0x003c, 1)).
-    Source {
-        families: BOTH_CORES,
-        source: "{sandybridge,skylake}/pipeline.json CPU_CLK_UNHALTED.THREAD_P",
-        events: &[encoding("CPU_CLK_UNHALTED.THREAD", 0x3c, 0x00, 0)],
-    },
     Source {
         families: BOTH_CORES,
         source: "{sandybridge,skylake}/pipeline.json",
         events: &[
+            // The model names TMA's CLKS (CPU_CLK_UNHALTED.THREAD, fixed counter 1 in the JSON)
+            // but opens the architectural CPU_CLK_UNHALTED.THREAD_P encoding, which the kernel
+            // may still place on fixed counter 1 (arch/x86/events/intel/core.c
+            // FIXED_EVENT_CONSTRAINT(0x003c, 1)).
+            encoding("CPU_CLK_UNHALTED.THREAD", 0x3c, 0x00, 0).note("CPU_CLK_UNHALTED.THREAD_P"),
             encoding("UOPS_ISSUED.ANY", 0x0e, 0x01, 0),
             encoding("UOPS_RETIRED.RETIRE_SLOTS", 0xc2, 0x02, 0),
             encoding("CPU_CLK_UNHALTED.ONE_THREAD_ACTIVE", 0x3c, 0x02, 0),
             encoding("CPU_CLK_UNHALTED.REF_XCLK", 0x3c, 0x01, 0),
             encoding("BR_MISP_RETIRED.ALL_BRANCHES", 0xc5, 0x00, 0),
             encoding("MACHINE_CLEARS.COUNT", 0xc3, 0x01, 1).edge(),
+            // INST_RETIRED.ANY_P's encoding: the kernel puts 0x00c0 on fixed counter 0
+            // (FIXED_EVENT_CONSTRAINT(0x00c0, 0)), which is what the model declares.
+            encoding("INST_RETIRED.ANY", 0xc0, 0x00, 0).note("INST_RETIRED.ANY_P"),
         ],
     },
     Source {
@@ -110,13 +128,6 @@ const TABLE: &[Source] = &[
             ),
         ],
     },
-    // INST_RETIRED.ANY_P's encoding: the kernel puts 0x00c0 on fixed counter 0
-    // (FIXED_EVENT_CONSTRAINT(0x00c0, 0)), which is what the model declares.
-    Source {
-        families: BOTH_CORES,
-        source: "{sandybridge,skylake}/pipeline.json INST_RETIRED.ANY_P",
-        events: &[encoding("INST_RETIRED.ANY", 0xc0, 0x00, 0)],
-    },
     Source {
         families: SNB,
         source: "sandybridge/pipeline.json",
@@ -129,15 +140,9 @@ const TABLE: &[Source] = &[
             encoding("RESOURCE_STALLS.SB", 0xa2, 0x08, 0),
             encoding("CYCLE_ACTIVITY.CYCLES_NO_DISPATCH", 0xa3, 0x04, 4),
             encoding("RS_EVENTS.EMPTY_CYCLES", 0x5e, 0x01, 0),
-        ],
-    },
-    Source {
-        families: SNB,
-        source: "sandybridge/pipeline.json UOPS_DISPATCHED.THREAD, cmask from snb-metrics.json",
-        events: &[
-            encoding("UOPS_DISPATCHED.THREAD:c1", 0xb1, 0x01, 1),
-            encoding("UOPS_DISPATCHED.THREAD:c2", 0xb1, 0x01, 2),
-            encoding("UOPS_DISPATCHED.THREAD:c3", 0xb1, 0x01, 3),
+            encoding("UOPS_DISPATCHED.THREAD:c1", 0xb1, 0x01, 1).note(DISPATCHED_CMASK),
+            encoding("UOPS_DISPATCHED.THREAD:c2", 0xb1, 0x01, 2).note(DISPATCHED_CMASK),
+            encoding("UOPS_DISPATCHED.THREAD:c3", 0xb1, 0x01, 3).note(DISPATCHED_CMASK),
         ],
     },
     Source {
@@ -145,38 +150,21 @@ const TABLE: &[Source] = &[
         source: "sandybridge/frontend.json",
         events: &[encoding("IDQ.MS_UOPS", 0x79, 0x30, 0)],
     },
-    // Skylake's JSON has no counter mask here; topdown keeps the kernel's own Skylake alias
-    // `topdown-recovery-bubbles` = event=0xd,umask=0x1,cmask=1 (arch/x86/events/intel/core.c,
-    // topdown-formulas.md §2.1), which counts the same per-cycle condition.
-    Source {
-        families: SKL,
-        source: "kernel alias topdown-recovery-bubbles (skylake/pipeline.json: 0x0d/0x01)",
-        events: &[encoding("INT_MISC.RECOVERY_CYCLES", 0x0d, 0x01, 1)],
-    },
-    Source {
-        families: SKL,
-        source: "kernel alias topdown-recovery-bubbles, any=1 (skylake/pipeline.json: AnyThread 1)",
-        events: &[encoding("INT_MISC.RECOVERY_CYCLES_ANY", 0x0d, 0x01, 1).any_thread()],
-    },
-    Source {
-        families: SKL,
-        source: "skylake/pipeline.json (Linux 6.x)",
-        events: &[encoding("UOPS_RETIRED.MACRO_FUSED", 0xc2, 0x04, 0)],
-    },
     Source {
         families: SKL,
         source: "skylake/pipeline.json",
         events: &[
+            encoding("INT_MISC.RECOVERY_CYCLES", 0x0d, 0x01, 1).note(RECOVERY_BUBBLES),
+            encoding("INT_MISC.RECOVERY_CYCLES_ANY", 0x0d, 0x01, 1)
+                .any_thread()
+                .note(RECOVERY_BUBBLES),
+            encoding("UOPS_RETIRED.MACRO_FUSED", 0xc2, 0x04, 0).note("Linux 6.x"),
             encoding("CYCLE_ACTIVITY.STALLS_MEM_ANY", 0xa3, 0x14, 20),
             encoding("CYCLE_ACTIVITY.STALLS_TOTAL", 0xa3, 0x04, 4),
             encoding("EXE_ACTIVITY.1_PORTS_UTIL", 0xa6, 0x02, 0),
             encoding("EXE_ACTIVITY.2_PORTS_UTIL", 0xa6, 0x04, 0),
+            encoding("EXE_ACTIVITY.BOUND_ON_STORES", 0xa6, 0x40, 0).note("no CounterMask"),
         ],
-    },
-    Source {
-        families: SKL,
-        source: "skylake/pipeline.json (no CounterMask)",
-        events: &[encoding("EXE_ACTIVITY.BOUND_ON_STORES", 0xa6, 0x40, 0)],
     },
     // E-cores. CPU_CLK_UNHALTED.CORE is the architectural unhalted-cycles event (0x3c/0x00,
     // CPU_CLK_UNHALTED.CORE_P in the JSON), the same on every Intel core.
@@ -246,6 +234,8 @@ const TABLE: &[Source] = &[
             // tma_heavy_operations' terms; libpfm4's `icl` table encodes the same.
             encoding("UOPS_ISSUED.ANY", 0x0e, 0x01, 0),
             encoding("UOPS_DECODED.DEC0", 0x56, 0x01, 0),
+            encoding("UOPS_DECODED.DEC0:c1", 0x56, 0x01, 1)
+                .note("UOPS_DECODED.DEC0, cmask from icl-metrics.json"),
         ],
     },
     Source {
@@ -261,11 +251,6 @@ const TABLE: &[Source] = &[
             encoding("IDQ.MS_UOPS", 0x79, 0x30, 0),
             encoding("IDQ.MITE_UOPS", 0x79, 0x04, 0),
         ],
-    },
-    Source {
-        families: ICL,
-        source: "icelake/pipeline.json UOPS_DECODED.DEC0, cmask from icl-metrics.json",
-        events: &[encoding("UOPS_DECODED.DEC0:c1", 0x56, 0x01, 1)],
     },
 ];
 
@@ -318,9 +303,10 @@ fn every_intel_generic_counter_encoding_matches_perfs_json() {
                     perf_type: PERF_TYPE_RAW,
                     config: event.config(),
                 },
-                "{name}: {} (expected from {})",
+                "{name}: {} (expected from {} {})",
                 spec.name,
-                source.source
+                source.source,
+                event.note
             );
             checked += 1;
         }
