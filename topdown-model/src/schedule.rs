@@ -241,12 +241,7 @@ mod tests {
     struct Toy;
 
     impl Model for Toy {
-        fn base_name(&self) -> &'static str {
-            "toy"
-        }
-        fn description(&self) -> &'static str {
-            "toy"
-        }
+        crate::model::name_and_description!("toy", "toy");
         fn counters(&self) -> Vec<CounterSpec> {
             let mut specs: Vec<CounterSpec> = (0..6)
                 .map(|index| CounterSpec::raw(&format!("l1_{index}"), index))

@@ -58,32 +58,22 @@ impl AmdZen {
     }
 }
 
-const CYCLES: &str = "ls_not_halted_cyc";
-const FRONTEND: &str = "de_no_dispatch_per_slot.no_ops_from_frontend";
-const DISPATCHED: &str = "de_src_op_disp.all";
-const RETIRED: &str = "ex_ret_ops";
-const BACKEND: &str = "de_no_dispatch_per_slot.backend_stalls";
-const SMT: &str = "de_no_dispatch_per_slot.smt_contention";
-const MISPREDICTS: &str = "ex_ret_brn_misp";
-const LOAD_NOT_COMPLETE: &str = "ex_no_retire.load_not_complete";
-const NOT_COMPLETE: &str = "ex_no_retire.not_complete";
-const UCODE: &str = "ex_ret_ucode_ops";
-
 super::input_ids! {
-    /// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5.
+    /// Positions of the counters in `counters()`, the same on Zen 4 and Zen 5 (the two without
+    /// an event name here are named per generation).
     mod at {
-        CYCLES,
-        FRONTEND,
-        DISPATCHED,
-        RETIRED,
-        BACKEND,
-        SMT,
+        CYCLES = "ls_not_halted_cyc",
+        FRONTEND = "de_no_dispatch_per_slot.no_ops_from_frontend",
+        DISPATCHED = "de_src_op_disp.all",
+        RETIRED = "ex_ret_ops",
+        BACKEND = "de_no_dispatch_per_slot.backend_stalls",
+        SMT = "de_no_dispatch_per_slot.smt_contention",
         FRONTEND_CMASK,
-        MISPREDICTS,
+        MISPREDICTS = "ex_ret_brn_misp",
         RESTARTS,
-        LOAD_NOT_COMPLETE,
-        NOT_COMPLETE,
-        UCODE,
+        LOAD_NOT_COMPLETE = "ex_no_retire.load_not_complete",
+        NOT_COMPLETE = "ex_no_retire.not_complete",
+        UCODE = "ex_ret_ucode_ops",
     }
 }
 
@@ -96,23 +86,16 @@ pub fn models() -> Vec<Box<dyn Model>> {
 }
 
 impl Model for AmdZen {
-    fn base_name(&self) -> &'static str {
-        match self.generation {
-            Zen::Zen4 => "amd-zen4",
-            Zen::Zen5 => "amd-zen5",
-        }
-    }
-
-    fn description(&self) -> &'static str {
-        match self.generation {
-            Zen::Zen4 => {
-                "AMD Zen 4 (family 0x19) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2"
-            }
-            Zen::Zen5 => {
-                "AMD Zen 5 (family 0x1A) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2"
-            }
-        }
-    }
+    super::name_and_description!(self => match self.generation {
+        Zen::Zen4 => (
+            "amd-zen4",
+            "AMD Zen 4 (family 0x19) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2",
+        ),
+        Zen::Zen5 => (
+            "amd-zen5",
+            "AMD Zen 5 (family 0x1A) pipeline utilization: L1 (5 buckets incl. SMT contention) + L2",
+        ),
+    });
 
     fn counters(&self) -> Vec<CounterSpec> {
         let (restarts, restarts_config) = self.restarts();

@@ -293,12 +293,7 @@ mod tests {
     struct Pair;
 
     impl Model for Pair {
-        fn base_name(&self) -> &'static str {
-            "pair"
-        }
-        fn description(&self) -> &'static str {
-            "pair"
-        }
+        crate::model::name_and_description!("pair", "pair");
         fn counters(&self) -> Vec<CounterSpec> {
             vec![
                 CounterSpec::raw("cycles", 1),
@@ -337,6 +332,19 @@ mod tests {
         }
     }
 
+    /// [`evaluate`] of [`Pair`] at level 2 with cycles 1000 and a 250, and `rest`: the level-2
+    /// counters and group 8's times, as each test has them. Level 1 is the same whatever
+    /// `rest` is: retiring 0.25, checked here.
+    fn evaluate_pair(rest: &[(&str, u64)]) -> Evaluation {
+        let pairs: Vec<(&str, u64)> = [("cycles", 1000), ("a", 250)]
+            .into_iter()
+            .chain(rest.iter().copied())
+            .collect();
+        let result = evaluate(&Pair, &counts(&pairs), 2);
+        assert_eq!(result.metrics["retiring"], Some(0.25));
+        result
+    }
+
     fn counts(pairs: &[(&str, u64)]) -> Counts {
         pairs
             .iter()
@@ -346,12 +354,7 @@ mod tests {
 
     #[test]
     fn without_rotation_nothing_is_scaled_or_estimated() {
-        let result = evaluate(
-            &Pair,
-            &counts(&[("cycles", 1000), ("a", 250), ("b", 10), ("c", 40)]),
-            2,
-        );
-        assert_eq!(result.metrics["retiring"], Some(0.25));
+        let result = evaluate_pair(&[("b", 10), ("c", 40)]);
         assert_eq!(result.metrics["light_operations"], Some(0.0625));
         assert_eq!(result.metrics["heavy_operations"], Some(0.01));
         assert!(result.estimated.is_empty());
@@ -360,19 +363,12 @@ mod tests {
     #[test]
     fn a_rotated_group_is_scaled_by_its_own_enabled_over_running() {
         // Group 1 ran a quarter of the time: b = 10 * 4 = 40 scaled; the b/c ratio is unchanged.
-        let result = evaluate(
-            &Pair,
-            &counts(&[
-                ("cycles", 1000),
-                ("a", 250),
-                ("b", 10),
-                ("c", 40),
-                ("group8.enabled_ns", 800),
-                ("group8.running_ns", 200),
-            ]),
-            2,
-        );
-        assert_eq!(result.metrics["retiring"], Some(0.25));
+        let result = evaluate_pair(&[
+            ("b", 10),
+            ("c", 40),
+            ("group8.enabled_ns", 800),
+            ("group8.running_ns", 200),
+        ]);
         assert_eq!(result.metrics["light_operations"], Some(0.0625));
         assert_eq!(result.metrics["heavy_operations"], Some(0.04));
         assert_eq!(result.estimated, ["heavy_operations", "light_operations"]);
@@ -380,19 +376,12 @@ mod tests {
 
     #[test]
     fn a_group_that_never_ran_leaves_its_level_unknown() {
-        let result = evaluate(
-            &Pair,
-            &counts(&[
-                ("cycles", 1000),
-                ("a", 250),
-                ("b", 0),
-                ("c", 0),
-                ("group8.enabled_ns", 800),
-                ("group8.running_ns", 0),
-            ]),
-            2,
-        );
-        assert_eq!(result.metrics["retiring"], Some(0.25));
+        let result = evaluate_pair(&[
+            ("b", 0),
+            ("c", 0),
+            ("group8.enabled_ns", 800),
+            ("group8.running_ns", 0),
+        ]);
         assert_eq!(result.metrics["light_operations"], None);
         assert_eq!(result.estimated, Vec::<String>::new());
     }
@@ -401,18 +390,7 @@ mod tests {
     fn a_later_idle_group_does_not_clear_an_unknown_level() {
         // `b` is missing (its level is unknown); `c`'s rotated group never ran for this entity
         // and was never enabled either: that must not make level 2 known again.
-        let result = evaluate(
-            &Pair,
-            &counts(&[
-                ("cycles", 1000),
-                ("a", 250),
-                ("c", 0),
-                ("group8.enabled_ns", 0),
-                ("group8.running_ns", 0),
-            ]),
-            2,
-        );
-        assert_eq!(result.metrics["retiring"], Some(0.25));
+        let result = evaluate_pair(&[("c", 0), ("group8.enabled_ns", 0), ("group8.running_ns", 0)]);
         assert_eq!(result.metrics["heavy_operations"], None);
         assert_eq!(result.metrics["light_operations"], None);
     }
@@ -430,8 +408,7 @@ mod tests {
 
     #[test]
     fn a_level_one_recording_has_no_level_two() {
-        let result = evaluate(&Pair, &counts(&[("cycles", 1000), ("a", 250)]), 2);
-        assert_eq!(result.metrics["retiring"], Some(0.25));
+        let result = evaluate_pair(&[]);
         assert_eq!(result.metrics["heavy_operations"], None);
         let no_cycles = evaluate(&Pair, &counts(&[("a", 250)]), 1);
         assert_eq!(no_cycles.metrics["retiring"], None);

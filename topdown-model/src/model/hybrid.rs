@@ -64,14 +64,11 @@ impl Model for Hybrid {
         format!("hybrid:{}+{}", self.core.name(), self.atom.name())
     }
 
-    fn base_name(&self) -> &'static str {
-        "hybrid"
-    }
-
-    fn description(&self) -> &'static str {
+    super::name_and_description!(
+        "hybrid",
         "Intel hybrid: the P-core model on cpu_core CPUs, the E-core model on cpu_atom CPUs, \
          merged per task by slots"
-    }
+    );
 
     fn counters(&self) -> Vec<CounterSpec> {
         let mut specs = Self::prefixed(self.core.as_ref(), CORE_PMU, 0);
@@ -157,12 +154,7 @@ mod tests {
     }
 
     impl Model for Simple {
-        fn base_name(&self) -> &'static str {
-            self.name
-        }
-        fn description(&self) -> &'static str {
-            "simple"
-        }
+        crate::model::name_and_description!(self => (self.name, "simple"));
         fn counters(&self) -> Vec<CounterSpec> {
             vec![
                 CounterSpec::raw("cycles", 0x3c),

@@ -23,31 +23,20 @@ pub struct IntelAtom {
     at: Positions<{ input::COUNT }>,
 }
 
-const CLOCKS: &str = "CPU_CLK_UNHALTED.CORE";
-const FRONTEND: &str = "TOPDOWN_FE_BOUND.ALL";
-const BAD_SPECULATION: &str = "TOPDOWN_BAD_SPECULATION.ALL";
-const BACKEND: &str = "TOPDOWN_BE_BOUND.ALL";
-const RETIRING: &str = "TOPDOWN_RETIRING.ALL";
-const FRONTEND_LATENCY: &str = "TOPDOWN_FE_BOUND.FRONTEND_LATENCY";
-const FRONTEND_BANDWIDTH: &str = "TOPDOWN_FE_BOUND.FRONTEND_BANDWIDTH";
-const MISPREDICT: &str = "TOPDOWN_BAD_SPECULATION.MISPREDICT";
-const MACHINE_CLEARS: &str = "TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS";
-const ALLOC_RESTRICTIONS: &str = "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS";
-
 super::input_ids! {
     /// The formulas' inputs (ids into `IntelAtom::at`): Gracemont has no bad-speculation counter,
     /// so the positions differ per core.
     mod input {
-        CLOCKS,
-        FRONTEND,
-        BACKEND,
-        RETIRING,
-        BAD_SPECULATION,
-        FRONTEND_LATENCY,
-        FRONTEND_BANDWIDTH,
-        MISPREDICT,
-        MACHINE_CLEARS,
-        ALLOC_RESTRICTIONS,
+        CLOCKS = "CPU_CLK_UNHALTED.CORE",
+        FRONTEND = "TOPDOWN_FE_BOUND.ALL",
+        BACKEND = "TOPDOWN_BE_BOUND.ALL",
+        RETIRING = "TOPDOWN_RETIRING.ALL",
+        BAD_SPECULATION = "TOPDOWN_BAD_SPECULATION.ALL",
+        FRONTEND_LATENCY = "TOPDOWN_FE_BOUND.FRONTEND_LATENCY",
+        FRONTEND_BANDWIDTH = "TOPDOWN_FE_BOUND.FRONTEND_BANDWIDTH",
+        MISPREDICT = "TOPDOWN_BAD_SPECULATION.MISPREDICT",
+        MACHINE_CLEARS = "TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS",
+        ALLOC_RESTRICTIONS = "TOPDOWN_BE_BOUND.ALLOC_RESTRICTIONS",
     }
 }
 
@@ -69,32 +58,26 @@ impl IntelAtom {
 
     /// The counters of `core`, each with the input it feeds, in counter order.
     fn layout(core: Core) -> Vec<(usize, CounterSpec)> {
-        let level_one: &[(usize, &str, u64)] = match core {
+        // The level-1 encodings that differ per core (`umask << 8 | event`); the clocks are the
+        // architectural 0x3c/0x00 on all three.
+        let (frontend, backend, retiring, bad_speculation) = match core {
             // §3.2: GRT TOPDOWN_RETIRING.ALL is 0xC2/0x00 (the UOPS_RETIRED.ALL code); BadSpec
             // is derived, so its counter is not needed.
-            Core::Gracemont => &[
-                (input::CLOCKS, CLOCKS, 0x003c),
-                (input::FRONTEND, FRONTEND, 0x0071),
-                (input::BACKEND, BACKEND, 0x0074),
-                (input::RETIRING, RETIRING, 0x00c2),
-            ],
-            Core::Crestmont => &[
-                (input::CLOCKS, CLOCKS, 0x003c),
-                (input::FRONTEND, FRONTEND, 0x0071),
-                (input::BACKEND, BACKEND, 0x0074),
-                (input::RETIRING, RETIRING, 0x0072),
-                (input::BAD_SPECULATION, BAD_SPECULATION, 0x0073),
-            ],
+            Core::Gracemont => (0x0071, 0x0074, 0x00c2, None),
+            Core::Crestmont => (0x0071, 0x0074, 0x0072, Some(0x0073)),
             // §3.4 ARL-H atom (Skymont) encodings: retiring 0xc2/0x02, bad-spec 0x73/0x0,
             // fe-bound 0x9c/0x01, be-bound 0xa4/0x02 (they match Skymont TOPDOWN_*_ALL_P).
-            Core::Skymont => &[
-                (input::CLOCKS, CLOCKS, 0x003c),
-                (input::FRONTEND, FRONTEND, 0x019c),
-                (input::BACKEND, BACKEND, 0x02a4),
-                (input::RETIRING, RETIRING, 0x02c2),
-                (input::BAD_SPECULATION, BAD_SPECULATION, 0x0073),
-            ],
+            Core::Skymont => (0x019c, 0x02a4, 0x02c2, Some(0x0073)),
         };
+        let level_one = [
+            (input::CLOCKS, CLOCKS, Some(0x003c)),
+            (input::FRONTEND, FRONTEND, Some(frontend)),
+            (input::BACKEND, BACKEND, Some(backend)),
+            (input::RETIRING, RETIRING, Some(retiring)),
+            (input::BAD_SPECULATION, BAD_SPECULATION, bad_speculation),
+        ]
+        .into_iter()
+        .filter_map(|(input, name, config)| Some((input, name, config?)));
         // The same level-2 encodings on all three (Skymont's from lunarlake/pipeline.json,
         // cpu_atom: FRONTEND_LATENCY 0x71/0x72, FRONTEND_BANDWIDTH 0x71/0x8d, MISPREDICT
         // 0x73/0x04, MACHINE_CLEARS 0x73/0x03 (TOPDOWN_BAD_SPECULATION.MACHINE_CLEARS),
@@ -112,10 +95,9 @@ impl IntelAtom {
             level_two[3..].rotate_left(1);
         }
         level_one
-            .iter()
             .map(|entry| (entry, 0))
-            .chain(level_two.iter().map(|entry| (entry, LEVEL_TWO_GROUP)))
-            .map(|(&(input, name, config), group)| {
+            .chain(level_two.map(|entry| (entry, LEVEL_TWO_GROUP)))
+            .map(|((input, name, config), group)| {
                 (input, CounterSpec::raw(name, config).in_group(group))
             })
             .collect()
@@ -132,27 +114,20 @@ impl IntelAtom {
 }
 
 impl Model for IntelAtom {
-    fn base_name(&self) -> &'static str {
-        match self.core {
-            Core::Gracemont => "intel-grt",
-            Core::Crestmont => "intel-cmt",
-            Core::Skymont => "intel-skt",
-        }
-    }
-
-    fn description(&self) -> &'static str {
-        match self.core {
-            Core::Gracemont => {
-                "Intel Gracemont E-cores (ADL/RPL, ADL-N): TopDown L1 + L2 (Resource_Bound shown as memory_bound)"
-            }
-            Core::Crestmont => {
-                "Intel Crestmont E-cores (MTL, SRF, GRR): TopDown L1 + L2 (Resource_Bound shown as memory_bound)"
-            }
-            Core::Skymont => {
-                "Intel Skymont E-cores (LNL/ARL): TopDown L1 + L2 (Resource_Bound shown as memory_bound)"
-            }
-        }
-    }
+    super::name_and_description!(self => match self.core {
+        Core::Gracemont => (
+            "intel-grt",
+            "Intel Gracemont E-cores (ADL/RPL, ADL-N): TopDown L1 + L2 (Resource_Bound shown as memory_bound)",
+        ),
+        Core::Crestmont => (
+            "intel-cmt",
+            "Intel Crestmont E-cores (MTL, SRF, GRR): TopDown L1 + L2 (Resource_Bound shown as memory_bound)",
+        ),
+        Core::Skymont => (
+            "intel-skt",
+            "Intel Skymont E-cores (LNL/ARL): TopDown L1 + L2 (Resource_Bound shown as memory_bound)",
+        ),
+    });
 
     fn counters(&self) -> Vec<CounterSpec> {
         Self::layout(self.core)

@@ -282,40 +282,53 @@ impl IntelCore {
     }
 }
 
-impl Model for IntelCore {
-    fn base_name(&self) -> &'static str {
-        match (self.generation, self.smt) {
-            (Generation::SandyBridge, false) => "intel-snb",
-            (Generation::SandyBridge, true) => "intel-snb-smt",
-            (Generation::IvyBridge, false) => "intel-ivb",
-            (Generation::IvyBridge, true) => "intel-ivb-smt",
-            (Generation::Skylake, false) => "intel-skl",
-            (Generation::Skylake, true) => "intel-skl-smt",
+/// `(name, description)` of a generation's model: `$name` on `$chips` without SMT (with
+/// `$without_smt_note` after its levels), or `$name-smt` with SMT, whose description gives the
+/// same caveat on every generation.
+macro_rules! smt_variant {
+    ($smt:expr, $name:literal, $chips:literal, $without_smt_note:literal) => {
+        if $smt {
+            (
+                concat!($name, "-smt"),
+                concat!(
+                    $chips,
+                    " with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+                ),
+            )
+        } else {
+            (
+                $name,
+                concat!(
+                    $chips,
+                    " (generic counters, SMT off): TopDown L1 + L2",
+                    $without_smt_note
+                ),
+            )
         }
-    }
+    };
+}
 
-    fn description(&self) -> &'static str {
-        match (self.generation, self.smt) {
-            (Generation::SandyBridge, false) => {
-                "Intel Sandy Bridge (generic counters, SMT off): TopDown L1 + L2"
-            }
-            (Generation::SandyBridge, true) => {
-                "Intel Sandy Bridge with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
-            }
-            (Generation::IvyBridge, false) => {
-                "Intel Ivy Bridge..Broadwell (generic counters, SMT off): TopDown L1 + L2 (no memory/core split)"
-            }
-            (Generation::IvyBridge, true) => {
-                "Intel Ivy Bridge..Broadwell with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
-            }
-            (Generation::Skylake, false) => {
-                "Intel Skylake..Cascade Lake (generic counters, SMT off): TopDown L1 + L2"
-            }
-            (Generation::Skylake, true) => {
-                "Intel Skylake..Cascade Lake with SMT: per-thread slots estimate; recovery cycles are per core (approximate per task)"
+impl IntelCore {
+    /// The model's `--pmu` name and its `topdown list` line.
+    fn name_and_description(&self) -> (&'static str, &'static str) {
+        let smt = self.smt;
+        match self.generation {
+            Generation::SandyBridge => smt_variant!(smt, "intel-snb", "Intel Sandy Bridge", ""),
+            Generation::IvyBridge => smt_variant!(
+                smt,
+                "intel-ivb",
+                "Intel Ivy Bridge..Broadwell",
+                " (no memory/core split)"
+            ),
+            Generation::Skylake => {
+                smt_variant!(smt, "intel-skl", "Intel Skylake..Cascade Lake", "")
             }
         }
     }
+}
+
+impl Model for IntelCore {
+    super::name_and_description!(self => self.name_and_description());
 
     fn counters(&self) -> Vec<CounterSpec> {
         self.layout().into_iter().map(|(_, spec)| spec).collect()

@@ -77,13 +77,10 @@ pub fn models() -> Vec<Box<dyn Model>> {
 }
 
 impl Model for IntelIcl {
-    fn base_name(&self) -> &'static str {
-        "intel-icl"
-    }
-
-    fn description(&self) -> &'static str {
+    super::name_and_description!(
+        "intel-icl",
         "Intel Ice Lake/Tiger Lake/Rocket Lake/Ice Lake-SP perf metrics: TopDown L1 + L2 (level 2 from generic counters)"
-    }
+    );
 
     fn counters(&self) -> Vec<CounterSpec> {
         COUNTERS
@@ -185,13 +182,7 @@ impl Model for IntelIcl {
         });
     }
 
-    fn weight_counter(&self) -> &'static str {
-        COUNTERS[SLOTS].0
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        Some(value(values, SLOTS))
-    }
+    super::weighed_by_slots_counter!(COUNTERS[SLOTS]);
 }
 
 #[cfg(test)]

@@ -22,34 +22,25 @@ pub struct IntelKnl;
 // Encodings `umask << 8 | event`, from Intel perfmon KNL/events/knightslanding_core.json (also
 // Linux tools/perf/pmu-events/arch/x86/knightslanding/*.json); each checked against libpfm4
 // 4.13's `knl::` encoding (LIBPFM_ENCODE_INACTIVE=1, pfm_get_event_encoding).
-/// 0x3C/0x00 (CPU_CLK_UNHALTED.THREAD_P: the programmable form of fixed counter 1).
-const CLOCKS: &str = "CPU_CLK_UNHALTED.THREAD";
-/// 0xCA/0x90 (KNL's umask; Silvermont's is 0x50).
-const NOT_DELIVERED: &str = "NO_ALLOC_CYCLES.NOT_DELIVERED";
-/// 0xCA/0x04.
-const MISPREDICTS: &str = "NO_ALLOC_CYCLES.MISPREDICTS";
-/// 0xC2/0x10.
-const UOPS_RETIRED: &str = "UOPS_RETIRED.ALL";
-/// 0x86/0x04.
-const ICACHE_FILL: &str = "FETCH_STALL.ICACHE_FILL_PENDING_CYCLES";
-/// 0x05/0x02 (without edge detect; with it the same code counts I_SIDE_WALKS).
-const ITLB_WALK_CYCLES: &str = "PAGE_WALKS.I_SIDE_CYCLES";
-/// 0xE7/0x01 (libpfm names it MS_DECODED:ENTRY).
-const MS_ENTRY: &str = "MS_DECODED.MS_ENTRY";
-/// 0xE6/0x01.
-const BACLEARS: &str = "BACLEARS.ALL";
-
 super::input_ids! {
     /// Positions in [`Model::counters`].
     mod at {
-        CLOCKS,
-        NOT_DELIVERED,
-        MISPREDICTS,
-        UOPS_RETIRED,
-        ICACHE_FILL,
-        ITLB_WALK_CYCLES,
-        MS_ENTRY,
-        BACLEARS,
+        /// 0x3C/0x00 (CPU_CLK_UNHALTED.THREAD_P: the programmable form of fixed counter 1).
+        CLOCKS = "CPU_CLK_UNHALTED.THREAD",
+        /// 0xCA/0x90 (KNL's umask; Silvermont's is 0x50).
+        NOT_DELIVERED = "NO_ALLOC_CYCLES.NOT_DELIVERED",
+        /// 0xCA/0x04.
+        MISPREDICTS = "NO_ALLOC_CYCLES.MISPREDICTS",
+        /// 0xC2/0x10.
+        UOPS_RETIRED = "UOPS_RETIRED.ALL",
+        /// 0x86/0x04.
+        ICACHE_FILL = "FETCH_STALL.ICACHE_FILL_PENDING_CYCLES",
+        /// 0x05/0x02 (without edge detect; with it the same code counts I_SIDE_WALKS).
+        ITLB_WALK_CYCLES = "PAGE_WALKS.I_SIDE_CYCLES",
+        /// 0xE7/0x01 (libpfm names it MS_DECODED:ENTRY).
+        MS_ENTRY = "MS_DECODED.MS_ENTRY",
+        /// 0xE6/0x01.
+        BACLEARS = "BACLEARS.ALL",
     }
 }
 
@@ -68,13 +59,10 @@ pub fn models() -> Vec<Box<dyn Model>> {
 }
 
 impl Model for IntelKnl {
-    fn base_name(&self) -> &'static str {
-        "intel-knl"
-    }
-
-    fn description(&self) -> &'static str {
+    super::name_and_description!(
+        "intel-knl",
         "Intel Knights Landing / Knights Mill (Xeon Phi): TopDown L1 + Frontend Latency (toplev KNL)"
-    }
+    );
 
     fn counters(&self) -> Vec<CounterSpec> {
         // Two counters per thread: pairs. Frontend's ratio is exact within group 0; the rest

@@ -65,23 +65,16 @@ pub fn models() -> Vec<Box<dyn Model>> {
 }
 
 impl Model for IntelPerfMetricsL2 {
-    fn base_name(&self) -> &'static str {
-        match self.generation {
-            Generation::GoldenCove => "intel-spr",
-            Generation::LionCove => "intel-lnc",
-        }
-    }
-
-    fn description(&self) -> &'static str {
-        match self.generation {
-            Generation::GoldenCove => {
-                "Intel Sapphire/Emerald/Granite Rapids and ADL/RPL/MTL P-cores: perf metrics, TopDown L1 + L2"
-            }
-            Generation::LionCove => {
-                "Intel Lunar Lake/Arrow Lake P-cores (Lion Cove): perf metrics, TopDown L1 + L2"
-            }
-        }
-    }
+    super::name_and_description!(self => match self.generation {
+        Generation::GoldenCove => (
+            "intel-spr",
+            "Intel Sapphire/Emerald/Granite Rapids and ADL/RPL/MTL P-cores: perf metrics, TopDown L1 + L2",
+        ),
+        Generation::LionCove => (
+            "intel-lnc",
+            "Intel Lunar Lake/Arrow Lake P-cores (Lion Cove): perf metrics, TopDown L1 + L2",
+        ),
+    });
 
     fn counters(&self) -> Vec<CounterSpec> {
         let mut specs: Vec<CounterSpec> = METRIC_EVENTS
@@ -147,13 +140,7 @@ impl Model for IntelPerfMetricsL2 {
         });
     }
 
-    fn weight_counter(&self) -> &'static str {
-        METRIC_EVENTS[SLOTS].0
-    }
-
-    fn slots(&self, values: &[u64]) -> Option<f64> {
-        Some(value(values, SLOTS))
-    }
+    super::weighed_by_slots_counter!(METRIC_EVENTS[SLOTS]);
 }
 
 #[cfg(test)]

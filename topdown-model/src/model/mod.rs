@@ -39,25 +39,55 @@ pub type Counts = NamedMap<u64>;
 /// Metric name -> fraction in 0..1 (`None` where the model cannot compute it).
 pub type Metrics = NamedMap<Option<f64>>;
 
-/// Level-1 TopDown metric names, in report order.
-pub const L1_METRICS: [&str; 4] = [
-    "retiring",
-    "bad_speculation",
-    "frontend_bound",
-    "backend_bound",
-];
+/// One level of the TopDown tree from the one list of its nodes: the const `$names`, their
+/// metric names in report order, and the struct `$level` a model's evaluation fills by name,
+/// whose `write` puts it at `$at` in [`standard_metric_names`]' order.
+macro_rules! metric_level {
+    ($(#[$names_meta:meta])* pub const $names:ident;
+     $(#[$level_meta:meta])* pub struct $level:ident at $at:ident { $($node:ident,)* }) => {
+        $(#[$names_meta])*
+        pub const $names: [&str; [$(stringify!($node)),*].len()] = [$(stringify!($node)),*];
 
-/// Level-2 TopDown metric names, in report order (children of the L1 names above, in pairs).
-pub const L2_METRICS: [&str; 8] = [
-    "light_operations",
-    "heavy_operations",
-    "branch_mispredicts",
-    "machine_clears",
-    "fetch_latency",
-    "fetch_bandwidth",
-    "memory_bound",
-    "core_bound",
-];
+        $(#[$level_meta])*
+        #[derive(Default)]
+        pub struct $level {
+            $(pub $node: Option<f64>,)*
+        }
+
+        impl $level {
+            fn write(&self, out: &mut [Option<f64>]) {
+                out[$at..$at + $names.len()].copy_from_slice(&[$(self.$node),*]);
+            }
+        }
+    };
+}
+
+metric_level! {
+    /// Level-1 TopDown metric names, in report order.
+    pub const L1_METRICS;
+    /// Level 1 of one evaluation, by name: [`LevelOne::write_with_level_two`] writes it in
+    /// [`L1_METRICS`]' order for the models' `metrics_into`.
+    pub struct LevelOne at LEVEL_ONE_AT {
+        retiring,
+        bad_speculation,
+        frontend_bound,
+        backend_bound,
+    }
+}
+
+metric_level! {
+    /// Level-2 TopDown metric names, in report order (children of the L1 names above, in pairs).
+    pub const L2_METRICS;
+    /// Level 2 of one evaluation, by name, written in [`L2_METRICS`]' order. A model without
+    /// some of these nodes leaves them at the default, `None`.
+    pub struct LevelTwo at LEVEL_TWO_AT {
+        // One line per level-1 parent, in L1_METRICS' order.
+        light_operations, heavy_operations,
+        branch_mispredicts, machine_clears,
+        fetch_latency, fetch_bandwidth,
+        memory_bound, core_bound,
+    }
+}
 
 /// Where a counter's value comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,11 +306,57 @@ macro_rules! typed_metrics_from_map {
 }
 use typed_metrics_from_map;
 
+/// [`Model::base_name`] and [`Model::description`] from one place: `"name", "description"` for
+/// a model with one variant, or `self => expression` giving the `(name, description)` pair of
+/// `self`'s variant, so that each variant's name and `topdown list` line stand together.
+macro_rules! name_and_description {
+    ($name:literal, $description:literal) => {
+        fn base_name(&self) -> &'static str {
+            $name
+        }
+
+        fn description(&self) -> &'static str {
+            $description
+        }
+    };
+    ($self:ident => $name_and_description:expr) => {
+        fn base_name(&$self) -> &'static str {
+            $name_and_description.0
+        }
+
+        fn description(&$self) -> &'static str {
+            $name_and_description.1
+        }
+    };
+}
+pub(crate) use name_and_description;
+
+/// [`Model::weight_counter`] and [`Model::slots`] of a model whose counter `$events[$slots]`
+/// (of its `(name, config)` table) counts the pipeline slots themselves: the PERF_METRICS
+/// models' `slots` leader.
+macro_rules! weighed_by_slots_counter {
+    ($events:ident[$slots:ident]) => {
+        fn weight_counter(&self) -> &'static str {
+            $events[$slots].0
+        }
+
+        fn slots(&self, values: &[u64]) -> Option<f64> {
+            Some($crate::model::value(values, $slots))
+        }
+    };
+}
+use weighed_by_slots_counter;
+
 /// A module `$module` of a model's input ids: `usize` consts numbered 0, 1, 2, ... in the order
 /// given, and `COUNT`, how many there are. Ids for [`Positions`] and for positions in a counter
-/// list, numbered by the compiler rather than by hand.
+/// list, numbered by the compiler rather than by hand. An input given as `NAME = "EVENT.NAME"`
+/// also gets a `&str` const `NAME` beside the module: the perf event name it is opened by, so
+/// that each input's id and event name are listed once (with the doc comments given for it).
 macro_rules! input_ids {
-    ($(#[$module_meta:meta])* mod $module:ident { $($(#[$meta:meta])* $name:ident,)* }) => {
+    ($(#[$module_meta:meta])* mod $module:ident {
+        $($(#[$meta:meta])* $name:ident $(= $event:literal)?,)*
+    }) => {
+        $($crate::model::input_ids!(@event_name [$(#[$meta])*] $name $($event)?);)*
         $(#[$module_meta])*
         mod $module {
             #[allow(clippy::upper_case_acronyms, non_camel_case_types)]
@@ -293,6 +369,11 @@ macro_rules! input_ids {
             pub const COUNT: usize = [$(stringify!($name),)*].len();
         }
     };
+    (@event_name [$($meta:tt)*] $name:ident $event:literal) => {
+        $($meta)*
+        const $name: &str = $event;
+    };
+    (@event_name [$($meta:tt)*] $name:ident) => {};
 }
 use input_ids;
 
@@ -379,16 +460,6 @@ pub fn standard_metric_names(level: u8, extra: &[&str]) -> Vec<String> {
 pub const LEVEL_ONE_AT: usize = 0;
 pub const LEVEL_TWO_AT: usize = L1_METRICS.len();
 
-/// Level 1 of one evaluation, by name: [`LevelOne::write`] puts it in [`L1_METRICS`]' order, the
-/// one place that order is spelled out for the models' `evaluate_into`.
-#[derive(Default)]
-pub struct LevelOne {
-    pub retiring: Option<f64>,
-    pub bad_speculation: Option<f64>,
-    pub frontend_bound: Option<f64>,
-    pub backend_bound: Option<f64>,
-}
-
 impl LevelOne {
     /// Writes this level 1 into `out` and, at `level` 2, the level 2 that `level_two` computes
     /// from it: the level test of every model's [`Model::metrics_into`], so that level 2 is only
@@ -404,29 +475,6 @@ impl LevelOne {
             level_two(self).write(out);
         }
     }
-
-    fn write(&self, out: &mut [Option<f64>]) {
-        out[LEVEL_ONE_AT..LEVEL_TWO_AT].copy_from_slice(&[
-            self.retiring,
-            self.bad_speculation,
-            self.frontend_bound,
-            self.backend_bound,
-        ]);
-    }
-}
-
-/// Level 2 of one evaluation, by name: [`LevelTwo::write`] puts it in [`L2_METRICS`]' order.
-/// A model without some of these nodes leaves them at the default, `None`.
-#[derive(Default)]
-pub struct LevelTwo {
-    pub light_operations: Option<f64>,
-    pub heavy_operations: Option<f64>,
-    pub branch_mispredicts: Option<f64>,
-    pub machine_clears: Option<f64>,
-    pub fetch_latency: Option<f64>,
-    pub fetch_bandwidth: Option<f64>,
-    pub memory_bound: Option<f64>,
-    pub core_bound: Option<f64>,
 }
 
 impl LevelTwo {
@@ -455,19 +503,6 @@ impl LevelTwo {
             memory_bound,
             core_bound: remainder(parents.backend_bound, memory_bound),
         }
-    }
-
-    fn write(&self, out: &mut [Option<f64>]) {
-        out[LEVEL_TWO_AT..LEVEL_TWO_AT + L2_METRICS.len()].copy_from_slice(&[
-            self.light_operations,
-            self.heavy_operations,
-            self.branch_mispredicts,
-            self.machine_clears,
-            self.fetch_latency,
-            self.fetch_bandwidth,
-            self.memory_bound,
-            self.core_bound,
-        ]);
     }
 }
 

@@ -13,13 +13,10 @@ const CPU_CLOCK: usize = 0;
 pub struct Software;
 
 impl Model for Software {
-    fn base_name(&self) -> &'static str {
-        "software"
-    }
-
-    fn description(&self) -> &'static str {
+    super::name_and_description!(
+        "software",
         "on-CPU time (cpu-clock, ns); no TopDown breakdown"
-    }
+    );
 
     fn counters(&self) -> Vec<CounterSpec> {
         vec![CounterSpec {

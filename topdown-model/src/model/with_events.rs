@@ -162,12 +162,22 @@ mod tests {
         }
     }
 
+    /// The model `model` named with `events` counted beside it.
+    fn beside(model: &str, events: Vec<EventAttr>) -> WithEvents {
+        WithEvents::new(base_model(model).unwrap(), events)
+    }
+
+    /// `-e cycles`, the generic hardware event.
+    fn cycles() -> EventAttr {
+        event("cycles", perf(crate::events::attr::PERF_TYPE_HARDWARE, 0))
+    }
+
     #[test]
     fn a_hardware_event_beside_the_software_model_is_named_as_the_cause() {
-        let model = WithEvents::new(
-            base_model("software").unwrap(),
+        let model = beside(
+            "software",
             vec![
-                event("cycles", perf(crate::events::attr::PERF_TYPE_HARDWARE, 0)),
+                cycles(),
                 event("page-faults", perf(PERF_TYPE_SOFTWARE, 2)),
                 event(
                     "sched:sched_switch",
@@ -197,10 +207,10 @@ mod tests {
 
     #[test]
     fn several_hardware_events_are_all_named() {
-        let model = WithEvents::new(
-            base_model("software").unwrap(),
+        let model = beside(
+            "software",
             vec![
-                event("cycles", perf(crate::events::attr::PERF_TYPE_HARDWARE, 0)),
+                cycles(),
                 event("r01c2", perf(crate::events::attr::PERF_TYPE_RAW, 0x01c2)),
             ],
         );
@@ -216,13 +226,7 @@ mod tests {
 
     #[test]
     fn a_hardware_model_is_named_even_with_hardware_events() {
-        let model = WithEvents::new(
-            base_model("intel-icl").unwrap(),
-            vec![event(
-                "cycles",
-                perf(crate::events::attr::PERF_TYPE_HARDWARE, 0),
-            )],
-        );
+        let model = beside("intel-icl", vec![cycles()]);
         let needs = hardware_needs(&model);
         assert_eq!(needs.model.first().map(String::as_str), Some("slots"));
         assert_eq!(needs.events, ["cycles"]);

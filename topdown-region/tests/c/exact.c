@@ -3,9 +3,7 @@
 #include "synthetic.h"
 
 int main(int argc, char **argv) {
-    int failed = start_synthetic(argc, 2, "exact OUT.json");
-    if (failed)
-        return failed;
+    start_synthetic(argc, 2, "exact OUT.json");
     td_region_begin("c-outer");
     getppid_times(1234);
     td_region_begin("c-inner");
