@@ -1073,17 +1073,21 @@ pub mod usdt {
         pub counters: [u64; super::MAX_COUNTERS],
     }
 
-    /// Per-CPU counts of span anomalies (a one-entry `PERCPU_ARRAY`).
+    /// Per-CPU counts of span anomalies (a one-entry `PERCPU_ARRAY`); summed over the CPUs,
+    /// the span diagnostics that reports carry as they are.
     #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
     pub struct SpanStats {
         /// Starts not recorded: `MAX_SPAN_DEPTH` spans were open on the thread.
         pub overflows: u64,
-        /// Ends with no open span of their kind.
+        /// Ends with no open span of their kind (started before counting began, or absorbed).
         pub unmatched_ends: u64,
-        /// Starts and ends whose counters could not be read (as `ProbeStats::read_failures`).
+        /// Starts and ends whose counters could not be read (as `ProbeStats::read_failures`):
+        /// not in any total.
         pub read_failures: u64,
-        /// Span stacks or totals that did not fit their maps.
+        /// Span stacks or totals that did not fit their maps (raise `--max-stacks`,
+        /// `--max-spans`).
         pub map_full: u64,
         /// Arguments whose memory could not be read (the key is then 0 or empty).
         pub arg_read_failures: u64,

@@ -177,17 +177,26 @@ pub fn write_events(
     Ok(())
 }
 
-/// The words of an encoding: type, config, config1, config2 (0 for a tracepoint's words,
-/// whose type and id come from tracefs when opened).
-fn words(description: &crate::events::Description) -> Option<(u32, u64, u64, u64)> {
-    match &description.attr.kind {
+/// The encoding's fields as both the table and the JSON list them: `type` and the config
+/// words, or the tracepoint (whose type and id come from tracefs when opened). The configs are
+/// hex strings, as perf and libpfm print them; u64 configs also exceed what a JSON reader's
+/// doubles hold exactly.
+fn encoding_fields(kind: &EventKind) -> Vec<(&'static str, serde_json::Value)> {
+    match kind {
         EventKind::Perf {
             perf_type,
             config,
             config1,
             config2,
-        } => Some((*perf_type, *config, *config1, *config2)),
-        EventKind::Tracepoint { .. } => None,
+        } => vec![
+            ("type", (*perf_type).into()),
+            ("config", format!("{config:#x}").into()),
+            ("config1", format!("{config1:#x}").into()),
+            ("config2", format!("{config2:#x}").into()),
+        ],
+        EventKind::Tracepoint { group, name } => {
+            vec![("tracepoint", format!("{group}:{name}").into())]
+        }
     }
 }
 
@@ -210,19 +219,8 @@ fn event_json(description: &crate::events::Description) -> serde_json::Value {
         "fstr": description.fstr,
         "exclude": exclude,
     });
-    match (&attr.kind, words(description)) {
-        (_, Some((perf_type, config, config1, config2))) => {
-            // Hex strings, as perf and libpfm print them; u64 configs also exceed what a
-            // JSON reader's doubles hold exactly.
-            value["type"] = perf_type.into();
-            value["config"] = format!("{config:#x}").into();
-            value["config1"] = format!("{config1:#x}").into();
-            value["config2"] = format!("{config2:#x}").into();
-        }
-        (EventKind::Tracepoint { group, name }, None) => {
-            value["tracepoint"] = format!("{group}:{name}").into();
-        }
-        _ => {}
+    for (field, field_value) in encoding_fields(&attr.kind) {
+        value[field] = field_value;
     }
     value
 }
@@ -238,21 +236,11 @@ fn write_event_table(description: &crate::events::Description, out: &mut dyn Wri
         "PMU:             {}",
         description.pmu.as_deref().unwrap_or("-")
     )?;
-    match &attr.kind {
-        EventKind::Perf {
-            perf_type,
-            config,
-            config1,
-            config2,
-        } => {
-            writeln!(out, "type:            {perf_type}")?;
-            writeln!(out, "config:          {config:#x}")?;
-            writeln!(out, "config1:         {config1:#x}")?;
-            writeln!(out, "config2:         {config2:#x}")?;
-        }
-        EventKind::Tracepoint { group, name } => {
-            writeln!(out, "tracepoint:      {group}:{name}")?;
-        }
+    for (field, value) in encoding_fields(&attr.kind) {
+        let text = value
+            .as_str()
+            .map_or_else(|| value.to_string(), str::to_owned);
+        writeln!(out, "{:<17}{text}", format!("{field}:"))?;
     }
     match attr.exclude {
         Some(exclude) => writeln!(

@@ -116,9 +116,9 @@ pub struct Report {
     /// Hits of each `-U` probe.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usdt: Vec<crate::spans::report::UsdtEntry>,
-    /// With spans or `-U`: their anomalies.
+    /// With spans or `-U`: their anomalies, summed over the CPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub span_diagnostics: Option<crate::spans::report::SpanDiagnostics>,
+    pub span_diagnostics: Option<topdown_common::usdt::SpanStats>,
     /// Per CPU totals.
     #[serde(default)]
     pub cpus: Vec<CpuEntry>,

@@ -746,7 +746,7 @@ mod tests {
                 task_map_full: 2,
                 ..Diagnostics::default()
             },
-            span_diagnostics: Some(crate::spans::report::SpanDiagnostics {
+            span_diagnostics: Some(topdown_common::usdt::SpanStats {
                 arg_read_failures: 5,
                 ..Default::default()
             }),

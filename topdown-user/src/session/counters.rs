@@ -162,15 +162,61 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
     Ok(cpus)
 }
 
+/// One planned perf group (`crate::schedule::PerfGroup`) as it is opened on a CPU: the CPUs
+/// it covers and its members' counters.
+#[derive(Clone, Debug)]
+pub struct PlacedGroup {
+    /// `None`: the core PMU on every CPU; `Some("cpu_atom")`: only that PMU's CPUs.
+    pub pmu: Option<String>,
+    /// The CPUs it may be opened on (its hybrid PMU's), or `None`: every CPU.
+    pub cpus: Option<Vec<u32>>,
+    pub pinned: bool,
+    /// `(index in the plan's counters, counter)`, leader first: the index is its fd slot.
+    pub members: Vec<(usize, ResolvedCounter)>,
+}
+
+impl PlacedGroup {
+    pub fn covers(&self, cpu: u32) -> bool {
+        self.cpus.as_ref().is_none_or(|cpus| cpus.contains(&cpu))
+    }
+}
+
+/// `plan`'s groups with their counters (`counters`, the plan's resolved, in fd-slot order) and
+/// the CPUs of their PMUs (`cpus_of(pmu)`: a hybrid PMU's CPUs).
+pub fn place_groups(
+    plan: &Plan,
+    counters: &[ResolvedCounter],
+    cpus_of: &dyn Fn(&str) -> Result<Vec<u32>>,
+) -> Result<Vec<PlacedGroup>> {
+    plan.groups
+        .iter()
+        .map(|group| {
+            let cpus = group.pmu.as_deref().map(cpus_of).transpose()?;
+            let members = group
+                .members
+                .iter()
+                .map(|&index| match counters.get(index) {
+                    Some(counter) => Ok((index, counter.clone())),
+                    None => bail!("counter plan names counter {index} of {}", counters.len()),
+                })
+                .collect::<Result<_>>()?;
+            Ok(PlacedGroup {
+                pmu: group.pmu.clone(),
+                cpus,
+                pinned: group.pinned,
+                members,
+            })
+        })
+        .collect()
+}
+
 /// The planned perf groups on every CPU their PMU covers (`crate::schedule::Plan`).
 pub struct CounterGroups {
     counters: Vec<ResolvedCounter>,
     /// `(cpu, [(fd slot, fd)])`: the counters of every group opened on that CPU.
     groups: Vec<(u32, Vec<(usize, OwnedFd)>)>,
     /// What re-opening a CPU's groups needs (CPU hotplug removes a CPU's events).
-    plan_groups: Vec<crate::schedule::PerfGroup>,
-    /// The CPUs each plan group may be opened on (a hybrid PMU's CPUs, or all).
-    group_cpus: Vec<Option<Vec<u32>>>,
+    placed: Vec<PlacedGroup>,
     privilege: Privilege,
 }
 
@@ -195,16 +241,10 @@ impl CounterGroups {
                 topdown_common::MAX_COUNTERS
             );
         }
-        let group_cpus = plan
-            .groups
-            .iter()
-            .map(|group| group.pmu.as_deref().map(cpus_of).transpose())
-            .collect::<Result<Vec<_>>>()?;
         let mut groups = Self {
             counters: counters.to_vec(),
             groups: Vec::with_capacity(cpus.len()),
-            plan_groups: plan.groups.clone(),
-            group_cpus,
+            placed: place_groups(plan, counters, cpus_of)?,
             privilege,
         };
         for &cpu in cpus {
@@ -217,19 +257,10 @@ impl CounterGroups {
     /// Opens every planned group that covers `cpu` on it.
     fn open_cpu(&self, cpu: u32) -> Result<Vec<(usize, OwnedFd)>> {
         let mut fds = Vec::new();
-        for (group, cpus) in self.plan_groups.iter().zip(&self.group_cpus) {
-            if cpus.as_ref().is_some_and(|cpus| !cpus.contains(&cpu)) {
-                continue;
-            }
+        for group in self.placed.iter().filter(|group| group.covers(cpu)) {
             let mut leader: Option<OwnedFd> = None;
             let mut members = Vec::with_capacity(group.members.len());
-            for &index in &group.members {
-                let Some(counter) = self.counters.get(index) else {
-                    bail!(
-                        "counter plan names counter {index} of {}",
-                        self.counters.len()
-                    );
-                };
+            for &(index, ref counter) in &group.members {
                 let fd = open_counter(
                     counter,
                     cpu,
@@ -242,7 +273,7 @@ impl CounterGroups {
                     Some(_) => members.push((index, fd)),
                 }
             }
-            if let (Some(leader), Some(&first)) = (leader, group.members.first()) {
+            if let (Some(leader), Some(&(first, _))) = (leader, group.members.first()) {
                 fds.push((first, leader));
             }
             fds.extend(members);
@@ -280,8 +311,7 @@ impl CounterGroups {
         Ok(Self {
             counters: self.counters.clone(),
             groups,
-            plan_groups: self.plan_groups.clone(),
-            group_cpus: self.group_cpus.clone(),
+            placed: self.placed.clone(),
             privilege: self.privilege,
         })
     }
@@ -290,8 +320,8 @@ impl CounterGroups {
     /// is on the core PMU of every CPU.
     pub fn hybrid_cpus(&self) -> Vec<(String, Vec<u32>)> {
         let mut found: Vec<(String, Vec<u32>)> = Vec::new();
-        for (group, cpus) in self.plan_groups.iter().zip(&self.group_cpus) {
-            if let (Some(pmu), Some(cpus)) = (&group.pmu, cpus)
+        for group in &self.placed {
+            if let (Some(pmu), Some(cpus)) = (&group.pmu, &group.cpus)
                 && !found.iter().any(|(known, _)| known == pmu)
             {
                 let opened = cpus

@@ -622,7 +622,7 @@ impl CountingSession {
             );
             report.spans = entries;
             report.usdt = usdt;
-            report.span_diagnostics = Some(aggregate.spans.stats.into());
+            report.span_diagnostics = Some(aggregate.spans.stats);
         }
         report
     }

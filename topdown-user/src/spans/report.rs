@@ -173,36 +173,6 @@ pub struct UsdtEntry {
     pub hits: u64,
 }
 
-/// Span anomalies (`topdown_common::usdt::SpanStats`).
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SpanDiagnostics {
-    /// Starts not recorded: 8 spans were already open on the thread.
-    pub overflows: u64,
-    /// Ends with no open span of their kind (started before counting began, or absorbed).
-    pub unmatched_ends: u64,
-    /// Starts and ends whose counters could not be read: not in any total.
-    pub read_failures: u64,
-    /// Threads or keys that did not fit their maps (raise `--max-stacks`, `--max-spans`).
-    pub map_full: u64,
-    /// Key arguments whose memory could not be read (their key is 0 or empty).
-    pub arg_read_failures: u64,
-    /// Spans open when their thread exited: in no total.
-    pub open_at_exit: u64,
-}
-
-impl From<SpanStats> for SpanDiagnostics {
-    fn from(stats: SpanStats) -> Self {
-        Self {
-            overflows: stats.overflows,
-            unmatched_ends: stats.unmatched_ends,
-            read_failures: stats.read_failures,
-            map_full: stats.map_full,
-            arg_read_failures: stats.arg_read_failures,
-            open_at_exit: stats.open_at_exit,
-        }
-    }
-}
-
 /// What the session's span kinds and `-U` probes are.
 #[derive(Clone, Debug, Default)]
 pub struct SpanNaming {

@@ -37,7 +37,7 @@ use super::records::{self, CounterValue, Record};
 use crate::{
     error::{Failure, fail},
     schedule::Plan,
-    session::counters::{Privilege, ResolvedCounter},
+    session::counters::{Privilege, ResolvedCounter, place_groups},
 };
 
 /// Data pages per buffer, tried first; halved while the locked-memory limit refuses (for a
@@ -128,25 +128,15 @@ impl TaskCounters {
         cpus_of: &dyn Fn(&str) -> Result<Vec<u32>>,
         exclusions: Exclusions,
     ) -> Result<Self> {
-        let group_cpus = plan
-            .groups
-            .iter()
-            .map(|group| group.pmu.as_deref().map(cpus_of).transpose())
-            .collect::<Result<Vec<_>>>()?;
+        let placed = place_groups(plan, counters, cpus_of)?;
         let swap_guard = open_swap_guard(pid)?;
         let mut ids = HashMap::new();
         let mut per_cpu = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
             let mut counting = Vec::new();
-            for (group, covered) in plan.groups.iter().zip(&group_cpus) {
-                if covered.as_ref().is_some_and(|list| !list.contains(&cpu)) {
-                    continue;
-                }
+            for group in placed.iter().filter(|group| group.covers(cpu)) {
                 let mut leader: Option<RawFd> = None;
-                for &index in &group.members {
-                    let Some(counter) = counters.get(index) else {
-                        bail!("counter plan names counter {index} of {}", counters.len());
-                    };
+                for &(index, ref counter) in &group.members {
                     let role = Role {
                         leader: leader.is_none(),
                         pinned: leader.is_none() && group.pinned,
