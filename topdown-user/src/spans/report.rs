@@ -17,8 +17,7 @@ use crate::{
     model::{Counts, Evaluator, Model},
     report::entity::Entity,
     session::{
-        aggregate::earlier_by_key,
-        bpf::SpanSnapshot,
+        bpf::{SpanSnapshot, earlier_by_key},
         slot_counts::{SlotCounts, SlotNamer},
     },
 };

@@ -161,6 +161,21 @@ pub enum AttachMode {
     PerPoint,
 }
 
+/// An earlier snapshot's entries by key (none without one): what a delta subtracts.
+pub(crate) fn earlier_by_key<'e, K: Copy + 'e, V: 'e, T, M: Default + FromIterator<(K, T)>>(
+    entries: Option<&'e [(K, V)]>,
+    value: impl Fn(&'e V) -> T,
+) -> M {
+    entries
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|(key, entry)| (*key, value(entry)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Everything the BPF side has attributed so far (cumulative since the baseline).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
