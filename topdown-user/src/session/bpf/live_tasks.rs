@@ -54,6 +54,49 @@ impl LiveTasks {
         }
     }
 
+    /// Without the entries that `exits` (exit records read after the map was) shows ended:
+    /// a task retiring while a snapshot is taken submits its record before its entry leaves the
+    /// map, so the map may still hold it when the record is already read. Its record is the
+    /// later reading of the same task (same process, no count smaller); counted as both, its
+    /// counts would be reported twice (once live, once as its exit).
+    pub fn without_retired(self, exits: &[(u32, TaskCounters)]) -> Self {
+        let mut retired: Vec<u32> = exits
+            .iter()
+            .filter_map(|(tid, exit)| {
+                let index = *self.position.get(tid)?;
+                let live = self.counters.get(index as usize)?;
+                let earlier = live.tgid == exit.tgid
+                    && live.switches <= exit.switches
+                    && live
+                        .counters
+                        .iter()
+                        .zip(&exit.counters)
+                        .all(|(live, exit)| live <= exit);
+                earlier.then_some(index)
+            })
+            .collect();
+        if retired.is_empty() {
+            return self;
+        }
+        retired.sort_unstable();
+        let Self {
+            mut tids,
+            mut counters,
+            ..
+        } = self;
+        let mut index = 0u32;
+        tids.retain(|_| {
+            index += 1;
+            retired.binary_search(&(index - 1)).is_err()
+        });
+        let mut index = 0u32;
+        counters.retain(|_| {
+            index += 1;
+            retired.binary_search(&(index - 1)).is_err()
+        });
+        Self::from_entries(tids, counters)
+    }
+
     pub fn get(&self, tid: u32) -> Option<&TaskCounters> {
         let index = *self.position.get(&tid)?;
         self.counters.get(index as usize)
@@ -132,5 +175,44 @@ mod tests {
             );
         }
         assert!(LiveTasks::default().is_empty());
+    }
+
+    fn reading(tgid: u32, switches: u64, slots: u64) -> TaskCounters {
+        let mut task = task(switches);
+        task.tgid = tgid;
+        task.counters[0] = slots;
+        task
+    }
+
+    #[test]
+    fn a_live_entry_whose_exit_record_is_already_read_is_left_to_the_record() {
+        let live: LiveTasks = [
+            (10, reading(10, 4, 100)),
+            (11, reading(10, 2, 50)),
+            (12, reading(10, 2, 50)),
+            (13, reading(10, 2, 50)),
+            (14, reading(10, 2, 50)),
+        ]
+        .into_iter()
+        .collect();
+        let exits = [
+            // The same task, read again at its last switch: the record stands for it.
+            (11, reading(10, 3, 70)),
+            // Exactly the reading the map holds (no switch in between): the same task too.
+            (12, reading(10, 2, 50)),
+            // Another process's task under a reused tid: the live entry is another task.
+            (13, reading(99, 3, 70)),
+            // Fewer counts than the live entry: not a later reading of it.
+            (14, reading(10, 3, 40)),
+            // No live entry at all.
+            (15, reading(10, 1, 5)),
+        ];
+        let kept = live.without_retired(&exits);
+        let tids: Vec<u32> = kept.iter().map(|(tid, _)| tid).collect();
+        assert_eq!(tids, [10, 13, 14]);
+        assert_eq!(kept.get(14).map(|task| task.counters[0]), Some(50));
+        assert!(kept.get(11).is_none() && kept.get(12).is_none());
+        let unchanged = kept.clone().without_retired(&[]);
+        assert_eq!(unchanged.len(), 3);
     }
 }

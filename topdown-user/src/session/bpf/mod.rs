@@ -206,6 +206,8 @@ pub struct Session {
     /// Kept open for as long as the BPF side reads them.
     groups: CounterGroups,
     exited: Vec<(u32, TaskCounters)>,
+    /// How many of `exited` the last snapshot had.
+    exits_in_last_snapshot: usize,
     /// The function probes' links, so they can be detached and re-attached (`serve`).
     function_links: Vec<(&'static str, aya::programs::uprobe::UProbeLinkId)>,
     /// `-- CMD`: function probes are attached per traced process here instead of machine-wide
@@ -414,6 +416,7 @@ impl Session {
             logger,
             groups,
             exited: Vec::new(),
+            exits_in_last_snapshot: 0,
             function_links: Vec::new(),
             followed: None,
             program_load_time: std::time::Duration::ZERO,
@@ -975,10 +978,10 @@ impl Session {
     pub fn forget_exited(&mut self) {
         self.exited.clear();
         self.exited.shrink_to(1024);
+        self.exits_in_last_snapshot = 0;
     }
 
     pub fn snapshot(&mut self) -> Result<Snapshot> {
-        self.drain_exits();
         // A Go process that ended leaves the stacks of its goroutines that never exited (the
         // kernel side only sees goroutines end): free them, or a long `serve` fills the map.
         let mut alive: HashMap<u32, bool> = HashMap::new();
@@ -1006,7 +1009,17 @@ impl Session {
                 tids.swap_remove(index);
             }
         }
-        let live = LiveTasks::from_entries(tids, counters);
+        // Exit records are read after the map, not before: a task retiring in between would
+        // otherwise be in neither (its record sent after the read of records, its entry gone
+        // before the read of the map), and its next snapshot would count it whole again.
+        // Read after, it is in the records, or in both (`without_retired`).
+        self.drain_exits();
+        let since_last = self
+            .exited
+            .get(self.exits_in_last_snapshot..)
+            .unwrap_or(&[]);
+        let live = LiveTasks::from_entries(tids, counters).without_retired(since_last);
+        self.exits_in_last_snapshot = self.exited.len();
         let cpu_state: PerCpuArray<&MapData, CpuState> =
             map(loaded_ref(&self.ebpf)?, names::CPU_STATE)?;
         let per_cpu = cpu_state.get(&0, 0).context("reading per-CPU state")?;
