@@ -11,7 +11,8 @@
 //! takes, which topdown cannot avoid either: the delta since the CPU's last reading, added to
 //! a hash-map entry of the leaving task (by tid) or of its cgroup (atomically, as several CPUs
 //! add to one cgroup). The `cgroup_switch` ones hang on the cgroup-switch trigger's hooks
-//! instead of sched_switch.
+//! instead of sched_switch. The `span` ones do the least a span takes beyond its two readings:
+//! the start's reading kept per thread, the difference added to a total at the end.
 #![no_std]
 #![no_main]
 
@@ -207,6 +208,80 @@ pub fn floor_entry_multi(_ctx: ProbeContext) -> u32 {
 pub fn floor_return_multi(_ctx: RetProbeContext) -> u32 {
     read_all();
     0
+}
+
+/// A span's same-work floor (`topdown-floor --span-start/--span-end`): what any span must do
+/// beyond reading the counters at both ends. The start keeps the thread's reading (its entry
+/// by tid, made on its first span); the end reads again, finds that reading and adds the
+/// difference and one span to the span's total, atomically (threads on several CPUs end spans
+/// of one kind). No key, no nesting, no virtual counters.
+#[map]
+static SPAN_OPEN: HashMap<u32, [u64; MAX_COUNTERS]> = HashMap::with_max_entries(1, 0);
+/// The span's total: the counters' differences, then the number of spans.
+#[map]
+static SPAN_TOTAL: HashMap<u32, [u64; MAX_COUNTERS + 1]> = HashMap::with_max_entries(1, 0);
+#[map]
+static ZERO_SPAN_TOTAL: PerCpuArray<[u64; MAX_COUNTERS + 1]> = PerCpuArray::with_max_entries(1, 0);
+
+#[uprobe]
+pub fn floor_span_start(_ctx: ProbeContext) -> u32 {
+    span_start();
+    0
+}
+
+#[uprobe]
+pub fn floor_span_end(_ctx: ProbeContext) -> u32 {
+    span_end();
+    0
+}
+
+#[uprobe(multi)]
+pub fn floor_span_start_multi(_ctx: ProbeContext) -> u32 {
+    span_start();
+    0
+}
+
+#[uprobe(multi)]
+pub fn floor_span_end_multi(_ctx: ProbeContext) -> u32 {
+    span_end();
+    0
+}
+
+#[inline(always)]
+fn span_start() {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(open) = entry(&SPAN_OPEN, &tid) else {
+        return;
+    };
+    // SAFETY: this thread's entry; only its own probes write it. Read last: what comes after
+    // the reading is inside the span.
+    let open = unsafe { &mut *open };
+    let _ = topdown_ebpf::read_counter_slots(&COUNTERS, used(), &SLOT_SOURCES, open);
+}
+
+#[inline(always)]
+fn span_end() {
+    // Read first: what comes before the reading is inside the span.
+    read_all();
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the entry is only read, and only this thread's probes write it.
+    let (Some(open), Some(now)) = (unsafe { SPAN_OPEN.get(&tid) }, SCRATCH.get_ptr(0)) else {
+        return;
+    };
+    let Some(total) = entry_or_zeroed(&SPAN_TOTAL, &0, || ZERO_SPAN_TOTAL.get_ptr(0)) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch value, written by `read_all` above.
+    let now = unsafe { &*now };
+    let used = used();
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        // SAFETY: a naturally aligned u64 of a live map value.
+        unsafe { atomic_add(&raw mut (*total)[slot], now[slot].wrapping_sub(open[slot])) };
+        slot += 1;
+    }
+    // SAFETY: as above.
+    unsafe { atomic_add(&raw mut (*total)[MAX_COUNTERS], 1) };
 }
 
 /// topdown's `counters::read_slots` (the same function, `topdown_ebpf::read_counter_slots`):

@@ -838,21 +838,52 @@ impl ProbeCost {
         }
     }
 
-    /// The Markdown table, one row per configuration, costs per `unit` (a call, a span).
+    /// The Markdown table, one row per configuration, costs per `unit` (a call, a span); with
+    /// columns against the same-work floor where a configuration has one.
     fn table(&self, configs: &[Config], unit: &str) -> String {
+        fn work_floor_of(config: &Config) -> Option<&str> {
+            config
+                .work_floor
+                .as_deref()
+                .filter(|_| config.work_floor != config.floor)
+        }
+        let with_work_floor = configs.iter().any(|config| work_floor_of(config).is_some());
+        let (work_head, work_rule) = if with_work_floor {
+            (" added / same-work floor's |", "---:|")
+        } else {
+            ("", "")
+        };
+        let (program_work_head, program_work_rule) = if with_work_floor {
+            (" programs / same-work floor's |", "---:|")
+        } else {
+            ("", "")
+        };
         let mut table = format!(
-            "| configuration | ns per {unit} | added over no probes | added / its floor's | per round | added / bpftrace's | BPF program ns per {unit} | programs / floor's |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| configuration | ns per {unit} | added over no probes | added / its floor's | per round |{work_head} added / bpftrace's | BPF program ns per {unit} | programs / floor's |{program_work_head}\n|---|---:|---:|---:|---:|{work_rule}---:|---:|---:|{program_work_rule}\n"
         );
+        let added: Vec<Option<f64>> = self.added.added.iter().copied().map(Some).collect();
         for (index, (config, value)) in configs.iter().zip(&self.medians).enumerate() {
+            let against_work_floor = |values: &[Option<f64>]| {
+                if with_work_floor {
+                    format!(
+                        " {} |",
+                        ratio(ratio_to(configs, values, index, work_floor_of(config)))
+                    )
+                } else {
+                    String::new()
+                }
+            };
             table += &format!(
-                "| {} | {value:.1} | {:+.1} | {} | {} | {} | {} | {} |\n",
+                "| {} | {value:.1} | {:+.1} | {} | {} |{} {} | {} | {} |{}\n",
                 config.name,
                 self.added.added[index],
                 ratio(self.added.per_floor[index]),
                 round_ratio_text(self.per_round[index]),
+                against_work_floor(&added),
                 ratio(self.added.per_bpftrace[index]),
                 self.program[index].map_or("-".to_owned(), |ns| format!("{ns:.1}")),
-                ratio(self.program_ratio[index])
+                ratio(self.program_ratio[index]),
+                against_work_floor(&self.program),
             );
         }
         table

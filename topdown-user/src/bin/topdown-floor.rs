@@ -9,7 +9,9 @@
 //! them to the programs; `--read` attaches the sched_switch program that reads them; `-u
 //! BINARY:FUNC` attaches programs that read them at entry and at return of FUNC; `-U
 //! BINARY:PROVIDER:NAME` attaches the entry program at every site of a USDT probe (a span's
-//! floor: the same two sites, the same counters, nothing else); `--go-switches BINARY`
+//! floor: the same two sites, the same counters, nothing else); `--span-start` and `--span-end`
+//! attach a span's same-work floor (the start's reading kept per thread, the difference
+//! added to a total at the end); `--go-switches BINARY`
 //! attaches uprobes where topdown hooks that Go binary's goroutine switches
 //! (`topdown::functions::symbols::go::HOOKS`): programs reading the counters with `--pmu`, empty
 //! ones without.
@@ -79,6 +81,14 @@ struct Args {
     /// --pmu; probes without semaphores only).
     #[arg(short = 'U')]
     usdt: Vec<String>,
+    /// BINARY:PROVIDER:NAME: a span's start sites (needs --span-end and --pmu). With its end
+    /// sites, the least a span does beyond its two readings: the start's reading kept in the
+    /// thread's hash-map entry, the difference added atomically to one total at the end.
+    #[arg(long, requires = "span_end")]
+    span_start: Option<String>,
+    /// BINARY:PROVIDER:NAME: the span's end sites (with --span-start).
+    #[arg(long, requires = "span_start")]
+    span_end: Option<String>,
     /// A Go binary: a uprobe on each runtime function topdown hooks to follow its goroutines
     /// (their switches, stack growth and exits), reading every counter with --pmu, empty
     /// without.
@@ -98,9 +108,12 @@ enum AddTo {
     Cgroup,
 }
 
-/// `--max-tasks` and `--max-cgroups`'s defaults in topdown: the attributing floors' map sizes.
+/// `--max-tasks`, `--max-cgroups`, `--max-stacks` and `--max-spans`'s defaults in topdown: the
+/// attributing floors' map sizes.
 const MAX_TASKS: u32 = 32768;
 const MAX_CGROUPS: u32 = 4096;
+const MAX_STACKS: u32 = 4096;
+const MAX_SPANS: u32 = 16384;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Returns {
@@ -165,14 +178,14 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
     Ok(points)
 }
 
-/// The sites of each `-U` probe.
-fn usdt_points(probes: &[String]) -> Result<Vec<(PathBuf, u64)>> {
+/// The sites of each USDT probe given to `flag` (`-U`, `--span-start`).
+fn usdt_points(probes: &[String], flag: &str) -> Result<Vec<(PathBuf, u64)>> {
     let mut points = Vec::new();
     for text in probes {
-        let probe = topdown::spans::usdt::ProbeName::parse(text, "-U")?;
+        let probe = topdown::spans::usdt::ProbeName::parse(text, flag)?;
         let path = PathBuf::from(&probe.target);
         let file = topdown::spans::usdt::notes::read(&path)?;
-        let option = format!("-U {text}");
+        let option = format!("{flag} {text}");
         for (_, notes) in topdown::spans::usdt::required_sites(
             &file,
             &path,
@@ -232,6 +245,8 @@ fn attach(
         .map_max_entries("COUNTERS", possible_cpus * MAX_COUNTERS as u32)
         .map_max_entries("TASK_TOTALS", MAX_TASKS)
         .map_max_entries("CGROUP_TOTALS", MAX_CGROUPS)
+        .map_max_entries("SPAN_OPEN", MAX_STACKS)
+        .map_max_entries("SPAN_TOTAL", MAX_SPANS)
         .load(FLOOR_OBJECT)
         .context("loading the floor programs")?;
     if let Some((_, _, groups)) = counters {
@@ -281,7 +296,7 @@ fn attach(
     }
 
     let mut points = resolve_points(&args.functions, args.returns)?;
-    points.entries.extend(usdt_points(&args.usdt)?);
+    points.entries.extend(usdt_points(&args.usdt, "-U")?);
     // Timed as topdown times its own: the probes' attaching, after the functions are resolved.
     let started = Instant::now();
     // As topdown: one uprobe.multi link per binary and program where the kernel has them (a
@@ -297,7 +312,19 @@ fn attach(
     // Exit instructions get plain uprobes: the entry program, attached there too.
     let mut entry_points = points.entries;
     entry_points.extend(points.exits);
-    for (name, list) in [(entry, &entry_points), (ret, &points.returns)] {
+    let span_starts = usdt_points(args.span_start.as_slice(), "--span-start")?;
+    let span_ends = usdt_points(args.span_end.as_slice(), "--span-end")?;
+    let (span_start, span_end) = if multi {
+        ("floor_span_start_multi", "floor_span_end_multi")
+    } else {
+        ("floor_span_start", "floor_span_end")
+    };
+    for (name, list) in [
+        (entry, &entry_points),
+        (ret, &points.returns),
+        (span_start, &span_starts),
+        (span_end, &span_ends),
+    ] {
         let (points, load_time) = attach_uprobes(&mut ebpf, name, list, multi)?;
         attached += points;
         loading += load_time;
@@ -438,13 +465,14 @@ fn run(args: Args) -> Result<()> {
     if (args.read
         || !args.functions.is_empty()
         || !args.usdt.is_empty()
+        || args.span_start.is_some()
         || args.trigger == FloorTrigger::CgroupSwitch)
         && args.pmu.is_none()
     {
         return Err(fail(
             Failure::Usage,
-            "--read, -u, -U and --trigger cgroup-switch read counters: name the model whose \
-             counters to open with --pmu MODEL",
+            "--read, -u, -U, --span-start and --trigger cgroup-switch read counters: name the \
+             model whose counters to open with --pmu MODEL",
         ));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

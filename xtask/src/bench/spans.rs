@@ -29,6 +29,13 @@ fn span_floor_name(pmu: &str) -> String {
     format!("floor: aya uprobes at both sites reading --pmu {pmu}")
 }
 
+fn span_work_floor_name(pmu: &str) -> String {
+    format!(
+        "floor: aya uprobes at both sites reading --pmu {pmu}, keeping the start's reading per \
+         thread and adding the span to a total"
+    )
+}
+
 const BPFTRACE_SPAN_NAME: &str = "bpftrace empty usdt probes at both sites";
 
 /// ns per span of spanbench, unprobed, under empty bpftrace usdt probes, and under `topdown
@@ -80,12 +87,27 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         ]);
         timed.push(Some(floor_argv.clone()));
         runs.push(TracedRun::Beside(floor_argv));
+        configs.push(Config::new(span_work_floor_name(pmu), None, None));
+        let work_floor_argv = strings(&[
+            &floor.display().to_string(),
+            "--pmu",
+            pmu,
+            "--span-start",
+            &format!("{bench}:bench:start"),
+            "--span-end",
+            &format!("{bench}:bench:end"),
+        ]);
+        timed.push(Some(work_floor_argv.clone()));
+        runs.push(TracedRun::Beside(work_floor_argv));
         for (what, key) in [("no key", ""), ("key=arg0", ",key=arg0")] {
-            configs.push(Config::new(
-                format!("topdown --span ({what}) --pmu {pmu}"),
-                None,
-                Some(span_floor_name(pmu)),
-            ));
+            configs.push(
+                Config::new(
+                    format!("topdown --span ({what}) --pmu {pmu}"),
+                    None,
+                    Some(span_floor_name(pmu)),
+                )
+                .with_work_floor(span_work_floor_name(pmu)),
+            );
             runs.push(TracedRun::Alone(topdown_run(pmu, key)));
             timed.push(Some(topdown_beside(pmu, key)));
         }
@@ -115,8 +137,11 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
          argument, `bench:end`) around nothing, `tests/workloads/spanbench.c`, {SPANS} per run; \
          {SPAN_ROUNDS} alternating rounds, median; {} during the rounds. Each topdown row is beside its floor: `topdown-floor -U` attaches an aya \
          uprobe at each of the two sites that reads the same counters (topdown's counter plan \
-         for that `--pmu`) and does nothing else. Issue 23's bound: a span at most 1.2x its \
-         floor. Uprobes trap into the kernel, and traps are slow in this VM: compare the \
+         for that `--pmu`) and does nothing else; the same-work floor (`topdown-floor \
+         --span-start --span-end`) also does what no span can go without: the start keeps its \
+         reading in the thread's hash-map entry, the end finds it and adds the difference and \
+         one span to a total, atomically (no key, nesting or virtual counters). Issue 23's \
+         bound: a span at most 1.2x its floor. Uprobes trap into the kernel, and traps are slow in this VM: compare the \
          ratios, not the absolute figures. `per round` is each round's own ratio (a row and \
          its floor a few seconds apart): median and range. Then {PROGRAM_ROUNDS} rounds with \
          the kernel's BPF statistics on time the tracers' uprobe programs over spanbench's \
