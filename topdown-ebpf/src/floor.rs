@@ -268,7 +268,10 @@ fn span_end() {
     let (Some(open), Some(now)) = (unsafe { SPAN_OPEN.get(&tid) }, SCRATCH.get_ptr(0)) else {
         return;
     };
-    let Some(total) = entry_or_zeroed(&SPAN_TOTAL, &0, || ZERO_SPAN_TOTAL.get_ptr(0)) else {
+    // The span kind, on the stack: a `&0` would point at a zero in .rodata, which LLVM
+    // shares with `NUM_COUNTERS`'s before the loader patches it.
+    let kind = 0u32;
+    let Some(total) = entry_or_zeroed(&SPAN_TOTAL, &kind, || ZERO_SPAN_TOTAL.get_ptr(0)) else {
         return;
     };
     // SAFETY: this CPU's scratch value, written by `read_all` above.
