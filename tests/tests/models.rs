@@ -347,14 +347,14 @@ fn check_says_why_topdown_cannot_work_in_this_vm() {
         );
     }
     // Every program check loads, by name: all but the uprobe.multi variants (the same code as
-    // func_entry/func_return/func_exit/func_catch/usdt_site/usdt_start/usdt_end/go_entry/
-    // go_exit/go_runtime, loaded only where the kernel has uprobe.multi).
+    // func_entry/func_return/func_exit/func_catch/usdt_site/go_entry/go_exit/go_runtime, loaded
+    // only where the kernel has uprobe.multi).
     assert!(
         text.contains(
-            "ok    BPF programs         19 programs pass the verifier: sched_switch flush \
+            "ok    BPF programs         17 programs pass the verifier: sched_switch flush \
              process_fork process_exit task_rename cgroup_attach cpu_idle thread_exit \
-             cgroup_switch func_entry func_return func_exit func_catch usdt_site usdt_start \
-             usdt_end go_entry go_exit go_runtime"
+             cgroup_switch func_entry func_return func_exit func_catch usdt_site go_entry \
+             go_exit go_runtime"
         ),
         "{text}"
     );

@@ -102,10 +102,6 @@ pub mod names {
     pub const GLOBAL_WEIGHT_SLOT: &str = "WEIGHT_SLOT";
     pub const PROG_USDT_SITE: &str = "usdt_site";
     pub const PROG_USDT_SITE_MULTI: &str = "usdt_site_multi";
-    pub const PROG_USDT_START: &str = "usdt_start";
-    pub const PROG_USDT_START_MULTI: &str = "usdt_start_multi";
-    pub const PROG_USDT_END: &str = "usdt_end";
-    pub const PROG_USDT_END_MULTI: &str = "usdt_end_multi";
     pub const USDT_SITES: &str = "USDT_SITES";
     pub const USDT_HITS: &str = "USDT_HITS";
     pub const SPAN_STACKS: &str = "SPAN_STACKS";
@@ -116,7 +112,7 @@ pub mod names {
 
     /// Every program of the object, for checks that must cover them all (the kernel keeps the
     /// first 15 bytes of each name: `BPF_OBJ_NAME_LEN` is 16 with the NUL).
-    pub const PROGRAMS: [&str; 29] = [
+    pub const PROGRAMS: [&str; 25] = [
         PROG_SCHED_SWITCH,
         PROG_FLUSH,
         PROG_FORK,
@@ -136,10 +132,6 @@ pub mod names {
         PROG_THREAD_EXIT,
         PROG_USDT_SITE,
         PROG_USDT_SITE_MULTI,
-        PROG_USDT_START,
-        PROG_USDT_START_MULTI,
-        PROG_USDT_END,
-        PROG_USDT_END_MULTI,
         PROG_GO_ENTRY,
         PROG_GO_ENTRY_MULTI,
         PROG_GO_EXIT,

@@ -233,7 +233,7 @@ fn read_text(text: &mut SpanText, pointer: u64) {
 /// An end site: closes the innermost open span of kind `site.id`, and as abandoned any span
 /// opened inside it that is still open.
 #[inline(always)]
-pub(crate) fn end(site: &UsdtSite) {
+pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
     let Some((tid, _)) = probed_task() else {
         return;
     };

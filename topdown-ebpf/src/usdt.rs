@@ -1,5 +1,5 @@
-//! USDT sites: a program for span starts, one for span ends, and one for the other sites (`-U`
-//! hits, aborts and notes), each in a plain and a uprobe.multi variant. The attach cookie indexes the site's descriptor in `USDT_SITES`, which user space
+//! USDT sites: one program for every probed site (`-U` hits, span starts and ends, aborts and
+//! notes). The attach cookie indexes the site's descriptor in `USDT_SITES`, which user space
 //! filled from the SDT notes: what to do, and how to decode the arguments it needs. Decoding
 //! is a small interpreter over `UsdtArg` (a constant, a register, or memory at base + index *
 //! scale + displacement); everything about the probe's meaning stays in user space.
@@ -30,11 +30,6 @@ pub(crate) static USDT_SITES: Array<UsdtSite> = Array::with_max_entries(1, 0);
 #[map]
 pub(crate) static USDT_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-// One program per kind of site: span starts, span ends, and the rest (`-U` hits, aborts,
-// notes). User space links each site to its kind's program, so the spans' hot path neither
-// dispatches on the action nor runs in the midst of the others' code: as one program (22 KB
-// of machine code) a span cost 8% more than this way (BENCHMARKS.md, per-span cost).
-
 /// Per-site attach (one perf link per site, the uprobe PMU's `ref_ctr_offset` config bits
 /// enabling its semaphore): kernels without uprobe.multi.
 #[uprobe]
@@ -50,49 +45,10 @@ pub fn usdt_site_multi(ctx: ProbeContext) -> u32 {
     0
 }
 
-#[uprobe]
-pub fn usdt_start(ctx: ProbeContext) -> u32 {
-    if let Some(site) = site_of(&ctx) {
-        spans::start(ctx.regs, site);
-    }
-    0
-}
-
-#[uprobe(multi)]
-pub fn usdt_start_multi(ctx: ProbeContext) -> u32 {
-    if let Some(site) = site_of(&ctx) {
-        spans::start(ctx.regs, site);
-    }
-    0
-}
-
-#[uprobe]
-pub fn usdt_end(ctx: ProbeContext) -> u32 {
-    if let Some(site) = site_of(&ctx) {
-        spans::end(site);
-    }
-    0
-}
-
-#[uprobe(multi)]
-pub fn usdt_end_multi(ctx: ProbeContext) -> u32 {
-    if let Some(site) = site_of(&ctx) {
-        spans::end(site);
-    }
-    0
-}
-
-/// The site's descriptor, by the attach cookie.
-#[inline(always)]
-fn site_of(ctx: &ProbeContext) -> Option<&'static UsdtSite> {
-    let cookie = attach_cookie(ctx.as_ptr()) as u32;
-    USDT_SITES.get(cookie)
-}
-
-/// A site that is neither a span's start nor its end.
 #[inline(always)]
 fn on_site(ctx: &ProbeContext) {
-    let Some(site) = site_of(ctx) else {
+    let cookie = attach_cookie(ctx.as_ptr()) as u32;
+    let Some(site) = USDT_SITES.get(cookie) else {
         return;
     };
     match site.action {
@@ -107,6 +63,8 @@ fn on_site(ctx: &ProbeContext) {
                 unsafe { atomic_add(hits, 1) };
             }
         }
+        action::START => spans::start(ctx.regs, site),
+        action::END => spans::end(ctx.regs, site),
         action::ABORT => spans::abort(site),
         action::NOTE_SET | action::NOTE_CLEAR => spans::note(ctx.regs, site),
         _ => {}

@@ -13,7 +13,7 @@ use aya::{
 };
 use topdown_common::{
     names,
-    usdt::{SpanKey, SpanKind, SpanStats, SpanText, SpanTotals, UsdtSite, action},
+    usdt::{SpanKey, SpanKind, SpanStats, SpanText, SpanTotals, UsdtSite},
 };
 
 use super::{
@@ -81,55 +81,63 @@ impl Session {
             }
         }
         let multi = linking == UsdtLinking::Auto && super::uprobe_multi_supported();
-        // Per program, file and kind of probe, in cookie order.
-        let mut groups: Vec<(GroupKey<'_>, Vec<attach::Point>)> = Vec::new();
-        for (cookie, planned) in plan.sites.iter().enumerate() {
-            let PlannedSite {
-                target,
-                offset,
-                ref_ctr_offset,
-                retprobe,
-                site,
-            } = planned;
-            let point = attach::Point {
-                offset: *offset,
-                ref_ctr_offset: *ref_ctr_offset,
-                cookie: cookie as u64,
-            };
-            let key = (program_for(site.action, multi), target.as_path(), *retprobe);
-            match groups.iter_mut().find(|(known, _)| *known == key) {
-                Some((_, points)) => points.push(point),
-                None => groups.push((key, vec![point])),
-            }
-        }
-        // Each program used, loaded once; its fd owned here, as the links only borrow it.
-        let mut programs: Vec<(&'static str, OwnedFd)> = Vec::new();
-        for ((name, _, _), _) in &groups {
-            if programs.iter().all(|(known, _)| known != name) {
-                let fd = self.load_usdt_program(name)?;
-                programs.push((name, fd));
-            }
-        }
-        let program_fd = |name: &str| {
-            programs
-                .iter()
-                .find(|(known, _)| *known == name)
-                .map(|(_, fd)| fd.as_fd())
-                .ok_or_else(|| anyhow::anyhow!("USDT program {name} not loaded"))
+        let name = if multi {
+            names::PROG_USDT_SITE_MULTI
+        } else {
+            names::PROG_USDT_SITE
         };
+        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
+        if program.fd().is_err() {
+            let started = std::time::Instant::now();
+            program.load().map_err(load_error(name))?;
+            let verified = program
+                .info()
+                .ok()
+                .and_then(|info| info.verified_instruction_count());
+            log::info!(
+                "{name}: loaded in {:.1} ms ({} instructions verified)",
+                started.elapsed().as_secs_f64() * 1e3,
+                verified.map_or_else(|| "unknown".to_owned(), |count| count.to_string())
+            );
+        }
+        let program = program
+            .fd()
+            .context("the USDT program's descriptor")?
+            .as_fd();
         let pids: Vec<u32> = if processes.is_empty() {
             vec![0]
         } else {
             processes.to_vec()
         };
         let mut fds = Vec::new();
+        // Per file and kind of probe, in cookie order.
+        let mut groups: Vec<((&std::path::Path, bool), Vec<attach::Point>)> = Vec::new();
+        for (cookie, planned) in plan.sites.iter().enumerate() {
+            let PlannedSite {
+                target,
+                offset,
+                ref_ctr_offset,
+                retprobe,
+                ..
+            } = planned;
+            let point = attach::Point {
+                offset: *offset,
+                ref_ctr_offset: *ref_ctr_offset,
+                cookie: cookie as u64,
+            };
+            let key = (target.as_path(), *retprobe);
+            match groups.iter_mut().find(|(known, _)| *known == key) {
+                Some((_, points)) => points.push(point),
+                None => groups.push((key, vec![point])),
+            }
+        }
         if let Some(followed) = self.followed.clone() {
             // `-- CMD`: the sites go into the command's processes only, like its functions, so
             // an untraced process of the same binary neither traps nor has its semaphores
             // raised; linked one by one as well as through uprobe.multi.
             let mut templates = Vec::with_capacity(groups.len());
-            for ((name, target, retprobe), points) in &groups {
-                let owned = program_fd(name)?
+            for ((target, retprobe), points) in &groups {
+                let owned = program
                     .try_clone_to_owned()
                     .context("duplicating a program fd")?;
                 let offsets: Vec<(u64, u64)> = points
@@ -169,8 +177,7 @@ impl Session {
                 },
             });
         }
-        for ((name, target, retprobe), points) in &groups {
-            let program = program_fd(name)?;
+        for ((target, retprobe), points) in &groups {
             for pid in &pids {
                 if multi {
                     let link = attach::multi(program, target, points, *pid, *retprobe)
@@ -211,30 +218,6 @@ impl Session {
             },
             links,
         })
-    }
-
-    /// Loads the USDT program `name` if it is not yet; a descriptor of it.
-    fn load_usdt_program(&mut self, name: &'static str) -> Result<OwnedFd> {
-        let program: &mut UProbe = program_mut(loaded(&mut self.ebpf)?, name)?;
-        if program.fd().is_err() {
-            let started = std::time::Instant::now();
-            program.load().map_err(load_error(name))?;
-            let verified = program
-                .info()
-                .ok()
-                .and_then(|info| info.verified_instruction_count());
-            log::info!(
-                "{name}: loaded in {:.1} ms ({} instructions verified)",
-                started.elapsed().as_secs_f64() * 1e3,
-                verified.map_or_else(|| "unknown".to_owned(), |count| count.to_string())
-            );
-        }
-        program
-            .fd()
-            .context("the USDT program's descriptor")?
-            .as_fd()
-            .try_clone_to_owned()
-            .context("duplicating the USDT program's descriptor")
     }
 
     /// Reads hits, span totals and the texts not seen yet. `hit_probes`: how many `-U`
@@ -285,22 +268,6 @@ impl Session {
             hits,
             stats,
         })
-    }
-}
-
-/// A group of sites linked together: their program, file, and whether they are return probes.
-type GroupKey<'a> = (&'static str, &'a std::path::Path, bool);
-
-/// The program for sites of `action` (`topdown_common::usdt::action`): span starts and ends
-/// have their own (see topdown-ebpf's usdt.rs), every other site the general one.
-fn program_for(site_action: u32, multi: bool) -> &'static str {
-    match (site_action, multi) {
-        (action::START, false) => names::PROG_USDT_START,
-        (action::START, true) => names::PROG_USDT_START_MULTI,
-        (action::END, false) => names::PROG_USDT_END,
-        (action::END, true) => names::PROG_USDT_END_MULTI,
-        (_, false) => names::PROG_USDT_SITE,
-        (_, true) => names::PROG_USDT_SITE_MULTI,
     }
 }
 
