@@ -268,8 +268,8 @@ fn span_end() {
     let (Some(open), Some(now)) = (unsafe { SPAN_OPEN.get(&tid) }, SCRATCH.get_ptr(0)) else {
         return;
     };
-    // The span kind, on the stack: a `&0` would point at a zero in .rodata, which LLVM
-    // shares with `NUM_COUNTERS`'s before the loader patches it.
+    // The span kind, on the stack: a `&0` pointed at the .rodata word of `NUM_COUNTERS`
+    // (also zero when compiled), which the loader patches (docs/development.md).
     let kind = 0u32;
     let Some(total) = entry_or_zeroed(&SPAN_TOTAL, &kind, || ZERO_SPAN_TOTAL.get_ptr(0)) else {
         return;
