@@ -75,30 +75,24 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         ])),
     ];
     for pmu in [SOFTWARE, SYNTHETIC] {
-        configs.push(Config::new(span_floor_name(pmu), None, None));
-        let floor_argv = strings(&[
-            &floor.display().to_string(),
-            "--pmu",
-            pmu,
-            "-U",
-            &format!("{bench}:bench:start"),
-            "-U",
-            &format!("{bench}:bench:end"),
-        ]);
-        timed.push(Some(floor_argv.clone()));
-        runs.push(TracedRun::Beside(floor_argv));
-        configs.push(Config::new(span_work_floor_name(pmu), None, None));
-        let work_floor_argv = strings(&[
-            &floor.display().to_string(),
-            "--pmu",
-            pmu,
-            "--span-start",
-            &format!("{bench}:bench:start"),
-            "--span-end",
-            &format!("{bench}:bench:end"),
-        ]);
-        timed.push(Some(work_floor_argv.clone()));
-        runs.push(TracedRun::Beside(work_floor_argv));
+        // Each floor beside spanbench: its name and how it is told the start and end sites.
+        for (name, start, end) in [
+            (span_floor_name(pmu), "-U", "-U"),
+            (span_work_floor_name(pmu), "--span-start", "--span-end"),
+        ] {
+            configs.push(Config::new(name, None, None));
+            let argv = strings(&[
+                &floor.display().to_string(),
+                "--pmu",
+                pmu,
+                start,
+                &format!("{bench}:bench:start"),
+                end,
+                &format!("{bench}:bench:end"),
+            ]);
+            timed.push(Some(argv.clone()));
+            runs.push(TracedRun::Beside(argv));
+        }
         for (what, key) in [("no key", ""), ("key=arg0", ",key=arg0")] {
             configs.push(
                 Config::new(
