@@ -456,6 +456,12 @@ fn run(args: Args) -> Result<()> {
             "--add-to attributes readings: add --read (or --trigger cgroup-switch)",
         ));
     }
+    if args.filter_pids && args.trigger == FloorTrigger::CgroupSwitch {
+        return Err(fail(
+            Failure::Usage,
+            "--filter-pids is a sched_switch floor: drop --trigger cgroup-switch",
+        ));
+    }
     if args.add_to.contains(&AddTo::Task) && args.trigger == FloorTrigger::CgroupSwitch {
         return Err(fail(
             Failure::Usage,
