@@ -23,6 +23,7 @@ use crate::cmd;
 mod beside;
 mod cgroups;
 mod rounds;
+mod side_by_side;
 mod signal;
 mod spans;
 mod startup;
@@ -432,7 +433,29 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         },
         &mut machine,
     )?;
-    write_switches(&configs, &measured, &machine.finish())
+    let named = |config: &str, floor: &str| {
+        Some(side_by_side::Pair {
+            config: index_of(&configs, config)?,
+            floor: index_of(&configs, floor)?,
+        })
+    };
+    let mut pairs = Vec::new();
+    for pmu in [SOFTWARE, SYNTHETIC] {
+        pairs.extend(named(&idle_p_name(pmu), FLOOR_NAME));
+        pairs.extend(named(&idle_p_name(pmu), FILTER_FLOOR_NAME));
+        pairs.extend(named(
+            &format!("topdown stat -a --pmu {pmu}"),
+            &task_floor_name(pmu),
+        ));
+    }
+    pairs.extend(named(
+        &format!("topdown stat -p IDLE_PID --read-every-switch --pmu {SYNTHETIC}"),
+        &switch_floor_name(SYNTHETIC),
+    ));
+    pairs.extend(named(&idle_p_name(SYNTHETIC), &baseline_idle_p_name()));
+    let timed = side_by_side::run(&configs, &pairs, pingpong, &args, "")?;
+    let side = side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND);
+    write_switches(&configs, &measured, &side, &machine.finish())
 }
 
 fn task_floor_name(pmu: &str) -> String {
@@ -537,6 +560,56 @@ fn added_ratio(num: &[f64], den: &[f64], resamples: usize) -> RatioInterval {
     }
 }
 
+/// The ratio of `num` to `den` measured side by side, half of the measurements in each attach
+/// order (`num_first`): the geometric mean of the two orders' ratios of medians, which cancels
+/// an order effect that scales one program's time (the first to run on a hook warms what the
+/// second then finds warm), with a bootstrap interval that resamples each order's measurements
+/// apart (the k-th of `num` and `den` drawn together: one ping-pong). `high` is infinite, and
+/// the estimate NaN, where an order has no measurement or a median not above zero.
+fn balanced_ratio(num: &[f64], den: &[f64], num_first: &[bool], resamples: usize) -> RatioInterval {
+    let group = |first: bool| -> Vec<usize> {
+        (0..num.len().min(den.len()).min(num_first.len()))
+            .filter(|&index| num_first[index] == first)
+            .collect()
+    };
+    let (first, second) = (group(true), group(false));
+    let ratio_of = |picks: &[usize]| {
+        let denominator = Spread::of(&picks.iter().map(|&i| den[i]).collect::<Vec<_>>()).median;
+        let numerator = Spread::of(&picks.iter().map(|&i| num[i]).collect::<Vec<_>>()).median;
+        (denominator > 0.0 && numerator > 0.0).then(|| numerator / denominator)
+    };
+    let balanced = |a: &[usize], b: &[usize]| Some((ratio_of(a)? * ratio_of(b)?).sqrt());
+    let estimate = balanced(&first, &second).unwrap_or(f64::NAN);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut ratios = Vec::with_capacity(resamples);
+    let mut unresolved = first.is_empty() || second.is_empty();
+    let resample = |rng: &mut fastrand::Rng, group: &[usize]| -> Vec<usize> {
+        (0..group.len())
+            .map(|_| group[rng.usize(..group.len().max(1))])
+            .collect()
+    };
+    for _ in 0..resamples {
+        if unresolved {
+            break;
+        }
+        let (a, b) = (resample(&mut rng, &first), resample(&mut rng, &second));
+        match balanced(&a, &b) {
+            Some(value) => ratios.push(value),
+            None => unresolved = true,
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    RatioInterval {
+        estimate,
+        low: quantile(&ratios, 0.025),
+        high: if unresolved {
+            f64::INFINITY
+        } else {
+            quantile(&ratios, 0.975)
+        },
+    }
+}
+
 /// "1.05x (95% interval 0.90x..1.20x): **met**", against issue 11's bound.
 fn interval_text(interval: &RatioInterval) -> String {
     bound_text(interval, ISSUE_11_BOUND)
@@ -549,6 +622,9 @@ fn bound_text(interval: &RatioInterval, bound: f64) -> String {
 
 /// "1.05x (95% interval 0.90x..1.20x)".
 fn ratio_text(interval: &RatioInterval) -> String {
+    if interval.estimate.is_nan() {
+        return "no ratio (the floor's median is not above zero)".to_owned();
+    }
     format!(
         "{:.2}x (95% interval {:.2}x..{})",
         interval.estimate,
@@ -654,13 +730,13 @@ fn added_over(configs: &[Config], medians: &[f64], bpftrace: &str) -> Added {
         .zip(&added)
         .map(|(config, value)| {
             let floor = added_by(config.floor.as_deref()?)?;
-            Some(value / floor)
+            per(*value, floor)
         })
         .collect();
     let per_bpftrace = added
         .iter()
         .enumerate()
-        .map(|(index, value)| Some(value / bpftrace_added.filter(|_| index > 0)?))
+        .map(|(index, value)| per(*value, bpftrace_added.filter(|_| index > 0)?))
         .collect();
     Added {
         added,
@@ -1879,6 +1955,7 @@ pub(crate) fn machine_text() -> String {
 fn write_switches(
     configs: &[Config],
     measured: &rounds::Measured,
+    side_by_side: &str,
     load: &LoadReport,
 ) -> Result<()> {
     let figures = Figures::of(measured);
@@ -1993,6 +2070,7 @@ fn write_switches(
                 program` column supports only to within this run's noise; its interval comes \
                 from the empty program's measured added cost alone.\n";
     section += &work_floor_verdicts(configs, measured, &figures);
+    section += &side_by_side_text(side_by_side);
     if let (Some(old), Some(new)) = (
         index_of(&baseline_idle_p_name()),
         index_of(&idle_p_name(SYNTHETIC)),
@@ -2014,6 +2092,23 @@ fn write_switches(
         section += ".\n";
     }
     write_section("## Context-switch cost", &section)
+}
+
+/// The side-by-side paragraph of the switch and cgroup sections, before its lines.
+fn side_by_side_text(lines: &str) -> String {
+    format!(
+        "\nSide by side: each configuration's tracer and its floor attached together \
+         ({} ping-pongs per pair, each with the kernel's BPF statistics on, which of the two \
+         attaches first alternating, as programs on one hook run in that order), so both \
+         programs run at the same switches under the same conditions and the ratio is paired \
+         within each ping-pong, not across the seconds between separate runs. The figure is \
+         every program the tracer holds, their run time over the ping-pong divided by its \
+         switches. The program that runs first pays for warming what the second finds warm, \
+         so the ratio is the geometric mean of the two orders' ratios of medians, each order's \
+         given beside it (95% percentile bootstrap intervals, {BOOTSTRAP_RESAMPLES} resamples \
+         of each order's ping-pongs):\n\n{lines}",
+        side_by_side::ROUNDS
+    )
 }
 
 /// How a section measured on the shared machine begins: its heading `## TITLE (`cargo xtask
@@ -2120,7 +2215,7 @@ impl Figures {
         let added: Vec<Option<f64>> = self.added.iter().copied().map(Some).collect();
         let bpftrace = index_of(configs, BPFTRACE_NAME)
             .filter(|&bpftrace| bpftrace != index && index > 0)
-            .map(|bpftrace| self.added[index] / self.added[bpftrace]);
+            .and_then(|bpftrace| per(self.added[index], self.added[bpftrace]));
         let spread = self.added_spread[index];
         let run_time = self.program[index];
         let (iqr, beyond_program) = if config.tracer.is_some() {
@@ -2169,7 +2264,13 @@ fn ratio_to(
     floor: Option<&str>,
 ) -> Option<f64> {
     let floor = index_of(configs, floor?)?;
-    Some(values[index]? / values[floor]?)
+    per(values[index]?, values[floor]?)
+}
+
+/// `value / floor`, or None where the floor's figure is not above zero: a cost that measured
+/// nothing (or less than nothing: noise) is no unit to count in.
+fn per(value: f64, floor: f64) -> Option<f64> {
+    (floor > 0.0).then(|| value / floor)
 }
 
 /// Issue 28's bound: each topdown configuration at most `ISSUE_28_BOUND` times its same-work
@@ -2328,6 +2429,38 @@ mod tests {
     }
 
     #[test]
+    fn side_by_side_ratios_cancel_the_attach_order() {
+        // The program 1.1x its floor's time, and whichever attaches first 1.3x slower than it
+        // would be second: the orders alone say 1.43x and 0.85x, balanced 1.1x exactly.
+        let floor = [100.0, 104.0, 98.0, 101.0, 99.0, 103.0];
+        let first = [true, false, true, false, true, false];
+        let program: Vec<f64> = floor.iter().map(|ns| ns * 1.1).collect();
+        let order = |ns: f64, slowed: bool| if slowed { ns * 1.3 } else { ns };
+        let num: Vec<f64> = program
+            .iter()
+            .zip(first)
+            .map(|(ns, first)| order(*ns, first))
+            .collect();
+        let den: Vec<f64> = floor
+            .iter()
+            .zip(first)
+            .map(|(ns, first)| order(*ns, !first))
+            .collect();
+        let ratio = balanced_ratio(&num, &den, &first, 500);
+        assert!((ratio.estimate - 1.1).abs() < 1e-9, "{ratio:?}");
+        assert!(
+            ratio.low >= 1.1 - 1e-9 && ratio.high <= 1.1 + 1e-9,
+            "{ratio:?}"
+        );
+        assert_eq!(verdict(&ratio, 1.2), "met");
+        // One order only: nothing to balance, so no bound is decided.
+        let one_order = balanced_ratio(&num, &den, &[true; 6], 500);
+        assert!(one_order.estimate.is_nan());
+        assert_eq!(one_order.high, f64::INFINITY);
+        assert_eq!(verdict(&one_order, 1.2), "not resolved by this measurement");
+    }
+
+    #[test]
     fn ratio_intervals_decide_the_bound_only_when_resolved() {
         // Every round exactly 1.1x: the interval is that point, below 1.2x.
         let den = [100.0, 120.0, 80.0, 110.0, 90.0];
@@ -2346,12 +2479,20 @@ mod tests {
         let noisy = added_ratio(&[50.0, 60.0, 40.0], &[-30.0, 40.0, -10.0], 500);
         assert_eq!(noisy.high, f64::INFINITY);
         assert_eq!(verdict(&noisy, 1.2), "not resolved by this measurement");
-        // The text gives the interval, and the verdict only where a bound is asked.
+        // A floor whose median is not above zero is no unit: no ratio (not "NaNx").
+        assert!(noisy.estimate.is_nan());
         assert_eq!(
             ratio_text(&noisy),
+            "no ratio (the floor's median is not above zero)"
+        );
+        // The text gives the interval, and the verdict only where a bound is asked.
+        let straddling = added_ratio(&[50.0, 60.0, 40.0], &[-30.0, 40.0, 10.0], 500);
+        assert_eq!(straddling.high, f64::INFINITY);
+        assert_eq!(
+            ratio_text(&straddling),
             format!(
                 "{:.2}x (95% interval {:.2}x..unbounded)",
-                noisy.estimate, noisy.low
+                straddling.estimate, straddling.low
             )
         );
         assert_eq!(

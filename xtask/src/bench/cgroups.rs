@@ -13,8 +13,8 @@ use anyhow::{Context as _, Result};
 use super::{
     BOOTSTRAP_RESAMPLES, Config, Figures, ISSUE_28_BOUND, MachineLoad, NO_TRACING, SOFTWARE,
     STATS_ROUNDS, SYNTHETIC, bpftrace_switch_config, cgroup_v2_mount, command_text, remove_tree,
-    rounds, section_start, stat_argv, stats_elsewhere_text, strings, switch_floor_name,
-    write_section,
+    rounds, section_start, side_by_side, stat_argv, stats_elsewhere_text, strings,
+    switch_floor_name, write_section,
 };
 
 /// Rounds with the statistics off, and ping-pong length (round trips: two switches each).
@@ -182,10 +182,34 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
             },
             &mut machine,
         );
+        let pairs = work_floor_pairs(&configs);
+        let timed = result.and_then(|result| {
+            let timed = side_by_side::run(&configs, &pairs, pingpong, &args, &label)?;
+            Ok((
+                result,
+                side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND),
+            ))
+        });
         drop(wakers);
-        measured.push(result?);
+        measured.push(timed?);
     }
     write(&configs, &measured, &machine.finish())
+}
+
+/// Each topdown configuration and its same-work floor, where that is not its reading floor.
+fn work_floor_pairs(configs: &[Config]) -> Vec<side_by_side::Pair> {
+    configs
+        .iter()
+        .enumerate()
+        .filter(|(_, config)| config.work_floor != config.floor)
+        .filter_map(|(index, config)| {
+            let floor_name = config.work_floor.as_deref()?;
+            Some(side_by_side::Pair {
+                config: index,
+                floor: configs.iter().position(|c| c.name == floor_name)?,
+            })
+        })
+        .collect()
 }
 
 /// Processes each in a cgroup of its own under `root`, waking every `WAKE_MS`; killed when
@@ -221,7 +245,7 @@ impl Drop for Wakers {
 
 fn write(
     configs: &[Config],
-    measured: &[rounds::Measured],
+    measured: &[(rounds::Measured, String)],
     load: &super::LoadReport,
 ) -> Result<()> {
     let mut section = section_start("Per-cgroup attribution cost", load);
@@ -253,7 +277,7 @@ fn write(
          entry only: the floor `--trigger cgroup-switch --add-to cgroup`, on those same \
          hooks.\n\n",
         command_text(),
-        stats_elsewhere_text(measured.iter().map(|m| m.stats_on_elsewhere).sum())
+        stats_elsewhere_text(measured.iter().map(|(m, _)| m.stats_on_elsewhere).sum())
     );
     section += "| active cgroups | configuration | CPU ns per switch | added over no tracing | IQR of added | added / reading floor's | added / same-work floor's | added / bpftrace's | wall ns per switch | busiest program, ns per run | program / reading floor's | program / same-work floor's | added − program |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     let mut verdicts = format!(
@@ -261,7 +285,15 @@ fn write(
          context switch (95% percentile bootstrap intervals, {BOOTSTRAP_RESAMPLES} resamples \
          of the measurements, the k-th of each configuration drawn together):\n\n"
     );
-    for (scenario, measured) in SCENARIOS.iter().zip(measured) {
+    let mut side_lines = String::new();
+    for (scenario, (measured, side)) in SCENARIOS.iter().zip(measured) {
+        for line in side.lines() {
+            side_lines += &format!(
+                "- {}, {}\n",
+                scenario.label,
+                line.strip_prefix("- ").unwrap_or(line)
+            );
+        }
         let figures = Figures::of(measured);
         for index in 0..configs.len() {
             section += &figures.row(
@@ -289,9 +321,11 @@ fn write(
         }
     }
     section += &verdicts;
+    section += &super::side_by_side_text(&side_lines);
     section += "\nWith both sides in one cgroup the cgroup-switch trigger reads nothing during \
                 the ping-pong: its program column then shows whatever cgroup switches the rest \
-                of the machine made (its busiest program's mean run time), not the ping-pong's, \
-                and its added CPU time is the figure that counts.\n";
+                of the machine made (its busiest program's mean run time), not the ping-pong's. \
+                The side-by-side runs per switch say so (a few in a thousand, for the tracer \
+                and its floor alike): no program of either runs at the ping-pong's switches.\n";
     write_section("## Per-cgroup attribution cost", &section)
 }
