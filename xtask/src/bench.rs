@@ -536,14 +536,27 @@ fn added_ratio(num: &[f64], den: &[f64], resamples: usize) -> RatioInterval {
     };
     let estimate = ratio(num, den).unwrap_or(f64::NAN);
     let rounds = num.len().min(den.len());
-    // A fixed seed: the same rounds give the same interval.
-    let mut rng = fastrand::Rng::with_seed(11);
-    let mut ratios = Vec::with_capacity(resamples);
-    let mut unresolved = rounds == 0;
-    for _ in 0..resamples {
+    percentile_interval(estimate, resamples, rounds == 0, |rng| {
         let picks: Vec<usize> = (0..rounds).map(|_| rng.usize(..rounds.max(1))).collect();
         let resample = |values: &[f64]| picks.iter().map(|&i| values[i]).collect::<Vec<_>>();
-        match ratio(&resample(num), &resample(den)) {
+        ratio(&resample(num), &resample(den))
+    })
+}
+
+/// `estimate` with the 95% percentile interval of `resamples` values drawn by `draw`; the
+/// interval is unbounded above if `unresolved` or if any draw gives no ratio (its denominator
+/// was not above zero).
+fn percentile_interval(
+    estimate: f64,
+    resamples: usize,
+    mut unresolved: bool,
+    mut draw: impl FnMut(&mut fastrand::Rng) -> Option<f64>,
+) -> RatioInterval {
+    // A fixed seed: the same measurements give the same interval.
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut ratios = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        match draw(&mut rng) {
             Some(value) => ratios.push(value),
             None => unresolved = true,
         }
@@ -580,34 +593,17 @@ fn balanced_ratio(num: &[f64], den: &[f64], num_first: &[bool], resamples: usize
     };
     let balanced = |a: &[usize], b: &[usize]| Some((ratio_of(a)? * ratio_of(b)?).sqrt());
     let estimate = balanced(&first, &second).unwrap_or(f64::NAN);
-    let mut rng = fastrand::Rng::with_seed(11);
-    let mut ratios = Vec::with_capacity(resamples);
-    let mut unresolved = first.is_empty() || second.is_empty();
     let resample = |rng: &mut fastrand::Rng, group: &[usize]| -> Vec<usize> {
         (0..group.len())
             .map(|_| group[rng.usize(..group.len().max(1))])
             .collect()
     };
-    for _ in 0..resamples {
-        if unresolved {
-            break;
-        }
-        let (a, b) = (resample(&mut rng, &first), resample(&mut rng, &second));
-        match balanced(&a, &b) {
-            Some(value) => ratios.push(value),
-            None => unresolved = true,
-        }
-    }
-    ratios.sort_by(f64::total_cmp);
-    RatioInterval {
+    percentile_interval(
         estimate,
-        low: quantile(&ratios, 0.025),
-        high: if unresolved {
-            f64::INFINITY
-        } else {
-            quantile(&ratios, 0.975)
-        },
-    }
+        resamples,
+        first.is_empty() || second.is_empty(),
+        |rng| balanced(&resample(rng, &first), &resample(rng, &second)),
+    )
 }
 
 /// "1.05x (95% interval 0.90x..1.20x): **met**", against issue 11's bound.

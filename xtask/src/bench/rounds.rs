@@ -143,11 +143,10 @@ pub(super) fn run(
     Ok(measured)
 }
 
-/// The busiest BPF program `pid` holds (at a switch hook, the one that runs at every switch
-/// or cgroup switch: the others run rarely or never during a ping-pong): its total run time
-/// and runs, from `/proc/PID/fdinfo`.
-fn busiest_program_runs(pid: u32) -> Option<(u64, u64)> {
-    let mut busiest: Option<(u64, u64)> = None;
+/// Each BPF program `pid` holds: its total run time (ns) and runs, from `/proc/PID/fdinfo`
+/// (`run_time_ns` and `run_cnt`, which the kernel keeps while its statistics are on).
+pub(super) fn program_runs(pid: u32) -> Option<Vec<(u64, u64)>> {
+    let mut programs = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         let is_program = std::fs::read_link(entry.path())
             .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
@@ -163,12 +162,16 @@ fn busiest_program_runs(pid: u32) -> Option<(u64, u64)> {
             info.lines()
                 .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
         };
-        let runs = (field("run_time_ns:")?, field("run_cnt:")?);
-        if busiest.is_none_or(|(_, count)| runs.1 > count) {
-            busiest = Some(runs);
-        }
+        programs.push((field("run_time_ns:")?, field("run_cnt:")?));
     }
-    busiest
+    Some(programs)
+}
+
+/// The busiest BPF program `pid` holds (at a switch hook, the one that runs at every switch
+/// or cgroup switch: the others run rarely or never during a ping-pong): its total run time
+/// and runs.
+fn busiest_program_runs(pid: u32) -> Option<(u64, u64)> {
+    program_runs(pid)?.into_iter().max_by_key(|&(_, runs)| runs)
 }
 
 /// One ping-pong (`pingpong ARGS`) under `config`'s tracer, with the mean run time of the

@@ -42,29 +42,16 @@ pub(super) struct Timed {
     pub config_first: Vec<bool>,
 }
 
-/// Total run time (ns) and runs of every BPF program `pid` holds, from `/proc/PID/fdinfo`
-/// (`run_time_ns`, `run_cnt`: kept while the kernel's statistics are on).
+/// Total run time (ns) and runs of every BPF program `pid` holds.
 fn program_totals(pid: u32) -> Option<(u64, u64)> {
-    let mut totals = (0, 0);
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let is_program = std::fs::read_link(entry.path())
-            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
-        if !is_program {
-            continue;
-        }
-        let info = std::fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            entry.file_name().to_string_lossy()
-        ))
-        .ok()?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
-        };
-        totals.0 += field("run_time_ns:")?;
-        totals.1 += field("run_cnt:")?;
-    }
-    Some(totals)
+    let programs = super::rounds::program_runs(pid)?;
+    Some(
+        programs
+            .iter()
+            .fold((0, 0), |(ns, runs), (program_ns, program_runs)| {
+                (ns + program_ns, runs + program_runs)
+            }),
+    )
 }
 
 /// Runs `ROUNDS` side-by-side measurements of each pair over the ping-pong `pingpong ARGS`,
