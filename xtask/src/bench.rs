@@ -453,8 +453,15 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
         &switch_floor_name(SYNTHETIC),
     ));
     pairs.extend(named(&idle_p_name(SYNTHETIC), &baseline_idle_p_name()));
-    let timed = side_by_side::run(&configs, &pairs, pingpong, &args, "")?;
-    let side = side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND);
+    let workload = pingpong_workload(pingpong, &args);
+    let timed = side_by_side::run(
+        &configs,
+        &pairs,
+        &|index| configs[index].tracer.clone(),
+        &workload,
+        "",
+    )?;
+    let side = side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND, &workload);
     write_switches(&configs, &measured, &side, &machine.finish())
 }
 
@@ -1801,6 +1808,22 @@ fn pingpong_output(pingpong: &Path, args: &[String]) -> Result<String> {
         bail!("pingpong failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The ping-pong `pingpong ARGS` as a side-by-side workload, whose units are its switches.
+fn pingpong_workload(pingpong: &Path, args: &[String]) -> side_by_side::Workload<'static> {
+    fn switches(text: &str) -> Result<f64> {
+        pingpong_field(text, "switches")
+    }
+    let mut argv = vec![pingpong.display().to_string()];
+    argv.extend(args.iter().cloned());
+    side_by_side::Workload {
+        argv,
+        units: &switches,
+        unit: "ping-pong switch",
+        at: "the ping-pong's switches",
+        program_types: None,
+    }
 }
 
 /// `name=VALUE` from pingpong's output line.

@@ -184,10 +184,17 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
         );
         let pairs = work_floor_pairs(&configs);
         let timed = result.and_then(|result| {
-            let timed = side_by_side::run(&configs, &pairs, pingpong, &args, &label)?;
+            let workload = super::pingpong_workload(pingpong, &args);
+            let timed = side_by_side::run(
+                &configs,
+                &pairs,
+                &|index| configs[index].tracer.clone(),
+                &workload,
+                &label,
+            )?;
             Ok((
                 result,
-                side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND),
+                side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND, &workload),
             ))
         });
         drop(wakers);

@@ -143,9 +143,10 @@ pub(super) fn run(
     Ok(measured)
 }
 
-/// Each BPF program `pid` holds: its total run time (ns) and runs, from `/proc/PID/fdinfo`
-/// (`run_time_ns` and `run_cnt`, which the kernel keeps while its statistics are on).
-pub(super) fn program_runs(pid: u32) -> Option<Vec<(u64, u64)>> {
+/// Each BPF program `pid` holds: its type (`prog_type`, include/uapi/linux/bpf.h), total run
+/// time (ns) and runs, from `/proc/PID/fdinfo` (`run_time_ns` and `run_cnt`, which the kernel
+/// keeps while its statistics are on).
+pub(super) fn program_runs(pid: u32) -> Option<Vec<(u64, u64, u64)>> {
     let mut programs = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         let is_program = std::fs::read_link(entry.path())
@@ -162,7 +163,11 @@ pub(super) fn program_runs(pid: u32) -> Option<Vec<(u64, u64)>> {
             info.lines()
                 .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
         };
-        programs.push((field("run_time_ns:")?, field("run_cnt:")?));
+        programs.push((
+            field("prog_type:")?,
+            field("run_time_ns:")?,
+            field("run_cnt:")?,
+        ));
     }
     Some(programs)
 }
@@ -171,7 +176,10 @@ pub(super) fn program_runs(pid: u32) -> Option<Vec<(u64, u64)>> {
 /// or cgroup switch: the others run rarely or never during a ping-pong): its total run time
 /// and runs.
 fn busiest_program_runs(pid: u32) -> Option<(u64, u64)> {
-    program_runs(pid)?.into_iter().max_by_key(|&(_, runs)| runs)
+    program_runs(pid)?
+        .into_iter()
+        .map(|(_, ns, runs)| (ns, runs))
+        .max_by_key(|&(_, runs)| runs)
 }
 
 /// One ping-pong (`pingpong ARGS`) under `config`'s tracer, with the mean run time of the

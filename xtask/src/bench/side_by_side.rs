@@ -9,17 +9,33 @@
 //! here: 1.33x with topdown first, 0.80x with the floor first, for one pair). The ratio is the
 //! geometric mean of the two orders' (`balanced_ratio`), and the text gives each.
 
-use std::path::Path;
+use std::process::Command;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 
 use super::{
-    BOOTSTRAP_RESAMPLES, Config, balanced_ratio, bound_text, enable_bpf_stats, pingpong_field,
-    pingpong_output, start_tracer, stop_tracer,
+    BOOTSTRAP_RESAMPLES, Config, balanced_ratio, bound_text, enable_bpf_stats, start_tracer,
+    stop_tracer,
 };
+use crate::cmd;
 
 /// Measurements per pair (half with each order).
 pub(super) const ROUNDS: usize = 12;
+
+/// What runs while both tracers are attached.
+pub(super) struct Workload<'a> {
+    /// The command, run to its end once per measurement.
+    pub argv: Vec<String>,
+    /// The units of work (switches, spans) one run did, from its standard output.
+    pub units: &'a dyn Fn(&str) -> Result<f64>,
+    /// One unit, for the text: "ping-pong switch", "span".
+    pub unit: &'a str,
+    /// Where a program that runs less than once per unit did not run, for the text: "the
+    /// ping-pong's switches".
+    pub at: &'a str,
+    /// The program types timed (`prog_type`), all where None.
+    pub program_types: Option<&'a [u64]>,
+}
 
 /// A configuration and the floor it is timed beside, as indexes of the section's configurations.
 #[derive(Clone, Copy)]
@@ -42,9 +58,17 @@ pub(super) struct Timed {
     pub config_first: Vec<bool>,
 }
 
-/// Total run time (ns) and runs of every BPF program `pid` holds.
-fn program_totals(pid: u32) -> Option<(u64, u64)> {
-    let programs = super::rounds::program_runs(pid)?;
+/// Total run time (ns) and runs of the BPF programs `pid` holds of the types `workload` counts.
+fn program_totals(pid: u32, workload: &Workload<'_>) -> Option<(u64, u64)> {
+    let programs: Vec<(u64, u64)> = super::rounds::program_runs(pid)?
+        .into_iter()
+        .filter(|(program_type, _, _)| {
+            workload
+                .program_types
+                .is_none_or(|types| types.contains(program_type))
+        })
+        .map(|(_, ns, runs)| (ns, runs))
+        .collect();
     Some(
         programs
             .iter()
@@ -54,13 +78,14 @@ fn program_totals(pid: u32) -> Option<(u64, u64)> {
     )
 }
 
-/// Runs `ROUNDS` side-by-side measurements of each pair over the ping-pong `pingpong ARGS`,
-/// the pairs interleaved so that a pair's measurements spread over the whole run.
+/// Runs `ROUNDS` side-by-side measurements of each pair over `workload` (`tracer_of` gives a
+/// configuration's tracer), the pairs interleaved so that a pair's measurements spread over
+/// the whole run.
 pub(super) fn run(
     configs: &[Config],
     pairs: &[Pair],
-    pingpong: &Path,
-    args: &[String],
+    tracer_of: &dyn Fn(usize) -> Option<Vec<String>>,
+    workload: &Workload<'_>,
     label: &str,
 ) -> Result<Vec<Timed>> {
     let _stats = enable_bpf_stats().context("timing programs side by side")?;
@@ -69,11 +94,13 @@ pub(super) fn run(
         for (pair, times) in pairs.iter().zip(&mut timed) {
             let config_first = round % 2 == 0;
             let (config, floor) = (&configs[pair.config], &configs[pair.floor]);
-            let measured = measure(config, floor, config_first, pingpong, args)
+            let tracers = (|| Some((tracer_of(pair.config)?, tracer_of(pair.floor)?)))()
+                .with_context(|| format!("{} or {} has no tracer", config.name, floor.name))?;
+            let measured = measure(&tracers, config_first, workload)
                 .with_context(|| format!("{label}{} beside {}", config.name, floor.name))?;
             let (config_ns, config_runs, floor_ns, floor_runs) = measured;
             println!(
-                "{label}side by side {}/{ROUNDS}: {:<60} {config_ns:>8.1} ns/switch ({config_runs:.3} runs), floor {floor_ns:>8.1} ns/switch ({floor_runs:.3} runs), {}",
+                "{label}side by side {}/{ROUNDS}: {:<60} {config_ns:>8.1} ns/unit ({config_runs:.3} runs), floor {floor_ns:>8.1} ns/unit ({floor_runs:.3} runs), {}",
                 round + 1,
                 config.name,
                 if config_first {
@@ -92,28 +119,20 @@ pub(super) fn run(
     Ok(timed)
 }
 
-/// One ping-pong with both tracers attached: (config ns per switch, its runs per switch, floor
-/// ns per switch, its runs per switch).
+/// One run of the workload with both tracers (the configuration's, the floor's) attached:
+/// (config ns per unit, its runs per unit, floor ns per unit, its runs per unit).
 fn measure(
-    config: &Config,
-    floor: &Config,
+    (config, floor): &(Vec<String>, Vec<String>),
     config_first: bool,
-    pingpong: &Path,
-    args: &[String],
+    workload: &Workload<'_>,
 ) -> Result<(f64, f64, f64, f64)> {
-    let argv = |config: &Config| {
-        config
-            .tracer
-            .clone()
-            .with_context(|| format!("{} has no tracer", config.name))
-    };
     let (first, second) = if config_first {
-        (argv(config)?, argv(floor)?)
+        (config, floor)
     } else {
-        (argv(floor)?, argv(config)?)
+        (floor, config)
     };
-    let mut first = start_tracer(&first)?;
-    let mut second = match start_tracer(&second) {
+    let mut first = start_tracer(first)?;
+    let mut second = match start_tracer(second) {
         Ok(child) => child,
         Err(err) => {
             stop_tracer(&mut first);
@@ -125,25 +144,43 @@ fn measure(
     } else {
         (second.id(), first.id())
     };
-    let before = (program_totals(config_pid), program_totals(floor_pid));
-    let output = pingpong_output(pingpong, args);
-    let after = (program_totals(config_pid), program_totals(floor_pid));
+    let before = (
+        program_totals(config_pid, workload),
+        program_totals(floor_pid, workload),
+    );
+    let output = workload_output(&workload.argv);
+    let after = (
+        program_totals(config_pid, workload),
+        program_totals(floor_pid, workload),
+    );
     stop_tracer(&mut second);
     stop_tracer(&mut first);
-    let text = output?;
-    let switches = pingpong_field(&text, "switches")?;
-    let per_switch = |before: Option<(u64, u64)>, after: Option<(u64, u64)>, name: &str| {
+    let units = (workload.units)(&output?)?;
+    let per_unit = |before: Option<(u64, u64)>, after: Option<(u64, u64)>, name: &str| {
         let ((ns0, runs0), (ns1, runs1)) = before
             .zip(after)
             .with_context(|| format!("no program statistics for {name}"))?;
         Ok::<_, anyhow::Error>((
-            ns1.saturating_sub(ns0) as f64 / switches,
-            runs1.saturating_sub(runs0) as f64 / switches,
+            ns1.saturating_sub(ns0) as f64 / units,
+            runs1.saturating_sub(runs0) as f64 / units,
         ))
     };
-    let (config_ns, config_runs) = per_switch(before.0, after.0, &config.name)?;
-    let (floor_ns, floor_runs) = per_switch(before.1, after.1, &floor.name)?;
+    let (config_ns, config_runs) = per_unit(before.0, after.0, "the configuration's tracer")?;
+    let (floor_ns, floor_runs) = per_unit(before.1, after.1, "the floor")?;
     Ok((config_ns, config_runs, floor_ns, floor_runs))
+}
+
+/// The workload's standard output, if it succeeded.
+fn workload_output(argv: &[String]) -> Result<String> {
+    let out = cmd::output(Command::new(&argv[0]).args(&argv[1..]))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            argv[0],
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Below this many program runs per ping-pong switch, neither program runs at the ping-pong's
@@ -153,7 +190,14 @@ const NOT_AT_THESE_SWITCHES: f64 = 0.05;
 
 /// One line per pair: the program time per switch of each, their ratio against `bound` with its
 /// bootstrap interval, and the ratio with each attach order.
-pub(super) fn text(configs: &[Config], pairs: &[Pair], timed: &[Timed], bound: f64) -> String {
+pub(super) fn text(
+    configs: &[Config],
+    pairs: &[Pair],
+    timed: &[Timed],
+    bound: f64,
+    workload: &Workload<'_>,
+) -> String {
+    let unit = workload.unit;
     let mut text = String::new();
     for (pair, times) in pairs.iter().zip(timed) {
         let median = |values: &[f64]| super::Spread::of(values).median;
@@ -177,16 +221,17 @@ pub(super) fn text(configs: &[Config], pairs: &[Pair], timed: &[Timed], bound: f
         let (config_runs, floor_runs) = (median(&times.config_runs), median(&times.floor_runs));
         let verdict = if config_runs < NOT_AT_THESE_SWITCHES && floor_runs < NOT_AT_THESE_SWITCHES {
             format!(
-                "**met: neither runs a program at the ping-pong's switches** (what they ran, \
-                 {}, was at the rest of the machine's)",
+                "**met: neither runs a program at {}** (what they ran, {}, was at the rest of \
+                 the machine's)",
+                workload.at,
                 super::ratio_text(&ratio)
             )
         } else {
             bound_text(&ratio, bound)
         };
         text += &format!(
-            "- {} beside {}: {:.1} against {:.1} ns of program time per ping-pong switch \
-             ({config_runs:.3} and {floor_runs:.3} runs per switch), {verdict}; {:.2}x with \
+            "- {} beside {}: {:.1} against {:.1} ns of program time per {unit} \
+             ({config_runs:.3} and {floor_runs:.3} runs per {unit}), {verdict}; {:.2}x with \
              it attached first, {:.2}x with the floor first.\n",
             configs[pair.config].name,
             configs[pair.floor].name,
@@ -224,20 +269,28 @@ mod tests {
             config: 0,
             floor: 1,
         }];
-        let over = text(&configs, &pairs, &[timed(150.0, 100.0, 1.0)], 1.2);
+        let workload = Workload {
+            argv: Vec::new(),
+            units: &|_| Ok(1.0),
+            unit: "ping-pong switch",
+            at: "the ping-pong's switches",
+            program_types: None,
+        };
+        let text = |timed: Timed| text(&configs, &pairs, &[timed], 1.2, &workload);
+        let over = text(timed(150.0, 100.0, 1.0));
         assert_eq!(
             over,
             "- topdown beside floor: 150.0 against 100.0 ns of program time per ping-pong \
-             switch (1.000 and 1.000 runs per switch), 1.50x (95% interval 1.50x..1.50x): \
+             switch (1.000 and 1.000 runs per ping-pong switch), 1.50x (95% interval 1.50x..1.50x): \
              **not met**; 1.50x with it attached first, 1.50x with the floor first.\n"
         );
-        let under = text(&configs, &pairs, &[timed(110.0, 100.0, 1.0)], 1.2);
+        let under = text(timed(110.0, 100.0, 1.0));
         assert!(
             under.contains("1.10x (95% interval 1.10x..1.10x): **met**"),
             "{under}"
         );
         // A trigger that does not fire at the ping-pong's switches: its runs are elsewhere.
-        let elsewhere = text(&configs, &pairs, &[timed(3.0, 2.0, 0.001)], 1.2);
+        let elsewhere = text(timed(3.0, 2.0, 0.001));
         assert!(
             elsewhere.contains("**met: neither runs a program at the ping-pong's switches**"),
             "{elsewhere}"

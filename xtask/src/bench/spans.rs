@@ -12,13 +12,17 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, ProbeWorkload, SOFTWARE, SYNTHETIC,
-    TracedRun, command_text, machine_text, median, start_tracer, stat_argv, stop_tracer, strings,
-    write_section,
+    BOOTSTRAP_RESAMPLES, Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, ProbeWorkload,
+    SOFTWARE, SYNTHETIC, TracedRun, command_text, machine_text, median, side_by_side, start_tracer,
+    stat_argv, stop_tracer, strings, write_section,
 };
 use crate::cmd;
 
 const SPAN_ROUNDS: usize = 5;
+/// `prog_type` of uprobe programs (include/uapi/linux/bpf.h).
+const BPF_PROG_TYPE_KPROBE: u64 = 2;
+/// Issue 23's bound: a span at most this many times its floor.
+const ISSUE_23_BOUND: f64 = 1.2;
 const SPANS: &str = "100000";
 /// pgbench rounds, seconds per run and clients.
 const PGBENCH_ROUNDS: usize = 3;
@@ -123,6 +127,40 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         BPFTRACE_SPAN_NAME,
         &mut || load.sample(),
     )?;
+    // Each topdown row beside each of its floors, both attached during one spanbench run.
+    let mut pairs = Vec::new();
+    for (index, config) in configs.iter().enumerate() {
+        for floor in [config.floor.as_deref(), config.work_floor.as_deref()] {
+            let Some(floor) = floor.and_then(|name| configs.iter().position(|c| c.name == name))
+            else {
+                continue;
+            };
+            pairs.push(side_by_side::Pair {
+                config: index,
+                floor,
+            });
+        }
+    }
+    fn spans(_: &str) -> Result<f64> {
+        Ok(SPANS.parse()?)
+    }
+    let workload = side_by_side::Workload {
+        argv: vec![bench.clone(), SPANS.to_owned()],
+        units: &spans,
+        unit: "span",
+        at: "these spans",
+        // Uprobes (`BPF_PROG_TYPE_KPROBE`) only: topdown's `-a` also reads at every context
+        // switch of the machine, which the floors do not.
+        program_types: Some(&[BPF_PROG_TYPE_KPROBE]),
+    };
+    let side_timed = side_by_side::run(
+        &configs,
+        &pairs,
+        &|index| timed[index].clone(),
+        &workload,
+        "spans: ",
+    )?;
+    let side = side_by_side::text(&configs, &pairs, &side_timed, ISSUE_23_BOUND, &workload);
     let load = load.finish();
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
     section += &machine_text();
@@ -146,6 +184,21 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         load_text(&load)
     );
     section += &cost.table(&configs, "span");
+    section += &format!(
+        "\nSide by side: each topdown row's tracer (`stat -a --span`) and each of its floors \
+         attached together during one spanbench run ({} runs per pair, with the kernel's BPF \
+         statistics on, which of the two attaches first alternating: uprobes at one site run \
+         in that order), so both programs run at the same sites' hits under the same \
+         conditions and their ratio is paired within each run. The figure is every program \
+         the tracer holds at the sites (its uprobe programs: topdown's `-a` also reads at \
+         every context switch, which the floors do not), their run time over the run divided \
+         by its spans; the ratio is the \
+         geometric mean of the two orders' ratios of medians, against issue 23's bound of \
+         {ISSUE_23_BOUND}x (95% percentile bootstrap intervals, {BOOTSTRAP_RESAMPLES} \
+         resamples of each order's runs). Program time leaves out the traps, which both pay \
+         alike:\n\n{side}",
+        side_by_side::ROUNDS
+    );
     write_section("## Per-span cost", &section)
 }
 
