@@ -150,6 +150,16 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let configs = configs(topdown, floor);
+    // Each topdown configuration beside its same-work floor, where that is not its reading
+    // floor.
+    let pairs = side_by_side::pairs(&configs, |config| {
+        config
+            .work_floor
+            .as_deref()
+            .filter(|_| config.work_floor != config.floor)
+            .into_iter()
+            .collect()
+    });
     let mut machine = MachineLoad::start();
     let mut measured = Vec::new();
     for scenario in &SCENARIOS {
@@ -182,7 +192,6 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
             },
             &mut machine,
         );
-        let pairs = work_floor_pairs(&configs);
         let timed = result.and_then(|result| {
             let workload = super::pingpong_workload(pingpong, &args);
             let timed = side_by_side::run(
@@ -201,22 +210,6 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
         measured.push(timed?);
     }
     write(&configs, &measured, &machine.finish())
-}
-
-/// Each topdown configuration and its same-work floor, where that is not its reading floor.
-fn work_floor_pairs(configs: &[Config]) -> Vec<side_by_side::Pair> {
-    configs
-        .iter()
-        .enumerate()
-        .filter(|(_, config)| config.work_floor != config.floor)
-        .filter_map(|(index, config)| {
-            let floor_name = config.work_floor.as_deref()?;
-            Some(side_by_side::Pair {
-                config: index,
-                floor: configs.iter().position(|c| c.name == floor_name)?,
-            })
-        })
-        .collect()
 }
 
 /// Processes each in a cgroup of its own under `root`, waking every `WAKE_MS`; killed when

@@ -44,6 +44,26 @@ pub(super) struct Pair {
     pub floor: usize,
 }
 
+/// Each configuration beside each floor `floors_of` names for it (configuration names; a name
+/// not among `configs` is skipped).
+pub(super) fn pairs<'a>(
+    configs: &'a [Config],
+    floors_of: impl Fn(&'a Config) -> Vec<&'a str>,
+) -> Vec<Pair> {
+    configs
+        .iter()
+        .enumerate()
+        .flat_map(|(index, config)| {
+            floors_of(config).into_iter().filter_map(move |name| {
+                Some(Pair {
+                    config: index,
+                    floor: super::index_of(configs, name)?,
+                })
+            })
+        })
+        .collect()
+}
+
 /// What the kernel timed for one pair, per measurement.
 #[derive(Default)]
 pub(super) struct Timed {
@@ -257,6 +277,24 @@ mod tests {
             floor_runs: first.iter().map(|_| runs).collect(),
             config_first: first.to_vec(),
         }
+    }
+
+    #[test]
+    fn pairs_are_each_configuration_beside_each_named_floor_there_is() {
+        let configs = [
+            Config::new("floor", None, None),
+            Config::new("work floor", None, None),
+            Config::new("topdown", None, Some("floor".to_owned())).with_work_floor("work floor"),
+            Config::new("other", None, Some("missing".to_owned())),
+        ];
+        let pairs = pairs(&configs, |config| {
+            [config.floor.as_deref(), config.work_floor.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect()
+        });
+        let indexes: Vec<(usize, usize)> = pairs.iter().map(|p| (p.config, p.floor)).collect();
+        assert_eq!(indexes, [(2, 0), (2, 1)]);
     }
 
     #[test]

@@ -128,19 +128,12 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         &mut || load.sample(),
     )?;
     // Each topdown row beside each of its floors, both attached during one spanbench run.
-    let mut pairs = Vec::new();
-    for (index, config) in configs.iter().enumerate() {
-        for floor in [config.floor.as_deref(), config.work_floor.as_deref()] {
-            let Some(floor) = floor.and_then(|name| configs.iter().position(|c| c.name == name))
-            else {
-                continue;
-            };
-            pairs.push(side_by_side::Pair {
-                config: index,
-                floor,
-            });
-        }
-    }
+    let pairs = side_by_side::pairs(&configs, |config| {
+        [config.floor.as_deref(), config.work_floor.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect()
+    });
     fn spans(_: &str) -> Result<f64> {
         Ok(SPANS.parse()?)
     }
