@@ -449,7 +449,8 @@ async fn until_stopped() -> Result<()> {
     Ok(())
 }
 
-fn run(args: Args) -> Result<()> {
+/// Rejects option combinations the floor would otherwise ignore or cannot serve.
+fn check_combinations(args: &Args) -> Result<()> {
     if !args.add_to.is_empty() && !args.read && args.trigger == FloorTrigger::SchedSwitch {
         return Err(fail(
             Failure::Usage,
@@ -481,6 +482,11 @@ fn run(args: Args) -> Result<()> {
              model whose counters to open with --pmu MODEL",
         ));
     }
+    Ok(())
+}
+
+fn run(args: Args) -> Result<()> {
+    check_combinations(&args)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -515,5 +521,57 @@ fn main() -> ExitCode {
             eprintln!("topdown-floor: {err:#}");
             ExitCode::from(failure_of(&err).map_or(1, |failure| failure.exit_code()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(argv: &[&str]) -> Result<(), String> {
+        let args =
+            Args::try_parse_from(std::iter::once("topdown-floor").chain(argv.iter().copied()))
+                .map_err(|err| err.to_string())?;
+        check_combinations(&args).map_err(|err| format!("{err:#}"))
+    }
+
+    #[test]
+    fn combinations_the_floor_would_ignore_are_refused() {
+        assert_eq!(
+            check(&[
+                "--filter-pids",
+                "--trigger",
+                "cgroup-switch",
+                "--pmu",
+                "software"
+            ]),
+            Err("--filter-pids is a sched_switch floor: drop --trigger cgroup-switch".to_owned())
+        );
+        assert_eq!(
+            check(&[
+                "--trigger",
+                "cgroup-switch",
+                "--add-to",
+                "task",
+                "--pmu",
+                "software"
+            ]),
+            Err(
+                "--trigger cgroup-switch attributes to cgroups only: use --add-to cgroup"
+                    .to_owned()
+            )
+        );
+        assert_eq!(check(&["--filter-pids"]), Ok(()));
+        assert_eq!(
+            check(&[
+                "--trigger",
+                "cgroup-switch",
+                "--add-to",
+                "cgroup",
+                "--pmu",
+                "software"
+            ]),
+            Ok(())
+        );
     }
 }
