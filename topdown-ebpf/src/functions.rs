@@ -482,8 +482,15 @@ pub(crate) fn enter(stack: &mut ShadowStack, cookie: u64, sp: u64, counters: imp
         0
     };
     frame.sp = sp;
-    frame.entry = stack.virtual_now;
-    frame.callees = [0; MAX_COUNTERS];
+    // Only the slots in use: everything that reads a frame stops at `used` too, and copying
+    // all `MAX_COUNTERS` is 64 memory operations at every call with one counter.
+    let used = global(&NUM_COUNTERS) as usize;
+    let mut slot = 0;
+    while slot < MAX_COUNTERS && slot < used {
+        frame.entry[slot] = stack.virtual_now[slot];
+        frame.callees[slot] = 0;
+        slot += 1;
+    }
     frame.callee_calls = 0;
     stack.depth += 1;
 }
