@@ -44,6 +44,8 @@ const BOOTSTRAP_RESAMPLES: usize = 4000;
 const ISSUE_11_BOUND: f64 = 1.2;
 /// Issue 28's bound: per context switch, each configuration against its same-work floor.
 const ISSUE_28_BOUND: f64 = 1.2;
+/// The per-call bound: a probed call at most this many times its floor's cost.
+const PER_CALL_BOUND: f64 = 1.2;
 /// Rounds and calls per round of the per-call section.
 const CALL_ROUNDS: usize = 3;
 /// Rounds of the kernel's timing of the probe programs (statistics on), after the others.
@@ -1126,6 +1128,37 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         &mut || {},
     )?;
 
+    // Each topdown row beside its floor, both attached during one callbench run.
+    let pairs = side_by_side::pairs(&configs, |config| {
+        config.floor.as_deref().into_iter().collect()
+    });
+    fn calls(_: &str) -> Result<f64> {
+        Ok(CALLS.parse()?)
+    }
+    let side_workload = side_by_side::Workload {
+        argv: vec![bench.clone(), CALLS.to_owned()],
+        units: &calls,
+        unit: "call",
+        at: "these calls",
+        // Uprobes and uretprobes only: topdown's `-a` also reads at every context switch of
+        // the machine, which the floors do not.
+        program_types: Some(&[BPF_PROG_TYPE_KPROBE]),
+    };
+    let side_timed = side_by_side::run(
+        &configs,
+        &pairs,
+        &|index| timed[index].clone(),
+        &side_workload,
+        "functions: ",
+    )?;
+    let side = side_by_side::text(
+        &configs,
+        &pairs,
+        &side_timed,
+        PER_CALL_BOUND,
+        &side_workload,
+    );
+
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
         "Same machine; command: `{}`. A tiny function (`lea; ret`, `tests/workloads/callbench.c`) \
@@ -1153,6 +1186,21 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
                 single-stepped `ret` per call where a uretprobe returns through the kernel's \
                 trampoline. The default, `--returns auto`, gives a target uretprobes when nothing \
                 in the traced program can unwind (this plain C program), exit probes otherwise.\n";
+    section += &format!(
+        "\nSide by side: each topdown row's tracer (`stat -a -u --no-compensation`) and its floor \
+         attached together during one callbench run ({} runs per pair, with the kernel's BPF \
+         statistics on, which of the two attaches first alternating: uprobes at one address \
+         run in that order), so both programs run at the same calls under the same conditions \
+         and their ratio is paired within each run. The figure is every uprobe and uretprobe \
+         program the tracer holds (topdown's `-a` also reads at every context switch, which \
+         the floors do not), their run time over the run divided by its calls; the ratio is \
+         the geometric mean of the two orders' ratios of medians, against the per-call bound of \
+         {PER_CALL_BOUND}x (95% percentile bootstrap intervals, {BOOTSTRAP_RESAMPLES} \
+         resamples of each order's runs). Program time leaves out the traps, which both pay \
+         alike; the bound was set on the whole call, traps included (the table's `added / its \
+         floor's`):\n\n{side}",
+        side_by_side::ROUNDS
+    );
     write_section("## Per-function probe cost", &section)
 }
 
@@ -1397,31 +1445,19 @@ fn measure_field(
     Ok((wall, program))
 }
 
-/// The kernel's total run time (ns) of the uprobe programs process `pid` holds
-/// (`prog_type` 2, `BPF_PROG_TYPE_KPROBE`, in /proc/PID/fdinfo; BPF statistics on).
+/// `prog_type` of uprobe and uretprobe programs (`BPF_PROG_TYPE_KPROBE`, in /proc/PID/fdinfo).
+const BPF_PROG_TYPE_KPROBE: u64 = 2;
+
+/// The kernel's total run time (ns) of the uprobe programs process `pid` holds (BPF
+/// statistics on).
 fn uprobe_program_time(pid: u32) -> Option<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let is_program = std::fs::read_link(entry.path())
-            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-prog");
-        if !is_program {
-            continue;
-        }
-        let Ok(info) = std::fs::read_to_string(format!(
-            "/proc/{pid}/fdinfo/{}",
-            entry.file_name().to_string_lossy()
-        )) else {
-            continue;
-        };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
-        };
-        if field("prog_type:") == Some(2) {
-            total += field("run_time_ns:")?;
-        }
-    }
-    Some(total)
+    Some(
+        rounds::program_runs(pid)?
+            .into_iter()
+            .filter(|(program_type, _, _)| *program_type == BPF_PROG_TYPE_KPROBE)
+            .map(|(_, ns, _)| ns)
+            .sum(),
+    )
 }
 
 /// The `FIELD=` figure (`ns_per_call=`, `ns_per_span=`) that one run of `workload` prints,

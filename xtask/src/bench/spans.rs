@@ -12,15 +12,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    BOOTSTRAP_RESAMPLES, Config, LoadReport, MachineLoad, PROGRAM_ROUNDS, ProbeCost, ProbeWorkload,
-    SOFTWARE, SYNTHETIC, TracedRun, command_text, machine_text, median, side_by_side, start_tracer,
-    stat_argv, stop_tracer, strings, write_section,
+    BOOTSTRAP_RESAMPLES, BPF_PROG_TYPE_KPROBE, Config, LoadReport, MachineLoad, PROGRAM_ROUNDS,
+    ProbeCost, ProbeWorkload, SOFTWARE, SYNTHETIC, TracedRun, command_text, machine_text, median,
+    side_by_side, start_tracer, stat_argv, stop_tracer, strings, write_section,
 };
 use crate::cmd;
 
 const SPAN_ROUNDS: usize = 5;
-/// `prog_type` of uprobe programs (include/uapi/linux/bpf.h).
-const BPF_PROG_TYPE_KPROBE: u64 = 2;
 /// Issue 23's bound: a span at most this many times its floor.
 const ISSUE_23_BOUND: f64 = 1.2;
 const SPANS: &str = "100000";
