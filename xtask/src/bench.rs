@@ -1298,6 +1298,7 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
     }
     let load_before = load_average();
     let mut tables = String::new();
+    let mut side = String::new();
     for (title, unit, field, count, configs) in [
         ("per call", "ns per call", "ns_per_call=", "calls=", calls),
         (
@@ -1358,6 +1359,34 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             );
         }
         tables += "\n";
+        // Each topdown row beside its floor, both attached during one gobench run.
+        let pairs = side_by_side::pairs(&configs, |config| {
+            config.floor.as_deref().into_iter().collect()
+        });
+        let units = |out: &str| -> Result<f64> {
+            out.lines()
+                .find_map(|line| line.trim().strip_prefix(count)?.parse().ok())
+                .with_context(|| format!("no {count} in gobench's output: {out}"))
+        };
+        let (side_unit, side_at) = if title == "per call" {
+            ("call", "these calls")
+        } else {
+            ("goroutine switch", "these goroutine switches")
+        };
+        let workload = side_by_side::Workload {
+            argv: standalone.clone(),
+            units: &units,
+            unit: side_unit,
+            at: side_at,
+            // Uprobes only: topdown's `-a` also reads at every context switch of the machine.
+            program_types: Some(&[BPF_PROG_TYPE_KPROBE]),
+        };
+        let tracer_of = |index: usize| match &runs[index] {
+            TracedRun::Beside(argv) => Some(argv.clone()),
+            TracedRun::Alone(_) => None,
+        };
+        let timed = side_by_side::run(&configs, &pairs, &tracer_of, &workload, "go: ")?;
+        side += &side_by_side::text(&configs, &pairs, &timed, PER_CALL_BOUND, &workload);
     }
     let mut section =
         String::from("## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)\n\n");
@@ -1382,6 +1411,19 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
         load_average()
     );
     section += &tables;
+    section += &format!(
+        "Side by side: each topdown row's tracer and its floor attached together during one \
+         gobench run ({} runs per pair, with the kernel's BPF statistics on, which of the two \
+         attaches first alternating: uprobes at one address run in that order), so both \
+         programs run at the same calls and switches under the same conditions and their ratio \
+         is paired within each run. The figure is every uprobe program the tracer holds (topdown's \
+         `-a` also reads at every context switch, which the floors do not), their run time over \
+         the run divided by its calls or goroutine switches; the ratio is the geometric mean of \
+         the two orders' ratios of medians, against {PER_CALL_BOUND}x (95% percentile bootstrap \
+         intervals, {BOOTSTRAP_RESAMPLES} resamples of each order's runs). Program time leaves \
+         out the traps, which both pay alike:\n\n{side}",
+        side_by_side::ROUNDS
+    );
     write_section("## Go: per-call and per-goroutine-switch cost", &section)
 }
 
