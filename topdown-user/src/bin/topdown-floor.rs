@@ -155,11 +155,13 @@ fn resolve_points(specs: &[String], returns: Returns) -> Result<Points> {
         for function in resolution.functions {
             points
                 .entries
-                .push((function.target.clone(), function.offset));
+                .push((function.target.clone(), function.symbol.offset));
             match returns {
-                Returns::Uretprobe => points.returns.push((function.target, function.offset)),
+                Returns::Uretprobe => points
+                    .returns
+                    .push((function.target, function.symbol.offset)),
                 Returns::Exit => {
-                    let exits = function.exits.as_ref().ok_or_else(|| {
+                    let exits = function.symbol.exits.as_ref().ok_or_else(|| {
                         fail(
                             Failure::Usage,
                             format!(

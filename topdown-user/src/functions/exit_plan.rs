@@ -78,31 +78,31 @@ pub fn plan(functions: &[Probed<'_>], files: &HashMap<PathBuf, FileFunctions>) -
     for probed in functions {
         let function = probed.function;
         let file = planner.file(&function.target);
-        planner.probed.insert((file, function.address), ());
+        planner.probed.insert((file, function.symbol.address), ());
     }
     for probed in functions {
         let function = probed.function;
         let file = planner.file(&function.target);
-        let by_uretprobe = probed.uretprobe || function.exits.is_none();
+        let by_uretprobe = probed.uretprobe || function.symbol.exits.is_none();
         // Go functions are refused before planning unless their exits are known and probed.
         debug_assert!(
-            !(function.go && by_uretprobe),
+            !(function.symbol.go && by_uretprobe),
             "a uretprobe on a Go function"
         );
         let mut probes = FunctionProbes {
             entry: Some(UprobeAt {
                 target: function.target.clone(),
-                offset: function.offset,
+                offset: function.symbol.offset,
                 cookie: entry_cookie::encode(probed.id, by_uretprobe),
             }),
-            go: function.go,
+            go: function.symbol.go,
             ..FunctionProbes::default()
         };
-        match function.exits.as_ref().filter(|_| !probed.uretprobe) {
+        match function.symbol.exits.as_ref().filter(|_| !probed.uretprobe) {
             None => {
                 probes.uretprobe = Some(UprobeAt {
                     target: function.target.clone(),
-                    offset: function.offset,
+                    offset: function.symbol.offset,
                     cookie: u64::from(probed.id),
                 });
                 // The uretprobe closes the frame when a tail callee returns (the kernel chains
@@ -110,7 +110,7 @@ pub fn plan(functions: &[Probed<'_>], files: &HashMap<PathBuf, FileFunctions>) -
                 // pointer, which would otherwise read as a return skipped by longjmp: each
                 // tail-call jump marks the frame first. Direct jumps are emulated by the
                 // kernel, so the marker costs one trap per tail call.
-                for exit in function.exits.iter().flatten() {
+                for exit in function.symbol.exits.iter().flatten() {
                     planner.tail_marker(&mut probes.exits, function, file, probed.id, exit);
                 }
             }
@@ -121,7 +121,7 @@ pub fn plan(functions: &[Probed<'_>], files: &HashMap<PathBuf, FileFunctions>) -
                         &function.target,
                         file,
                         probed.id,
-                        &function.ranges,
+                        &function.symbol.ranges,
                         exit,
                         0,
                     );
@@ -200,7 +200,14 @@ impl Planner<'_> {
                     .map_or(0, |file| file.image_end);
                 self.plan.indirect_jumps.push((
                     index,
-                    indirect_jump(id, file, exit.address, image_end, &function.ranges, operand),
+                    indirect_jump(
+                        id,
+                        file,
+                        exit.address,
+                        image_end,
+                        &function.symbol.ranges,
+                        operand,
+                    ),
                 ));
                 points.push(at(exit_point::encode(id, exit_point::INDIRECT, index)));
             }
@@ -411,15 +418,8 @@ mod tests {
     fn resolved(symbol: &FunctionSymbol) -> ResolvedFunction {
         ResolvedFunction {
             target: PathBuf::from("/bin/app"),
-            offset: symbol.offset,
-            address: symbol.address,
-            raw_name: symbol.name.clone(),
             display: symbol.name.clone(),
-            exits: symbol.exits.clone(),
-            ranges: symbol.ranges.clone(),
-            entry_probe: symbol.entry_probe.clone(),
-            reads_return_address: symbol.reads_return_address,
-            go: symbol.go,
+            symbol: symbol.clone(),
         }
     }
 

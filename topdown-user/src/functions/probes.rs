@@ -192,7 +192,7 @@ impl Probes {
                 continue;
             }
             match refusal(&function, !exit_targets.contains(&function.target)) {
-                Some(why) if function.go => go_skipped.push((function.display.clone(), why)),
+                Some(why) if function.symbol.go => go_skipped.push((function.display.clone(), why)),
                 Some(why) => skipped.push((function.display.clone(), why)),
                 None => candidates.push((id, function)),
             }
@@ -202,7 +202,7 @@ impl Probes {
         }
         self.single_step = candidates
             .iter()
-            .filter(|(_, function)| function.entry_probe == Some(ProbeCheck::SingleStep))
+            .filter(|(_, function)| function.symbol.entry_probe == Some(ProbeCheck::SingleStep))
             .map(|(id, _)| *id)
             .collect();
         warn_single_step(&candidates, &self.single_step);
@@ -247,7 +247,7 @@ impl Probes {
         // The Go runtime hooks first: a goroutine switch between a function's entry and its
         // return must not go unseen.
         let mut go_targets: Vec<&PathBuf> = Vec::new();
-        for (_, function) in candidates.iter().filter(|(_, function)| function.go) {
+        for (_, function) in candidates.iter().filter(|(_, function)| function.symbol.go) {
             if !go_targets.contains(&&function.target) {
                 go_targets.push(&function.target);
             }
@@ -328,7 +328,7 @@ impl Probes {
             }
             self.mechanisms[id] = ReturnMechanism::of(
                 !exit_targets.contains(&function.target),
-                function.exits.as_deref(),
+                function.symbol.exits.as_deref(),
             );
         }
         let loading = session.take_program_load_time();
@@ -574,24 +574,25 @@ fn plan_of(
 /// Why the kernel would refuse a probe of `function` (x86-64 rules,
 /// `crate::functions::symbols::x86`).
 fn refusal(function: &ResolvedFunction, uretprobes: bool) -> Option<String> {
-    if let Some(ProbeCheck::Refused(why)) = &function.entry_probe {
+    if let Some(ProbeCheck::Refused(why)) = &function.symbol.entry_probe {
         return Some((*why).to_owned());
     }
     if uretprobes {
-        return function.reads_return_address.then(|| {
+        return function.symbol.reads_return_address.then(|| {
             "reads its own return address, which a uretprobe replaces with the kernel's \
              trampoline (setjmp-like; --returns exit probes it)"
                 .to_owned()
         });
     }
     function
+        .symbol
         .exits
         .iter()
         .flatten()
         .find_map(|exit| match &exit.probe {
             ProbeCheck::Refused(why) => Some(format!(
                 "exit at +{:#x}: {why}",
-                exit.address.wrapping_sub(function.address)
+                exit.address.wrapping_sub(function.symbol.address)
             )),
             _ => None,
         })

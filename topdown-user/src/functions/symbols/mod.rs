@@ -74,27 +74,15 @@ impl ProbeSpec {
     }
 }
 
-/// A function to probe.
+/// A function to probe: its symbol (offset, code, exits, how to probe its entry and returns)
+/// in the file to attach to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedFunction {
     /// The file to attach to (through `/proc/PID/root` for a container's library).
     pub target: PathBuf,
-    pub offset: u64,
-    /// Its address in the file.
-    pub address: u64,
-    pub raw_name: String,
     /// Rust without hash, C++ with parameters.
     pub display: String,
-    /// The exit instructions (see [`x86::exits`]); `None`: use a uretprobe.
-    pub exits: Option<Vec<x86::Exit>>,
-    /// Its code: body, then cold fragments.
-    pub ranges: Vec<(u64, u64)>,
-    /// What the kernel does with a probe on its first instruction (`None`: not x86-64).
-    pub entry_probe: Option<x86::ProbeCheck>,
-    /// It reads its return address: no uretprobe for it.
-    pub reads_return_address: bool,
-    /// A Go function (`symbols::go`): probed per goroutine, at its exit instructions.
-    pub go: bool,
+    pub symbol: elf::FunctionSymbol,
 }
 
 /// The functions to probe, and every function of their files (tail-call targets).
@@ -207,17 +195,10 @@ pub fn resolve(specs: &[ProbeSpec], pids: &[u32]) -> Result<Resolution> {
         for (function, names) in matched {
             let entry = ResolvedFunction {
                 target: path.clone(),
-                offset: function.offset,
-                address: function.address,
-                raw_name: function.name.clone(),
                 display: names.display.clone(),
-                exits: function.exits.clone(),
-                ranges: function.ranges.clone(),
-                entry_probe: function.entry_probe.clone(),
-                reads_return_address: function.reads_return_address,
-                go: function.go,
+                symbol: function.clone(),
             };
-            if seen.insert((entry.target.clone(), entry.offset)) {
+            if seen.insert((entry.target.clone(), entry.symbol.offset)) {
                 resolved.push((entry, names.clone()));
             }
         }
@@ -243,7 +224,7 @@ fn bind_plt_tail_calls(
         let Some(file) = code.get(&function.target) else {
             continue;
         };
-        for exit in function.exits.iter().flatten() {
+        for exit in function.symbol.exits.iter().flatten() {
             if let x86::ExitKind::Jump(stub) = exit.kind
                 && let Some(name) = file.imports.stubs.get(&stub)
             {
@@ -337,7 +318,7 @@ fn disambiguate(functions: &mut [(ResolvedFunction, matching::Names)]) {
     }
     for index in clashing(functions) {
         let function = &mut functions[index].0;
-        function.display = format!("{}@{:#x}", function.display, function.offset);
+        function.display = format!("{}@{:#x}", function.display, function.symbol.offset);
     }
 }
 
@@ -366,15 +347,19 @@ mod tests {
             let names = matching::names(raw);
             let function = ResolvedFunction {
                 target: PathBuf::from("/bin/app"),
-                offset,
-                address: offset,
-                raw_name: raw.to_owned(),
                 display: names.display.clone(),
-                exits: None,
-                ranges: Vec::new(),
-                entry_probe: None,
-                reads_return_address: false,
-                go: false,
+                symbol: elf::FunctionSymbol {
+                    name: raw.to_owned(),
+                    aliases: Vec::new(),
+                    address: offset,
+                    offset,
+                    size: 0,
+                    exits: None,
+                    ranges: Vec::new(),
+                    entry_probe: None,
+                    reads_return_address: false,
+                    go: false,
+                },
             };
             (function, names)
         };
