@@ -456,14 +456,14 @@ fn bench_switches(topdown: &Path, pingpong: &Path, floor: &Path, idle_pid: &str)
     ));
     pairs.extend(named(&idle_p_name(SYNTHETIC), &baseline_idle_p_name()));
     let workload = pingpong_workload(pingpong, &args);
-    let timed = side_by_side::run(
+    let side = side_by_side::measured_lines(
         &configs,
         &pairs,
         &|index| configs[index].tracer.clone(),
         &workload,
         "",
+        ISSUE_28_BOUND,
     )?;
-    let side = side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND, &workload);
     write_switches(&configs, &measured, &side, &machine.finish())
 }
 
@@ -1144,20 +1144,14 @@ fn bench_functions(topdown: &Path, floor: &Path) -> Result<()> {
         // the machine, which the floors do not.
         program_types: Some(&[BPF_PROG_TYPE_KPROBE]),
     };
-    let side_timed = side_by_side::run(
+    let side = side_by_side::measured_lines(
         &configs,
         &pairs,
         &|index| timed[index].clone(),
         &side_workload,
         "functions: ",
-    )?;
-    let side = side_by_side::text(
-        &configs,
-        &pairs,
-        &side_timed,
         PER_CALL_BOUND,
-        &side_workload,
-    );
+    )?;
 
     let mut section = String::from("## Per-function probe cost (`cargo xtask bench`)\n\n");
     section += &format!(
@@ -1385,8 +1379,14 @@ fn bench_go(topdown: &Path, floor: &Path) -> Result<()> {
             TracedRun::Beside(argv) => Some(argv.clone()),
             TracedRun::Alone(_) => None,
         };
-        let timed = side_by_side::run(&configs, &pairs, &tracer_of, &workload, "go: ")?;
-        side += &side_by_side::text(&configs, &pairs, &timed, PER_CALL_BOUND, &workload);
+        side += &side_by_side::measured_lines(
+            &configs,
+            &pairs,
+            &tracer_of,
+            &workload,
+            "go: ",
+            PER_CALL_BOUND,
+        )?;
     }
     let mut section =
         String::from("## Go: per-call and per-goroutine-switch cost (`cargo xtask bench`)\n\n");

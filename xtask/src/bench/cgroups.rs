@@ -194,17 +194,15 @@ fn bench_in(root: &Path, topdown: &Path, pingpong: &Path, floor: &Path) -> Resul
         );
         let timed = result.and_then(|result| {
             let workload = super::pingpong_workload(pingpong, &args);
-            let timed = side_by_side::run(
+            let side = side_by_side::measured_lines(
                 &configs,
                 &pairs,
                 &|index| configs[index].tracer.clone(),
                 &workload,
                 &label,
+                ISSUE_28_BOUND,
             )?;
-            Ok((
-                result,
-                side_by_side::text(&configs, &pairs, &timed, ISSUE_28_BOUND, &workload),
-            ))
+            Ok((result, side))
         });
         drop(wakers);
         measured.push(timed?);

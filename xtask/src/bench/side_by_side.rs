@@ -98,10 +98,24 @@ fn program_totals(pid: u32, workload: &Workload<'_>) -> Option<(u64, u64)> {
     )
 }
 
+/// Measures each pair side by side over `workload` (`run`) and gives their lines against
+/// `bound` (`text`).
+pub(super) fn measured_lines(
+    configs: &[Config],
+    pairs: &[Pair],
+    tracer_of: &dyn Fn(usize) -> Option<Vec<String>>,
+    workload: &Workload<'_>,
+    label: &str,
+    bound: f64,
+) -> Result<String> {
+    let timed = run(configs, pairs, tracer_of, workload, label)?;
+    Ok(text(configs, pairs, &timed, bound, workload))
+}
+
 /// Runs `ROUNDS` side-by-side measurements of each pair over `workload` (`tracer_of` gives a
 /// configuration's tracer), the pairs interleaved so that a pair's measurements spread over
 /// the whole run.
-pub(super) fn run(
+fn run(
     configs: &[Config],
     pairs: &[Pair],
     tracer_of: &dyn Fn(usize) -> Option<Vec<String>>,
@@ -210,7 +224,7 @@ const NOT_AT_THESE_SWITCHES: f64 = 0.05;
 
 /// One line per pair: the program time per switch of each, their ratio against `bound` with its
 /// bootstrap interval, and the ratio with each attach order.
-pub(super) fn text(
+fn text(
     configs: &[Config],
     pairs: &[Pair],
     timed: &[Timed],

@@ -144,14 +144,14 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
         // switch of the machine, which the floors do not.
         program_types: Some(&[BPF_PROG_TYPE_KPROBE]),
     };
-    let side_timed = side_by_side::run(
+    let side = side_by_side::measured_lines(
         &configs,
         &pairs,
         &|index| timed[index].clone(),
         &workload,
         "spans: ",
+        ISSUE_23_BOUND,
     )?;
-    let side = side_by_side::text(&configs, &pairs, &side_timed, ISSUE_23_BOUND, &workload);
     let load = load.finish();
     let mut section = String::from("## Per-span cost (`cargo xtask bench`)\n\n");
     section += &machine_text();
