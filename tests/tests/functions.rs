@@ -241,6 +241,30 @@ fn another_threads_calls_never_leak_into_a_blocked_function() {
 /// skipped return instances by stack pointer), so a plain C program gets them under `auto`, and
 /// the skipped frame is a missed return either way. An exception thrown through a probed
 /// function ends its call at the catch.
+/// More threads inside probed calls at once than `--max-stacks` allows goroutines: a thread's
+/// shadow stack is kept in the thread (task storage), so no thread's calls are dropped, as they
+/// were when the stacks were a map of that size.
+#[test]
+fn more_threads_inside_probed_calls_than_max_stacks_lose_nothing() {
+    let Some(_serial) = bpf_serial() else { return };
+    let c = path_str(&binaries().c);
+    // 64 threads, each 25 getppid, all inside crowded() at its barrier, then 25 more.
+    let report = probed(
+        &["--max-stacks", "16"],
+        c,
+        &["crowded"],
+        &["crowd", "64", "25"],
+    );
+    assert_eq!(
+        figures(function(&report, "crowded")),
+        (64, 64 * 50, 0, 64 * 50, 0)
+    );
+    let d = &report["diagnostics"];
+    for name in ["probe_map_full", "missed_returns", "probe_read_failures"] {
+        assert_eq!(d[name], 0, "{name}: {d}");
+    }
+}
+
 #[test]
 fn longjmp_and_exceptions_stay_exact_with_either_return_probe() {
     let Some(_serial) = bpf_serial() else { return };

@@ -231,6 +231,37 @@ fn a_span_switched_out_or_migrated_holds_only_its_own_threads_counts() {
     }
 }
 
+/// More threads inside spans at once than `--max-stacks` allows goroutines: a thread's span
+/// stack is kept in the thread (task storage), so no thread's span is dropped, as they were
+/// when the stacks were a map of that size.
+#[test]
+fn more_threads_inside_spans_than_max_stacks_lose_nothing() {
+    let Some(_serial) = bpf_serial() else { return };
+    let target = programs().pie.display().to_string();
+    let spec = request_span(&target, "");
+    // 64 threads, each in request 5: 25 getppid, a barrier all 64 reach inside, 25 more.
+    let report = stat_json([
+        "--max-stacks",
+        "16",
+        "--span",
+        &spec,
+        "--",
+        &target,
+        "crowd",
+        "64",
+        "25",
+    ])
+    .unwrap()
+    .0;
+    let request = span(&report, "request", "5")
+        .unwrap_or_else(|| panic!("no request 5 in {}", report["spans"]));
+    assert_eq!(
+        (request["calls"].as_u64(), slots(request)),
+        (Some(64), 64 * 50)
+    );
+    no_span_anomalies(&report);
+}
+
 /// Issue 25's case for spans, exact on synthetic counters: 1000 requests of 10 slots (all
 /// retiring) and 30 of 1000 (all backend bound) give one bucket of exactly 1000 spans and
 /// 10000 slots and one of 30 spans and 30000, each with its own TopDown split, the p50 in the

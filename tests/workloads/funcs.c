@@ -89,6 +89,23 @@ static void steady(long rate, double seconds) {
     }
 }
 
+static pthread_barrier_t crowd_barrier;
+static int crowd_calls;
+
+// N getppid, then waits until every thread of the crowd is inside it, then N more: all of
+// them are inside a probed call at once.
+__attribute__((noinline)) void crowded(int n) {
+    for (int i = 0; i < n; i++) syscall(SYS_getppid);
+    pthread_barrier_wait(&crowd_barrier);
+    for (int i = 0; i < n; i++) syscall(SYS_getppid);
+}
+
+static void *crowd_member(void *arg) {
+    (void)arg;
+    crowded(crowd_calls);
+    return NULL;
+}
+
 static int other_calls;
 static void *other(void *arg) {
     (void)arg;
@@ -126,6 +143,15 @@ int main(int argc, char **argv) {
         if (pthread_create(&thread, NULL, other, NULL) != 0) return 3;
         blocker(atoi(argv[2]), !strcmp(argv[4], "migrate"));
         pthread_join(thread, NULL);
+    } else if (!strcmp(argv[1], "crowd") && argc == 4) {
+        // argv[2] threads inside crowded(argv[3]) at once.
+        int threads = atoi(argv[2]);
+        crowd_calls = atoi(argv[3]);
+        pthread_t *ids = calloc(threads, sizeof *ids);
+        if (!ids || pthread_barrier_init(&crowd_barrier, NULL, threads) != 0) return 3;
+        for (int i = 0; i < threads; i++)
+            if (pthread_create(&ids[i], NULL, crowd_member, NULL) != 0) return 3;
+        for (int i = 0; i < threads; i++) pthread_join(ids[i], NULL);
     } else if (!strcmp(argv[1], "steady") && argc == 4) {
         steady(atol(argv[2]), atof(argv[3]));
     } else if (!strcmp(argv[1], "bands") && argc == 6) {

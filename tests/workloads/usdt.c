@@ -14,6 +14,8 @@
 //                    two threads on CPU 0: A opens request 7, makes N calls and blocks;
 //                    meanwhile B makes request 8 of M calls and wakes A, which makes N more
 //                    (after moving to CPU 1 with `migrate`) and closes request 7
+// usdt crowd T N     T threads, each in request 5 at once: N calls, a barrier all T reach
+//                    inside their span, N more
 // usdt watch         prints the guarded probe's semaphore for each line read on stdin
 // usdt bands F NF S NS
 //                    F requests keyed 6 of NF getppid calls (plus NF getpgid: retiring),
@@ -175,9 +177,33 @@ static void blocked_span(int n, int migrate) {
     pthread_join(thread, NULL);
 }
 
+static pthread_barrier_t crowd_barrier;
+static int crowd_calls;
+
+static void *crowd_member(void *unused) {
+    (void)unused;
+    STAP_PROBE1(test, request_start, 5);
+    work(crowd_calls);
+    pthread_barrier_wait(&crowd_barrier);
+    work(crowd_calls);
+    STAP_PROBE1(test, request_done, 5);
+    return NULL;
+}
+
+// `threads` threads inside one span each, all at once.
+static void crowd(int threads, int calls) {
+    pthread_t *ids = calloc(threads, sizeof *ids);
+    crowd_calls = calls;
+    if (!ids || pthread_barrier_init(&crowd_barrier, NULL, threads) != 0) exit(3);
+    for (int i = 0; i < threads; i++)
+        if (pthread_create(&ids[i], NULL, crowd_member, NULL) != 0) exit(3);
+    for (int i = 0; i < threads; i++) pthread_join(ids[i], NULL);
+    free(ids);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: usdt spans N | forms R | block N M [migrate] | bands F NF S NS | guarded N | watch\n");
+        fprintf(stderr, "usage: usdt spans N | forms R | block N M [migrate] | crowd T N | bands F NF S NS | guarded N | watch\n");
         return 2;
     }
     int n = argc > 2 ? atoi(argv[2]) : 0;
@@ -191,6 +217,8 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[1], "bands") == 0 && argc == 6) {
         for (int i = 0; i < atoi(argv[2]); i++) band_request(atoi(argv[3]), 0);
         for (int i = 0; i < atoi(argv[4]); i++) band_request(atoi(argv[5]), 1);
+    } else if (strcmp(argv[1], "crowd") == 0 && argc == 4) {
+        crowd(n, atoi(argv[3]));
     } else if (strcmp(argv[1], "guarded") == 0) {
         printf("fired %d\n", guarded(n));
     } else if (strcmp(argv[1], "watch") == 0) {

@@ -339,17 +339,16 @@ pub(crate) fn retire(state: &mut CpuState, tid: u32, tgid: u32, task: &mut TaskC
         // The process's last thread has exited: forget the process now that it is gone.
         untrack(tgid);
     }
-    // Calls still open on a dead thread's shadow stack will never return.
-    // SAFETY: only this thread's probes and its last switch touch its stack.
-    if let Some(stack) = unsafe { STACKS.get(&tid) } {
-        let open = u64::from(stack.depth);
-        if let Some(stats) = PROBE_STATS.get_ptr_mut(0) {
-            // SAFETY: a per-CPU map value.
-            unsafe { (*stats).missed_returns += open };
-        }
-        let _ = STACKS.remove(&tid);
+    // Calls still open on a dead thread's shadow stack will never return. The stack goes with
+    // the thread (task storage); `tid` is the current task, whose last switch this is.
+    if let Some(stack) = STACKS.current(false)
+        && let Some(stats) = PROBE_STATS.get_ptr_mut(0)
+    {
+        // SAFETY: a per-CPU value; only this thread's probes and its last switch touch its
+        // stack.
+        unsafe { (*stats).missed_returns += u64::from((*stack).depth) };
     }
-    crate::spans::retire_thread(tid);
+    crate::spans::retire_current_thread();
 }
 
 #[inline(always)]

@@ -25,7 +25,7 @@ use aya_ebpf::{
     },
 };
 use topdown_common::{MAX_COUNTERS, MAX_CPUS, pid_flags, slot_source};
-use topdown_ebpf::{atomic_add, entry_or_zeroed};
+use topdown_ebpf::{TaskStorage, atomic_add, entry_or_zeroed};
 
 /// Counter slots in use per CPU, as topdown's global of the same name.
 #[unsafe(no_mangle)]
@@ -211,12 +211,14 @@ pub fn floor_return_multi(_ctx: RetProbeContext) -> u32 {
 }
 
 /// A span's same-work floor (`topdown-floor --span-start/--span-end`): what any span must do
-/// beyond reading the counters at both ends. The start keeps the thread's reading (its entry
-/// by tid, made on its first span); the end reads again, finds that reading and adds the
-/// difference and one span to the span's total, atomically (threads on several CPUs end spans
-/// of one kind). No key, no nesting, no virtual counters.
-#[map]
-static SPAN_OPEN: HashMap<u32, [u64; MAX_COUNTERS]> = HashMap::with_max_entries(1, 0);
+/// beyond reading the counters at both ends. The start keeps the thread's reading (in the
+/// thread's storage, as topdown keeps its span stacks, made on its first span); the end reads
+/// again, finds that reading and adds the difference and one span to the span's total,
+/// atomically (threads on several CPUs end spans of one kind). No key, no nesting, no virtual
+/// counters.
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "SPAN_OPEN")]
+static SPAN_OPEN: TaskStorage<[u64; MAX_COUNTERS]> = TaskStorage::new();
 /// The span's total: the counters' differences, then the number of spans.
 #[map]
 static SPAN_TOTAL: HashMap<u32, [u64; MAX_COUNTERS + 1]> = HashMap::with_max_entries(1, 0);
@@ -249,8 +251,7 @@ pub fn floor_span_end_multi(_ctx: ProbeContext) -> u32 {
 
 #[inline(always)]
 fn span_start() {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(open) = entry(&SPAN_OPEN, &tid) else {
+    let Some(open) = SPAN_OPEN.current(true) else {
         return;
     };
     // SAFETY: this thread's entry; only its own probes write it. Read last: what comes after
@@ -263,11 +264,11 @@ fn span_start() {
 fn span_end() {
     // Read first: what comes before the reading is inside the span.
     read_all();
-    let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: the entry is only read, and only this thread's probes write it.
-    let (Some(open), Some(now)) = (unsafe { SPAN_OPEN.get(&tid) }, SCRATCH.get_ptr(0)) else {
+    let (Some(open), Some(now)) = (SPAN_OPEN.current(false), SCRATCH.get_ptr(0)) else {
         return;
     };
+    // SAFETY: the entry is only read, and only this thread's probes write it.
+    let open = unsafe { &*open };
     // The span kind, on the stack: a `&0` pointed at the .rodata word of `NUM_COUNTERS`
     // (also zero when compiled), which the loader patches (docs/development.md).
     let kind = 0u32;

@@ -25,7 +25,7 @@ use crate::{
     maps::{
         CALLS, CPU_STATE, FILTER_TGIDS, INDIRECT_JUMPS, NUM_COUNTERS, PROBE_STATS, RETURN_TARGETS,
         SKIP_UNTRACED, SPLIT_FUNCTIONS_BY_PROCESS, STACKS, TASKS, THREAD_EXIT_FIELDS, ZERO_CALL,
-        ZERO_STACK, atomic_add, atomic_swap, entry_or_zeroed, generation, global, switch_state,
+        atomic_add, atomic_swap, entry_or_zeroed, generation, global, switch_state,
     },
 };
 use topdown_ebpf::repeat;
@@ -422,7 +422,8 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     let cookie = attach_cookie(ctx.as_ptr());
     let sp = stack_pointer(ctx.regs);
-    let Some(stack) = entry_or_zeroed(&STACKS, &tid, || ZERO_STACK.get_ptr(0)) else {
+    let Some(stack) = STACKS.current(true) else {
+        // The kernel could not allocate it.
         if let Some(stats) = probe_stats() {
             stats.map_full += 1;
         }
@@ -507,7 +508,7 @@ fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u3
     let Some((tid, tgid)) = probed_task() else {
         return 0;
     };
-    let Some(stack) = STACKS.get_ptr_mut(&tid) else {
+    let Some(stack) = STACKS.current(false) else {
         return 0;
     };
     // SAFETY: this thread's stack; only its own probes touch it.
@@ -695,7 +696,7 @@ fn close_unwound(limit_sp: u64) {
     let Some((tid, tgid)) = probed_task() else {
         return;
     };
-    let Some(stack) = STACKS.get_ptr_mut(&tid) else {
+    let Some(stack) = STACKS.current(false) else {
         return;
     };
     // SAFETY: this thread's stack; only its own probes (and its own exit) touch it.
@@ -734,7 +735,7 @@ struct Unwinding {
 extern "C" fn unwind_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `close_unwound` passes an `Unwinding` on its stack.
     let unwinding = unsafe { &*context.cast::<Unwinding>() };
-    let Some(stack) = STACKS.get_ptr_mut(&unwinding.tid) else {
+    let Some(stack) = STACKS.current(false) else {
         return 1;
     };
     // SAFETY: this thread's stack; only its own probes (and its own exit) touch it.

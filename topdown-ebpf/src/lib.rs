@@ -122,3 +122,73 @@ pub fn repeat<C>(count: u32, step: Step, context: &mut C) {
         );
     }
 }
+
+/// A task local storage map (`BPF_MAP_TYPE_TASK_STORAGE`, Linux 5.11): one value per task,
+/// kept in the task itself and freed with it. Its lookup follows the task's own pointer to its
+/// storage where a hash map hashes a tid and walks a bucket, and nothing is left behind by a
+/// thread that exits unseen. aya-ebpf 0.3 wraps the inode, socket and cgroup kinds but not this
+/// one; the kernel wants it BTF-defined (its key and value types named in the object's BTF), so
+/// it is declared as aya-ebpf's `btf_maps` are: a `.maps` struct whose fields' types say what
+/// the map is. Declare one with `#[unsafe(link_section = ".maps")]` and
+/// `#[unsafe(export_name = "NAME")]`; user space loads it with `allow_unsupported_maps` (aya
+/// 0.16 has no type for it, and none is needed: only programs touch it).
+#[repr(C)]
+pub struct TaskStorage<T> {
+    r#type: *const [i32; aya_ebpf::bindings::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    // The kernel's rules for local storage: no preallocation, no size.
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: the fields are placeholders the loader reads from BTF, never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    /// The definition the loader reads (the values are in the field types).
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        Self {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The current task's value, created (zeroed) if `create` and absent. `None`: absent, or
+    /// it could not be allocated.
+    #[inline(always)]
+    pub fn current(&self, create: bool) -> Option<*mut T> {
+        let flags = if create {
+            u64::from(aya_ebpf::bindings::BPF_LOCAL_STORAGE_GET_F_CREATE)
+        } else {
+            0
+        };
+        // SAFETY: this map's definition, the current task (a BTF pointer the verifier knows),
+        // and no initial value (zeroes).
+        let value = unsafe {
+            aya_ebpf::helpers::generated::bpf_task_storage_get(
+                core::ptr::from_ref(self).cast_mut().cast(),
+                aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+                core::ptr::null_mut(),
+                flags,
+            )
+        };
+        (!value.is_null()).then_some(value.cast::<T>())
+    }
+
+    /// Drops the current task's value, if any.
+    #[inline(always)]
+    pub fn remove_current(&self) {
+        // SAFETY: as in `current`.
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_task_storage_delete(
+                core::ptr::from_ref(self).cast_mut().cast(),
+                aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+            );
+        }
+    }
+}

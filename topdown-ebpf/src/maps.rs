@@ -12,7 +12,7 @@ use topdown_common::{
     IndirectJump, MAX_COUNTERS, MAX_CPUS, ProbeStats, ShadowStack, SwitchState, TaskCounters,
     kernel_offset, pid_flags, slot_source, unseen_leavers::Arrival,
 };
-pub(crate) use topdown_ebpf::{atomic_add, entry_or_zeroed};
+pub(crate) use topdown_ebpf::{TaskStorage, atomic_add, entry_or_zeroed};
 
 /// Counter slots in use per CPU (1..=MAX_COUNTERS).
 #[unsafe(no_mangle)]
@@ -176,10 +176,12 @@ pub(crate) static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(10
 #[map]
 pub(crate) static EXITS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Per-thread shadow stacks of probed calls. Allocated on demand: a stack is ~13 KiB.
-#[map]
-pub(crate) static STACKS: HashMap<u32, ShadowStack> =
-    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+/// Per-thread shadow stacks of probed calls, in the thread's own storage: made (zeroed) at its
+/// first probed call, freed with it, so no count of threads bounds them and none is left behind
+/// by a thread that exits unseen. Every probed call looks it up twice (entry and return).
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "STACKS")]
+pub(crate) static STACKS: TaskStorage<ShadowStack> = TaskStorage::new();
 
 /// Per-goroutine shadow stacks of probed Go calls, keyed by the goroutine's process and `g`
 /// pointer (the runtime reuses a `g` for a later goroutine only after `goexit1`, which deletes
@@ -189,7 +191,10 @@ pub(crate) static STACKS: HashMap<u32, ShadowStack> =
 pub(crate) static GO_STACKS: HashMap<GoroutineKey, GoStack> =
     HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 
-/// Never written: the zeroed value new goroutine stacks are copied from (see `ZERO_STACK`).
+/// Never written: the zeroed value new goroutine stacks are copied from. A hash-map insert
+/// copies its value from a pointer, and a goroutine's stack fits neither the 512-byte BPF stack
+/// nor a per-CPU value (`BPF_F_NO_PREALLOC` only defers the allocation; it does not let an insert
+/// go without a value).
 #[map]
 pub(crate) static ZERO_GO_STACK: Array<GoStack> = Array::with_max_entries(1, 0);
 
@@ -201,14 +206,6 @@ pub(crate) static ZERO_TASK: PerCpuArray<TaskCounters> = PerCpuArray::with_max_e
 pub(crate) static ZERO_CGROUP: PerCpuArray<CgroupCounters> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub(crate) static ZERO_CALL: PerCpuArray<CallStats> = PerCpuArray::with_max_entries(1, 0);
-
-/// Never written: the zeroed value new shadow stacks are copied from. A hash-map insert copies
-/// its value from a pointer, and a ~33 KiB stack fits neither the 512-byte BPF stack nor any
-/// other map value, so it needs a zeroed source of its own (`BPF_F_NO_PREALLOC` only defers the
-/// allocation; it does not let an insert go without a value). A plain array, not a per-CPU
-/// one: per-CPU values are limited to 32 KiB (PCPU_MIN_UNIT_SIZE), and nobody writes it.
-#[map]
-pub(crate) static ZERO_STACK: Array<ShadowStack> = Array::with_max_entries(1, 0);
 
 /// Function totals per caller -> callee edge (and per process if asked).
 #[map]

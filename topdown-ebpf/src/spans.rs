@@ -28,20 +28,18 @@ use crate::{
     counters::{current_ids, current_is_traced},
     functions::{probed_task, stack_pointer, virtual_counters_cached},
     histogram::weight_bucket,
-    maps::{NUM_COUNTERS, atomic_add, entry_or_zeroed, global},
+    maps::{NUM_COUNTERS, atomic_add, global},
     usdt::decode,
 };
-use topdown_ebpf::repeat;
+use topdown_ebpf::{TaskStorage, repeat};
 
-/// Open spans and the note of each thread that hit a span or note site, keyed by tid.
-/// Allocated on demand; sized by user space (`--max-stacks`).
-#[map]
-pub(crate) static SPAN_STACKS: HashMap<u32, SpanStack> =
-    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
-
-/// Never written: the zeroed value new span stacks are copied from (too big for the stack).
-#[map]
-static ZERO_SPAN_STACK: Array<SpanStack> = Array::with_max_entries(1, 0);
+/// Open spans and the note of each thread that hit a span or note site, in the thread's own
+/// storage: made (zeroed) at its first start or note and freed with it, so no count of threads
+/// bounds them and none is left behind by a thread that exits unseen (a tid-keyed hash map's
+/// did both, for no less time per span: `docs/cost.md`).
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "SPAN_STACKS")]
+pub(crate) static SPAN_STACKS: TaskStorage<SpanStack> = TaskStorage::new();
 
 /// Totals per span kind, key and bucket. Sized by user space (`--max-spans`).
 #[map]
@@ -86,20 +84,17 @@ fn kind_flags_of(kind: u32) -> u32 {
     SPAN_KINDS.get(kind).map_or(0, |kind| kind.flags)
 }
 
-/// The thread's span stack, created if `create`.
+/// The current thread's span stack, created if `create`.
 #[inline(always)]
-fn stack_of(tid: u32, create: bool) -> Option<&'static mut SpanStack> {
-    let stack = if create {
-        let stack = entry_or_zeroed(&SPAN_STACKS, &tid, || ZERO_SPAN_STACK.get_ptr(0));
-        if stack.is_none()
-            && let Some(stats) = stats()
-        {
-            stats.map_full += 1;
-        }
-        stack
-    } else {
-        SPAN_STACKS.get_ptr_mut(&tid)
-    };
+fn stack_of(create: bool) -> Option<&'static mut SpanStack> {
+    let stack = SPAN_STACKS.current(create);
+    if create
+        && stack.is_none()
+        && let Some(stats) = stats()
+    {
+        // The kernel could not allocate it.
+        stats.map_full += 1;
+    }
     // SAFETY: this thread's stack; only its own probes (and its last switch) touch it.
     stack.map(|stack| unsafe { &mut *stack })
 }
@@ -124,7 +119,7 @@ pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
     };
     let kind = site.id;
     let sp = stack_pointer(regs);
-    let Some(stack) = stack_of(tid, true) else {
+    let Some(stack) = stack_of(true) else {
         return;
     };
     // A live enclosing span started higher up the stack (a larger stack pointer), or at the
@@ -155,9 +150,9 @@ pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
     let stack = if skipped == 0 {
         stack
     } else {
-        close_frames(tid, skipped, 0);
+        close_frames(skipped, 0);
         // Looked up again: the loop closed frames through a reference of its own.
-        let Some(stack) = stack_of(tid, false) else {
+        let Some(stack) = stack_of(false) else {
             return;
         };
         stack
@@ -237,7 +232,7 @@ pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
     let Some((tid, _)) = probed_task() else {
         return;
     };
-    let Some(stack) = stack_of(tid, false) else {
+    let Some(stack) = stack_of(false) else {
         unmatched();
         return;
     };
@@ -259,7 +254,7 @@ pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
         // The common end: one frame, closed here rather than through the loop's helper.
         close_top(stack, 0);
     } else {
-        close_frames(tid, above, 1);
+        close_frames(above, 1);
     }
 }
 
@@ -305,7 +300,7 @@ pub(crate) fn abort(site: &UsdtSite) {
     let Some((tid, _)) = probed_task() else {
         return;
     };
-    let Some(stack) = stack_of(tid, false) else {
+    let Some(stack) = stack_of(false) else {
         return;
     };
     let Some(above) = outermost(stack, site.id) else {
@@ -315,7 +310,7 @@ pub(crate) fn abort(site: &UsdtSite) {
         stack.depth -= above + 1;
         return;
     }
-    close_frames(tid, above + 1, 0);
+    close_frames(above + 1, 0);
 }
 
 /// A note site: sets or clears the thread's note (PostgreSQL's query id, mirrored as
@@ -326,7 +321,7 @@ pub(crate) fn note(regs: *mut pt_regs, site: &UsdtSite) {
     if !current_is_traced(tid, tgid) {
         return;
     }
-    let Some(stack) = stack_of(tid, true) else {
+    let Some(stack) = stack_of(true) else {
         return;
     };
     let value = decode(regs, &site.args[0]);
@@ -348,22 +343,21 @@ pub(crate) fn note(regs: *mut pt_regs, site: &UsdtSite) {
 /// What `close_frames` hands each step of its loop.
 #[repr(C)]
 struct Closing {
-    tid: u32,
     /// The first `abandoned` frames closed are abandoned, the rest ended.
     abandoned: u32,
 }
 
-/// Closes the top `abandoned` frames of `tid`'s stack as abandoned, then the top `ended` frame
+/// Closes the top `abandoned` frames of the current thread's stack as abandoned, then the top `ended` frame
 /// (if 1) as ended, with the counters in its `virtual_now`, adding each to its kind and key's
 /// totals. Through `bpf_loop` (Linux 5.17): the verifier walks one close once, where an
 /// unrolled loop of up to `MAX_SPAN_DEPTH` closes cost it most of its instruction budget.
 #[inline(always)]
-fn close_frames(tid: u32, abandoned: u32, ended: u32) {
+fn close_frames(abandoned: u32, ended: u32) {
     let total = (abandoned + ended).min(MAX_SPAN_DEPTH as u32);
     if total == 0 {
         return;
     }
-    let mut closing = Closing { tid, abandoned };
+    let mut closing = Closing { abandoned };
     repeat(total, close_step, &mut closing);
 }
 
@@ -371,7 +365,7 @@ fn close_frames(tid: u32, abandoned: u32, ended: u32) {
 extern "C" fn close_step(index: u64, context: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `close_frames` passes a `Closing` on its stack.
     let closing = unsafe { &*context.cast::<Closing>() };
-    let Some(stack) = SPAN_STACKS.get_ptr_mut(&closing.tid) else {
+    let Some(stack) = SPAN_STACKS.current(false) else {
         return 1;
     };
     // SAFETY: this thread's stack; only its own probes (and its last switch) touch it.
@@ -492,15 +486,15 @@ fn hash(text: &SpanText) -> u64 {
     hash
 }
 
-/// A thread that will never run again: its open spans will never end.
+/// The current thread will never run again (its last switch): its open spans will never end.
+/// Its stack goes with it.
 #[inline(always)]
-pub(crate) fn retire_thread(tid: u32) {
-    // SAFETY: only this thread's probes and its last switch touch its stack.
-    if let Some(stack) = unsafe { SPAN_STACKS.get(&tid) } {
-        let open = u64::from(stack.depth);
+pub(crate) fn retire_current_thread() {
+    if let Some(stack) = SPAN_STACKS.current(false) {
+        // SAFETY: only this thread's probes and its last switch touch its stack.
+        let open = u64::from(unsafe { (*stack).depth });
         if let Some(stats) = stats() {
             stats.open_at_exit += open;
         }
-        let _ = SPAN_STACKS.remove(&tid);
     }
 }

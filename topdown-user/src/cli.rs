@@ -504,7 +504,9 @@ pub struct CountingArgs {
     #[arg(long = "max-buckets", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_buckets: u32,
 
-    /// Capacity of the BPF map of per-thread shadow stacks (threads inside probed functions).
+    /// Capacity of the BPF map of per-goroutine shadow stacks (Go goroutines inside probed
+    /// functions). Threads' shadow stacks and span stacks are kept in the threads themselves
+    /// (BPF task storage) and have no cap.
     #[arg(long = "max-stacks", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub max_stacks: u32,
 

@@ -95,7 +95,7 @@ pub(super) fn spans_text(report: &Report, columns: &Columns<'_>) -> String {
         if d.overflows + d.read_failures + d.map_full + d.open_at_exit > 0 {
             text += &format!(
                 "note: spans: {} starts beyond 8 open spans (not recorded), {} inconsistent reads, \
-                 {} map-full drops (raise --max-stacks or --max-spans), {} open when their \
+                 {} map-full drops (raise --max-spans), {} open when their \
                  thread exited (in no total)\n",
                 d.overflows, d.read_failures, d.map_full, d.open_at_exit
             );

@@ -289,6 +289,9 @@ impl Session {
 
         let mut loader = EbpfLoader::new();
         loader
+            // `STACKS` and `SPAN_STACKS` are task storage, which aya 0.16 loads but has no type
+            // for (only the programs use them).
+            .allow_unsupported_maps()
             .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
             .override_global(names::GLOBAL_PID_FLAGS, pid_flags.as_slice(), true)
             .override_global(names::GLOBAL_SLOT_SOURCES, &slot_sources, true)
@@ -317,7 +320,6 @@ impl Session {
             .override_global(names::GLOBAL_RENAME_COMM_OFFSET, &rename_comm, true)
             .map_max_entries(names::CGROUPS, config.max_cgroups)
             .override_global(aya_log::LEVEL, &log_level, false)
-            .map_max_entries(names::STACKS, config.max_stacks)
             .map_max_entries(names::GO_STACKS, config.max_stacks)
             .map_max_entries(names::CALLS, config.max_calls)
             .map_max_entries(names::COUNTERS, counter_slots)
@@ -327,7 +329,6 @@ impl Session {
             .map_max_entries(names::TRACKED, config.max_tracked)
             .map_max_entries(names::USDT_SITES, config.usdt.sites.max(1))
             .map_max_entries(names::USDT_HITS, config.usdt.hit_probes.max(1))
-            .map_max_entries(names::SPAN_STACKS, config.max_stacks)
             .map_max_entries(names::SPAN_TOTALS, config.usdt.max_spans)
             .map_max_entries(names::SPAN_TEXTS, config.usdt.max_spans);
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|err| {
@@ -1082,6 +1083,8 @@ pub fn verify_programs() -> Result<Vec<&'static str>> {
     // that only a big model's run would find too complex fails here.
     let num_counters = MAX_COUNTERS as u32;
     let mut ebpf = EbpfLoader::new()
+        // As in `Session::start`.
+        .allow_unsupported_maps()
         .map_max_entries(names::COUNTERS, possible_cpus * MAX_COUNTERS as u32)
         .override_global(names::GLOBAL_NUM_COUNTERS, &num_counters, true)
         .load(EBPF_OBJECT)
