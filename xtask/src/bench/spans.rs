@@ -162,7 +162,8 @@ pub(super) fn bench_spans(topdown: &Path, floor: &Path) -> Result<()> {
          uprobe at each of the two sites that reads the same counters (topdown's counter plan \
          for that `--pmu`) and does nothing else; the same-work floor (`topdown-floor \
          --span-start --span-end`) also does what no span can go without: the start keeps its \
-         reading in the thread's hash-map entry, the end finds it and adds the difference and \
+         reading in the thread's own storage (BPF task storage, as topdown's span stacks), \
+         the end finds it and adds the difference and \
          one span to a total, atomically (no key, nesting or virtual counters). Issue 23's \
          bound: a span at most 1.2x its floor. Uprobes trap into the kernel, and traps are slow in this VM: compare the \
          ratios, not the absolute figures. `per round` is each round's own ratio (a row and \
