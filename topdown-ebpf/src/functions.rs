@@ -82,29 +82,30 @@ pub(crate) fn virtual_counters(
     virtual_now: &mut [u64; MAX_COUNTERS],
     tid: u32,
 ) -> bool {
-    read_virtual(now, virtual_now, tid, None)
+    read_virtual(now, virtual_now, Some(tid), None)
 }
 
 /// `virtual_counters`, through the thread's `VirtualBase`: while its CPU has taken no reading
 /// since the base was made, `virtual_now` is `base + now` and the task entry is not looked up
 /// (the same values: the entry and `CpuState::last` change only at a reading). Otherwise the
-/// entry is read and the base made again.
+/// entry is read and the base made again. The current thread's: its tid is asked of the kernel
+/// only then, as probes ask for it only where their mode needs it (`task_is_probed`).
 #[inline(always)]
 pub(crate) fn virtual_counters_cached(
     now: &mut [u64; MAX_COUNTERS],
     virtual_now: &mut [u64; MAX_COUNTERS],
     base: &mut VirtualBase,
-    tid: u32,
 ) -> bool {
-    read_virtual(now, virtual_now, tid, Some(base))
+    read_virtual(now, virtual_now, None, Some(base))
 }
 
 /// Both: `accumulated - last` per slot (into `base`, or `virtual_now` itself), then `+ now`.
+/// `tid`: the current thread's, or `None` to ask for it if the task entry is needed.
 #[inline(always)]
 fn read_virtual(
     now: &mut [u64; MAX_COUNTERS],
     virtual_now: &mut [u64; MAX_COUNTERS],
-    tid: u32,
+    tid: Option<u32>,
     mut base: Option<&mut VirtualBase>,
 ) -> bool {
     let Some(state) = CPU_STATE.get_ptr(0) else {
@@ -138,6 +139,7 @@ fn read_virtual(
                 && base.generation == counters_generation
         });
         if !cached {
+            let tid = tid.unwrap_or_else(|| current_ids().0);
             // SAFETY: map value pointers.
             let task = unsafe { TASKS.get(&tid) };
             let mut slot = 0;
@@ -188,24 +190,38 @@ pub(crate) trait ReadCounters {
     fn read(self, stack: &mut ShadowStack) -> bool;
 }
 
-/// A thread's virtual counters (`virtual_counters`).
-pub(crate) struct ThreadCounters(pub u32);
+/// The current thread's virtual counters (`virtual_counters_cached`).
+pub(crate) struct ThreadCounters;
 
 impl ReadCounters for ThreadCounters {
     #[inline(always)]
     fn read(self, stack: &mut ShadowStack) -> bool {
-        virtual_counters_cached(
-            &mut stack.now,
-            &mut stack.virtual_now,
-            &mut stack.base,
-            self.0,
-        )
+        virtual_counters_cached(&mut stack.now, &mut stack.virtual_now, &mut stack.base)
     }
 }
 
-/// Only tasks whose counts are attributed to them can have meaningful virtual counters.
+/// Only tasks whose counts are attributed to them can have meaningful virtual counters. Their
+/// tid and tgid, for probes that need them.
 #[inline(always)]
 pub(crate) fn probed_task() -> Option<(u32, u32)> {
+    probed_task_ids(true).map(|ids| ids.unwrap_or_else(current_ids))
+}
+
+/// `probed_task` for probes that need no ids (those of `virtual_counters_cached`): without
+/// `-p`, `-- CMD` or a cgroup filter every task is probed, and the ids are not asked for. A
+/// helper's call and return are a visible share of a probe's time on this VM's AMD host
+/// (`docs/cost.md`).
+#[inline(always)]
+pub(crate) fn task_is_probed() -> bool {
+    probed_task_ids(false).is_some()
+}
+
+/// `None`: not probed. `Some(None)`: probed, ids not read (only if not `always`).
+#[inline(always)]
+fn probed_task_ids(always: bool) -> Option<Option<(u32, u32)>> {
+    if !always && global(&SKIP_UNTRACED) == 0 && global(&FILTER_TGIDS) == 0 {
+        return Some(None);
+    }
     let (tid, tgid) = current_ids();
     if global(&SKIP_UNTRACED) != 0 {
         // Readings are skipped at untraced switches: `last` is this task's own baseline only
@@ -218,7 +234,7 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
         let owner = unsafe { core::ptr::read_volatile(&(*switch).owner) };
         let owned = reading_owner::pack(reading_owner::TRACED, tid);
         if owner == owned {
-            return Some((tid, tgid));
+            return Some(Some((tid, tgid)));
         }
         if !current_is_traced(tid, tgid) {
             return None;
@@ -237,13 +253,13 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
                     // non-atomically, but cannot run inside this one instruction.
                     unsafe { atomic_add(&raw mut (*state).unseen_arrivals, 1) };
                 }
-                return Some((tid, tgid));
+                return Some(Some((tid, tgid)));
             }
             // SAFETY: as above. Put back what the switch left.
             unsafe { core::ptr::write_volatile(&raw mut (*switch).owner, before) };
         } else if recover_reading(state, tid) {
             // Another traced task left unseen: the delta spanning both went to `untracked`.
-            return Some((tid, tgid));
+            return Some(Some((tid, tgid)));
         }
         if let Some(stats) = probe_stats() {
             stats.read_failures += 1;
@@ -253,7 +269,7 @@ pub(crate) fn probed_task() -> Option<(u32, u32)> {
     if global(&FILTER_TGIDS) != 0 && !is_tracked(tgid) {
         return None;
     }
-    Some((tid, tgid))
+    Some(Some((tid, tgid)))
 }
 
 /// Per-point attach (one perf link per function): kernels without uprobe.multi.
@@ -417,9 +433,9 @@ pub(crate) fn register(regs: *mut pt_regs, word: u8) -> Option<u64> {
 
 #[inline(always)]
 fn on_entry(ctx: &ProbeContext) -> u32 {
-    let Some((tid, _)) = probed_task() else {
+    if !task_is_probed() {
         return 0;
-    };
+    }
     let cookie = attach_cookie(ctx.as_ptr());
     let sp = stack_pointer(ctx.regs);
     let Some(stack) = STACKS.current(true) else {
@@ -431,7 +447,7 @@ fn on_entry(ctx: &ProbeContext) -> u32 {
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
-    enter(stack, cookie, sp, ThreadCounters(tid));
+    enter(stack, cookie, sp, ThreadCounters);
     0
 }
 
@@ -505,26 +521,26 @@ const MAX_TAIL_CHAIN: u32 = 8;
 /// added to its tail caller's callees.
 #[inline(always)]
 fn on_return(regs: *mut pt_regs, sp_adjust: u64, function: u32, kind: u64) -> u32 {
-    let Some((tid, tgid)) = probed_task() else {
+    if !task_is_probed() {
         return 0;
-    };
+    }
     let Some(stack) = STACKS.current(false) else {
         return 0;
     };
     // SAFETY: this thread's stack; only its own probes touch it.
     let stack = unsafe { &mut *stack };
     let entry_sp = stack_pointer(regs).wrapping_sub(sp_adjust);
-    leave(stack, tgid, entry_sp, function, kind, ThreadCounters(tid));
+    leave(stack, None, entry_sp, function, kind, ThreadCounters);
     0
 }
 
 /// The return part of `on_return` on a stack already found: `entry_sp` is the stack pointer
 /// the returning frame had at entry (for Go, its depth below the stack top), `counters` puts
-/// into `stack.virtual_now`.
+/// into `stack.virtual_now`; `tgid` as in `close_top`.
 #[inline(always)]
 pub(crate) fn leave(
     stack: &mut ShadowStack,
-    tgid: u32,
+    tgid: Option<u32>,
     entry_sp: u64,
     function: u32,
     kind: u64,
@@ -611,9 +627,10 @@ pub(crate) fn leave(
 }
 
 /// Pops the top frame with the counters in `stack.virtual_now` and adds its call to the
-/// totals and to its caller's callees.
+/// totals and to its caller's callees. `tgid`: the current process's, or `None` to ask for
+/// it where the totals are split by process.
 #[inline(always)]
-pub(crate) fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bool {
+pub(crate) fn close_top(stack: &mut ShadowStack, tgid: Option<u32>, unwound: bool) -> bool {
     let depth = stack.depth as usize;
     if depth == 0 || depth > MAX_DEPTH {
         return false;
@@ -643,7 +660,7 @@ pub(crate) fn close_top(stack: &mut ShadowStack, tgid: u32, unwound: bool) -> bo
         function,
         parent,
         tgid: if global(&SPLIT_FUNCTIONS_BY_PROCESS) != 0 {
-            tgid
+            tgid.unwrap_or_else(|| current_ids().1)
         } else {
             0
         },
@@ -747,7 +764,7 @@ extern "C" fn unwind_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     {
         return 1;
     }
-    if close_top(stack, unwinding.tgid, true) {
+    if close_top(stack, Some(unwinding.tgid), true) {
         0
     } else {
         1

@@ -248,7 +248,7 @@ extern "C" fn close_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     {
         return 1;
     }
-    if close_top(stack, closing.tgid, true) {
+    if close_top(stack, Some(closing.tgid), true) {
         0
     } else {
         1
@@ -351,7 +351,7 @@ fn on_go_exit(ctx: &ProbeContext) -> u32 {
         return 0;
     };
     let (stack, counters) = counters_on(go, tid);
-    leave(stack, tgid, position, function, kind, counters);
+    leave(stack, Some(tgid), position, function, kind, counters);
     0
 }
 

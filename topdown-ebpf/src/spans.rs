@@ -26,7 +26,7 @@ use topdown_common::{
 
 use crate::{
     counters::{current_ids, current_is_traced},
-    functions::{probed_task, stack_pointer, virtual_counters_cached},
+    functions::{stack_pointer, task_is_probed, virtual_counters_cached},
     histogram::weight_bucket,
     maps::{NUM_COUNTERS, atomic_add, global},
     usdt::decode,
@@ -99,10 +99,10 @@ fn stack_of(create: bool) -> Option<&'static mut SpanStack> {
     stack.map(|stack| unsafe { &mut *stack })
 }
 
-/// Reads the thread's virtual counters into `stack.virtual_now`.
+/// Reads the current thread's virtual counters into `stack.virtual_now`.
 #[inline(always)]
-fn read(stack: &mut SpanStack, tid: u32) -> bool {
-    if virtual_counters_cached(&mut stack.now, &mut stack.virtual_now, &mut stack.base, tid) {
+fn read(stack: &mut SpanStack) -> bool {
+    if virtual_counters_cached(&mut stack.now, &mut stack.virtual_now, &mut stack.base) {
         return true;
     }
     if let Some(stats) = stats() {
@@ -114,9 +114,9 @@ fn read(stack: &mut SpanStack, tid: u32) -> bool {
 /// A start site: closes the spans whose end was skipped, then opens one of kind `site.id`.
 #[inline(always)]
 pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
-    let Some((tid, _)) = probed_task() else {
+    if !task_is_probed() {
         return;
-    };
+    }
     let kind = site.id;
     let sp = stack_pointer(regs);
     let Some(stack) = stack_of(true) else {
@@ -144,7 +144,7 @@ pub(crate) fn start(regs: *mut pt_regs, site: &UsdtSite) {
         stack.frames[frame_index(depth - 1)].absorbed += 1;
         return;
     }
-    if !read(stack, tid) {
+    if !read(stack) {
         return;
     }
     let stack = if skipped == 0 {
@@ -229,9 +229,9 @@ fn read_text(text: &mut SpanText, pointer: u64) {
 /// opened inside it that is still open.
 #[inline(always)]
 pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
-    let Some((tid, _)) = probed_task() else {
+    if !task_is_probed() {
         return;
-    };
+    }
     let Some(stack) = stack_of(false) else {
         unmatched();
         return;
@@ -245,7 +245,7 @@ pub(crate) fn end(_regs: *mut pt_regs, site: &UsdtSite) {
         stack.frames[found].absorbed -= 1;
         return;
     }
-    if !read(stack, tid) {
+    if !read(stack) {
         // Its figures cannot be known: drop it with what opened inside it.
         stack.depth -= above + 1;
         return;
@@ -297,16 +297,16 @@ fn outermost(stack: &SpanStack, kind: u32) -> Option<u32> {
 /// opened inside them, as abandoned.
 #[inline(always)]
 pub(crate) fn abort(site: &UsdtSite) {
-    let Some((tid, _)) = probed_task() else {
+    if !task_is_probed() {
         return;
-    };
+    }
     let Some(stack) = stack_of(false) else {
         return;
     };
     let Some(above) = outermost(stack, site.id) else {
         return;
     };
-    if !read(stack, tid) {
+    if !read(stack) {
         stack.depth -= above + 1;
         return;
     }
