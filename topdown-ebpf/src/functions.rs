@@ -728,11 +728,7 @@ fn close_unwound(limit_sp: u64) {
         }
         return;
     }
-    let mut unwinding = Unwinding {
-        tid,
-        tgid,
-        limit_sp,
-    };
+    let mut unwinding = Unwinding { tgid, limit_sp };
     repeat(MAX_DEPTH as u32, unwind_step, &mut unwinding);
 }
 
@@ -740,7 +736,6 @@ fn close_unwound(limit_sp: u64) {
 /// `limit_sp`.
 #[repr(C)]
 struct Unwinding {
-    tid: u32,
     tgid: u32,
     limit_sp: u64,
 }

@@ -124,9 +124,9 @@ pub fn repeat<C>(count: u32, step: Step, context: &mut C) {
 }
 
 /// A task local storage map (`BPF_MAP_TYPE_TASK_STORAGE`, Linux 5.11): one value per task,
-/// kept in the task itself and freed with it. Its lookup follows the task's own pointer to its
-/// storage where a hash map hashes a tid and walks a bucket, and nothing is left behind by a
-/// thread that exits unseen. aya-ebpf 0.3 wraps the inode, socket and cgroup kinds but not this
+/// kept in the task itself and freed with it: no count of tasks bounds it, and nothing is left
+/// behind by a thread that exits unseen (its lookup costs about a tid-keyed hash map's here,
+/// `docs/cost.md`). aya-ebpf 0.3 wraps the inode, socket and cgroup kinds but not this
 /// one; the kernel wants it BTF-defined (its key and value types named in the object's BTF), so
 /// it is declared as aya-ebpf's `btf_maps` are: a `.maps` struct whose fields' types say what
 /// the map is. Declare one with `#[unsafe(link_section = ".maps")]` and
